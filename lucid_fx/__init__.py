@@ -1,11 +1,43 @@
 """lucid_fx: post-training int8 quantization for PyTorch as torch.fx graph passes.
 
-Two layers: :mod:`lucid_fx.quantization` holds the observers, grids and configs; the graph
-passes live in :mod:`lucid_fx.passes`.
+Two layers: :mod:`lucid_fx.quantization` holds the observers, grids and configs; this module
+holds the verbs (``prepare``, ``prepare_qat``, ``calibrate``, ``explain``) and the registry
+that users extend (``register_bounded_op``, ``register_fusion``, ...). The passes themselves
+live in :mod:`lucid_fx.passes`.
 """
 
 from lucid_fx import quantization
+from lucid_fx.calibrate import calibrate
+from lucid_fx.explain import Explanation, explain
+from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
+from lucid_fx.registry import (
+    Registry,
+    current_registry,
+    register_bounded_op,
+    register_float_op,
+    register_fusion,
+    register_observer_rule,
+    register_op,
+    registry_scope,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["quantization", "__version__"]
+__all__ = [
+    "quantization",
+    "prepare",
+    "prepare_qat",
+    "calibrate",
+    "explain",
+    "Explanation",
+    "PrepareReport",
+    "Registry",
+    "current_registry",
+    "registry_scope",
+    "register_op",
+    "register_bounded_op",
+    "register_fusion",
+    "register_observer_rule",
+    "register_float_op",
+    "__version__",
+]

@@ -1,0 +1,22 @@
+"""The ``node.meta`` keys through which passes talk. Every key lucid_fx writes is named here."""
+
+#: CanonicalCall: the canonical op of a node and its normalised arguments (canonicalize_ops).
+OP = "lucid_fx.op"
+#: (lo, hi): the proven output interval of a node (analyze_ranges).
+INTERVAL = "lucid_fx.interval"
+#: str: file:line of the range rule that proved INTERVAL (analyze_ranges).
+INTERVAL_RULE = "lucid_fx.interval_rule"
+#: str: name of the fusion pattern a node belongs to (fuse_patterns), on every member.
+FUSION = "lucid_fx.fusion"
+#: str: name of the node that ends the fused group this node belongs to (fuse_patterns).
+FUSED_INTO = "lucid_fx.fused_into"
+#: Decision: which observer the node's output gets, and the rule that chose it (choose_observers).
+DECISION = "lucid_fx.decision"
+#: str: qualified name of the module whose forward produced the node (trace_model).
+MODULE_PATH = "lucid_fx.module_path"
+#: str: name of the observer module that watches this node's output (insert_observers).
+OBSERVER = "lucid_fx.observer"
+#: torch's own ShapeProp key: TensorMetadata with shape and dtype (propagate_shapes).
+TENSOR_META = "tensor_meta"
+#: str: key in the root's ``lucid_fx_weight_observers`` of the weight observer a node reads (insert_observers).
+WEIGHT_OBSERVER = "lucid_fx.weight_observer"

@@ -1,0 +1,102 @@
+"""explain: which rule chose which observer for each node, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.passes.insert_observers import OBSERVERS
+
+__all__ = ["explain", "Explanation"]
+
+_COLUMNS = ("node", "op", "spelling", "kind", "observer", "qparams", "rule", "reason")
+
+
+@dataclass
+class Explanation:
+    """Rows of (node, canonical op, spelling, decision, observer, qparams/interval, rule, reason)."""
+
+    rows: List[Dict[str, str]]
+    report: str = ""
+
+    def by_node(self) -> Dict[str, Dict[str, str]]:
+        return {row["node"]: row for row in self.rows}
+
+    def __str__(self) -> str:
+        widths = {c: max([len(c)] + [len(r[c]) for r in self.rows]) for c in _COLUMNS if c != "reason"}
+        lines = ["  ".join(c.ljust(widths[c]) for c in widths) + "  reason"]
+        for r in self.rows:
+            lines.append("  ".join(r[c].ljust(widths[c]) for c in widths) + "  " + r["reason"])
+        if self.report:
+            lines.append(self.report)
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        counts: Dict[str, int] = {}
+        for r in self.rows:
+            counts[r["kind"]] = counts.get(r["kind"], 0) + 1
+        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+
+
+def _qparams_text(observer, decision) -> str:
+    if decision.kind == "fixed":
+        scale, zp = observer.calculate_qparams() if hasattr(observer, "calculate_qparams") else (None, None)
+        lo, hi = decision.interval
+        return f"[{lo:g}, {hi:g}] scale={float(scale):.6g} zp={int(zp)}"
+    if observer is not None and getattr(observer, "has_data", False):
+        scale, zp = observer.calculate_qparams()
+        if scale.numel() == 1:
+            return f"scale={float(scale):.6g} zp={int(zp)}"
+        return f"per-channel x{scale.numel()}"
+    return ""
+
+
+def _graph_modules(model: nn.Module, prefix: str = ""):
+    if isinstance(model, fx.GraphModule) and hasattr(model, OBSERVERS):
+        yield prefix, model
+    for name, child in model.named_children():
+        if name == OBSERVERS:
+            continue
+        yield from _graph_modules(child, f"{prefix}.{name}" if prefix else name)
+
+
+def explain(prepared: nn.Module) -> Explanation:
+    """A table of every node of a prepared model: canonical op, observer, qparams or interval,
+    and the rule (file:line) that decided it.
+
+    >>> import torch, lucid_fx
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()).eval()
+    >>> row = lucid_fx.explain(lucid_fx.prepare(m, example_inputs=(torch.randn(1, 2),))).by_node()["_1"]
+    >>> row["op"], row["kind"], row["observer"], row["qparams"]
+    ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128')
+    """
+    rows: List[Dict[str, str]] = []
+    for prefix, gm in _graph_modules(prepared):
+        observers = getattr(gm, OBSERVERS)
+        for node in gm.graph.nodes:
+            decision = node.meta.get(_meta.DECISION)
+            call = node.meta.get(_meta.OP)
+            if decision is None or call is None or node.op == "output":
+                continue
+            key = node.meta.get(_meta.OBSERVER)
+            observer = observers[key] if key is not None and key in observers else None
+            rule = decision.rule
+            if decision.kind == "fixed" and node.meta.get(_meta.INTERVAL_RULE):
+                rule = f"{rule} via {node.meta[_meta.INTERVAL_RULE]}"
+            rows.append(
+                {
+                    "node": f"{prefix}.{node.name}" if prefix else node.name,
+                    "op": call.op,
+                    "spelling": call.spelling,
+                    "kind": decision.kind,
+                    "observer": type(observer).__name__ if observer is not None else "-",
+                    "qparams": _qparams_text(observer, decision) if observer is not None else "",
+                    "rule": rule,
+                    "reason": decision.reason,
+                }
+            )
+    report = getattr(prepared, "lucid_fx_report", None)
+    return Explanation(rows, str(report) if report is not None and report.float_modules else "")

@@ -1,0 +1,220 @@
+"""The canonical op table: every spelling of an op (module, ``torch.*``, ``F.*``, tensor method,
+in-place variant, ``operator.*``) maps to one canonical name plus its constant arguments.
+
+The table is data. An :class:`OpDef` names the canonical op and its parameters; the spellings
+``torch.<name>``, ``torch.<name>_``, ``F.<name>``, ``F.<name>_``, ``torch.special.<name>`` and
+the methods ``x.<name>()``/``x.<name>_()`` are *derived* from it (whichever exist), so sigmoid is
+written once, not four times. Irregular spellings (``F.relu6`` is ``clamp(0, 6)``, ``nn.Hardtanh``
+keeps its bounds in attributes) are listed explicitly.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from lucid_fx._where import caller_location
+
+__all__ = ["OpDef", "Spelling", "CanonicalCall", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings"]
+
+ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One canonical op: its name, parameter order, and where its spellings come from."""
+
+    name: str
+    params: Tuple[str, ...] = ("input",)
+    aliases: Tuple[str, ...] = ()
+    modules: Mapping[type, ModuleConsts] = field(default_factory=dict)
+    derive: bool = True
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one way of writing an op maps onto its canonical form.
+
+    ``params``: this spelling's positional parameter names (canonical names); ``renames``: its
+    keyword names that differ from the canonical ones; ``consts``: fixed arguments it implies
+    (``F.relu6`` implies ``min=0, max=6``), or for modules a function reading them off the module.
+    """
+
+    kind: str  # "call_function" | "call_method" | "call_module"
+    target: Any
+    op: str
+    params: Tuple[str, ...]
+    renames: Mapping[str, str] = field(default_factory=dict)
+    consts: Any = None
+    inplace: bool = False
+    where: str = ""
+
+    @property
+    def text(self) -> str:
+        if self.kind == "call_method":
+            return f"Tensor.{self.target}"
+        if self.kind == "call_module":
+            return f"nn.{self.target.__name__}" if self.target.__module__.startswith("torch.nn") else self.target.__name__
+        mod = getattr(self.target, "__module__", "") or ""
+        prefix = {"torch.nn.functional": "F.", "_operator": "operator.", "operator": "operator."}.get(mod, "torch.")
+        if mod.startswith("torch.special") or "special" in mod:
+            prefix = "torch.special."
+        return prefix + getattr(self.target, "__name__", str(self.target))
+
+
+@dataclass(frozen=True)
+class CanonicalCall:
+    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen."""
+
+    op: str
+    args: Mapping[str, Any]
+    inplace: bool
+    spelling: str
+    module: Optional[str] = None  # qualified name, for call_module spellings
+
+    def tensor_inputs(self) -> List[fx.Node]:
+        found: List[fx.Node] = []
+        for value in self.args.values():
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, fx.Node) and item not in found:
+                    found.append(item)
+        return found
+
+
+def _attrs(**names: str) -> ModuleConsts:
+    """Module consts read from attributes: ``_attrs(dim="dim")`` -> ``{"dim": m.dim}``."""
+    return lambda m: {canon: getattr(m, attr) for canon, attr in names.items()}
+
+
+def _none(m: nn.Module) -> Dict[str, Any]:
+    return {}
+
+
+_CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_POOL = ("input", "kernel_size", "stride", "padding")
+
+# The canonical ops. Parameter tuples follow torch's own positional order.
+OP_DEFS: List[OpDef] = [
+    # bounded activations
+    OpDef("sigmoid", aliases=("expit",), modules={nn.Sigmoid: _none}),
+    OpDef("tanh", modules={nn.Tanh: _none}),
+    OpDef("hardsigmoid", ("input", "inplace"), modules={nn.Hardsigmoid: _none}),
+    OpDef("softmax", ("input", "dim", "dtype"), modules={nn.Softmax: _attrs(dim="dim")}),
+    OpDef("softsign", modules={nn.Softsign: _none}),
+    OpDef("sin"),
+    OpDef("cos"),
+    OpDef("clamp", ("input", "min", "max"), aliases=("clip",)),
+    # other activations
+    OpDef("relu", ("input", "inplace"), modules={nn.ReLU: _none}),
+    OpDef("gelu", ("input", "approximate"), modules={nn.GELU: _attrs(approximate="approximate")}),
+    OpDef("silu", ("input", "inplace"), modules={nn.SiLU: _none}),
+    OpDef("hardswish", ("input", "inplace"), modules={nn.Hardswish: _none}),
+    OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}),
+    OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}),
+    OpDef("exp"),
+    OpDef("abs"),
+    OpDef("neg", aliases=("negative",)),
+    OpDef("log_softmax", ("input", "dim", "dtype"), modules={nn.LogSoftmax: _attrs(dim="dim")}),
+    # arithmetic
+    OpDef("add", ("input", "other", "alpha")),
+    OpDef("sub", ("input", "other", "alpha"), aliases=("subtract",)),
+    OpDef("rsub", ("input", "other", "alpha")),
+    OpDef("mul", ("input", "other"), aliases=("multiply",)),
+    OpDef("div", ("input", "other", "rounding_mode"), aliases=("divide", "true_divide")),
+    OpDef("minimum", ("input", "other")),
+    OpDef("maximum", ("input", "other")),
+    OpDef("matmul", ("input", "other"), aliases=("bmm", "mm")),
+    OpDef("mean", ("input", "dim", "keepdim")),
+    # layers
+    OpDef("linear", ("input", "weight", "bias"), modules={nn.Linear: _none}),
+    OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}),
+    OpDef("conv2d", _CONV, modules={nn.Conv2d: _none}),
+    OpDef("conv3d", _CONV, modules={nn.Conv3d: _none}),
+    OpDef(
+        "batch_norm",
+        ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+        modules={nn.BatchNorm1d: _none, nn.BatchNorm2d: _none, nn.BatchNorm3d: _none},
+    ),
+    OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}),
+    OpDef("embedding", ("input", "weight"), modules={nn.Embedding: _none}),
+    OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}),
+    OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}),
+    OpDef("avg_pool1d", _POOL, modules={nn.AvgPool1d: _none}),
+    OpDef("avg_pool2d", _POOL, modules={nn.AvgPool2d: _none}),
+    OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}),
+    OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}),
+    OpDef("dropout", ("input", "p", "training", "inplace"), modules={nn.Dropout: _none, nn.Dropout1d: _none, nn.Dropout2d: _none}),
+    OpDef("identity", modules={nn.Identity: _none}, derive=False),
+    # shape ops
+    OpDef("flatten", ("input", "start_dim", "end_dim"), modules={nn.Flatten: _attrs(start_dim="start_dim", end_dim="end_dim")}),
+    OpDef("reshape", ("input", "shape"), aliases=("view",)),
+    OpDef("permute", ("input", "dims")),
+    OpDef("transpose", ("input", "dim0", "dim1")),
+    OpDef("contiguous"),
+    OpDef("squeeze", ("input", "dim")),
+    OpDef("unsqueeze", ("input", "dim")),
+    OpDef("expand", ("input", "size")),
+    OpDef("getitem", ("input", "index"), derive=False),
+    OpDef("cat", ("tensors", "dim"), aliases=("concat", "concatenate")),
+    OpDef("stack", ("tensors", "dim")),
+    OpDef("chunk", ("input", "chunks", "dim")),
+    OpDef("size", ("input", "dim"), derive=False),
+]
+
+
+def _spelling(kind, target, op, params, renames=None, consts=None, inplace=False) -> Spelling:
+    return Spelling(kind, target, op, tuple(params), dict(renames or {}), consts, inplace, caller_location())
+
+
+_CLAMP_RENAMES = {"min_val": "min", "max_val": "max"}
+
+# Spellings that derivation cannot find: other names, implied constants, operator.* forms.
+EXTRA_SPELLINGS: List[Spelling] = [
+    _spelling("call_function", F.relu6, "clamp", ("input", "inplace"), consts={"min": 0.0, "max": 6.0}),  # relu6(x) -> clamp(x, 0, 6)
+    _spelling("call_module", nn.ReLU6, "clamp", ("input",), consts=lambda m: {"min": 0.0, "max": 6.0}),  # nn.ReLU6 -> clamp(0, 6)
+    _spelling("call_function", F.hardtanh, "clamp", ("input", "min", "max", "inplace"), _CLAMP_RENAMES, {"min": -1.0, "max": 1.0}),  # hardtanh(x, a, b) -> clamp(x, a, b)
+    _spelling("call_function", F.hardtanh_, "clamp", ("input", "min", "max"), _CLAMP_RENAMES, {"min": -1.0, "max": 1.0}, True),  # hardtanh_ -> clamp, in place
+    _spelling("call_module", nn.Hardtanh, "clamp", ("input",), consts=lambda m: {"min": m.min_val, "max": m.max_val}),  # nn.Hardtanh(a, b) -> clamp(a, b)
+    _spelling("call_function", F.softmax, "softmax", ("input", "dim", "_stacklevel", "dtype")),  # F.softmax's third slot differs
+    _spelling("call_function", F.log_softmax, "log_softmax", ("input", "dim", "_stacklevel", "dtype")),
+    _spelling("call_function", operator.add, "add", ("input", "other")),  # a + b
+    _spelling("call_function", operator.iadd, "add", ("input", "other"), inplace=True),  # a += b
+    _spelling("call_function", operator.sub, "sub", ("input", "other")),  # a - b
+    _spelling("call_function", operator.isub, "sub", ("input", "other"), inplace=True),  # a -= b
+    _spelling("call_function", operator.mul, "mul", ("input", "other")),  # a * b
+    _spelling("call_function", operator.imul, "mul", ("input", "other"), inplace=True),  # a *= b
+    _spelling("call_function", operator.truediv, "div", ("input", "other")),  # a / b
+    _spelling("call_function", operator.itruediv, "div", ("input", "other"), inplace=True),  # a /= b
+    _spelling("call_function", operator.neg, "neg", ("input",)),  # -a
+    _spelling("call_function", operator.matmul, "matmul", ("input", "other")),  # a @ b
+    _spelling("call_function", operator.getitem, "getitem", ("input", "index")),  # a[i]
+    _spelling("call_method", "__getitem__", "getitem", ("input", "index")),
+    _spelling("call_function", getattr, "getattr", ("input", "name")),  # x.shape
+    _spelling("call_method", "size", "size", ("input", "dim")),
+    _spelling("call_method", "dim", "size", ("input",)),
+    _spelling("call_function", torch.flatten, "flatten", ("input", "start_dim", "end_dim")),
+]
+
+
+def derive_spellings(op: OpDef) -> Iterator[Spelling]:
+    """All spellings of ``op`` that exist in this torch: functions, in-place forms, methods, modules."""
+    where = f"lucid_fx/ops.py:OpDef({op.name!r})"
+    if op.derive:
+        seen = set()
+        for name in (op.name, *op.aliases):
+            for namespace in (torch, F, torch.special):
+                for suffix, inplace in (("", False), ("_", True)):
+                    fn = getattr(namespace, name + suffix, None)
+                    if callable(fn) and id(fn) not in seen:
+                        seen.add(id(fn))
+                        yield Spelling("call_function", fn, op.name, op.params, {}, None, inplace, where)
+            for suffix, inplace in (("", False), ("_", True)):
+                if hasattr(torch.Tensor, name + suffix):
+                    yield Spelling("call_method", name + suffix, op.name, op.params, {}, None, inplace, where)
+    for cls, consts in op.modules.items():
+        yield Spelling("call_module", cls, op.name, ("input",), {}, consts, False, where)

@@ -1,0 +1,47 @@
+"""Fusion patterns: chains of canonical ops that run as one quantized kernel, so only the last
+node's output is observed. A pattern lists ops in data-flow order; each op may be a tuple of
+alternatives. Conv + batch-norm groups are folded into the conv
+at convert (passes/fold_batchnorm.py); at prepare the group is observed only at its end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple, Union
+
+from lucid_fx._where import caller_location
+
+__all__ = ["FusionRule", "FUSION_RULES"]
+
+Step = Union[str, Tuple[str, ...]]
+_CONV = ("conv1d", "conv2d", "conv3d")
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    name: str
+    pattern: Tuple[Tuple[str, ...], ...]
+    where: str
+
+
+def fusion(name: str, *steps: Step) -> FusionRule:
+    pattern = tuple((s,) if isinstance(s, str) else tuple(s) for s in steps)
+    return FusionRule(name, pattern, caller_location())
+
+
+# Longer patterns first: the first rule that matches at a node wins. Patterns with batch_norm are
+# observed as one group at prepare (outputs stay bit-exact) and folded at convert.
+FUSION_RULES: List[FusionRule] = [
+    fusion("conv_bn_add_relu", _CONV, "batch_norm", "add", "relu"),  # relu(bn(conv(x)) + y)
+    fusion("conv_bn_relu", _CONV, "batch_norm", "relu"),  # relu(bn(conv(x)))
+    fusion("conv_bn_add", _CONV, "batch_norm", "add"),  # bn(conv(x)) + y
+    fusion("conv_bn", _CONV, "batch_norm"),  # bn(conv(x)) -> conv with folded weights
+    fusion("linear_bn", "linear", "batch_norm"),  # bn(linear(x)) -> linear with folded weights
+    fusion("conv_add_relu", _CONV, "add", "relu"),  # relu(conv(x) + y) -> one kernel (residual block)
+    fusion("linear_add_relu", "linear", "add", "relu"),  # relu(linear(x) + y)
+    fusion("conv_add", _CONV, "add"),  # conv(x) + y
+    fusion("conv_relu", _CONV, "relu"),  # relu(conv(x))
+    fusion("linear_relu", "linear", "relu"),  # relu(linear(x))
+    fusion("add_relu", "add", "relu"),  # relu(x + y)
+    fusion("mul_relu", "mul", "relu"),  # relu(x * y)
+]

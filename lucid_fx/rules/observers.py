@@ -1,0 +1,120 @@
+"""Observer-choice rules: which observer a node's output gets. The first rule whose ops match
+and whose action returns a decision wins; ``None`` declines.
+
+Kinds: ``fixed`` (FixedQParamsObserver from the proven interval), ``statistics`` (the QConfig's
+activation observer), ``shared`` (the same observer as the op's input: values pass through
+unchanged), ``float`` (output stays float), ``fused`` (inside a fused group; only its last node is
+observed), ``none`` (not a float tensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, FrozenSet, List, Optional
+
+from lucid_fx._where import caller_location
+
+__all__ = ["Decision", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
+
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: str
+    rule: str = ""
+    interval: Any = None
+    qconfig: Any = None
+
+
+@dataclass(frozen=True)
+class ObserverRule:
+    ops: FrozenSet[str]
+    action: Callable[..., Optional[Decision]]
+    where: str
+
+
+def observer_rule(ops, action) -> ObserverRule:
+    ops = frozenset([ops] if isinstance(ops, str) else ops)
+    return ObserverRule(ops, action, caller_location())
+
+
+# Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
+SHARED_OPS = frozenset(
+    {
+        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
+        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
+    }
+)
+# Ops with an int8 implementation: their output is observed with the QConfig's activation observer.
+QUANTIZED_OPS = frozenset(
+    {
+        "linear", "conv1d", "conv2d", "conv3d", "add", "sub", "mul", "matmul", "cat", "relu",
+        "hardswish", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "mean",
+        "clamp", "sigmoid", "tanh", "hardsigmoid", "softmax", "softsign", "div",
+    }
+)
+
+
+def _not_float_tensor(node, ctx) -> Optional[Decision]:
+    if not ctx.is_float_tensor(node):
+        return Decision("none", "not a float tensor")
+    return None
+
+
+def _qconfig_none(node, ctx) -> Optional[Decision]:
+    if node.op in ("placeholder", "get_attr", "output"):
+        return None
+    if ctx.qconfig(node) is None:
+        return Decision("float", "QConfig is None for this module/op")
+    return None
+
+
+def _user_float(node, ctx) -> Optional[Decision]:
+    if ctx.op_name(node) in ctx.registry.float_ops:
+        return Decision("float", "registered to stay float")
+    return None
+
+
+def _fused(node, ctx) -> Optional[Decision]:
+    if ctx.fused_into(node) not in (None, node.name):
+        return Decision("fused", f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}")
+    return None
+
+
+def _proven_interval(node, ctx) -> Optional[Decision]:
+    interval = ctx.interval(node)
+    if interval is None or node.op in ("placeholder", "get_attr"):
+        return None
+    qconfig = ctx.qconfig(node)
+    if qconfig is not None and not qconfig.range_analysis:
+        return None
+    return Decision("fixed", f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
+
+
+def _shared(node, ctx) -> Optional[Decision]:
+    return Decision("shared", "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
+
+
+def _statistics(node, ctx) -> Optional[Decision]:
+    reason = "int8 kernel" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
+    return Decision("statistics", reason, qconfig=ctx.qconfig(node))
+
+
+def _leave_float(node, ctx) -> Optional[Decision]:
+    if node.op in ("placeholder", "get_attr"):
+        return Decision("none", "graph input (observed only if a quantized op reads it)")
+    return Decision("float", "no int8 kernel: runs in float")
+
+
+OBSERVER_RULES: List[ObserverRule] = [
+    observer_rule(ANY, _not_float_tensor),  # ints, shapes, masks -> none
+    observer_rule(ANY, _qconfig_none),  # QConfig None -> float
+    observer_rule(ANY, _user_float),  # registered float op -> float
+    observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
+    observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
+    observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
+    observer_rule(QUANTIZED_OPS, _statistics),  # linear/conv/add/... -> QConfig activation observer
+    observer_rule(ANY, _leave_float),  # anything else -> float
+]

@@ -1,0 +1,119 @@
+"""choose_observers: decide, by rule table, which observer each node's output gets.
+
+Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
+``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
+with the rule's location). A second sweep makes sure every quantized op reads quantized inputs:
+a float input (a graph input, or the output of an op left float) gets a statistics observer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+from lucid_fx import _meta
+from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
+from lucid_fx.registry import Registry
+from lucid_fx.rules.observers import ANY, Decision
+
+__all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
+
+QUANTIZED_KINDS = ("fixed", "statistics", "shared", "fused")
+_NOT_TENSORS = {"size", "getattr", "output"}
+_WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
+
+
+class RuleContext:
+    """What an observer rule may ask about a node."""
+
+    def __init__(self, gm: fx.GraphModule, registry: Registry, mapping: QConfigMapping, path_prefix: str = "") -> None:
+        self.gm, self.registry, self.mapping, self.path_prefix = gm, registry, mapping, path_prefix
+        # Users name types any way they like (nn.Sigmoid, torch.sigmoid, "sigmoid"): canonicalise keys once.
+        self._types: Dict[Any, Optional[QConfig]] = {}
+        for key, qconfig in mapping.object_type_qconfigs.items():
+            self._types.setdefault(registry.canonical_name(key), qconfig)
+            self._types.setdefault(key, qconfig)
+        self._plain = QConfigMapping()
+        self._plain.global_qconfig = mapping.global_qconfig
+        self._plain.module_name_qconfigs = mapping.module_name_qconfigs
+        self._plain.module_name_regex_qconfigs = mapping.module_name_regex_qconfigs
+        self._plain.object_type_qconfigs = self._types
+
+    def op_name(self, node: fx.Node) -> str:
+        return node.meta[_meta.OP].op
+
+    def module_path(self, node: fx.Node) -> str:
+        path = node.meta.get(_meta.MODULE_PATH, "")
+        return ".".join(p for p in (self.path_prefix, path) if p)
+
+    def qconfig(self, node: fx.Node) -> Optional[QConfig]:
+        object_type = type(self.gm.get_submodule(node.target)) if node.op == "call_module" else node.target
+        return self._plain.qconfig_for(self.module_path(node), object_type, also_types=(self.op_name(node),))
+
+    def interval(self, node: fx.Node):
+        return node.meta.get(_meta.INTERVAL)
+
+    def fusion(self, node: fx.Node) -> Optional[str]:
+        return node.meta.get(_meta.FUSION)
+
+    def fused_into(self, node: fx.Node) -> Optional[str]:
+        return node.meta.get(_meta.FUSED_INTO)
+
+    def is_float_tensor(self, node: fx.Node) -> bool:
+        if node.op == "output" or self.op_name(node) in _NOT_TENSORS:
+            return False
+        tm = node.meta.get(_meta.TENSOR_META)
+        if isinstance(tm, TensorMetadata):
+            return tm.dtype.is_floating_point
+        if tm is not None:
+            return False  # tuples, lists: not one tensor
+        if node.op == "get_attr":
+            value = getattr(self.gm, node.target, None) if "." not in node.target else None
+            return value is None or getattr(value, "is_floating_point", lambda: False)()
+        return True  # no example inputs: assume a float tensor
+
+
+def _decide(node: fx.Node, ctx: RuleContext) -> Decision:
+    op = ctx.op_name(node)
+    for rule in ctx.registry.observer_rules:
+        if ANY not in rule.ops and op not in rule.ops:
+            continue
+        decision = rule.action(node, ctx)
+        if decision is not None:
+            return dataclasses.replace(decision, rule=rule.where)
+    return Decision("float", "no rule matched")
+
+
+def _activation_inputs(node: fx.Node):
+    call = node.meta[_meta.OP]
+    for name, value in call.args.items():
+        if name in _WEIGHT_ARGS:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, fx.Node):
+                yield item
+
+
+def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMapping, path_prefix: str = "") -> fx.GraphModule:
+    """Annotate every node of ``gm`` with ``node.meta[DECISION]`` (in place)."""
+    ctx = RuleContext(gm, registry, mapping, path_prefix)
+    for node in gm.graph.nodes:
+        node.meta[_meta.DECISION] = _decide(node, ctx)
+    here = "passes/choose_observers.py:quantized-input sweep"
+    for node in gm.graph.nodes:
+        decision = node.meta[_meta.DECISION]
+        if decision.kind not in QUANTIZED_KINDS:
+            continue
+        for source in _activation_inputs(node):
+            prior = source.meta[_meta.DECISION]
+            if prior.kind in ("float", "none") and ctx.is_float_tensor(source):
+                qconfig = decision.qconfig or ctx.qconfig(node)
+                if qconfig is None:
+                    continue
+                source.meta[_meta.DECISION] = Decision(
+                    "statistics", f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig
+                )
+    return gm

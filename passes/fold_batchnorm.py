@@ -1,0 +1,63 @@
+"""fold_batchnorm: fold eval-mode batch norm into the conv or linear before it.
+
+Reads ``node.meta[OP]``; rewrites ``conv -> batch_norm`` (and ``linear -> batch_norm``) where the
+conv/linear is a module whose output only feeds the batch norm: the module's weight and bias
+absorb the normalisation and the batch-norm node is removed. Works on the graph it is given.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import fx, nn
+
+from lucid_fx import _meta
+
+__all__ = ["fold_batchnorm", "fold_bn_into"]
+
+_FOLDABLE = ("conv1d", "conv2d", "conv3d", "linear")
+
+
+def fold_bn_into(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
+    """A copy of ``layer`` whose output equals ``bn(layer(x))`` for an eval-mode ``bn``."""
+    fused = copy.deepcopy(layer)
+    with torch.no_grad():
+        inv_std = torch.rsqrt(bn.running_var + bn.eps)
+        gamma = bn.weight if bn.affine else torch.ones_like(inv_std)
+        beta = bn.bias if bn.affine else torch.zeros_like(inv_std)
+        factor = gamma * inv_std
+        shape = [-1] + [1] * (fused.weight.dim() - 1)
+        fused.weight.copy_(fused.weight * factor.reshape(shape))
+        bias = fused.bias if fused.bias is not None else torch.zeros_like(bn.running_mean)
+        new_bias = (bias - bn.running_mean) * factor + beta
+        fused.bias = nn.Parameter(new_bias)
+    return fused
+
+
+def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
+    """Fold every eval-mode ``conv/linear -> batch_norm`` module pair of ``gm`` in place."""
+    for bn_node in list(gm.graph.nodes):
+        call = bn_node.meta.get(_meta.OP)
+        if call is None or call.op != "batch_norm" or bn_node.op != "call_module":
+            continue
+        layer_node = bn_node.args[0]
+        if not (isinstance(layer_node, fx.Node) and layer_node.op == "call_module" and len(layer_node.users) == 1):
+            continue
+        if layer_node.meta.get(_meta.OP) is None or layer_node.meta[_meta.OP].op not in _FOLDABLE:
+            continue
+        bn = gm.get_submodule(bn_node.target)
+        if bn.training or bn.running_mean is None:
+            continue
+        parent_name, _, attr = layer_node.target.rpartition(".")
+        parent = gm.get_submodule(parent_name) if parent_name else gm
+        setattr(parent, attr, fold_bn_into(gm.get_submodule(layer_node.target), bn))
+        bn_node.replace_all_uses_with(layer_node)
+        for key in (_meta.FUSION, _meta.FUSED_INTO, _meta.OBSERVER, _meta.DECISION):
+            if key in bn_node.meta:
+                layer_node.meta[key] = bn_node.meta[key]
+        gm.graph.erase_node(bn_node)
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm

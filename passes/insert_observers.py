@@ -1,0 +1,104 @@
+"""insert_observers: put the chosen observers into the graph.
+
+Reads ``node.meta[DECISION]``; adds observer modules under the root's ``lucid_fx_observers``
+(one per observed node, named after it) and calls them right after the node they watch; a
+``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
+observers (per-channel by default) go under ``lucid_fx_weight_observers`` and see the weight
+once, now. Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.quantization.fake_quantize import FixedQParamsFakeQuantize
+from lucid_fx.quantization.observers import FixedQParamsObserver
+from lucid_fx.quantization.qconfig import QConfig, default_qconfig
+from lucid_fx.quantization.qconfig import fixed_qparams_observer
+
+__all__ = ["insert_observers", "OBSERVERS", "WEIGHT_OBSERVERS"]
+
+OBSERVERS = "lucid_fx_observers"
+WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
+_WEIGHTED = ("linear", "conv1d", "conv2d", "conv3d")
+
+
+def _container(gm: fx.GraphModule, name: str) -> nn.ModuleDict:
+    if not hasattr(gm, name):
+        gm.add_module(name, nn.ModuleDict())
+    return getattr(gm, name)
+
+
+def _make_observer(decision, qat: bool) -> nn.Module:
+    qconfig: QConfig = decision.qconfig or default_qconfig
+    if decision.kind == "fixed":
+        qdtype = qconfig.activation_qdtype
+        lo, hi = decision.interval
+        factory = fixed_qparams_observer(lo, hi, qdtype)
+        return FixedQParamsFakeQuantize(factory) if qat else factory()
+    return qconfig.activation()
+
+
+def _observer_of(node: fx.Node) -> Optional[str]:
+    return node.meta.get(_meta.OBSERVER)
+
+
+def _insert_call(gm: fx.GraphModule, node: fx.Node, key: str) -> None:
+    graph = gm.graph
+    with graph.inserting_after(node):
+        obs_node = graph.call_module(f"{OBSERVERS}.{key}", (node,))
+    node.replace_all_uses_with(obs_node, delete_user_cb=lambda user: user is not obs_node)
+    node.meta[_meta.OBSERVER] = key
+    obs_node.meta[_meta.OBSERVER] = key
+
+
+def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool) -> None:
+    call = node.meta[_meta.OP]
+    qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        key = node.target.replace(".", "__")
+        if qat:
+            # Train against fake-quantized weights: the module's weight is seen through the fake quant.
+            torch.nn.utils.parametrize.register_parametrization(module, "weight", qconfig.weight(), unsafe=True)
+        else:
+            observer = qconfig.weight()
+            with torch.no_grad():
+                observer(module.weight)
+            _container(gm, WEIGHT_OBSERVERS)[key] = observer
+        node.meta[_meta.WEIGHT_OBSERVER] = key
+        return
+    weight = call.args.get("weight")
+    if isinstance(weight, fx.Node) and weight.op == "get_attr" and _observer_of(weight) is None:
+        key = f"w_{weight.name}"
+        _container(gm, OBSERVERS)[key] = qconfig.weight()
+        _insert_call(gm, weight, key)
+        node.meta[_meta.WEIGHT_OBSERVER] = key
+
+
+def insert_observers(gm: fx.GraphModule, *, qat: bool = False) -> fx.GraphModule:
+    """Insert observer calls into ``gm`` (in place) according to ``node.meta[DECISION]``."""
+    observers = _container(gm, OBSERVERS)
+    for node in list(gm.graph.nodes):
+        decision = node.meta.get(_meta.DECISION)
+        if decision is None or node.op == "call_module" and node.target.startswith(OBSERVERS + "."):
+            continue
+        if decision.kind in ("fixed", "statistics"):
+            observer = _make_observer(decision, qat)
+            if hasattr(observer, "observer_name"):
+                observer.observer_name = f"observer of node {node.name!r}"
+            observers[node.name] = observer
+            _insert_call(gm, node, node.name)
+        elif decision.kind == "shared":
+            source = next((n for n in node.meta[_meta.OP].tensor_inputs() if _observer_of(n)), None)
+            if source is not None:
+                _insert_call(gm, node, _observer_of(source))
+        if decision.kind in ("statistics", "fused", "fixed") and node.meta[_meta.OP].op in _WEIGHTED:
+            _observe_weight(gm, node, qat)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
