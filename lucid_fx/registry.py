@@ -116,7 +116,7 @@ def registry_scope(registry: Optional[Registry] = None) -> Iterator[Registry]:
 
     >>> import lucid_fx
     >>> with lucid_fx.registry_scope() as reg:
-    ...     lucid_fx.register_float_op("tanh")
+    ...     _ = lucid_fx.register_float_op("tanh")
     ...     "tanh" in reg.float_ops
     True
     >>> "tanh" in lucid_fx.current_registry().float_ops
