@@ -95,7 +95,8 @@ def _prepare_one(
         strict=options["strict"],
         path_prefix=prefix,
     )
-    report.float_modules.extend(result.untraceable)
+    known = {u.path for u in report.float_modules}
+    report.float_modules.extend(u for u in result.untraceable if u.path not in known)
     gm = result.graph_module
     if gm is None:
         # The module's own forward cannot be traced: keep it as Python glue, one level down.

@@ -2,7 +2,8 @@
 
 Reads ``node.meta[OP]``; rewrites ``conv -> batch_norm`` (and ``linear -> batch_norm``) where the
 conv/linear is a module whose output only feeds the batch norm: the module's weight and bias
-absorb the normalisation and the batch-norm node is removed. Works on the graph it is given.
+absorb the normalisation and the batch-norm node is removed. A linear is folded only when
+its output is known (``tensor_meta``) to be 2-D. Works on the graph it is given.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def fold_bn_into(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Mo
     return fused
 
 
+def _rank(node: fx.Node) -> int:
+    meta = node.meta.get(_meta.TENSOR_META)
+    return len(meta.shape) if meta is not None and hasattr(meta, "shape") else -1
+
+
 def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
     """Fold every eval-mode ``conv/linear -> batch_norm`` module pair of ``gm`` in place."""
     for bn_node in list(gm.graph.nodes):
@@ -47,11 +53,14 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
         if layer_node.meta.get(_meta.OP) is None or layer_node.meta[_meta.OP].op not in _FOLDABLE:
             continue
         bn = gm.get_submodule(bn_node.target)
-        if bn.training or bn.running_mean is None:
+        layer = gm.get_submodule(layer_node.target)
+        if bn.training or bn.running_mean is None or layer.weight.shape[0] != bn.num_features:
             continue
+        if layer_node.meta[_meta.OP].op == "linear" and _rank(layer_node) != 2:
+            continue  # batch norm normalises dim 1; a linear's features are the last dim: same only in 2-D
         parent_name, _, attr = layer_node.target.rpartition(".")
         parent = gm.get_submodule(parent_name) if parent_name else gm
-        setattr(parent, attr, fold_bn_into(gm.get_submodule(layer_node.target), bn))
+        setattr(parent, attr, fold_bn_into(layer, bn))
         bn_node.replace_all_uses_with(layer_node)
         for key in (_meta.FUSION, _meta.FUSED_INTO, _meta.OBSERVER, _meta.DECISION):
             if key in bn_node.meta:

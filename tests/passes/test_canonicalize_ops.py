@@ -1,0 +1,69 @@
+"""canonicalize_ops: every spelling becomes one canonical op with its constants."""
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.passes.canonicalize_ops import canonicalize_ops
+from lucid_fx.passes.trace_model import trace_model
+
+
+class Spellings(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sig, self.sm, self.tanh, self.hs, self.r6, self.ht = (
+            nn.Sigmoid(), nn.Softmax(dim=1), nn.Tanh(), nn.Hardsigmoid(), nn.ReLU6(), nn.Hardtanh(-2.0, 3.0)
+        )
+
+    def forward(self, x):
+        return (
+            self.sig(x), torch.sigmoid(x), F.sigmoid(x), x.sigmoid(), x.clone().sigmoid_(), torch.special.expit(x),
+            self.sm(x), F.softmax(x, dim=1), torch.softmax(x, 1), x.softmax(-1),
+            self.tanh(x), torch.tanh(x), x.tanh(), F.tanh(x),
+            self.hs(x), F.hardsigmoid(x),
+            self.r6(x), F.relu6(x), self.ht(x), F.hardtanh(x, -0.5, 0.5), torch.clamp(x, 0, 2), x.clip(-1, 1),
+            x + 1, x.view(2, -1), x.permute(1, 0),
+        )
+
+
+def _calls(gm):
+    return [n.meta[_meta.OP] for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+
+
+def test_every_spelling_maps_to_one_canonical_op(registry):
+    gm = trace_model(Spellings()).graph_module
+    before = [n.op for n in gm.graph.nodes]
+    canonicalize_ops(gm, registry)
+    assert [n.op for n in gm.graph.nodes] == before  # annotation only; the graph is unchanged
+    ops = [c.op for c in _calls(gm) if c.op != "clone"]
+    assert ops == (
+        ["sigmoid"] * 6 + ["softmax"] * 4 + ["tanh"] * 4 + ["hardsigmoid"] * 2 + ["clamp"] * 6 + ["add", "reshape", "permute"]
+    )
+
+
+def test_constants_are_normalised(registry):
+    gm = canonicalize_ops(trace_model(Spellings()).graph_module, registry)
+    calls = {n.name: n.meta[_meta.OP] for n in gm.graph.nodes}
+    assert calls["sm"].args["dim"] == 1 and calls["softmax_2"].args["dim"] == -1
+    assert (calls["r6"].args["min"], calls["r6"].args["max"]) == (0.0, 6.0)
+    assert (calls["relu6"].args["min"], calls["relu6"].args["max"]) == (0.0, 6.0)
+    assert (calls["ht"].args["min"], calls["ht"].args["max"]) == (-2.0, 3.0)
+    assert (calls["hardtanh"].args["min"], calls["hardtanh"].args["max"]) == (-0.5, 0.5)
+    assert calls["view"].args["shape"] == (2, -1)
+    assert calls["sigmoid_"].inplace and not calls["sigmoid_1"].inplace
+    assert calls["sig"].spelling == "nn.Sigmoid" and calls["softmax"].spelling == "F.softmax"
+
+
+def test_unknown_ops_keep_their_own_name(registry):
+    def custom(x):
+        return x
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(operator.pow, (x, 2))
+    graph.output(y)
+    gm = canonicalize_ops(fx.GraphModule(nn.Module(), graph), registry)
+    assert [n.meta[_meta.OP].op for n in gm.graph.nodes] == ["placeholder", "pow", "output"]
