@@ -39,7 +39,8 @@ def test_module_docstring_examples(name):
 def test_docs_code_blocks(path):
     result = doctest.testfile(str(path), module_relative=False, optionflags=FLAGS, verbose=False)
     assert result.failed == 0, f"{result.failed} failing example(s) in {path.name}"
-    assert result.attempted > 0, f"{path.name} has no runnable examples"
+    if "```python" in path.read_text():
+        assert result.attempted > 0, f"{path.name} has python blocks but no runnable examples"
 
 
 def test_walk_finds_the_passes_subpackage():

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional
 
+from lucid_fx._meta import OP as _OP
 from lucid_fx._where import caller_location
 
 __all__ = ["Decision", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
@@ -94,6 +95,8 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
 
 
 def _shared(node, ctx) -> Optional[Decision]:
+    if not any(ctx.is_float_tensor(source) for source in node.meta[_OP].tensor_inputs()):
+        return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
     return Decision("shared", "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 
 
