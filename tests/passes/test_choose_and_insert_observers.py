@@ -1,0 +1,77 @@
+"""choose_observers + insert_observers: the graph before and after, and shared observers."""
+
+import torch
+from torch import nn
+
+import lucid_fx.quantization as Q
+from lucid_fx import _meta
+from lucid_fx.passes.analyze_ranges import analyze_ranges
+from lucid_fx.passes.canonicalize_ops import canonicalize_ops
+from lucid_fx.passes.choose_observers import choose_observers
+from lucid_fx.passes.fuse_patterns import fuse_patterns
+from lucid_fx.passes.insert_observers import insert_observers
+from lucid_fx.passes.propagate_shapes import propagate_shapes
+from lucid_fx.passes.trace_model import trace_model
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.pool = nn.MaxPool1d(2)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.fc(x)))
+        return torch.sigmoid(y)
+
+
+def _annotated(registry):
+    x = torch.randn(2, 3, 4)
+    gm = trace_model(Small().eval()).graph_module
+    propagate_shapes(gm, (x,))
+    for step in (canonicalize_ops, fuse_patterns, analyze_ranges):
+        step(gm, registry)
+    return gm, x
+
+
+def _body(gm):
+    return [line.strip() for line in gm.code.strip().splitlines()[1:]]
+
+
+def test_graph_before_and_after(registry):
+    gm, x = _annotated(registry)
+    assert _body(gm) == [
+        "fc = self.fc(x);  x = None",
+        "relu = torch.relu(fc);  fc = None",
+        "pool = self.pool(relu);  relu = None",
+        "sigmoid = torch.sigmoid(pool);  pool = None",
+        "return sigmoid",
+    ]
+    choose_observers(gm, registry, Q.QConfigMapping().set_global(Q.minmax_qconfig))
+    kinds = {n.name: n.meta[_meta.DECISION].kind for n in gm.graph.nodes if n.op != "output"}
+    assert kinds == {"x": "statistics", "fc": "fused", "relu": "statistics", "pool": "shared", "sigmoid": "fixed"}
+    expected_out = gm(x)
+    insert_observers(gm)
+    assert _body(gm) == [
+        "lucid_fx_observers_x = self.lucid_fx_observers.x(x);  x = None",
+        "fc = self.fc(lucid_fx_observers_x);  lucid_fx_observers_x = None",
+        "relu = torch.relu(fc);  fc = None",
+        "lucid_fx_observers_relu = self.lucid_fx_observers.relu(relu);  relu = None",
+        "pool = self.pool(lucid_fx_observers_relu);  lucid_fx_observers_relu = None",
+        "lucid_fx_observers_relu_1 = self.lucid_fx_observers.relu(pool);  pool = None",
+        "sigmoid = torch.sigmoid(lucid_fx_observers_relu_1);  lucid_fx_observers_relu_1 = None",
+        "lucid_fx_observers_sigmoid = self.lucid_fx_observers.sigmoid(sigmoid);  sigmoid = None",
+        "return lucid_fx_observers_sigmoid",
+    ]
+    # pool shares relu's observer: one module, called twice
+    assert set(gm.lucid_fx_observers.keys()) == {"x", "relu", "sigmoid"}
+    assert isinstance(gm.lucid_fx_observers["sigmoid"], Q.FixedQParamsObserver)
+    assert isinstance(gm.lucid_fx_weight_observers["fc"], Q.PerChannelMinMaxObserver)
+    assert gm.lucid_fx_weight_observers["fc"].min_val.shape == (4,)
+    assert torch.equal(gm(x), expected_out)
+
+
+def test_shapes_are_recorded(registry):
+    gm, _ = _annotated(registry)
+    shapes = {n.name: tuple(n.meta[_meta.TENSOR_META].shape) for n in gm.graph.nodes if n.op != "output"}
+    assert shapes == {"x": (2, 3, 4), "fc": (2, 3, 4), "relu": (2, 3, 4), "pool": (2, 3, 2), "sigmoid": (2, 3, 2)}
