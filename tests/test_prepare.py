@@ -167,3 +167,10 @@ def test_prepare_qat_uses_fake_quant_and_trains():
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="model is in eval mode; call model.train"):
         lucid_fx.prepare_qat(model.eval())
+
+
+def test_reference_framework_names():
+    prepared = Q.prepare_qat_fx(nn.Sequential(nn.Linear(2, 2), nn.Tanh()), None, (torch.randn(3, 2),))
+    assert isinstance(prepared.lucid_fx_observers["_1"], Q.FixedQParamsFakeQuantize)
+    prepared = Q.prepare_fx(nn.Sequential(nn.Linear(2, 2)).eval(), None, (torch.randn(3, 2),))
+    assert isinstance(prepared.lucid_fx_observers["_0"], Q.HistogramObserver)

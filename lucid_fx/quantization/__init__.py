@@ -56,6 +56,7 @@ from lucid_fx.quantization.qconfig import (
     minmax_qconfig,
 )
 from lucid_fx.quantization.qparams import calculate_qparams, fixed_qparams_for_interval
+from lucid_fx.quantization.workflow import prepare_fx, prepare_qat_fx
 
 __all__ = [
     # schemes and grids
@@ -106,4 +107,7 @@ __all__ = [
     "default_fixed_qparams_range_neg1to1_observer",
     "default_fixed_qparams_range_0to1_fake_quant",
     "default_fixed_qparams_range_neg1to1_fake_quant",
+    # workflow (the FX passes under the reference framework's names)
+    "prepare_fx",
+    "prepare_qat_fx",
 ]

@@ -1,0 +1,33 @@
+"""The reference framework's workflow names, on top of lucid_fx's FX passes.
+
+``prepare_fx`` / ``prepare_qat_fx`` are :func:`lucid_fx.prepare` / :func:`lucid_fx.prepare_qat`
+under the names users of the reference framework know. The graph layer imports this package,
+so the verbs are looked up when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["prepare_fx", "prepare_qat_fx"]
+
+
+def prepare_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bool = False, **kwargs: Any):
+    """:func:`lucid_fx.prepare` under the reference framework's name.
+
+    >>> import torch
+    >>> import lucid_fx.quantization as Q
+    >>> prepared = Q.prepare_fx(torch.nn.Sequential(torch.nn.Sigmoid()).eval(), None, (torch.randn(2),))
+    >>> type(prepared.lucid_fx_observers["_0"]).__name__
+    'FixedQParamsObserver'
+    """
+    from lucid_fx.prepare import prepare
+
+    return prepare(model, qconfig_mapping, example_inputs, inplace=inplace, **kwargs)
+
+
+def prepare_qat_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bool = False, **kwargs: Any):
+    """:func:`lucid_fx.prepare_qat` under the reference framework's name."""
+    from lucid_fx.prepare import prepare_qat
+
+    return prepare_qat(model, qconfig_mapping, example_inputs, inplace=inplace, **kwargs)
