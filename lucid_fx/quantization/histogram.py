@@ -103,11 +103,12 @@ class HistogramObserver(_StatisticsObserver):
         data = x.detach()
         if data.numel() == 0:
             return x
-        finite = self._count_nonfinite(data)
+        lo, hi = torch.aminmax(data)
+        finite = self._count_nonfinite(data, (lo, hi))
         data = (data[finite] if finite is not None else data).float().reshape(-1)
         if data.numel() == 0:
             return x
-        cur_lo, cur_hi = data.min().item(), data.max().item()
+        cur_lo, cur_hi = (lo.item(), hi.item()) if finite is None else (data.min().item(), data.max().item())
         if not self.has_data:
             new_lo, new_hi = cur_lo, cur_hi
         else:

@@ -107,8 +107,13 @@ class _StatisticsObserver(ObserverBase):
         self.register_buffer("nonfinite_count", torch.tensor(0, dtype=torch.int64))
         self._warned_nonfinite = False
 
-    def _count_nonfinite(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """Mask of finite values, or ``None`` when all are finite; counts and warns once."""
+    def _count_nonfinite(self, x: torch.Tensor, extremes: Tuple[torch.Tensor, ...] = ()) -> Optional[torch.Tensor]:
+        """Mask of finite values, or ``None`` when all are finite; counts and warns once.
+
+        ``extremes`` are the batch's min/max: they propagate NaN and keep inf, so when they are
+        finite the data is, and the full scan (costly on large weights) is skipped."""
+        if extremes and all(bool(torch.isfinite(e).all()) for e in extremes):
+            return None
         finite = torch.isfinite(x)
         if bool(finite.all()):
             return None
@@ -160,11 +165,13 @@ class MinMaxObserver(_StatisticsObserver):
         x = x.detach()
         if x.numel() == 0:
             return None
-        finite = self._count_nonfinite(x)
-        if finite is not None:
-            x = x[finite]
-            if x.numel() == 0:
-                return None
+        lo, hi = torch.aminmax(x)
+        finite = self._count_nonfinite(x, (lo, hi))
+        if finite is None:
+            return lo.float(), hi.float()
+        x = x[finite]
+        if x.numel() == 0:
+            return None
         return x.min().float(), x.max().float()
 
     def _update(self, cur_min: torch.Tensor, cur_max: torch.Tensor) -> None:
@@ -247,9 +254,10 @@ class PerChannelMinMaxObserver(_StatisticsObserver):
             x = x.reshape(1)
         axis = self.ch_axis % x.dim()
         flat = x.movedim(axis, 0).reshape(x.shape[axis], -1).float()
-        finite = self._count_nonfinite(flat)
+        lo, hi = torch.aminmax(flat, dim=1)
+        finite = self._count_nonfinite(flat, (lo, hi))
         if finite is None:
-            return flat.amin(dim=1), flat.amax(dim=1)
+            return lo, hi
         # A non-finite value must not win a min or a max: make it neutral for each reduction.
         lo = torch.where(finite, flat, torch.full_like(flat, float("inf"))).amin(dim=1)
         hi = torch.where(finite, flat, torch.full_like(flat, float("-inf"))).amax(dim=1)
