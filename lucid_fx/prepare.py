@@ -52,24 +52,27 @@ def _check_model(model: Any) -> None:
         raise TypeError(f"prepare expects an nn.Module (or fx.GraphModule), got {type(model).__name__}")
 
 
-def _capture_inputs(model: nn.Module, paths: Sequence[str], example_inputs) -> Dict[str, tuple]:
-    """Run the float model once and record the positional inputs of the modules at ``paths``."""
-    seen: Dict[str, tuple] = {}
-    hooks = []
-    for path in paths:
-        module = model.get_submodule(path)
+def _capture_inputs(options: Dict[str, Any], paths: Sequence[str]) -> Dict[str, tuple]:
+    """The positional inputs each module at ``paths`` (qualified from the root) received when the
+    whole float model ran on the user's example inputs, so nested parts get shapes too.
 
-        def hook(mod, args, _path=path):
-            seen.setdefault(_path, tuple(args))
-
-        hooks.append(module.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            model(*example_inputs)
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
+    The model runs once, the first time this is needed: before prepare has changed anything, so
+    no observer sees the example inputs."""
+    if options["root_inputs"] is None:
+        return {}
+    if options.get("captured") is None:
+        model, seen, hooks = options["root"], {}, []
+        for path, module in model.named_modules():
+            if path:
+                hooks.append(module.register_forward_pre_hook(lambda mod, args, _p=path: seen.setdefault(_p, tuple(args))))
+        try:
+            with torch.no_grad():
+                model(*options["root_inputs"])
+        finally:
+            for h in hooks:
+                h.remove()
+        options["captured"] = seen
+    return {path: options["captured"][path] for path in paths if path in options["captured"]}
 
 
 def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
@@ -101,22 +104,22 @@ def _prepare_one(
     if gm is None:
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
-        captured = _capture_inputs(model, children, example_inputs) if example_inputs is not None else {}
+        captured = _capture_inputs(options, [f"{prefix}.{name}" if prefix else name for name in children])
         for name in children:
             child = model.get_submodule(name)
             if not any(True for _ in child.parameters()) and not list(child.children()):
                 continue  # parameter-free leaves (activations) gain nothing alone
             path = f"{prefix}.{name}" if prefix else name
-            _set_submodule(model, name, _prepare_one(child, mapping, captured.get(name), registry, options, report, path))
+            _set_submodule(model, name, _prepare_one(child, mapping, captured.get(path), registry, options, report, path))
         return model
     # Untraceable submodules became leaves: descend into each.
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
     if inner:
-        captured = _capture_inputs(model, inner, example_inputs) if example_inputs is not None else {}
+        captured = _capture_inputs(options, [f"{prefix}.{path}" if prefix else path for path in inner])
         for path in inner:
             full = f"{prefix}.{path}" if prefix else path
             sub = gm.get_submodule(path)
-            _set_submodule(gm, path, _prepare_one(sub, mapping, captured.get(path), registry, options, report, full))
+            _set_submodule(gm, path, _prepare_one(sub, mapping, captured.get(full), registry, options, report, full))
     if example_inputs is not None:
         propagate_shapes(gm, example_inputs)
     canonicalize_ops(gm, registry)
@@ -148,7 +151,10 @@ def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, regi
         raise TypeError(f"qconfig_mapping must be a QConfigMapping, got {type(qconfig_mapping).__name__}")
     work = model if inplace else copy.deepcopy(model)
     report = PrepareReport(backend=backend, qat=qat)
-    options = {"leaf_modules": leaf_modules, "concrete_args": concrete_args, "strict": strict, "qat": qat}
+    options = {
+        "leaf_modules": leaf_modules, "concrete_args": concrete_args, "strict": strict, "qat": qat,
+        "root": work, "root_inputs": example_inputs,
+    }
     prepared = _prepare_one(work, qconfig_mapping, example_inputs, registry or current_registry(), options, report, "")
     prepared.lucid_fx_report = report
     if qat:

@@ -73,7 +73,11 @@ class RuleContext:
         if node.op == "get_attr":
             value = getattr(self.gm, node.target, None) if "." not in node.target else None
             return value is None or getattr(value, "is_floating_point", lambda: False)()
-        return True  # no example inputs: assume a float tensor
+        if node.op == "placeholder":
+            return True  # no example inputs: assume a float tensor
+        # Without shapes, a value computed only from non-tensors (x.shape[-1] ** 0.5) is not one.
+        sources = node.meta[_meta.OP].tensor_inputs() or [a for a in node.all_input_nodes]
+        return any(self.is_float_tensor(source) for source in sources) if sources else True
 
 
 def _decide(node: fx.Node, ctx: RuleContext) -> Decision:

@@ -100,6 +100,8 @@ class HistogramObserver(_StatisticsObserver):
         return bool(torch.isfinite(self.min_val))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            return x
         data = x.detach()
         if data.numel() == 0:
             return x

@@ -179,6 +179,8 @@ class MinMaxObserver(_StatisticsObserver):
         self.max_val.copy_(torch.maximum(self.max_val, cur_max))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            return x  # a Python number flowing through the graph: nothing to observe
         found = self._batch_range(x)
         if found is not None:
             self._update(*found)
@@ -277,6 +279,8 @@ class PerChannelMinMaxObserver(_StatisticsObserver):
         self.max_val.copy_(torch.maximum(self.max_val, cur_max))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            return x  # a Python number flowing through the graph: nothing to observe
         found = self._batch_range(x)
         if found is not None:
             self._update(*found)
