@@ -43,3 +43,15 @@ def test_public_names_resolve():
         missing = [name for name in module.__all__ if not hasattr(module, name)]
         assert missing == []
     assert len(Q.__all__) == len(set(Q.__all__))
+
+
+def test_every_package_folder_is_declared_in_pyproject():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    declared = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"lucid_fx.passes"} | {
+        ".".join(p.parent.relative_to(root).parts) for p in (root / "lucid_fx").rglob("__init__.py")
+    }
+    assert found == declared
