@@ -1,13 +1,14 @@
 """lucid_fx: post-training int8 quantization for PyTorch as torch.fx graph passes.
 
 Two layers: :mod:`lucid_fx.quantization` holds the observers, grids and configs; this module
-holds the verbs (``prepare``, ``prepare_qat``, ``calibrate``, ``explain``) and the registry
+holds the verbs (``prepare``, ``prepare_qat``, ``calibrate``, ``convert``, ``quantize``, ``explain``) and the registry
 that users extend (``register_bounded_op``, ``register_fusion``, ...). The passes themselves
 live in :mod:`lucid_fx.passes`.
 """
 
 from lucid_fx import quantization
 from lucid_fx.calibrate import calibrate
+from lucid_fx.convert import ConvertReport, convert, quantize
 from lucid_fx.explain import Explanation, explain
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
 from lucid_fx.registry import (
@@ -16,6 +17,7 @@ from lucid_fx.registry import (
     register_bounded_op,
     register_float_op,
     register_fusion,
+    register_lowering,
     register_observer_rule,
     register_op,
     registry_scope,
@@ -28,6 +30,9 @@ __all__ = [
     "prepare",
     "prepare_qat",
     "calibrate",
+    "convert",
+    "quantize",
+    "ConvertReport",
     "explain",
     "Explanation",
     "PrepareReport",
@@ -39,5 +44,6 @@ __all__ = [
     "register_fusion",
     "register_observer_rule",
     "register_float_op",
+    "register_lowering",
     "__version__",
 ]

@@ -77,6 +77,12 @@ class CanonicalCall:
     spelling: str
     module: Optional[str] = None  # qualified name, for call_module spellings
 
+    def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
+        """The same call with every reference to ``old`` pointing at ``new`` (for graph rewrites)."""
+        swap = lambda v: new if v is old else v  # noqa: E731
+        args = {k: (type(v)(swap(i) for i in v) if isinstance(v, (list, tuple)) else swap(v)) for k, v in self.args.items()}
+        return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
+
     def tensor_inputs(self) -> List[fx.Node]:
         found: List[fx.Node] = []
         for value in self.args.values():

@@ -17,6 +17,7 @@ from torch import nn
 from lucid_fx._where import caller_location
 from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, OpDef, Spelling, derive_spellings
 from lucid_fx.rules.fusions import FUSION_RULES, FusionRule
+from lucid_fx.rules.lowering import LOWERINGS
 from lucid_fx.rules.observers import OBSERVER_RULES, ObserverRule
 from lucid_fx.rules.ranges import RANGE_RULES, RangeRule
 
@@ -29,6 +30,7 @@ __all__ = [
     "register_fusion",
     "register_observer_rule",
     "register_float_op",
+    "register_lowering",
 ]
 
 
@@ -47,6 +49,7 @@ class Registry:
     float_ops: Dict[str, str] = field(default_factory=dict)
     leaf_functions: List[Callable] = field(default_factory=list)
     leaf_modules: List[type] = field(default_factory=list)
+    lowerings: Dict[str, Dict[Tuple[str, ...], Callable]] = field(default_factory=dict)
 
     @classmethod
     def builtin(cls) -> "Registry":
@@ -61,6 +64,7 @@ class Registry:
                 reg.range_rules[op] = rule
         reg.observer_rules = list(OBSERVER_RULES)
         reg.fusion_rules = list(FUSION_RULES)
+        reg.lowerings = {backend: dict(table) for backend, table in LOWERINGS.items()}
         return reg
 
     def copy(self) -> "Registry":
@@ -72,6 +76,7 @@ class Registry:
             dict(self.float_ops),
             list(self.leaf_functions),
             list(self.leaf_modules),
+            {backend: dict(table) for backend, table in self.lowerings.items()},
         )
 
     def spelling_for(self, kind: str, target: Any) -> Optional[Spelling]:
@@ -246,3 +251,19 @@ def register_float_op(target: Any, *, registry: Optional[Registry] = None) -> st
     reg.float_ops[name] = caller_location()
     return name
 
+
+
+def register_lowering(
+    ops: Union[str, Sequence[str]], rule: Callable, *, backend: str = "generic", registry: Optional[Registry] = None
+) -> Tuple[str, ...]:
+    """Lower canonical op ``ops`` (one name, or the ops of a fused group in data-flow order) with
+    ``rule(ctx, members, resolve) -> QValue | None`` on ``backend`` ("generic", "cpu" or "cuda").
+    A backend entry overrides the generic one; a later registration overrides an earlier one."""
+    reg = registry or current_registry()
+    if backend not in ("generic", "cpu", "cuda"):
+        raise ValueError(f"register_lowering: backend must be 'generic', 'cpu' or 'cuda', got {backend!r}")
+    if not callable(rule):
+        raise ValueError(f"register_lowering: rule must be a function (ctx, members, resolve) -> QValue | None, got {rule!r}")
+    key = (ops,) if isinstance(ops, str) else tuple(ops)
+    reg.lowerings.setdefault(backend, {})[key] = rule
+    return key

@@ -61,6 +61,9 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
         parent_name, _, attr = layer_node.target.rpartition(".")
         parent = gm.get_submodule(parent_name) if parent_name else gm
         setattr(parent, attr, fold_bn_into(layer, bn))
+        for node in gm.graph.nodes:  # canonical calls name their inputs too (not only direct users)
+            if _meta.OP in node.meta:
+                node.meta[_meta.OP] = node.meta[_meta.OP].replace_input(bn_node, layer_node)
         bn_node.replace_all_uses_with(layer_node)
         for key in (_meta.FUSION, _meta.FUSED_INTO, _meta.OBSERVER, _meta.DECISION):
             if key in bn_node.meta:

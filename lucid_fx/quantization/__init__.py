@@ -56,7 +56,7 @@ from lucid_fx.quantization.qconfig import (
     minmax_qconfig,
 )
 from lucid_fx.quantization.qparams import calculate_qparams, fixed_qparams_for_interval
-from lucid_fx.quantization.workflow import prepare_fx, prepare_qat_fx
+from lucid_fx.quantization.workflow import convert_fx, prepare_fx, prepare_qat_fx
 
 __all__ = [
     # schemes and grids
@@ -110,4 +110,5 @@ __all__ = [
     # workflow (the FX passes under the reference framework's names)
     "prepare_fx",
     "prepare_qat_fx",
+    "convert_fx",
 ]

@@ -1,6 +1,7 @@
 """The reference framework's workflow names, on top of lucid_fx's FX passes.
 
-``prepare_fx`` / ``prepare_qat_fx`` are :func:`lucid_fx.prepare` / :func:`lucid_fx.prepare_qat`
+``prepare_fx`` / ``prepare_qat_fx`` / ``convert_fx`` are :func:`lucid_fx.prepare` /
+:func:`lucid_fx.prepare_qat` / :func:`lucid_fx.convert`
 under the names users of the reference framework know. The graph layer imports this package,
 so the verbs are looked up when called.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["prepare_fx", "prepare_qat_fx"]
+__all__ = ["prepare_fx", "prepare_qat_fx", "convert_fx"]
 
 
 def prepare_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bool = False, **kwargs: Any):
@@ -31,3 +32,10 @@ def prepare_qat_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bo
     from lucid_fx.prepare import prepare_qat
 
     return prepare_qat(model, qconfig_mapping, example_inputs, inplace=inplace, **kwargs)
+
+
+def convert_fx(model, inplace: bool = False, **kwargs: Any):
+    """:func:`lucid_fx.convert` under the reference framework's name."""
+    from lucid_fx.convert import convert
+
+    return convert(model, inplace=inplace, **kwargs)

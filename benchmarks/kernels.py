@@ -1,0 +1,101 @@
+"""Int8 kernel benchmark: lucid_fx::linear (oneDNN and the torch._int_mm fallback) against fp32.
+
+    python benchmarks/kernels.py [--rounds 5] [--threads 2]
+
+Shapes: linear with K = N = 1024 at M = 1024 and M = 64, and a 3x3 convolution of 64 channels
+on 1x64x56x56 (ResNet-18's first stage). Weights are int8 on ``weight_quant_range("cpu")``,
+activations uint8 with a zero point of 128, output uint8. Each number is the median of
+``--rounds`` timed calls after one warm-up call (which also packs the weight, so packing is
+not timed). GOPS counts 2 operations per multiply-accumulate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable, List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+import lucid_fx.kernels as K
+
+ops = torch.ops.lucid_fx
+
+
+def median_seconds(fn: Callable[[], object], rounds: int) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _int8_weight(shape, qrange) -> Tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(qrange[0], qrange[1] + 1, shape, dtype=torch.int8), torch.rand(shape[0]) * 0.01 + 1e-3
+
+
+def linear_rows(m: int, k: int, n: int, rounds: int) -> List[Tuple[str, float]]:
+    qx = torch.randint(0, 256, (m, k), dtype=torch.uint8)
+    qw, ws = _int8_weight((n, k), K.weight_quant_range("cpu"))
+    bias, x, w = torch.randn(n), torch.randn(m, k), torch.randn(n, k)
+
+    def int8() -> torch.Tensor:
+        return ops.linear(qx, 0.02, 128, qw, ws, bias, 0.05, 128, "none", None)
+
+    rows = []
+    for label, onednn in (("lucid_fx.linear (oneDNN)", True), ("lucid_fx.linear (_int_mm fallback)", False)):
+        with K.use_onednn(onednn):
+            rows.append((label, median_seconds(int8, rounds)))
+    rows.append(("fp32 F.linear", median_seconds(lambda: F.linear(x, w, bias), rounds)))
+    return rows
+
+
+def conv_rows(rounds: int) -> List[Tuple[str, float]]:
+    qx = torch.randint(0, 256, (1, 64, 56, 56), dtype=torch.uint8)
+    qw, ws = _int8_weight((64, 64, 3, 3), K.weight_quant_range("cpu"))
+    x, w = torch.randn(1, 64, 56, 56), torch.randn(64, 64, 3, 3)
+    qx_cl, x_cl = (t.contiguous(memory_format=torch.channels_last) for t in (qx, x))
+
+    def int8(q) -> Callable[[], torch.Tensor]:
+        return lambda: ops.conv2d(q, 0.02, 128, qw, ws, None, [1, 1], [1, 1], [1, 1], 1, 0.05, 128, "relu", None)
+
+    rows = []
+    cases = [
+        ("lucid_fx.conv2d (oneDNN, NCHW)", True, qx),
+        ("lucid_fx.conv2d (oneDNN, NHWC)", True, qx_cl),
+        ("lucid_fx.conv2d (_int_mm fallback)", False, qx),
+    ]
+    for label, onednn, q in cases:
+        with K.use_onednn(onednn):
+            rows.append((label, median_seconds(int8(q), rounds)))
+    rows.append(("fp32 F.conv2d (NCHW)", median_seconds(lambda: F.conv2d(x, w, None, 1, 1), rounds)))
+    rows.append(("fp32 F.conv2d (NHWC)", median_seconds(lambda: F.conv2d(x_cl, w, None, 1, 1), rounds)))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    vnni = torch.cpu._is_vnni_supported()
+    print(f"torch {torch.__version__}, {args.threads} threads, VNNI: {vnni}, oneDNN: {K.onednn_available()}, "
+          f"weight range {K.weight_quant_range('cpu')}, median of {args.rounds}")
+    print(f"{'shape':<22} {'kernel':<36} {'ms':>9} {'GOPS':>8}")
+    for m in (1024, 64):
+        for label, seconds in linear_rows(m, 1024, 1024, args.rounds):
+            gops = 2 * m * 1024 * 1024 / seconds / 1e9
+            print(f"{f'linear {m}x1024x1024':<22} {label:<36} {seconds * 1e3:>9.2f} {gops:>8.1f}")
+    macs = 56 * 56 * 64 * 64 * 9
+    for label, seconds in conv_rows(args.rounds):
+        print(f"{'conv 64->64 3x3 56x56':<22} {label:<36} {seconds * 1e3:>9.2f} {2 * macs / seconds / 1e9:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""convert / quantize: calibrated graphs become int8 kernels (or their simulated reference).
+
+    rebind_node_refs -> fold_batchnorm -> lower_to_int8   (backend "cpu" or "cuda")
+    rebind_node_refs -> fold_batchnorm -> insert_qdq      (reference=True)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import fx, nn
+
+from lucid_fx.calibrate import calibrate
+from lucid_fx.kernels import weight_quant_range
+from lucid_fx.passes.canonicalize_ops import rebind_node_refs
+from lucid_fx.passes.fold_batchnorm import fold_batchnorm
+from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx.passes.insert_qdq import insert_qdq
+from lucid_fx.passes.lower_to_int8 import ConvertReport, lower_to_int8
+from lucid_fx.prepare import BACKENDS, prepare
+from lucid_fx.quantization.qconfig import QConfigMapping
+from lucid_fx.registry import Registry, current_registry
+
+__all__ = ["convert", "quantize", "ConvertReport"]
+
+
+def _uncalibrated(gm: fx.GraphModule):
+    for name, observer in getattr(gm, OBSERVERS).items():
+        if getattr(observer, "has_data", True) is False:
+            yield name
+
+
+def _strip_qat(gm: nn.Module) -> None:
+    # QAT trains through fake-quantized weights; the int8 weight is made from the trained one.
+    for module in gm.modules():
+        if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+            torch.nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+
+
+def _device_of(model: nn.Module, backend: str) -> torch.device:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        return tensor.device
+    return torch.device("cuda" if backend == "cuda" else "cpu")
+
+
+def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: Registry, path: str):
+    missing = list(_uncalibrated(gm))
+    if missing:
+        where = f" in {path}" if path else ""
+        raise ValueError(
+            f"convert: the observers of node(s) {', '.join(missing)}{where} saw no data; run "
+            "lucid_fx.calibrate(prepared, batches) before convert"
+        )
+    _strip_qat(gm)
+    gm.eval()
+    rebind_node_refs(gm)
+    fold_batchnorm(gm)
+    weight_range = weight_quant_range(_device_of(gm, backend))
+    if reference:
+        return insert_qdq(gm, weight_range), ConvertReport("reference")
+    return lower_to_int8(gm, registry.lowerings, backend, weight_range)
+
+
+def _convert_tree(model: nn.Module, backend, reference, registry, reports, path="") -> nn.Module:
+    # Children first: an untraceable module kept float may hold prepared graphs inside.
+    for name, child in list(model.named_children()):
+        if name == OBSERVERS:
+            continue
+        full = f"{path}.{name}" if path else name
+        new = _convert_tree(child, backend, reference, registry, reports, full)
+        if new is not child:
+            setattr(model, name, new)
+    if isinstance(model, fx.GraphModule) and hasattr(model, OBSERVERS):
+        converted, report = _convert_graph(model, backend, reference, registry, path)
+        reports[path] = report
+        return converted
+    return model
+
+
+def convert(
+    prepared: nn.Module,
+    *,
+    backend: Optional[str] = None,
+    reference: bool = False,
+    inplace: bool = False,
+    registry: Optional[Registry] = None,
+) -> nn.Module:
+    """Lower a calibrated prepared model to int8 kernels (``torch.ops.lucid_fx.*``).
+
+    Args:
+        prepared: the result of :func:`lucid_fx.prepare` after :func:`lucid_fx.calibrate`.
+        backend: ``"cpu"`` or ``"cuda"`` (default: the one given to prepare).
+        reference: give the simulated model instead (float ops between quantize -> dequantize).
+        inplace: convert ``prepared`` itself instead of a copy.
+        registry: rule tables (default: the current registry), for custom lowerings.
+
+    Returns:
+        The quantized model; ``model.lucid_fx_convert_report`` says which ops run as int8
+        kernels and which stayed float (and why).
+
+    Example:
+        >>> import torch, lucid_fx
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+        >>> prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(4, 8),))
+        >>> _ = lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(4)], progress=False)
+        >>> qmodel = lucid_fx.convert(prepared)
+        >>> [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
+        ['quantize_per_tensor', 'linear', 'linear', 'dequantize_per_tensor']
+    """
+    report = getattr(prepared, "lucid_fx_report", None)
+    backend = backend or (report.backend if report is not None else "cpu")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if not any(isinstance(m, fx.GraphModule) and hasattr(m, OBSERVERS) for m in prepared.modules()):
+        raise ValueError("convert expects a model returned by lucid_fx.prepare (no observers found); call prepare first")
+    work = prepared if inplace else copy.deepcopy(prepared)
+    reports: dict = {}
+    converted = _convert_tree(work, backend, reference, registry or current_registry(), reports)
+    converted.lucid_fx_convert_report = reports[""] if set(reports) == {""} else reports
+    return converted
+
+
+def quantize(
+    model: nn.Module,
+    example_inputs: Any,
+    calibration_data: Iterable,
+    qconfig_mapping: Optional[QConfigMapping] = None,
+    *,
+    backend: Optional[str] = None,
+    reference: bool = False,
+    progress: bool = False,
+    registry: Optional[Registry] = None,
+    **prepare_options: Any,
+) -> nn.Module:
+    """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged."""
+    prepared = prepare(model, qconfig_mapping, example_inputs, backend=backend, registry=registry, **prepare_options)
+    calibrate(prepared, calibration_data, progress=progress)
+    return convert(prepared, backend=backend, reference=reference, inplace=True, registry=registry)

@@ -1,0 +1,195 @@
+"""The ``lucid_fx::`` int8 ops: schemas, default (reference) kernels and fake kernels.
+
+Each op is defined with ``torch.library`` and its default kernel is its reference implementation
+(:mod:`lucid_fx.kernels.reference`, any device). :mod:`lucid_fx.kernels.cpu` and
+:mod:`lucid_fx.kernels.cuda` register faster kernels for their device on top. The fake kernels
+below give shapes, dtypes and strides without computing, so graphs holding these ops trace
+under ``FakeTensorMode`` and ``torch.compile``.
+
+Weights derived once (oneDNN-packed, padded for ``torch._int_mm``) live in a
+:class:`WeightCache` shared by the device modules.
+
+>>> q = torch.ops.lucid_fx.quantize_per_tensor(torch.tensor([0.0, 0.5, 9.0]), 0.1, 3, 0, 255, torch.uint8)
+>>> q
+tensor([ 3,  8, 93], dtype=torch.uint8)
+>>> torch.ops.lucid_fx.dequantize_per_tensor(q, 0.1, 3)
+tensor([0.0000, 0.5000, 9.0000])
+"""
+
+from typing import Callable, Dict, Hashable, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+from lucid_fx.kernels import reference as ref
+
+__all__ = ["OPS", "LIB", "WeightCache", "register_kernel", "conv_output_shape"]
+
+_F32 = torch.float32
+# Plain torch.library registration: a call costs ~10 us of dispatch, against ~45 us for a
+# torch.library.custom_op (measured), which adds up over the dozens of ops of a model.
+LIB = torch.library.Library("lucid_fx", "DEF")
+OPS: Dict[str, torch._ops.OpOverload] = {}
+
+
+def _define(fn: Callable, fake: Callable) -> None:
+    name = fn.__name__
+    # Zero points, strides and sizes are graph constants: "int", not the inferred "SymInt".
+    schema = torch.library.infer_schema(fn, mutates_args=()).replace("SymInt", "int")
+    LIB.define(name + schema)
+    LIB.impl(name, fn, "CompositeExplicitAutograd")  # the default kernel, for every device
+    torch.library.register_fake(f"lucid_fx::{name}", fake, lib=LIB)
+    OPS[name] = getattr(torch.ops.lucid_fx, name).default
+
+
+def register_kernel(name: str, device: str, fn: Callable) -> Callable:
+    """Make ``fn`` the kernel of ``lucid_fx::name`` for ``device`` ("cpu", "cuda"); returns ``fn``."""
+    LIB.impl(name, fn, device.upper())
+    return fn
+
+
+def _empty(shape, like: torch.Tensor, dtype: torch.dtype, memory_format=torch.contiguous_format) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=like.device, memory_format=memory_format)
+
+
+def _fake_linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype):
+    ref.check_post_op(post_op)
+    torch._check(
+        qx.shape[-1] == qw.shape[1], lambda: f"linear: input has {qx.shape[-1]} features, weight {qw.shape[1]}"
+    )
+    return _empty((*qx.shape[:-1], qw.shape[0]), qx, ref.out_storage(qx, out_dtype))
+
+
+def conv_output_shape(qx, qw, stride, padding, dilation) -> List:
+    """Output shape (N, C_out, *spatial) of a convolution of ``qx`` with ``qw`` (sizes may be symbolic)."""
+    spatial = [
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, d in zip(qx.shape[2:], qw.shape[2:], stride, padding, dilation)
+    ]
+    return [qx.shape[0], qw.shape[0], *spatial]
+
+
+def _fake_conv1d(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp,
+                 post_op, out_dtype):
+    ref.check_post_op(post_op)
+    return _empty(conv_output_shape(qx, qw, stride, padding, dilation), qx, ref.out_storage(qx, out_dtype))
+
+
+def _fake_conv2d(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp,
+                 post_op, out_dtype):
+    ref.check_post_op(post_op)
+    shape = conv_output_shape(qx, qw, stride, padding, dilation)
+    return _empty(shape, qx, ref.out_storage(qx, out_dtype), ref.conv2d_memory_format(qx))
+
+
+def _fake_conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, qother,
+                     other_scale, other_zp, out_scale, out_zp, post_op, out_dtype):
+    out = _fake_conv2d(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale,
+                       out_zp, post_op, out_dtype)
+    torch._check(
+        tuple(torch.broadcast_shapes(qother.shape, out.shape)) == tuple(out.shape),
+        lambda: f"conv2d_add: other {tuple(qother.shape)} does not broadcast to the conv result {tuple(out.shape)}",
+    )
+    return out
+
+
+def _fake_binary(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
+    ref.check_post_op(post_op)
+    return torch.empty_like(qa.to(_F32) + qb.to(_F32), dtype=qa.dtype)
+
+
+def _fake_matmul(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp):
+    return _empty(torch.matmul(qa.to(_F32), qb.to(_F32)).shape, qa, qa.dtype)
+
+
+def _fake_lut(q, table):
+    torch._check(table.numel() == 256, lambda: f"a lookup table has 256 entries, got {table.numel()}")
+    return _empty(q.shape, q, table.dtype)
+
+
+def _fake_cat(qs, scales, zps, dim, out_scale, out_zp):
+    return torch.cat([q.to(qs[0].dtype) for q in qs], dim)
+
+
+def _fake_avg_pool2d(q, scale, zp, kernel_size, stride, padding, ceil_mode, count_include_pad, out_scale, out_zp):
+    y = F.avg_pool2d(q.to(_F32), kernel_size, stride or None, padding, ceil_mode, count_include_pad)
+    return _empty(y.shape, q, q.dtype, ref._pool_format(q))
+
+
+def _fake_adaptive_avg_pool2d(q, scale, zp, output_size, out_scale, out_zp):
+    return _empty(F.adaptive_avg_pool2d(q.to(_F32), output_size).shape, q, q.dtype, ref._pool_format(q))
+
+
+def _fake_mean(q, scale, zp, dim, keepdim, out_scale, out_zp):
+    return _empty(q.to(_F32).mean(dim, keepdim).shape, q, q.dtype)
+
+
+# (reference kernel, fake kernel) per op; the op's name is the reference function's name.
+_DEFINITIONS = [
+    (ref.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
+    (ref.dequantize_per_tensor, lambda q, scale, zp: torch.empty_like(q, dtype=_F32)),
+    (ref.quantize_per_channel, lambda x, scale, zp, axis, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
+    (ref.dequantize_per_channel, lambda q, scale, zp, axis: torch.empty_like(q, dtype=_F32)),
+    (ref.linear, _fake_linear),
+    (ref.conv1d, _fake_conv1d),
+    (ref.conv2d, _fake_conv2d),
+    (ref.conv2d_add, _fake_conv2d_add),
+    (ref.add, _fake_binary),
+    (ref.mul, _fake_binary),
+    (ref.matmul, _fake_matmul),
+    (ref.lut, _fake_lut),
+    (ref.softmax, lambda q, scale, zp, dim, out_scale, out_zp: torch.empty_like(q)),
+    (ref.cat, _fake_cat),
+    (ref.avg_pool2d, _fake_avg_pool2d),
+    (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),
+    (ref.mean, _fake_mean),
+]
+for _fn, _fake in _DEFINITIONS:
+    _define(_fn, _fake)
+
+
+def _version_of(weight: torch.Tensor) -> Optional[int]:
+    try:
+        return weight._version
+    except RuntimeError:  # inference tensors keep no version counter; they cannot change outside inference mode
+        return None
+
+
+class WeightCache:
+    """Forms of weight tensors built once per weight: packed for oneDNN, padded for ``_int_mm``.
+
+    Entries are keyed by the weight tensor's identity (held weakly, so they go with the
+    weight) and stamped with its ``_version``: an in-place change rebuilds them, and a new
+    tensor (``.to(device)``, a reassigned parameter) is a new key. ``builds`` counts builds.
+
+    >>> cache = WeightCache()
+    >>> w = torch.ones(2)
+    >>> [cache.get(w, "double", lambda: w * 2).tolist() for _ in range(3)]
+    [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
+    >>> cache.builds
+    1
+    >>> _ = w.add_(1)
+    >>> cache.get(w, "double", lambda: w * 2).tolist(), cache.builds
+    ([4.0, 4.0], 2)
+    """
+
+    def __init__(self) -> None:
+        self._entries = WeakIdKeyDictionary()
+        self.builds = 0
+
+    def get(self, weight: torch.Tensor, key: Hashable, build: Callable[[], object]) -> object:
+        """The cached ``build()`` for ``(weight, key)``, built now if missing or stale."""
+        version = _version_of(weight)
+        slot = self._entries.get(weight)
+        if slot is None or slot[0] != version:
+            slot = (version, {})
+            self._entries[weight] = slot
+        if key not in slot[1]:
+            slot[1][key] = build()
+            self.builds += 1
+        return slot[1][key]
+
+    def clear(self) -> None:
+        """Drop every entry (the build count stays)."""
+        self._entries = WeakIdKeyDictionary()

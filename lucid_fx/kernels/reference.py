@@ -1,0 +1,374 @@
+"""Reference int8 kernels: dequantize, run the float op, quantize.
+
+Each function here has the exact signature of its ``lucid_fx::`` op and is that op's default
+implementation (any device without a faster kernel), and the oracle the fast kernels are
+tested against. Integer codes are plain ``uint8``/``int8`` tensors with per-tensor affine
+qparams; weights are ``int8`` with per-channel symmetric scales (zero points 0).
+
+Output codes keep the integer dtype of the (first) input unless ``out_dtype`` says otherwise:
+``uint8`` in, ``uint8`` out.
+
+Per-tensor quantize and dequantize are written with in-place ops (:func:`dequant`,
+:func:`quant`): the same float32 arithmetic as :func:`lucid_fx.quantization.quantize` /
+``dequantize``, so codes agree to the bit, at 2-10x their speed (fewer temporaries).
+"""
+
+import functools
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from lucid_fx.quantization.dtypes import QDtype, to_qdtype
+from lucid_fx.quantization.functional import dequantize, quantize
+
+__all__ = [
+    "quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
+    "linear", "conv1d", "conv2d", "conv2d_add", "add", "mul", "matmul", "lut", "softmax", "cat",
+    "avg_pool2d", "adaptive_avg_pool2d", "mean", "make_lut",
+]
+
+POST_OPS = ("none", "relu")
+
+
+def check_post_op(post_op: str) -> None:
+    """Raise ValueError for a post-op the kernels do not fuse."""
+    if post_op not in POST_OPS:
+        raise ValueError(f"post_op must be one of {POST_OPS}, got {post_op!r}")
+
+
+def out_storage(q: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype of an op's result: ``out_dtype``, or the codes' own integer dtype when None."""
+    if out_dtype is None:
+        return q.dtype
+    if out_dtype not in (torch.uint8, torch.int8, torch.float32):
+        raise ValueError(f"out_dtype must be None, torch.uint8, torch.int8 or torch.float32, got {out_dtype}")
+    return out_dtype
+
+
+@functools.lru_cache(maxsize=4096)
+def f32(scale: float) -> float:
+    """``scale`` rounded to float32, the value ``dequantize`` multiplies by (as a Python float)."""
+    return float(torch.tensor(scale, dtype=torch.float32))
+
+
+@functools.lru_cache(maxsize=4096)
+def f32_reciprocal(scale: float) -> float:
+    """``1 / scale`` taken in float32 exactly as ``quantize`` takes it; cached, as a small tensor
+    division costs ~10 us, more than the rest of a small kernel."""
+    return float(1.0 / torch.tensor(scale, dtype=torch.float32))
+
+
+def dequant(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """Float32 ``(q - zero_point) * scale`` for per-tensor 8-bit codes, bit-identical to ``dequantize``."""
+    if q.dtype not in (torch.uint8, torch.int8):
+        return dequantize(q, scale, zero_point)  # int32 codes: q - zp must be taken in int32
+    # A Python float that is exactly a float32 value multiplies in float32 like a float32 tensor.
+    return q.to(torch.float32).sub_(zero_point).mul_(f32(scale))
+
+
+def quant(
+    y: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype,
+    overwrite: bool = False,
+) -> torch.Tensor:
+    """Codes ``clamp(round(y * (1 / scale)) + zero_point)`` in ``dtype``, bit-identical to ``quantize``.
+
+    ``overwrite`` lets a float32 ``y`` that is a temporary of the caller hold the intermediates.
+    """
+    inv = f32_reciprocal(scale)
+    y32 = y.to(torch.float32)
+    codes = y32.mul_(inv) if (overwrite or y32 is not y) else y32 * inv
+    return codes.round_().add_(zero_point).clamp_(quant_min, quant_max).to(dtype)
+
+
+def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: torch.dtype) -> torch.Tensor:
+    """Apply the post-op to float ``y`` and quantize it to ``dtype`` (float32: no quantization).
+
+    ``y`` is a temporary of the caller and is overwritten.
+    """
+    if post_op == "relu":
+        y = y.relu_()
+    if dtype == torch.float32:
+        return y
+    info = torch.iinfo(dtype)
+    return quant(y, out_scale, out_zp, info.min, info.max, dtype, overwrite=True)
+
+
+def _check_range(quant_min: int, quant_max: int, dtype: torch.dtype) -> None:
+    grid: QDtype = to_qdtype(dtype)
+    if quant_min < grid.quant_min or quant_max > grid.quant_max or quant_min >= quant_max:
+        raise ValueError(f"range [{quant_min}, {quant_max}] does not fit in {dtype}")
+
+
+def _narrowed(q: torch.Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
+    # quantize() clamps to the full grid of the storage dtype; clamping again to a sub-range is the
+    # same as clamping once to it, so codes stay bit-identical to quantize() for every range.
+    _check_range(quant_min, quant_max, dtype)
+    grid: QDtype = to_qdtype(dtype)
+    if (quant_min, quant_max) != (grid.quant_min, grid.quant_max):
+        q = q.clamp_(quant_min, quant_max)
+    return q
+
+
+def quantize_per_tensor(
+    x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max)`` in ``dtype`` (uint8/int8/int32)."""
+    _check_range(quant_min, quant_max, dtype)
+    return quant(x, scale, zero_point, quant_min, quant_max, dtype)
+
+
+def dequantize_per_tensor(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """Float32 ``(q - zero_point) * scale``."""
+    return dequant(q, scale, zero_point)
+
+
+def quantize_per_channel(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, quant_min: int, quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`quantize_per_tensor` with one scale and zero point per index of dim ``axis``."""
+    q = quantize(x, scale, zero_point, to_qdtype(dtype), ch_axis=axis)
+    return _narrowed(q, quant_min, quant_max, dtype)
+
+
+def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int) -> torch.Tensor:
+    """:func:`dequantize_per_tensor` with one scale and zero point per index of dim ``axis``."""
+    return dequantize(q, scale, zero_point, ch_axis=axis)
+
+
+def _weight(qw: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    return dequantize(qw, w_scale, torch.zeros_like(w_scale, dtype=torch.int32), ch_axis=0)
+
+
+def linear(
+    qx: torch.Tensor, x_scale: float, x_zp: int, qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+    out_scale: float, out_zp: int, post_op: str, out_dtype: Optional[torch.dtype],
+) -> torch.Tensor:
+    """``post_op(x @ w.T + bias)`` of int8 codes, quantized with ``(out_scale, out_zp)``.
+
+    Args:
+        qx: activation codes (..., K), uint8 (or int8), per-tensor ``(x_scale, x_zp)``.
+        qw: weight codes (N, K), int8 on :func:`~lucid_fx.kernels.weight_quant_range`, zero points 0.
+        w_scale: float (N,) per-output-channel scales (all equal for a per-tensor weight).
+        bias: float (N,) or None.
+        post_op: "none" or "relu", applied before quantization.
+        out_dtype: None for codes of ``qx``'s dtype, ``torch.uint8``/``torch.int8``, or
+            ``torch.float32`` for the float result (``out_scale``/``out_zp`` are then unused).
+    """
+    check_post_op(post_op)
+    y = F.linear(dequant(qx, x_scale, x_zp), _weight(qw, w_scale), bias)
+    return finish(y, post_op, out_scale, out_zp, out_storage(qx, out_dtype))
+
+
+def _conv(conv, qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups) -> torch.Tensor:
+    return conv(dequant(qx, x_scale, x_zp), _weight(qw, w_scale), bias, stride, padding, dilation, groups)
+
+
+def conv1d(
+    qx: torch.Tensor, x_scale: float, x_zp: int, qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: List[int], padding: List[int], dilation: List[int], groups: int, out_scale: float, out_zp: int,
+    post_op: str, out_dtype: Optional[torch.dtype],
+) -> torch.Tensor:
+    """:func:`conv2d` in one spatial dim (one-element ``stride``/``padding``/``dilation``); NCL result."""
+    check_post_op(post_op)
+    y = _conv(F.conv1d, qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups)
+    return to_layout(finish(y, post_op, out_scale, out_zp, out_storage(qx, out_dtype)), torch.contiguous_format)
+
+
+def conv2d(
+    qx: torch.Tensor, x_scale: float, x_zp: int, qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: List[int], padding: List[int], dilation: List[int], groups: int, out_scale: float, out_zp: int,
+    post_op: str, out_dtype: Optional[torch.dtype],
+) -> torch.Tensor:
+    """``post_op(conv2d(x, w, bias))`` of int8 codes; arguments as :func:`linear`, weight (O, C/groups, kh, kw).
+
+    Grouped and depthwise convolutions included. The result is channels-last when ``qx`` is
+    (see :func:`conv2d_memory_format`), else NCHW.
+    """
+    check_post_op(post_op)
+    y = _conv(F.conv2d, qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups)
+    return to_layout(finish(y, post_op, out_scale, out_zp, out_storage(qx, out_dtype)), conv2d_memory_format(qx))
+
+
+def conv2d_add(
+    qx: torch.Tensor, x_scale: float, x_zp: int, qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: List[int], padding: List[int], dilation: List[int], groups: int, qother: torch.Tensor,
+    other_scale: float, other_zp: int, out_scale: float, out_zp: int, post_op: str, out_dtype: Optional[torch.dtype],
+) -> torch.Tensor:
+    """``post_op(conv2d(x) + other)`` (a residual block); ``other`` broadcasts to the conv result."""
+    check_post_op(post_op)
+    y = _conv(F.conv2d, qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups)
+    y = y + dequant(qother, other_scale, other_zp)
+    return to_layout(finish(y, post_op, out_scale, out_zp, out_storage(qx, out_dtype)), conv2d_memory_format(qx))
+
+
+def dense_strides(shape: torch.Size, memory_format: torch.memory_format) -> List[int]:
+    """Strides of a dense tensor of ``shape`` in ``memory_format``, as ``torch.empty`` gives them."""
+    order = [0, 2, 3, 1] if memory_format == torch.channels_last else list(range(len(shape)))
+    strides, step = [0] * len(shape), 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    return strides
+
+
+def to_layout(out: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """``out`` with exactly the strides a fake tensor of the op gets (copied only when needed).
+
+    ``contiguous()`` ignores the strides of size-1 dims; graphs compiled from the fake kernels
+    compare them too, so those are set by a free ``as_strided`` view of the same memory.
+    """
+    want = dense_strides(out.shape, memory_format)
+    if list(out.stride()) == want:
+        return out
+    out = out.contiguous(memory_format=memory_format)
+    return out if list(out.stride()) == want else out.as_strided(out.shape, want)
+
+
+def conv2d_memory_format(qx: torch.Tensor) -> torch.memory_format:
+    """Layout of a conv2d result: channels-last when ``qx`` is unambiguously channels-last.
+
+    oneDNN computes in channels-last; a model whose input is converted once with
+    ``x.contiguous(memory_format=torch.channels_last)`` then never pays a layout copy, while
+    an NCHW input gets an NCHW result, as ``torch.nn.functional.conv2d`` would give.
+    """
+    if qx.dim() == 4 and qx.is_contiguous(memory_format=torch.channels_last) and not qx.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def add(
+    qa: torch.Tensor, a_scale: float, a_zp: int, qb: torch.Tensor, b_scale: float, b_zp: int,
+    out_scale: float, out_zp: int, post_op: str,
+) -> torch.Tensor:
+    """``post_op(a + b)`` of per-tensor codes (broadcasting); the result has ``qa``'s dtype."""
+    check_post_op(post_op)
+    y = dequant(qa, a_scale, a_zp) + dequant(qb, b_scale, b_zp)
+    return finish(y, post_op, out_scale, out_zp, qa.dtype)
+
+
+def mul(
+    qa: torch.Tensor, a_scale: float, a_zp: int, qb: torch.Tensor, b_scale: float, b_zp: int,
+    out_scale: float, out_zp: int, post_op: str,
+) -> torch.Tensor:
+    """``post_op(a * b)`` of per-tensor codes (broadcasting); the result has ``qa``'s dtype."""
+    check_post_op(post_op)
+    y = dequant(qa, a_scale, a_zp) * dequant(qb, b_scale, b_zp)
+    return finish(y, post_op, out_scale, out_zp, qa.dtype)
+
+
+def matmul(
+    qa: torch.Tensor, a_scale: float, a_zp: int, qb: torch.Tensor, b_scale: float, b_zp: int,
+    out_scale: float, out_zp: int,
+) -> torch.Tensor:
+    """Batched ``a @ b`` as a float32 matmul of ``(q - zp)``, scaled once by ``a_scale * b_scale``.
+
+    The operands are small integers (|v| <= 255), exact in float32 and even in TF32, so each
+    product is exact and only the accumulation rounds. This is also the CPU and CUDA kernel:
+    measured on 2 AVX2 cores (no VNNI), ViT-B attention scores (1x12x197x64 @ 1x12x64x197)
+    take 1.8 ms for this whole op against 18.5 ms for the bare ``torch._int_mm`` GEMMs (one
+    per head; CPU ``_int_mm`` runs at 2-6 GOPS, float32 ``bmm`` at 70-130), and CUDA's
+    ``_int_mm`` has no batched form.
+    """
+    a = qa.to(torch.float32).sub_(a_zp)
+    b = qb.to(torch.float32).sub_(b_zp)
+    y = torch.matmul(a, b).mul_(f32(a_scale) * f32(b_scale))
+    return finish(y, "none", out_scale, out_zp, qa.dtype)
+
+
+def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[code]`` for each code; int8 codes index from -128 (``table[code + 128]``)."""
+    if table.numel() != 256:
+        raise ValueError(f"a lookup table has 256 entries, got {table.numel()}")
+    if q.dtype == torch.int8:
+        # code + 128 is the code's bit pattern with the sign bit flipped, read as uint8.
+        index = q.view(torch.uint8) ^ 128
+    elif q.dtype == torch.uint8:
+        index = q
+    else:
+        raise ValueError(f"lut reads uint8 or int8 codes, got {q.dtype}")
+    return torch.take(table.to(q.device), index.to(torch.int64))
+
+
+def softmax(q: torch.Tensor, scale: float, zp: int, dim: int, out_scale: float, out_zp: int) -> torch.Tensor:
+    """Softmax along ``dim``, quantized with ``(out_scale, out_zp)`` (``1/256, 0`` suits uint8)."""
+    y = torch.softmax(dequant(q, scale, zp), dim)
+    return finish(y, "none", out_scale, out_zp, q.dtype)
+
+
+def cat(
+    qs: List[torch.Tensor], scales: List[float], zps: List[int], dim: int, out_scale: float, out_zp: int
+) -> torch.Tensor:
+    """Concatenate codes along ``dim``; inputs already on ``(out_scale, out_zp)`` are copied, not requantized."""
+    if not (len(qs) == len(scales) == len(zps)) or not qs:
+        raise ValueError(f"cat needs one scale and zero point per tensor, got {len(qs)}, {len(scales)}, {len(zps)}")
+    dtype = qs[0].dtype
+    info = torch.iinfo(dtype)
+    parts = [
+        q if (s, z, q.dtype) == (out_scale, out_zp, dtype)
+        else quant(dequant(q, s, z), out_scale, out_zp, info.min, info.max, dtype, overwrite=True)
+        for q, s, z in zip(qs, scales, zps)
+    ]
+    return torch.cat(parts, dim)
+
+
+def avg_pool2d(
+    q: torch.Tensor, scale: float, zp: int, kernel_size: List[int], stride: List[int], padding: List[int],
+    ceil_mode: bool, count_include_pad: bool, out_scale: float, out_zp: int,
+) -> torch.Tensor:
+    """``F.avg_pool2d`` of per-tensor codes; an empty ``stride`` means ``kernel_size``."""
+    y = F.avg_pool2d(dequant(q, scale, zp), kernel_size, stride or None, padding, ceil_mode, count_include_pad)
+    return to_layout(finish(y, "none", out_scale, out_zp, q.dtype), _pool_format(q))
+
+
+def adaptive_avg_pool2d(
+    q: torch.Tensor, scale: float, zp: int, output_size: List[int], out_scale: float, out_zp: int
+) -> torch.Tensor:
+    """``F.adaptive_avg_pool2d`` of per-tensor codes."""
+    y = F.adaptive_avg_pool2d(dequant(q, scale, zp), output_size)
+    return to_layout(finish(y, "none", out_scale, out_zp, q.dtype), _pool_format(q))
+
+
+def _pool_format(q: torch.Tensor) -> torch.memory_format:
+    return conv2d_memory_format(q) if q.dim() == 4 else torch.contiguous_format
+
+
+def mean(
+    q: torch.Tensor, scale: float, zp: int, dim: List[int], keepdim: bool, out_scale: float, out_zp: int
+) -> torch.Tensor:
+    """Mean over ``dim`` of per-tensor codes."""
+    y = dequant(q, scale, zp).mean(dim, keepdim)
+    return to_layout(finish(y, "none", out_scale, out_zp, q.dtype), torch.contiguous_format)
+
+
+def make_lut(
+    fn: Callable[[torch.Tensor], torch.Tensor], in_scale: float, in_zp: int, in_qdtype_range: Tuple[int, int],
+    out_scale: float, out_zp: int, out_range: Tuple[int, int],
+) -> torch.Tensor:
+    """The 256-entry table of ``lucid_fx::lut`` for an elementwise ``fn``: ``quantize(fn(dequantize(code)))``.
+
+    ``fn`` is called once, on the float values of the codes ``in_qdtype_range[0] ..
+    in_qdtype_range[1]`` in order. The table is indexed by storage code (``uint8`` when the
+    input range is non-negative, else ``int8`` from -128); entries for codes outside the range,
+    which never occur, repeat the nearest end. The table's dtype is ``uint8`` for a
+    non-negative ``out_range``, else ``int8``.
+
+    >>> table = make_lut(torch.sigmoid, 0.1, 128, (0, 255), 1 / 256, 0, (0, 255))
+    >>> table.dtype, table.shape, table[128].item(), table[255].item()
+    (torch.uint8, torch.Size([256]), 128, 255)
+    """
+    qmin, qmax = in_qdtype_range
+    in_storage = torch.uint8 if qmin >= 0 else torch.int8
+    storage_min = torch.iinfo(in_storage).min
+    if qmin < storage_min or qmax > torch.iinfo(in_storage).max or qmin >= qmax:
+        raise ValueError(f"input range {in_qdtype_range} is not an 8-bit grid")
+    codes = torch.arange(qmin, qmax + 1, dtype=torch.int32)
+    values = torch.as_tensor(fn(dequantize(codes, in_scale, in_zp)), dtype=torch.float32)
+    if values.shape != codes.shape:
+        raise ValueError(f"make_lut: fn must map {codes.numel()} values elementwise, got shape {tuple(values.shape)}")
+    out_storage = torch.uint8 if out_range[0] >= 0 else torch.int8
+    table_codes = _narrowed(quantize(values, out_scale, out_zp, to_qdtype(out_storage)), *out_range, out_storage)
+    # Index = storage code - storage min; codes outside [qmin, qmax] cannot occur, so clamp into it.
+    index = torch.arange(256).clamp(qmin - storage_min, qmax - storage_min) - (qmin - storage_min)
+    return table_codes[index].contiguous()

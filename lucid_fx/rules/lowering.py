@@ -1,0 +1,284 @@
+"""Lowering tables: which int8 kernel each canonical op (or fused group) becomes, per backend.
+
+A table maps the tuple of canonical ops of a node or fused group to a rule
+``rule(ctx, members, resolve) -> QValue | None``; ``None`` declines and the group runs in float.
+``LOWERINGS["generic"]`` serves every backend; ``LOWERINGS["cuda"]`` (or ``"cpu"``) entries
+override it for that backend. The kernels themselves are ``torch.ops.lucid_fx.*``
+(``lucid_fx/kernels``), which dispatch on the device of their inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.kernels import make_lut
+from lucid_fx.passes.lower_to_int8 import LoweringContext, QValue
+
+__all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
+
+_ops = torch.ops.lucid_fx
+Rule = Callable[[LoweringContext, List[fx.Node], Callable], Optional[QValue]]
+
+# Ops that map each element to one element (given their constant arguments): per-tensor int8
+# inputs have 256 codes, so the whole op is a 256-entry table.
+ELEMENTWISE_UNARY = frozenset(
+    {
+        "sigmoid", "tanh", "hardsigmoid", "softsign", "sin", "cos", "clamp", "relu", "gelu", "silu",
+        "hardswish", "leaky_relu", "elu", "exp", "abs", "neg", "add", "sub", "rsub", "mul", "div",
+        "minimum", "maximum",
+    }
+)
+# Ops that move or select codes without changing them: they run on the integer tensor as is.
+SHAPE_OPS = frozenset(
+    {
+        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
+        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
+    }
+)
+
+
+def _input(call, resolve) -> Any:
+    return resolve(call.args.get("input"))
+
+
+def _post_op(members: List[fx.Node]) -> str:
+    return "relu" if members[-1].meta[_meta.OP].op == "relu" else "none"
+
+
+def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
+    if not isinstance(node, fx.Node) or not ctx.has_quant(node):
+        return None
+    return ctx.quant_of(node)
+
+
+def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
+    call = members[0].meta[_meta.OP]
+    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(members[0])
+    if x is None or weight is None or ctx.qparams_of(members[-1]) is None:
+        return None
+    w, s, b = weight
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    out = ctx.call(_ops.linear, x.node, x.scale, x.zero_point, w, s, b, scale, zp, _post_op(members), None)
+    return ctx.output_qvalue(members[-1], out)
+
+
+def _conv_geometry(ctx, node):
+    """(stride, padding, dilation, groups) of a conv module or F.conv call, or None."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        stride, padding, dilation, groups = m.stride, m.padding, m.dilation, m.groups
+    else:
+        args = node.meta[_meta.OP].args
+        stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
+    if isinstance(padding, str) or not isinstance(groups, int):
+        return None  # "same"/"valid" padding, or geometry computed in the graph: leave to float
+    dims = 2 if node.meta[_meta.OP].op == "conv2d" else 1
+    as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
+    return as_list(stride), as_list(padding), as_list(dilation), groups
+
+
+def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2d
+    first = members[0]
+    call = first.meta[_meta.OP]
+    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(first)
+    geometry = _conv_geometry(ctx, first)
+    if x is None or weight is None or geometry is None or ctx.qparams_of(members[-1]) is None:
+        return None
+    w, s, b = weight
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    kernel = _ops.conv2d if call.op == "conv2d" else _ops.conv1d
+    out = ctx.call(kernel, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
+    return ctx.output_qvalue(members[-1], out)
+
+
+def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
+    conv, add = members[0], members[1]
+    other_node = next((resolve(a) for a in add.meta[_meta.OP].tensor_inputs() if resolve(a) is not conv), None)
+    x, other = _qin(ctx, _input(conv.meta[_meta.OP], resolve)), _qin(ctx, other_node)
+    weight = ctx.quantized_weight(conv)
+    geometry = _conv_geometry(ctx, conv)
+    if None in (x, other, weight, geometry) or conv.meta[_meta.OP].op != "conv2d" or ctx.qparams_of(members[-1]) is None:
+        return None
+    w, s, b = weight
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    out = ctx.call(
+        _ops.conv2d_add, x.node, x.scale, x.zero_point, w, s, b, *geometry,
+        other.node, other.scale, other.zero_point, scale, zp, _post_op(members), None,
+    )
+    return ctx.output_qvalue(members[-1], out)
+
+
+def _binary(kernel):
+    def lower(ctx, members, resolve):  # a (op) b (+relu) on two int8 tensors
+        call = members[0].meta[_meta.OP]
+        a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
+        if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+            return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
+        qa, qb = _qin(ctx, a), _qin(ctx, b)
+        if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
+            return None
+        scale, zp, _ = ctx.qparams_of(members[-1])
+        out = ctx.call(kernel, qa.node, qa.scale, qa.zero_point, qb.node, qb.scale, qb.zero_point, scale, zp, _post_op(members))
+        return ctx.output_qvalue(members[-1], out)
+
+    return lower
+
+
+def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table
+    node = members[0]
+    tensors = [resolve(n) for n in node.meta[_meta.OP].tensor_inputs()]
+    if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
+        return None
+    x = _qin(ctx, tensors[0])
+    if x is None:
+        return None
+    scale, zp, qdtype = ctx.qparams_of(node)
+    codes = torch.arange(x.qdtype.quant_min, x.qdtype.quant_max + 1, dtype=torch.float32)
+    mapped = _evaluate_on(ctx, node, tensors[0], (codes - x.zero_point) * x.scale, resolve)
+    if mapped is None or mapped.shape != codes.shape:
+        return None
+    in_range, out_range = (x.qdtype.quant_min, x.qdtype.quant_max), (qdtype.quant_min, qdtype.quant_max)
+    table = make_lut(lambda values: mapped, x.scale, x.zero_point, in_range, scale, zp, out_range)
+    out = ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_lut", table))
+    return ctx.output_qvalue(node, out)
+
+
+def _evaluate_on(ctx, node: fx.Node, source: fx.Node, values: torch.Tensor, resolve) -> Optional[torch.Tensor]:
+    """Run the float op of ``node`` on ``values`` in place of its tensor input ``source``; None when
+    the op reads any other graph value (it is not unary then)."""
+    others = []
+
+    def substitute(arg):
+        if isinstance(arg, fx.Node):
+            if resolve(arg) is source:
+                return values
+            others.append(arg)
+        return arg
+
+    args = fx.node.map_aggregate(node.args, substitute)
+    kwargs = fx.node.map_aggregate(node.kwargs, substitute)
+    if others:
+        return None
+    try:
+        with torch.no_grad():
+            if node.op == "call_module":
+                return ctx.prepared.get_submodule(node.target)(*args, **kwargs).float()
+            if node.op == "call_method":
+                self_arg, *rest = args
+                return getattr(self_arg, node.target)(*rest, **kwargs).float()
+            return node.target(*args, **kwargs).float()
+    except Exception:  # noqa: BLE001 - an op that cannot run on a 1-D table stays float
+        return None
+
+
+def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
+    """The float-tensor inputs of ``node`` (not the ints of ``x.shape`` that reshape reads)."""
+    found = []
+    for n in node.meta[_meta.OP].tensor_inputs():
+        decision = resolve(n).meta.get(_meta.DECISION)
+        if decision is None or decision.kind != "none" or resolve(n).op == "placeholder":
+            found.append(resolve(n))
+    return found
+
+
+def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on the codes as they are
+    node = members[0]
+    tensors = _tensor_inputs(node, resolve)
+    if len(tensors) != 1:
+        return None
+    x = _qin(ctx, tensors[0])
+    if x is None:
+        return None
+    new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
+    return QValue(new, x.scale, x.zero_point, x.qdtype)
+
+
+def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul
+    call = members[0].meta[_meta.OP]
+    a, b = _qin(ctx, resolve(call.args.get("input"))), _qin(ctx, resolve(call.args.get("other")))
+    if a is None or b is None or ctx.qparams_of(members[-1]) is None:
+        return None
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    out = ctx.call(_ops.matmul, a.node, a.scale, a.zero_point, b.node, b.scale, b.zero_point, scale, zp)
+    return ctx.output_qvalue(members[-1], out)
+
+
+def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
+    call = members[0].meta[_meta.OP]
+    x = _qin(ctx, _input(call, resolve))
+    dim = call.args.get("dim")
+    if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
+        return None
+    scale, zp, _ = ctx.qparams_of(members[0])
+    return ctx.output_qvalue(members[0], ctx.call(_ops.softmax, x.node, x.scale, x.zero_point, dim, scale, zp))
+
+
+def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
+    call = members[0].meta[_meta.OP]
+    tensors = call.args.get("tensors")
+    dim = call.args.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
+        return None
+    values = [_qin(ctx, resolve(t)) for t in tensors]
+    if any(v is None for v in values):
+        return None
+    scale, zp, _ = ctx.qparams_of(members[0])
+    out = ctx.call(_ops.cat, [v.node for v in values], [v.scale for v in values], [v.zero_point for v in values], dim, scale, zp)
+    return ctx.output_qvalue(members[0], out)
+
+
+def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> lucid_fx.adaptive_avg_pool2d
+    node = members[0]
+    call = node.meta[_meta.OP]
+    x = _qin(ctx, _input(call, resolve))
+    size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
+    if x is None or ctx.qparams_of(node) is None or size is None:
+        return None
+    size = [size, size] if isinstance(size, int) else list(size)
+    if any(s is None for s in size):
+        return None
+    scale, zp, _ = ctx.qparams_of(node)
+    return ctx.output_qvalue(node, ctx.call(_ops.adaptive_avg_pool2d, x.node, x.scale, x.zero_point, size, scale, zp))
+
+
+def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
+    node = members[0]
+    call = node.meta[_meta.OP]
+    x = _qin(ctx, _input(call, resolve))
+    dim = call.args.get("dim")
+    if x is None or ctx.qparams_of(node) is None or dim is None:
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    scale, zp, _ = ctx.qparams_of(node)
+    out = ctx.call(_ops.mean, x.node, x.scale, x.zero_point, dims, bool(call.args.get("keepdim", False)), scale, zp)
+    return ctx.output_qvalue(node, out)
+
+
+_CONVS = ("conv1d", "conv2d")
+_add, _mul = _binary(_ops.add), _binary(_ops.mul)
+
+GENERIC: Dict[Tuple[str, ...], Rule] = {
+    ("linear",): lower_linear,  # linear(x) -> lucid_fx.linear
+    ("linear", "relu"): lower_linear,  # relu(linear(x)) -> lucid_fx.linear(post_op="relu")
+    **{(c,): lower_conv for c in _CONVS},  # conv(x) -> lucid_fx.conv2d
+    **{(c, "relu"): lower_conv for c in _CONVS},  # relu(conv(x)) -> lucid_fx.conv2d(post_op="relu")
+    ("conv2d", "add"): lower_conv_add,  # conv(x) + y -> lucid_fx.conv2d_add
+    ("conv2d", "add", "relu"): lower_conv_add,  # relu(conv(x) + y) -> lucid_fx.conv2d_add(post_op="relu")
+    ("add",): _add,  # a + b -> lucid_fx.add; x + c -> table
+    ("add", "relu"): _add,  # relu(a + b) -> lucid_fx.add(post_op="relu")
+    ("mul",): _mul,  # a * b -> lucid_fx.mul; x * c -> table
+    ("mul", "relu"): _mul,  # relu(a * b) -> lucid_fx.mul(post_op="relu")
+    ("matmul",): lower_matmul,  # a @ b -> lucid_fx.matmul
+    ("softmax",): lower_softmax,  # softmax(x) -> lucid_fx.softmax
+    ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat
+    ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
+    ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
+    ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
+    **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul")},  # f(x) -> lut
+}
+
+LOWERINGS: Dict[str, Dict[Tuple[str, ...], Rule]] = {"generic": GENERIC, "cpu": {}, "cuda": {}}

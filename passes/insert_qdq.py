@@ -1,0 +1,52 @@
+"""insert_qdq: the reference (simulated) model: every observer becomes quantize -> dequantize.
+
+Reads the observers' statistics and ``node.meta[WEIGHT_OBSERVER]``; replaces each observer call
+with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
+linear/conv weight with its quantize -> dequantize image on the kernel's weight grid, so the float
+graph computes what the int8 kernels compute, up to rounding inside the kernels. Used by
+``convert(..., reference=True)`` and as the numeric oracle in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.passes.lower_to_int8 import quantize_weight
+from lucid_fx.quantization.functional import dequantize
+
+__all__ = ["insert_qdq"]
+
+_ops = torch.ops.lucid_fx
+
+
+def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphModule:
+    """Rewrite ``gm`` in place into its simulated-quantization reference."""
+    weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + "."):
+            observer = gm.get_submodule(node.target)
+            scale, zp = observer.calculate_qparams()
+            if scale.numel() != 1:
+                continue  # per-channel activations have no per-tensor kernel: left float
+            qdtype = observer.qdtype
+            with gm.graph.inserting_before(node):
+                args = (node.args[0], float(scale), int(zp), qdtype.quant_min, qdtype.quant_max, qdtype.storage)
+                q = gm.graph.call_function(_ops.quantize_per_tensor, args)
+                dq = gm.graph.call_function(_ops.dequantize_per_tensor, (q, float(scale), int(zp)))
+            node.replace_all_uses_with(dq)
+            gm.graph.erase_node(node)
+        elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:
+            module = gm.get_submodule(node.target)
+            key = node.meta[_meta.WEIGHT_OBSERVER]
+            codes, scales = quantize_weight(module.weight, weight_observers[key] if key in weight_observers else None, weight_range)
+            with torch.no_grad():
+                module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm

@@ -1,0 +1,271 @@
+"""lower_to_int8: turn a calibrated graph into int8 kernels, by lowering table.
+
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and
+``[WEIGHT_OBSERVER]`` plus the observers' statistics. Builds a new graph in which observed values
+are ``uint8``/``int8`` tensors with constant scale and zero point. Each quantized op, or fused
+group, is looked up by the tuple of its canonical ops (``("conv2d", "add", "relu")``) in the
+backend's lowering table, falling back to the generic table. A value is quantized or dequantized
+only where a consumer needs the other form, and only once. Ops with no lowering run in float
+between a dequantize and a quantize, and are listed in the returned report.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.quantization.dtypes import QDtype, to_qdtype
+from lucid_fx.quantization.functional import quantize
+from lucid_fx.quantization.qparams import calculate_qparams
+
+__all__ = ["lower_to_int8", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+
+_ops = torch.ops.lucid_fx
+
+
+@dataclass(frozen=True)
+class QValue:
+    """A quantized value in the new graph: the node holding the integer codes and its grid."""
+
+    node: fx.Node
+    scale: float
+    zero_point: int
+    qdtype: QDtype
+
+
+@dataclass
+class ConvertReport:
+    """What convert did: which nodes became int8 kernels and which ran in float."""
+
+    backend: str
+    lowered: Dict[str, str] = field(default_factory=dict)  # node -> rule key
+    float_ops: Dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
+
+    def __str__(self) -> str:
+        lines = [f"backend {self.backend}: {len(self.lowered)} int8 kernels, {len(self.float_ops)} ops in float"]
+        lines += [f"  float: {name} ({why})" for name, why in self.float_ops.items()]
+        return "\n".join(lines)
+
+
+def _is_observer_call(node: fx.Node) -> bool:
+    return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + ".")
+
+
+class LoweringContext:
+    """What a lowering rule may use: the new graph, values in either form, weights, qparams."""
+
+    def __init__(self, prepared: fx.GraphModule, root: nn.Module, backend: str, weight_range: Tuple[int, int]) -> None:
+        self.prepared, self.root, self.backend = prepared, root, backend
+        self.weight_range = weight_range
+        self.graph = fx.Graph()
+        self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
+        self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
+        self._float: Dict[fx.Node, fx.Node] = {}
+        self._quant: Dict[fx.Node, QValue] = {}
+        self._qparams: Dict[str, Tuple[float, int, QDtype]] = {}
+        self._constants = 0
+
+    # -- qparams ------------------------------------------------------------------------------
+    def qparams_of(self, node: fx.Node) -> Optional[Tuple[float, int, QDtype]]:
+        """(scale, zero_point, qdtype) of the observer watching ``node``'s output, if any."""
+        key = node.meta.get(_meta.OBSERVER)
+        if key is None or key not in self.observers:
+            return None
+        if key not in self._qparams:
+            observer = self.observers[key]
+            scale, zero_point = observer.calculate_qparams()
+            if scale.numel() != 1:
+                raise ValueError(
+                    f"activation observer of node {node.name!r} is per-channel; lowering needs per-tensor "
+                    "activation qparams. Use a per-tensor observer for activations in the QConfig"
+                )
+            self._qparams[key] = (float(scale), int(zero_point), getattr(observer, "qdtype", to_qdtype("quint8")))
+        return self._qparams[key]
+
+    # -- values -----------------------------------------------------------------------------
+    def set_float(self, node: fx.Node, new: fx.Node) -> None:
+        self._float[node] = new
+
+    def set_quant(self, node: fx.Node, value: QValue) -> None:
+        self._quant[node] = value
+
+    def has_quant(self, node: Any) -> bool:
+        return isinstance(node, fx.Node) and (node in self._quant or self.qparams_of(node) is not None)
+
+    def float_of(self, node: Any) -> Any:
+        """The value of ``node`` as a float tensor in the new graph (dequantized once if needed)."""
+        if not isinstance(node, fx.Node):
+            return node
+        if node not in self._float:
+            q = self._quant[node]
+            self._float[node] = self.call(_ops.dequantize_per_tensor, q.node, q.scale, q.zero_point)
+        return self._float[node]
+
+    def quant_of(self, node: fx.Node) -> QValue:
+        """The value of ``node`` as integer codes (quantized once, with its observer's qparams)."""
+        if node not in self._quant:
+            qparams = self.qparams_of(node)
+            if qparams is None:
+                raise LookupError(f"node {node.name!r} has no observer, so it has no qparams")
+            scale, zp, qdtype = qparams
+            q = self.call(
+                _ops.quantize_per_tensor, self.float_of(node), scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage
+            )
+            self._quant[node] = QValue(q, scale, zp, qdtype)
+        return self._quant[node]
+
+    def map_float(self, args: Any) -> Any:
+        return fx.node.map_arg(args, self.float_of)
+
+    # -- emitting -----------------------------------------------------------------------------
+    def call(self, target: Any, *args: Any) -> fx.Node:
+        return self.graph.call_function(target, tuple(args))
+
+    def constant(self, name: str, value: torch.Tensor) -> fx.Node:
+        """Register ``value`` as a buffer of the converted module and read it with get_attr."""
+        attr = f"_lucid_{name}"
+        while hasattr(self.root, attr):
+            self._constants += 1
+            attr = f"_lucid_{name}_{self._constants}"
+        self.root.register_buffer(attr, value)
+        return self.graph.get_attr(attr)
+
+    def output_qvalue(self, node: fx.Node, out: fx.Node) -> QValue:
+        scale, zp, qdtype = self.qparams_of(node)
+        return QValue(out, scale, zp, qdtype)
+
+    # -- weights ------------------------------------------------------------------------------
+    def _attr(self, node: Any) -> Optional[torch.Tensor]:
+        if isinstance(node, fx.Node) and node.op == "get_attr":
+            value = self.prepared
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            return value
+        return None
+
+    def quantized_weight(self, node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node, Optional[fx.Node]]]:
+        """(int8 weight, per-channel scales, float bias) get_attr nodes for a linear/conv node,
+        a module (``nn.Linear``) or a function (``F.linear`` on get_attr weights)."""
+        key = node.meta.get(_meta.WEIGHT_OBSERVER)
+        if node.op == "call_module":
+            module = self.prepared.get_submodule(node.target)
+            weight, bias = module.weight, module.bias
+            observer = self.weight_observers[key] if key in self.weight_observers else None
+            base = node.target.replace(".", "_")
+        else:
+            call = node.meta[_meta.OP]
+            weight, bias = self._attr(call.args.get("weight")), self._attr(call.args.get("bias"))
+            if weight is None or (call.args.get("bias") is not None and bias is None):
+                return None  # a weight computed in the graph has no constant int8 form
+            observer = self.observers[key] if key in self.observers else None
+            base = node.name
+        codes, scale = quantize_weight(weight, observer, self.weight_range)
+        w = self.constant(f"{base}_qweight", codes)
+        s = self.constant(f"{base}_wscale", scale)
+        b = self.constant(f"{base}_bias", bias.detach().float()) if bias is not None else None
+        return w, s, b
+
+
+def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range: Tuple[int, int]):
+    """Per-channel symmetric int8 codes and scales of ``weight`` on the kernel's grid.
+
+    The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
+    of the observer the QConfig chose; a per-tensor observer's range is used for every channel."""
+    weight = weight.detach()
+    if observer is not None and hasattr(observer, "reset_min_max_vals"):
+        observer = copy.deepcopy(observer)
+        observer.reset_min_max_vals()
+        observer(weight)
+        lo, hi = observer.min_val, observer.max_val
+        if lo.dim() == 0:
+            lo, hi = lo.expand(weight.shape[0]), hi.expand(weight.shape[0])
+    else:
+        flat = weight.reshape(weight.shape[0], -1)
+        lo, hi = flat.amin(1), flat.amax(1)
+    qmin, qmax = weight_range
+    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
+    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
+    return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
+
+
+def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
+    end = node.meta.get(_meta.FUSED_INTO)
+    if end is None:
+        return [node]
+    return [n for n in graph_nodes if n.meta.get(_meta.FUSED_INTO) == end]
+
+
+def _copy_float(ctx: LoweringContext, node: fx.Node) -> fx.Node:
+    new = ctx.graph.node_copy(node, ctx.float_of)
+    ctx.set_float(node, new)
+    return new
+
+
+def lower_to_int8(
+    prepared: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str, weight_range: Tuple[int, int]
+) -> Tuple[fx.GraphModule, ConvertReport]:
+    """Lower a calibrated (and batch-norm folded) prepared graph; returns the new module and a report."""
+    root = prepared  # buffers for packed weights go on the prepared module, which becomes the root
+    ctx = LoweringContext(prepared, root, backend, weight_range)
+    report = ConvertReport(backend)
+    nodes = list(prepared.graph.nodes)
+    # Observer calls are aliases of the value they watch.
+    alias: Dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        if _is_observer_call(node):
+            source = node.args[0]
+            alias[node] = alias.get(source, source)
+    resolve = lambda n: alias.get(n, n) if isinstance(n, fx.Node) else n  # noqa: E731
+
+    def arg_float(n):
+        return ctx.float_of(resolve(n))
+
+    table = {**lowerings.get("generic", {}), **lowerings.get(backend, {})}
+    for node in nodes:
+        if node in alias:
+            continue
+        if node.op == "placeholder":
+            new = ctx.graph.node_copy(node)
+            ctx.set_float(node, new)
+            continue
+        if node.op == "get_attr":
+            ctx.set_float(node, ctx.graph.node_copy(node))
+            continue
+        if node.op == "output":
+            ctx.graph.output(fx.node.map_arg(node.args[0], arg_float))
+            continue
+        decision = node.meta.get(_meta.DECISION)
+        kind = decision.kind if decision is not None else "float"
+        if kind == "fused":
+            continue  # emitted with the last node of its group
+        members = _group(node, nodes)
+        key = tuple(m.meta[_meta.OP].op for m in members)
+        if kind == "shared":
+            key = ("shared",)
+        rule = table.get(key) if kind in ("fixed", "statistics", "shared") else None
+        lowered = None
+        if rule is not None:
+            lowered = rule(ctx, members, resolve)
+        if lowered is not None:
+            ctx.set_quant(node, lowered)
+            report.lowered[node.name] = "+".join(key)
+            continue
+        # No int8 kernel: the group runs in float on dequantized inputs.
+        for member in members:
+            new = ctx.graph.node_copy(member, lambda n: arg_float(n))
+            ctx.set_float(member, new)
+        if kind in ("fixed", "statistics", "shared") or len(members) > 1:
+            why = "no lowering rule for " + "+".join(key) if rule is None else "lowering declined"
+            report.float_ops[node.name] = why
+    gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm, report

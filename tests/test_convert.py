@@ -1,0 +1,180 @@
+"""convert end to end: int8 kernels in the graph, numbers close to the reference and to fp32."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lucid_fx
+import lucid_fx.quantization as Q
+from models import encoder_block, gated_mlp, mlp, resnet_like
+from test_registry import my_gate  # a user function (module-level, as users write them)
+
+
+def _calibrated(model, example, make_batch, batches=4):
+    prepared = lucid_fx.prepare(model, example_inputs=(example,))
+    lucid_fx.calibrate(prepared, [make_batch(s) for s in range(batches)], progress=False)
+    return prepared
+
+
+def _kernels(qmodel):
+    return sorted({n.target.__name__.split(".")[0] for n in qmodel.graph.nodes if n.op == "call_function" and "lucid_fx" in str(n.target)})
+
+
+@pytest.mark.parametrize(
+    "factory, floor_db, expected",
+    [
+        (lambda: mlp(8, 256), 30, ["dequantize_per_tensor", "linear", "quantize_per_tensor"]),
+        (lambda: gated_mlp(8, 256), 28, ["dequantize_per_tensor", "linear", "lut", "mul", "quantize_per_tensor"]),
+        (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "dequantize_per_tensor", "linear", "quantize_per_tensor"]),
+        (lambda: encoder_block(2, 16, 64), 24, ["add", "dequantize_per_tensor", "linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
+    ],
+    ids=["mlp", "gated_mlp", "resnet_like", "encoder"],
+)
+def test_models_lower_to_int8_and_stay_accurate(factory, floor_db, expected, sqnr_db):
+    model, example, make_batch = factory()
+    prepared = _calibrated(model, example, make_batch)
+    qmodel = lucid_fx.convert(prepared)
+    reference = lucid_fx.convert(prepared, reference=True)
+    assert _kernels(qmodel) == expected
+    x = make_batch(100)
+    with torch.no_grad():
+        fp32, int8, ref = model(x), qmodel(x), reference(x)
+    db_fp32, db_ref = sqnr_db(fp32, int8), sqnr_db(ref, int8)
+    print(f"SQNR vs fp32 {db_fp32:.1f} dB, vs reference {db_ref:.1f} dB")
+    assert db_fp32 > floor_db
+    assert db_ref > db_fp32  # the kernels compute what the simulation says
+    assert "torch.ops.lucid_fx" in qmodel.code
+
+
+def test_convert_copies_and_reports_float_ops():
+    model, example, make_batch = encoder_block(2, 16, 64)
+    prepared = _calibrated(model, example, make_batch)
+    before = {k: v.clone() for k, v in prepared.state_dict().items()}
+    qmodel = lucid_fx.convert(prepared)
+    assert all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
+    report = qmodel.lucid_fx_convert_report
+    assert set(report.float_ops) == {"norm1", "norm2"}
+    assert "no lowering rule for layer_norm" in report.float_ops["norm1"]
+    assert report.lowered["softmax"] == "softmax"
+
+
+def test_fixed_qparams_ops_run_as_tables_with_exact_grid():
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (torch.tanh(self.fc(x)) + 1) / 2
+
+    model = Head().eval()
+    prepared = _calibrated(model, torch.randn(3, 4), lambda s: torch.randn(3, 4, generator=torch.Generator().manual_seed(s)), 20)
+    qmodel = lucid_fx.convert(prepared)
+    reference = lucid_fx.convert(prepared, reference=True)
+    assert _kernels(qmodel).count("lut") == 1
+    assert [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"].count("lut") == 3
+    x = torch.randn(50, 4)
+    out = qmodel(x)
+    # outputs live on the [0, 1] grid with scale 1/256, code for code what the simulation gives
+    assert torch.equal(out * 256, torch.round(out * 256)) and out.min() >= 0 and out.max() <= 1
+    assert (out - reference(x)).abs().max() <= 1 / 256 + 1e-6
+    assert (out - model(x)).abs().mean() < 0.01
+
+
+def test_convert_before_calibration_names_the_nodes():
+    model, example, _ = mlp(2, 16)
+    prepared = lucid_fx.prepare(model, example_inputs=(example,))
+    with pytest.raises(ValueError, match=r"observers of node\(s\) x, layers_1, layers_3, layers_5 saw no data; run lucid_fx.calibrate"):
+        lucid_fx.convert(prepared)
+    with pytest.raises(ValueError, match="expects a model returned by lucid_fx.prepare"):
+        lucid_fx.convert(model)
+
+
+def test_quantize_one_call_and_convert_fx_name(sqnr_db):
+    model, example, make_batch = mlp(4, 64)
+    qmodel = lucid_fx.quantize(model, (example,), [make_batch(s) for s in range(3)])
+    assert "linear" in _kernels(qmodel)
+    assert sqnr_db(model(example), qmodel(example)) > 30
+    prepared = _calibrated(model, example, make_batch)
+    assert "linear" in _kernels(Q.convert_fx(prepared))
+
+
+def test_custom_lowering_overrides_builtin_per_backend():
+    model, example, make_batch = mlp(2, 16)
+    prepared = _calibrated(model, example, make_batch)
+    reg = lucid_fx.current_registry().copy()
+    seen = []
+
+    def keep_linear_float(ctx, members, resolve):
+        seen.append(members[0].name)
+        return None  # decline: the group runs in float
+
+    lucid_fx.register_lowering(("linear", "relu"), keep_linear_float, backend="cpu", registry=reg)
+    qmodel = lucid_fx.convert(prepared, registry=reg)
+    assert seen == ["layers_0", "layers_2", "layers_4"]
+    assert set(qmodel.lucid_fx_convert_report.float_ops) == {"layers_1", "layers_3", "layers_5"}
+    cuda_only = lucid_fx.current_registry().copy()
+    lucid_fx.register_lowering(("linear", "relu"), keep_linear_float, backend="cuda", registry=cuda_only)
+    assert "linear" in _kernels(lucid_fx.convert(prepared, registry=cuda_only))  # cpu ignores the cuda rule
+    with pytest.raises(ValueError, match="backend must be 'generic', 'cpu' or 'cuda'"):
+        lucid_fx.register_lowering("linear", keep_linear_float, backend="tpu", registry=reg)
+
+
+def test_custom_bounded_op_with_custom_lowering():
+    class UsesGate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return my_gate(self.fc(x))
+
+    with lucid_fx.registry_scope() as reg:
+        lucid_fx.register_bounded_op(my_gate, (0.0, 1.0))
+        from lucid_fx.rules.lowering import lower_elementwise
+
+        lucid_fx.register_lowering("my_gate", lower_elementwise)  # a unary op: a 256-entry table
+        model = UsesGate().eval()
+        prepared = _calibrated(model, torch.randn(2, 4), lambda s: torch.randn(2, 4, generator=torch.Generator().manual_seed(s)), 20)
+        qmodel = lucid_fx.convert(prepared)
+        reference = lucid_fx.convert(prepared, reference=True)
+    assert qmodel.lucid_fx_convert_report.lowered["my_gate"] == "my_gate"
+    assert "lut" in _kernels(qmodel) and "_lucid_my_gate_lut" in dict(qmodel.named_buffers())
+    x = torch.randn(20, 4)
+    assert (qmodel(x) - reference(x)).abs().max() <= 1 / 256 + 1e-6  # [0, 1] grid, scale 1/256
+    assert (qmodel(x) - model(x)).abs().mean() < 0.01
+    assert ("my_gate",) in reg.lowerings["generic"] and ("my_gate",) not in lucid_fx.current_registry().lowerings["generic"]
+
+
+class _Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc1(x) if x.sum() > 0 else self.fc2(x)
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block, self.head = nn.Linear(8, 8), _Branchy(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)))
+
+
+def test_untraceable_parts_convert_recursively():
+    model = _Outer().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(3, 8),))
+    # both branches of the data-dependent block must see data, or convert refuses
+    batches = [torch.randn(3, 8) + shift for shift in (2.0, -2.0, 0.0)]
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    assert "linear" in _kernels(qmodel.block.fc1) and "linear" in _kernels(qmodel)
+    assert set(qmodel.lucid_fx_convert_report) == {"", "block.fc1", "block.fc2"}
+    x = torch.randn(3, 8)
+    assert (qmodel(x) - model(x)).abs().max() < 0.05
