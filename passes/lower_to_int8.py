@@ -37,6 +37,7 @@ class QValue:
     scale: float
     zero_point: int
     qdtype: QDtype
+    channels_last: bool = False  # codes laid out NHWC (what oneDNN convolutions compute in)
 
 
 @dataclass
@@ -120,6 +121,16 @@ class LoweringContext:
             self._quant[node] = QValue(q, scale, zp, qdtype)
         return self._quant[node]
 
+    def channels_last_of(self, node: fx.Node) -> QValue:
+        """``node``'s codes in channels-last layout, converted once: conv kernels compute NHWC and
+        their outputs keep the layout of their input, so one conversion serves the whole net."""
+        q = self.quant_of(node)
+        if not q.channels_last:
+            nhwc = self.graph.call_method("contiguous", (q.node,), {"memory_format": torch.channels_last})
+            q = QValue(nhwc, q.scale, q.zero_point, q.qdtype, True)
+            self._quant[node] = q
+        return q
+
     def map_float(self, args: Any) -> Any:
         return fx.node.map_arg(args, self.float_of)
 
@@ -136,9 +147,9 @@ class LoweringContext:
         self.root.register_buffer(attr, value)
         return self.graph.get_attr(attr)
 
-    def output_qvalue(self, node: fx.Node, out: fx.Node) -> QValue:
+    def output_qvalue(self, node: fx.Node, out: fx.Node, channels_last: bool = False) -> QValue:
         scale, zp, qdtype = self.qparams_of(node)
-        return QValue(out, scale, zp, qdtype)
+        return QValue(out, scale, zp, qdtype, channels_last)
 
     # -- weights ------------------------------------------------------------------------------
     def _attr(self, node: Any) -> Optional[torch.Tensor]:

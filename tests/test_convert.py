@@ -26,7 +26,7 @@ def _kernels(qmodel):
     [
         (lambda: mlp(8, 256), 30, ["dequantize_per_tensor", "linear", "quantize_per_tensor"]),
         (lambda: gated_mlp(8, 256), 28, ["dequantize_per_tensor", "linear", "lut", "mul", "quantize_per_tensor"]),
-        (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "dequantize_per_tensor", "linear", "quantize_per_tensor"]),
+        (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "dequantize_per_tensor", "linear", "max_pool2d", "quantize_per_tensor"]),
         (lambda: encoder_block(2, 16, 64), 24, ["add", "dequantize_per_tensor", "linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
     ],
     ids=["mlp", "gated_mlp", "resnet_like", "encoder"],

@@ -125,6 +125,12 @@ def _fake_mean(q, scale, zp, dim, keepdim, out_scale, out_zp):
     return _empty(q.to(_F32).mean(dim, keepdim).shape, q, q.dtype)
 
 
+def _fake_max_pool2d(q, kernel_size, stride, padding, dilation, ceil_mode):
+    like = torch.empty(q.shape, device="meta")
+    shape = F.max_pool2d(like, kernel_size, stride or kernel_size, padding, dilation, ceil_mode).shape
+    return _empty(shape, q, q.dtype)
+
+
 # (reference kernel, fake kernel) per op; the op's name is the reference function's name.
 _DEFINITIONS = [
     (ref.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
@@ -144,6 +150,7 @@ _DEFINITIONS = [
     (ref.avg_pool2d, _fake_avg_pool2d),
     (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),
     (ref.mean, _fake_mean),
+    (ref.max_pool2d, _fake_max_pool2d),
 ]
 for _fn, _fake in _DEFINITIONS:
     _define(_fn, _fake)

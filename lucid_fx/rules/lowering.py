@@ -90,9 +90,12 @@ def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2
         return None
     w, s, b = weight
     scale, zp, _ = ctx.qparams_of(members[-1])
-    kernel = _ops.conv2d if call.op == "conv2d" else _ops.conv1d
+    is_2d = call.op == "conv2d"
+    if is_2d:
+        x = ctx.channels_last_of(_input(call, resolve))
+    kernel = _ops.conv2d if is_2d else _ops.conv1d
     out = ctx.call(kernel, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
-    return ctx.output_qvalue(members[-1], out)
+    return ctx.output_qvalue(members[-1], out, channels_last=is_2d)
 
 
 def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
@@ -105,11 +108,12 @@ def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2
         return None
     w, s, b = weight
     scale, zp, _ = ctx.qparams_of(members[-1])
+    x = ctx.channels_last_of(_input(conv.meta[_meta.OP], resolve))
     out = ctx.call(
         _ops.conv2d_add, x.node, x.scale, x.zero_point, w, s, b, *geometry,
         other.node, other.scale, other.zero_point, scale, zp, _post_op(members), None,
     )
-    return ctx.output_qvalue(members[-1], out)
+    return ctx.output_qvalue(members[-1], out, channels_last=True)
 
 
 def _binary(kernel):
@@ -193,8 +197,33 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
     x = _qin(ctx, tensors[0])
     if x is None:
         return None
+    if node.meta[_meta.OP].op == "max_pool2d":
+        pooled = _max_pool2d(ctx, node, x)
+        if pooled is not None:
+            return pooled
     new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
-    return QValue(new, x.scale, x.zero_point, x.qdtype)
+    keeps_layout = node.meta[_meta.OP].op in ("dropout", "identity")
+    return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout)
+
+
+def _max_pool2d(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
+    """max_pool2d on codes -> lucid_fx.max_pool2d (torch's own uint8 max-pool is slow here)."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        geometry = (m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        if getattr(m, "return_indices", False):
+            return None
+    else:
+        args = node.meta[_meta.OP].args
+        geometry = (args.get("kernel_size"), args.get("stride"), args.get("padding", 0), 1, False)
+        if node.kwargs.get("return_indices") or len(node.args) > 4 or set(node.kwargs) - {"kernel_size", "stride", "padding"}:
+            return None
+    if any(isinstance(v, fx.Node) for v in geometry):
+        return None
+    kernel, stride, padding, dilation, ceil_mode = geometry
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    out = ctx.call(_ops.max_pool2d, x.node, pair(kernel), pair(stride) if stride else [], pair(padding), pair(dilation), bool(ceil_mode))
+    return QValue(out, x.scale, x.zero_point, x.qdtype, x.channels_last)
 
 
 def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul

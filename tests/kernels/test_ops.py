@@ -418,3 +418,20 @@ def test_ops_compile_with_inductor(channels_last):
     torch._dynamo.reset()
     compiled = torch.compile(block, backend="inductor", fullgraph=True)
     assert torch.equal(compiled(x), block(x))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_max_pool2d_on_codes_matches_float_and_keeps_layout(layout, dtype):
+    torch.manual_seed(0)
+    lo, hi = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    q = torch.randint(lo, hi, (2, 5, 9, 11), dtype=torch.int16).to(dtype)
+    if layout == "channels_last":
+        q = q.contiguous(memory_format=torch.channels_last)
+    out = torch.ops.lucid_fx.max_pool2d(q, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    expected = torch.nn.functional.max_pool2d(q.float(), 3, 2, 1).to(dtype)
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+    with torch._subclasses.FakeTensorMode():
+        fake = torch.ops.lucid_fx.max_pool2d(torch.empty(2, 5, 9, 11, dtype=dtype), [3, 3], [2, 2], [1, 1], [1, 1], False)
+    assert fake.shape == expected.shape and fake.dtype == dtype
