@@ -128,7 +128,7 @@ def _fake_mean(q, scale, zp, dim, keepdim, out_scale, out_zp):
 def _fake_max_pool2d(q, kernel_size, stride, padding, dilation, ceil_mode):
     like = torch.empty(q.shape, device="meta")
     shape = F.max_pool2d(like, kernel_size, stride or kernel_size, padding, dilation, ceil_mode).shape
-    return _empty(shape, q, q.dtype)
+    return _empty(shape, q, q.dtype, ref._pool_format(q))
 
 
 # (reference kernel, fake kernel) per op; the op's name is the reference function's name.

@@ -368,6 +368,7 @@ def _calls():
         ("avg_pool2d", (q4, s4, z4, [3, 3], [2, 2], [1, 1], True, False, 0.1, 3)),
         ("adaptive_avg_pool2d", (q4.contiguous(memory_format=torch.channels_last), s4, z4, [1, 1], 0.1, 3)),
         ("mean", (q4, s4, z4, [2, 3], True, 0.1, 3)),
+        ("max_pool2d", (q4.contiguous(memory_format=torch.channels_last), [3, 3], [2, 2], [1, 1], [1, 1], False)),
     ]
 
 
