@@ -1,0 +1,349 @@
+"""The ``lucid-fx`` command line (also ``python -m lucid_fx``).
+
+    lucid-fx demo [--seed N] [--quick]
+    lucid-fx quantize MODULE:FACTORY --input-shape 1,3,32,32 [--calib N] [--backend cpu] -o OUT.pt
+    lucid-fx explain MODULE:FACTORY --input-shape 1,3,32,32 [--calib N]
+
+Every failure the user can fix (a bad ``MODULE:FACTORY``, a bad shape, a model whose forward
+fails on that shape, an unwritable output) ends with one ``error:`` line and one ``hint:`` line
+on stderr and exit code 2, never a traceback; ``--traceback`` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx.prepare import BACKENDS
+
+__all__ = ["main", "CLIError", "load_factory", "parse_shape"]
+
+EXIT_USAGE = 2
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130
+
+
+class CLIError(Exception):
+    """A failure the user can fix: printed as ``error: message`` and ``hint: hint``, exit code 2."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors go through :class:`CLIError` like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise CLIError(message, f"run `{self.prog} --help` for usage")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+# -- arguments ----------------------------------------------------------------------------------
+def parse_shape(text: str) -> Tuple[int, ...]:
+    """``"1,3,32,32"`` -> ``(1, 3, 32, 32)``; raises :class:`CLIError` on anything else.
+
+    >>> parse_shape("1, 3,32,32")
+    (1, 3, 32, 32)
+    """
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise CLIError(
+            f"bad --input-shape {text!r}: expected positive integers separated by commas",
+            "give the full shape of forward's input, batch first, e.g. --input-shape 1,3,32,32",
+        )
+    return tuple(int(p) for p in parts)
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def _import_module(name: str) -> Any:
+    if name.endswith(".py"):
+        path = Path(name)
+        if not path.is_file():
+            raise CLIError(f"cannot import {name!r}: no such file", "give a path to an existing .py file, or a module name")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # so that classes defined there can be pickled by name
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    # As with `python -m`, modules in the current folder are importable (the lucid-fx script's
+    # own sys.path[0] is its bin folder); only while importing, so in-process callers keep theirs.
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The callable named by ``"package.module:name"`` (or ``"path/to/file.py:name"``);
+    ``name`` may be dotted (``module:Class.build``). Raises :class:`CLIError` when it cannot."""
+    module_name, colon, attribute = spec.rpartition(":")
+    if not colon or not module_name or not attribute:
+        raise CLIError(
+            f"expected MODULE:FACTORY, got {spec!r}",
+            "e.g. my_models:make_resnet, where my_models.make_resnet() returns an nn.Module",
+        )
+    try:
+        module = _import_module(module_name)
+    except CLIError:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise CLIError(
+                f"cannot import module {module_name!r}: no module named {e.name!r}",
+                "run from the folder that holds it, add that folder to PYTHONPATH, or give a path: path/to/file.py:FACTORY",
+            ) from e
+        raise CLIError(f"importing {module_name!r} failed: {_first_line(e)}", "install the missing package") from e
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
+        raise CLIError(
+            f"importing {module_name!r} failed: {_first_line(e)}",
+            f"run `python -c \"import {module_name}\"` to see the full error, or pass --traceback",
+        ) from e
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise CLIError(
+                f"module {module_name!r} has no attribute {attribute!r}",
+                f"callables defined there: {', '.join(found[:12]) or 'none'}",
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise CLIError(
+            f"{spec} is not callable (it is of type {type(target).__name__})",
+            "FACTORY must be a function or class that returns an nn.Module when called with no arguments",
+        )
+    return target
+
+
+def _build_model(spec: str, device: torch.device) -> nn.Module:
+    factory = load_factory(spec)
+    try:
+        model = factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory
+        raise CLIError(f"calling {spec}() failed: {_first_line(e)}", "the factory is called with no arguments; pass --traceback for the full error") from e
+    if not isinstance(model, nn.Module):
+        raise CLIError(f"{spec}() returned an object of type {type(model).__name__}, not a torch.nn.Module", "make the factory return the model itself")
+    return model.eval().to(device)
+
+
+def _device(backend: str) -> torch.device:
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--backend cuda needs a CUDA device, and torch.cuda.is_available() is False", "use --backend cpu")
+    return torch.device(backend)
+
+
+def _random_inputs(shape: Tuple[int, ...], count: int, seed: int, device: torch.device) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g).to(device) for _ in range(count)]
+
+
+def _check_forward(model: nn.Module, example: torch.Tensor) -> None:
+    try:
+        with torch.no_grad():
+            model(example)
+    except Exception as e:  # noqa: BLE001 - the user's forward
+        raise CLIError(
+            f"the model's forward failed on a random float input of shape {tuple(example.shape)}: {_first_line(e)}",
+            "check --input-shape: it is the full shape of forward's single input, batch first",
+        ) from e
+
+
+def _step(name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a lucid_fx limitation on this model
+        raise CLIError(
+            f"{name} failed: {_first_line(e)}",
+            "pass --traceback for the full error; `lucid-fx explain` shows how prepare sees the model",
+        ) from e
+
+
+def _prepare(args: argparse.Namespace, calibration_batches: int) -> Tuple[nn.Module, nn.Module]:
+    shape = parse_shape(args.input_shape)
+    backend = getattr(args, "backend", "cpu")  # explain prepares for the default backend
+    device = _device(backend)
+    model = _build_model(args.factory, device)
+    example, *batches = _random_inputs(shape, 1 + calibration_batches, args.seed, device)
+    _check_forward(model, example)
+    prepared = _step("prepare", lambda: lucid_fx.prepare(model, example_inputs=(example,), backend=backend))
+    if batches:
+        _step("calibrate", lambda: lucid_fx.calibrate(prepared, batches, progress=args.progress))
+    return model, prepared
+
+
+def _report_text(report: Any) -> str:
+    if isinstance(report, dict):  # one report per prepared submodule
+        return "\n".join(f"{path}: {text}" for path, text in report.items())
+    return str(report)
+
+
+# -- commands -----------------------------------------------------------------------------------
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    COMMANDS[fn.__name__.removeprefix("run_")] = fn
+    return fn
+
+
+@command
+def run_demo(args: argparse.Namespace) -> int:
+    from lucid_fx.demo import run_demo as demo
+
+    demo(seed=args.seed, quick=args.quick, progress=args.progress)
+    return 0
+
+
+@command
+def run_quantize(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise CLIError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist", "create the folder first, or choose another -o path")
+    model, prepared = _prepare(args, args.calib)
+    qmodel = _step("convert", lambda: lucid_fx.convert(prepared))
+    shape = parse_shape(args.input_shape)
+    probe = _random_inputs(shape, 1, args.seed + 1, _device(args.backend))[0]
+    _step("running the int8 model", lambda: qmodel(probe))
+    try:
+        torch.save(qmodel, out)
+    except Exception as e:  # noqa: BLE001 - unpicklable attributes, a full disk, permissions
+        raise CLIError(f"saving to {str(out)!r} failed: {_first_line(e)}", "the model must be picklable, and the path writable") from e
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {args.factory} -> {type(model).__name__}, {params:,} parameters, random input {shape}, {args.calib} random calibration batches")
+    print(f"explain: {lucid_fx.explain(prepared).summary()}")
+    print(f"convert: {_report_text(qmodel.lucid_fx_convert_report)}")
+    print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `import lucid_fx; torch.load(path, weights_only=False)`, only if you trust the file")
+    return 0
+
+
+@command
+def run_explain(args: argparse.Namespace) -> int:
+    _, prepared = _prepare(args, args.calib)
+    table = lucid_fx.explain(prepared)
+    print(table)
+    print(f"summary: {table.summary()}")
+    return 0
+
+
+# -- the parser ---------------------------------------------------------------------------------
+_MODEL_HELP = (
+    "the model: MODULE:FACTORY, where FACTORY() returns an nn.Module (put in eval mode); "
+    "MODULE is a module name importable from the current folder or PYTHONPATH, or a path to a .py file"
+)
+_RANDOM_NOTE = (
+    "The example input and the calibration batches are random normal float tensors of --input-shape "
+    "(seeded by --seed), so the activation ranges are those of random data, not of your data: this "
+    "checks that a model quantizes and shows what lucid_fx decides. For a model you deploy, calibrate "
+    "on real batches with the Python API (lucid_fx.prepare / calibrate / convert)."
+)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, default_calib: int) -> None:
+    parser.add_argument("factory", metavar="MODULE:FACTORY", help=_MODEL_HELP)
+    parser.add_argument(
+        "--input-shape", required=True, metavar="SHAPE",
+        help="shape of forward's single float input, batch first, comma-separated: e.g. 1,3,32,32",
+    )
+    parser.add_argument(
+        "--calib", type=_count(min(default_calib, 1)), default=default_calib, metavar="N",
+        help=f"number of random calibration batches (default {default_calib})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+
+def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="lucid_fx: post-training int8 quantization for PyTorch models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {lucid_fx.__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--traceback", action="store_true", help="on an error, print the Python traceback too")
+    common.add_argument("--no-progress", dest="progress", action="store_false", help="no calibration progress bar on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    demo = sub.add_parser(
+        "demo", parents=[common], help="train a small CNN on built-in synthetic data, quantize it, compare fp32 with int8",
+        description="Train a small CNN (conv-bn-relu, a residual add, max-pool, a sigmoid gate, avg-pool, "
+        "linear) on 10 classes of procedurally generated 1x32x32 patterns made in-process (nothing is "
+        "downloaded), quantize it to int8 and print accuracy on held-out images, latency, speedup and size, "
+        "fp32 against int8.",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and training (default 0)")
+    demo.add_argument("--quick", action="store_true", help="a smaller, few-second run (less data, fewer epochs)")
+
+    quantize = sub.add_parser(
+        "quantize", parents=[common], help="quantize MODULE:FACTORY's model to int8 and save it",
+        description="Prepare, calibrate and convert the model that MODULE:FACTORY builds, then save the "
+        "converted model with torch.save (a pickled torch.fx GraphModule). " + _RANDOM_NOTE + " Loading the "
+        "file runs pickle: torch.load(OUT, weights_only=False), after `import lucid_fx`, and only for files "
+        "you trust (a safe format is future work).",
+    )
+    _add_model_arguments(quantize, default_calib=8)
+    quantize.add_argument("--backend", choices=BACKENDS, default="cpu", help="kernel backend (default cpu)")
+    quantize.add_argument("-o", "--output", required=True, metavar="OUT.pt", help="where to save the converted model")
+
+    explain = sub.add_parser(
+        "explain", parents=[common], help="print which observer lucid_fx chooses for each node of MODULE:FACTORY's model, and why",
+        description="Prepare the model that MODULE:FACTORY builds and print the explain table: each node's "
+        "canonical op, decision, observer, qparams and the rule that decided it. " + _RANDOM_NOTE + " With "
+        "the default --calib 0 only fixed grids show qparams.",
+    )
+    _add_model_arguments(explain, default_calib=0)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "lucid-fx") -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    show_traceback = "--traceback" in (sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser(prog).parse_args(argv)
+        return COMMANDS[args.command](args)
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CLIError as e:
+        if show_traceback and e.__cause__ is not None:
+            traceback.print_exception(e.__cause__)
+        print(f"{prog}: error: {e.message}", file=sys.stderr)
+        if e.hint:
+            print(f"  hint: {e.hint}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - a bug: still one line, and the traceback on request
+        if show_traceback:
+            traceback.print_exc()
+        print(f"{prog}: error: unexpected {_first_line(e)}", file=sys.stderr)
+        print("  hint: this is likely a lucid_fx bug; rerun with --traceback and report it", file=sys.stderr)
+        return EXIT_BUG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The lucid-fx command line: demo, quantize, explain, and one-line errors with exit code 2."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lucid_fx.cli import main
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        return torch.sigmoid(self.fc(x.mean((2, 3))))
+
+
+def make():
+    torch.manual_seed(0)
+    return Net()
+
+
+NOT_CALLABLE = 3
+
+
+def broken():
+    raise RuntimeError("factory exploded")
+
+
+def not_a_module():
+    return [1, 2]
+'''
+
+ENTRY_POINT = Path(sys.executable).parent / "lucid-fx"
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    """A user module ``cli_models`` in a temp folder on sys.path (and a broken ``cli_broken``)."""
+    (tmp_path / "cli_models.py").write_text(MODELS)
+    (tmp_path / "cli_broken.py").write_text('raise ValueError("bad config")\n')
+    for name in ("cli_models", "cli_broken"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _number(pattern, text):
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"{pattern!r} not in:\n{text}"
+    return float(match.group(1))
+
+
+def test_demo_quick_int8_within_one_point_of_fp32(capsys):
+    assert main(["demo", "--quick"]) == 0
+    captured = capsys.readouterr()
+    fp32 = _number(r"^fp32 accuracy: ([\d.]+)%$", captured.out)
+    int8 = _number(r"^int8 accuracy: ([\d.]+)%", captured.out)
+    assert fp32 > 75, "the demo CNN did not learn the task (chance is 10%)"
+    assert abs(fp32 - int8) <= 1.0
+    assert _number(r"^speedup: ([\d.]+)x$", captured.out) > 0
+    assert _number(r"^int8 latency: ([\d.]+) ms/batch", captured.out) > 0
+    fp32_mb = _number(r"^model size: fp32 ([\d.]+) MB", captured.out)
+    int8_mb = _number(r"^model size: .* int8 ([\d.]+) MB", captured.out)
+    assert int8_mb < fp32_mb / 2
+    assert re.search(r"^explain: .*fixed: 1", captured.out, re.MULTILINE)  # the sigmoid gate
+    assert re.search(r"^convert: backend cpu: \d+ int8 kernels, 0 ops in float$", captured.out, re.MULTILINE)
+    # the progress bar goes to stderr, the results to stdout
+    assert "calibrate [" in captured.err and "calibrate [" not in captured.out
+
+
+def test_quantize_saves_a_model_that_loads_and_runs(models, capsys, sqnr_db):
+    out = models / "q.pt"
+    args = ["quantize", "cli_models:make", "--input-shape", "2,3,16,16", "--calib", "4", "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
+    assert "explain: fixed: 1, fused: 2, statistics: 4" in stdout
+    assert "convert: backend cpu: 4 int8 kernels, 0 ops in float" in stdout
+    assert f"saved: {out}" in stdout
+
+    qmodel = torch.load(out, weights_only=False)
+    assert "torch.ops.lucid_fx.conv2d" in qmodel.code
+    import cli_models
+
+    x = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert sqnr_db(cli_models.make().eval()(x), qmodel(x)) > 25
+
+
+def test_explain_prints_the_table(models, capsys):
+    assert main(["explain", "cli_models:make", "--input-shape", "1,3,16,16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["node", "op", "spelling", "kind", "observer", "qparams", "rule", "reason"]
+    sigmoid = next(line for line in lines if line.startswith("sigmoid"))
+    assert "fixed" in sigmoid and "[0, 1] scale=0.00390625 zp=0" in sigmoid
+    assert lines[-1] == "summary: fixed: 1, fused: 2, statistics: 4"
+
+
+def test_explain_takes_a_file_path_and_calibrates_on_request(models, capsys):
+    spec = f"{models / 'cli_models.py'}:make"
+    assert main(["explain", spec, "--input-shape", "1,3,16,16", "--calib", "2", "--no-progress"]) == 0
+    relu = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("relu"))
+    assert "scale=" in relu  # calibrated: statistics observers now have qparams
+
+
+def test_help_and_version(capsys):
+    assert main(["--help"]) == 0
+    assert "quantize" in capsys.readouterr().out
+    assert main(["quantize", "--help"]) == 0
+    assert "random" in capsys.readouterr().out  # says the inputs are random
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("lucid-fx ")
+
+
+SHAPE = ["--input-shape", "1,3,16,16"]
+ERRORS = [
+    (["explain", "no_colon", *SHAPE], "expected MODULE:FACTORY, got 'no_colon'"),
+    (["explain", "no_such_module_xyz:make", *SHAPE], "cannot import module 'no_such_module_xyz': no module named 'no_such_module_xyz'"),
+    (["explain", "cli_broken:make", *SHAPE], "importing 'cli_broken' failed: ValueError: bad config"),
+    (["explain", "cli_models:missing", *SHAPE], "module 'cli_models' has no attribute 'missing'"),
+    (["explain", "cli_models:NOT_CALLABLE", *SHAPE], "cli_models:NOT_CALLABLE is not callable (it is of type int)"),
+    (["explain", "cli_models:broken", *SHAPE], "calling cli_models:broken() failed: RuntimeError: factory exploded"),
+    (["explain", "cli_models:not_a_module", *SHAPE], "cli_models:not_a_module() returned an object of type list, not a torch.nn.Module"),
+    (["explain", "cli_models:make", "--input-shape", "1,x"], "bad --input-shape '1,x': expected positive integers separated by commas"),
+    (["explain", "cli_models:make"], "the following arguments are required: --input-shape"),
+    (
+        ["explain", "cli_models:make", "--input-shape", "1,5,16,16"],
+        "the model's forward failed on a random float input of shape (1, 5, 16, 16): RuntimeError: ",
+    ),
+    (["quantize", "cli_models:make", *SHAPE, "-o", "/no/such/folder/q.pt"], "cannot write '/no/such/folder/q.pt': folder '/no/such/folder' does not exist"),
+    (["quantize", "cli_models:make", *SHAPE, "--calib", "0", "-o", "q.pt"], "argument --calib: expected an integer >= 1, got '0'"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate' (choose from 'demo', 'quantize', 'explain')"),
+]
+
+
+@pytest.mark.parametrize("args, message", ERRORS, ids=[m.split(":")[0][:40] for _, m in ERRORS])
+def test_errors_are_one_line_and_a_hint_with_exit_code_2(models, capsys, args, message):
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 2, captured.err
+    assert lines[0].startswith(f"lucid-fx: error: {message}")
+    assert lines[1].startswith("  hint: ") and len(lines[1]) > len("  hint: ")
+    assert captured.out == ""
+
+
+def test_installed_entry_point_quantizes(models, tmp_path_factory):
+    out = models / "q.pt"
+    elsewhere = tmp_path_factory.mktemp("cwd")  # the module is found through PYTHONPATH, not the cwd
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(models), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [str(ENTRY_POINT), "quantize", "cli_models:make", "--input-shape", "1,3,16,16", "--calib", "2", "-o", str(out)],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "convert: backend cpu: 4 int8 kernels, 0 ops in float" in proc.stdout
+    assert "calibrate [" in proc.stderr
+    assert torch.load(out, weights_only=False)(torch.randn(3, 3, 16, 16)).shape == (3, 4)
+
+
+def test_python_dash_m_reports_errors_the_same_way(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lucid_fx", "explain", "no_such_module_xyz:make", "--input-shape", "1,3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == (
+        "python -m lucid_fx: error: cannot import module 'no_such_module_xyz': no module named 'no_such_module_xyz'"
+    )
+    assert "Traceback" not in proc.stderr
