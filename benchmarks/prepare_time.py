@@ -19,13 +19,18 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from torch import fx, nn
 
 import lucid_fx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import ResNetLike  # noqa: E402  (the same model the inference benchmark uses)
 
 
 def mlp(layers: int) -> nn.Module:
@@ -34,48 +39,6 @@ def mlp(layers: int) -> nn.Module:
     for _ in range(layers // 2):
         blocks += [nn.Linear(64, 64), nn.ReLU()]
     return nn.Sequential(*blocks).eval()
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.relu2 = nn.ReLU()
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu1(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu2(out + identity)
-
-
-class ResNet18Like(nn.Module):
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        stages, cin = [], 64
-        for i, cout in enumerate((64, 128, 256, 512)):
-            stride = 1 if i == 0 else 2
-            stages.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
-            cin = cout
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 def _torch_ao():
@@ -119,7 +82,7 @@ def main() -> None:
 
     models = [
         ("MLP 200 layers", mlp(200), (torch.randn(8, 64),)),
-        ("ResNet-18-like 64x64", ResNet18Like().eval(), (torch.randn(1, 3, 64, 64),)),
+        ("ResNet-18-like 64x64", ResNetLike(num_classes=10).eval(), (torch.randn(1, 3, 64, 64),)),
     ]
     print(f"prepare time, median of {args.rounds} rounds after a warm-up (torch {torch.__version__}, 1 thread)\n")
     header = f"{'model':<22} {'nodes':>6} {'lucid_fx ms':>12} {'torch.ao ms':>12} {'ratio':>7}"
