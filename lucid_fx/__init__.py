@@ -8,8 +8,11 @@ live in :mod:`lucid_fx.passes`.
 
 from lucid_fx import quantization
 from lucid_fx.calibrate import calibrate
+from lucid_fx.compare import Comparison, NodeError, compare
 from lucid_fx.convert import ConvertReport, convert, quantize
 from lucid_fx.explain import Explanation, explain
+from lucid_fx.graph_model import to_networkx
+from lucid_fx.visualize import visualize
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
 from lucid_fx.registry import (
     Registry,
@@ -35,6 +38,11 @@ __all__ = [
     "ConvertReport",
     "explain",
     "Explanation",
+    "to_networkx",
+    "visualize",
+    "compare",
+    "Comparison",
+    "NodeError",
     "PrepareReport",
     "Registry",
     "current_registry",

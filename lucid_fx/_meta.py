@@ -20,3 +20,15 @@ OBSERVER = "lucid_fx.observer"
 TENSOR_META = "tensor_meta"
 #: str: key in the root's ``lucid_fx_weight_observers`` of the weight observer a node reads (insert_observers).
 WEIGHT_OBSERVER = "lucid_fx.weight_observer"
+
+# Written by convert on the nodes of the converted graph, read by to_networkx and compare:
+#: str: name of the prepared-graph node whose value a converted node computes (lower_to_int8).
+SOURCE = "lucid_fx.source"
+#: (scale, zero_point, grid name): the grid of the integer codes a converted node outputs (lower_to_int8).
+QPARAMS = "lucid_fx.qparams"
+#: str: the lowering rule key ("conv2d+relu") that produced a converted node (lower_to_int8).
+LOWERING = "lucid_fx.lowering"
+#: str: class name of the observer that calibrated a converted node's qparams (lower_to_int8).
+OBSERVER_KIND = "lucid_fx.observer_kind"
+#: (shape, dtype): the shape and dtype a converted node outputs, known at lowering (lower_to_int8).
+VALUE_TYPE = "lucid_fx.value_type"

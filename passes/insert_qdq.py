@@ -4,7 +4,8 @@ Reads the observers' statistics and ``node.meta[WEIGHT_OBSERVER]``; replaces eac
 with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
 linear/conv weight with its quantize -> dequantize image on the kernel's weight grid, so the float
 graph computes what the int8 kernels compute, up to rounding inside the kernels. Used by
-``convert(..., reference=True)`` and as the numeric oracle in tests.
+``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
+quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quantize, as convert does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphMod
                 args = (node.args[0], float(scale), int(zp), qdtype.quant_min, qdtype.quant_max, qdtype.storage)
                 q = gm.graph.call_function(_ops.quantize_per_tensor, args)
                 dq = gm.graph.call_function(_ops.dequantize_per_tensor, (q, float(scale), int(zp)))
+            source = node.args[0]
+            q.meta[_meta.SOURCE] = dq.meta[_meta.SOURCE] = source.name
+            q.meta[_meta.QPARAMS] = (float(scale), int(zp), qdtype.name)
+            q.meta[_meta.OBSERVER_KIND] = type(observer).__name__
+            tensor_meta = source.meta.get(_meta.TENSOR_META)
+            if tensor_meta is not None and hasattr(tensor_meta, "shape"):
+                q.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), qdtype.storage)
+                dq.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), torch.float32)
             node.replace_all_uses_with(dq)
             gm.graph.erase_node(node)
         elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:

@@ -7,6 +7,11 @@ group, is looked up by the tuple of its canonical ops (``("conv2d", "add", "relu
 backend's lowering table, falling back to the generic table. A value is quantized or dequantized
 only where a consumer needs the other form, and only once. Ops with no lowering run in float
 between a dequantize and a quantize, and are listed in the returned report.
+
+Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes),
+``[QPARAMS]`` on every node that outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``,
+``[DECISION]`` and ``[INTERVAL]`` on the node that ends each lowered group, so that the converted
+graph can be inspected (to_networkx) and compared with the float one (compare) by node name.
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class LoweringContext:
 
     def set_quant(self, node: fx.Node, value: QValue) -> None:
         self._quant[node] = value
+        _tag_codes(value, node)
 
     def has_quant(self, node: Any) -> bool:
         return isinstance(node, fx.Node) and (node in self._quant or self.qparams_of(node) is not None)
@@ -106,6 +112,8 @@ class LoweringContext:
         if node not in self._float:
             q = self._quant[node]
             self._float[node] = self.call(_ops.dequantize_per_tensor, q.node, q.scale, q.zero_point)
+            self._float[node].meta[_meta.SOURCE] = node.name
+            _tag_type(self._float[node], node, torch.float32)
         return self._float[node]
 
     def quant_of(self, node: fx.Node) -> QValue:
@@ -118,7 +126,7 @@ class LoweringContext:
             q = self.call(
                 _ops.quantize_per_tensor, self.float_of(node), scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage
             )
-            self._quant[node] = QValue(q, scale, zp, qdtype)
+            self.set_quant(node, QValue(q, scale, zp, qdtype))
         return self._quant[node]
 
     def channels_last_of(self, node: fx.Node) -> QValue:
@@ -128,7 +136,7 @@ class LoweringContext:
         if not q.channels_last:
             nhwc = self.graph.call_method("contiguous", (q.node,), {"memory_format": torch.channels_last})
             q = QValue(nhwc, q.scale, q.zero_point, q.qdtype, True)
-            self._quant[node] = q
+            self.set_quant(node, q)
         return q
 
     def map_float(self, args: Any) -> Any:
@@ -205,6 +213,40 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
 
 
+def _tag_type(new: fx.Node, source: fx.Node, dtype: Optional[torch.dtype] = None) -> None:
+    tensor_meta = source.meta.get(_meta.TENSOR_META)
+    if tensor_meta is not None and hasattr(tensor_meta, "shape"):
+        new.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), dtype or tensor_meta.dtype)
+
+
+def _tag_codes(value: QValue, source: fx.Node) -> None:
+    meta = value.node.meta
+    meta.setdefault(_meta.SOURCE, source.name)
+    meta[_meta.QPARAMS] = (value.scale, value.zero_point, value.qdtype.name)
+    _tag_type(value.node, source, value.qdtype.storage)
+
+
+def _tag_lowered(ctx: LoweringContext, node: fx.Node, value: QValue, rule_key: str) -> None:
+    meta = value.node.meta
+    meta[_meta.SOURCE] = node.name
+    meta[_meta.LOWERING] = rule_key
+    for key in (_meta.OP, _meta.DECISION, _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH):
+        if key in node.meta:
+            meta[key] = node.meta[key]
+    observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
+    if observer is not None:
+        meta[_meta.OBSERVER_KIND] = type(observer).__name__
+
+
+def _tag_new_nodes(graph: fx.Graph, after: Optional[fx.Node], source: fx.Node) -> None:
+    """Attribute every node emitted since ``after`` that has no source yet to ``source``."""
+    node = after.next if after is not None else next(iter(graph.nodes), None)
+    root = graph._root  # the sentinel that closes fx's circular node list
+    while node is not None and node is not root:
+        node.meta.setdefault(_meta.SOURCE, source.name)
+        node = node.next
+
+
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
     end = node.meta.get(_meta.FUSED_INTO)
     if end is None:
@@ -243,6 +285,7 @@ def lower_to_int8(
             continue
         if node.op == "placeholder":
             new = ctx.graph.node_copy(node)
+            new.meta[_meta.SOURCE] = node.name
             ctx.set_float(node, new)
             continue
         if node.op == "get_attr":
@@ -261,15 +304,19 @@ def lower_to_int8(
             key = ("shared",)
         rule = table.get(key) if kind in ("fixed", "statistics", "shared") else None
         lowered = None
+        tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:
             lowered = rule(ctx, members, resolve)
         if lowered is not None:
             ctx.set_quant(node, lowered)
+            _tag_lowered(ctx, node, lowered, "+".join(key))
+            _tag_new_nodes(ctx.graph, tail, node)
             report.lowered[node.name] = "+".join(key)
             continue
         # No int8 kernel: the group runs in float on dequantized inputs.
         for member in members:
             new = ctx.graph.node_copy(member, lambda n: arg_float(n))
+            new.meta[_meta.SOURCE] = member.name
             ctx.set_float(member, new)
         if kind in ("fixed", "statistics", "shared") or len(members) > 1:
             why = "no lowering rule for " + "+".join(key) if rule is None else "lowering declined"

@@ -1,0 +1,262 @@
+"""compare: where a quantized model loses accuracy, node by node.
+
+The float model is traced the way prepare traced it, both models run on the same inputs, and
+every node of the quantized graph that computes the value of a float node (``node.meta[SOURCE]``,
+written by convert) is compared with it: SQNR and the largest absolute error, worst first.
+Integer codes are dequantized with the grid they carry (``node.meta[QPARAMS]``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_flatten
+
+from lucid_fx import _meta
+from lucid_fx.graph_model import _op_name
+from lucid_fx.passes.trace_model import trace_model
+
+__all__ = ["compare", "Comparison", "NodeError"]
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """The error of one node's quantized value against its float value, over all batches."""
+
+    node: str  # the float graph's node name (qualified with the submodule path for nested graphs)
+    measured: str  # the quantized graph's node whose output was measured
+    op: str
+    domain: str  # "int8", "fixed" or "float" (a node that ran in float on quantized inputs)
+    sqnr_db: float  # 10*log10(sum f^2 / sum (f - q)^2); inf when exact
+    max_abs: float
+    scale: Optional[float]  # the grid step of the quantized value, when it is integer codes
+    numel: int
+
+    @property
+    def max_steps(self) -> Optional[float]:
+        """The largest error in grid steps (None for float values)."""
+        return self.max_abs / self.scale if self.scale else None
+
+
+@dataclass
+class Comparison:
+    """Per-node errors, worst (lowest SQNR) first, and the SQNR of the model output."""
+
+    rows: List[NodeError]
+    output_sqnr_db: float
+    batches: int
+
+    def by_node(self) -> Dict[str, NodeError]:
+        return {row.node: row for row in self.rows}
+
+    def worst(self, n: int = 5) -> List[NodeError]:
+        return self.rows[:n]
+
+    def __str__(self) -> str:
+        header = ("node", "op", "domain", "SQNR dB", "max |err|", "steps")
+        table = [header] + [
+            (
+                r.node,
+                r.op,
+                r.domain,
+                f"{r.sqnr_db:.1f}",
+                f"{r.max_abs:.4g}",
+                f"{r.max_steps:.1f}" if r.max_steps is not None else "-",
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in table]
+        lines.append(f"model output: {self.output_sqnr_db:.1f} dB SQNR over {self.batches} batch(es)")
+        return "\n".join(lines)
+
+
+def _batches(inputs: Any) -> List[Tuple[Any, ...]]:
+    """A tensor or a tuple of positional arguments is one batch; a list of those is many."""
+    if isinstance(inputs, list):
+        if not inputs:
+            raise ValueError("compare needs at least one batch of inputs; got an empty list")
+        return [b if isinstance(b, tuple) else (b,) for b in inputs]
+    return [inputs if isinstance(inputs, tuple) else (inputs,)]
+
+
+def _graph_parts(quantized: nn.Module, prefix: str = "") -> Iterable[Tuple[str, fx.GraphModule]]:
+    if isinstance(quantized, fx.GraphModule):
+        yield prefix, quantized
+        return
+    for name, child in quantized.named_children():
+        yield from _graph_parts(child, f"{prefix}.{name}" if prefix else name)
+
+
+def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...]) -> Tuple[Any, Dict[str, Tuple[tuple, dict]]]:
+    """Run ``model`` and record the first call's arguments of the submodules at ``paths``."""
+    seen: Dict[str, Tuple[tuple, dict]] = {}
+    handles = []
+    for path in paths:
+        if not path:
+            continue
+
+        def hook(module, hook_args, hook_kwargs, path=path):
+            seen.setdefault(path, (hook_args, hook_kwargs))
+
+        handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = model(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if "" in paths:
+        seen[""] = (args, {})
+    return out, seen
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, wanted: Dict[str, Any]) -> None:
+        super().__init__(gm)
+        self.wanted, self.values = wanted, {}
+
+    def run_node(self, node: fx.Node) -> Any:
+        out = super().run_node(node)
+        if node.name in self.wanted and isinstance(out, torch.Tensor):
+            self.values[node.name] = out
+        return out
+
+
+def _measured_nodes(gm: fx.GraphModule) -> Dict[str, Tuple[fx.Node, Optional[Tuple[float, int]]]]:
+    """For each float-node name, the quantized-graph node holding its value and its grid (if codes).
+
+    The integer codes a node was given are preferred over a float copy of the same value."""
+    chosen: Dict[str, Tuple[fx.Node, Optional[Tuple[float, int]]]] = {}
+    for node in gm.graph.nodes:
+        source = node.meta.get(_meta.SOURCE)
+        if source is None or node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _meta.QPARAMS in node.meta:
+            if source not in chosen or chosen[source][1] is None:
+                scale, zero_point, _ = node.meta[_meta.QPARAMS]
+                chosen[source] = (node, (scale, zero_point))
+        elif source not in chosen and node.name == source:  # ran in float: the node copied from the float graph
+            chosen[source] = (node, None)
+    return chosen
+
+
+def _source_ops(gm: fx.GraphModule) -> Dict[str, str]:
+    """The canonical op of each float node, from any converted node that carries it."""
+    ops: Dict[str, str] = {}
+    for node in gm.graph.nodes:
+        call, source = node.meta.get(_meta.OP), node.meta.get(_meta.SOURCE)
+        if call is not None and source is not None:
+            ops.setdefault(source, call.op)
+    return ops
+
+
+def _domain(node: fx.Node, grid: Optional[Tuple[float, int]]) -> str:
+    if grid is None:
+        return "float"
+    decision = node.meta.get(_meta.DECISION)
+    fixed = (decision is not None and decision.kind == "fixed") or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
+    return "fixed" if fixed else "int8"
+
+
+def _sqnr(signal: float, noise: float) -> float:
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def _float_tensors(value: Any) -> List[torch.Tensor]:
+    leaves, _ = tree_flatten(value)
+    return [t.detach().float() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> Comparison:
+    """Per-node SQNR and max-abs error of ``quantized_model`` (convert's or a reference model)
+    against ``float_model`` on ``inputs`` (a tensor, a tuple of arguments, or a list of either
+    for several batches), worst first.
+
+    >>> import torch, lucid_fx
+    >>> torch.manual_seed(0) and None
+    >>> m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+    >>> data = [torch.randn(16, 8) for _ in range(4)]
+    >>> q = lucid_fx.quantize(m, (data[0],), data, progress=False)
+    >>> result = lucid_fx.compare(m, q, data)
+    >>> [row.node for row in result.rows], [row.domain for row in result.rows]
+    (['_2', '_1', 'input_1'], ['int8', 'int8', 'int8'])
+    >>> all(row.sqnr_db > 30 for row in result.rows), result.output_sqnr_db > 30
+    (True, True)
+    """
+    for what, model in (("float_model", float_model), ("quantized_model", quantized_model)):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"compare: {what} must be an nn.Module, got {type(model).__name__}")
+    parts = list(_graph_parts(quantized_model))
+    if not parts:
+        raise ValueError(
+            "compare: quantized_model holds no torch.fx GraphModule; pass the result of lucid_fx.convert or quantize"
+        )
+    floats: Dict[str, fx.GraphModule] = {}
+    for path, gm in parts:
+        float_sub = float_model.get_submodule(path) if path else float_model
+        leaves = [n.target for n in gm.graph.nodes if n.op == "call_module" and isinstance(n.target, str)]
+        traced = trace_model(float_sub, leaf_modules=[t for t in leaves if _has_submodule(float_sub, t)]).graph_module
+        if traced is None:
+            raise ValueError(f"compare: cannot trace the float module at {path or '<root>'!r} the way prepare did")
+        floats[path] = traced
+    totals: Dict[str, List[float]] = {}
+    meta: Dict[str, Tuple[str, str, str, Optional[float]]] = {}
+    out_signal = out_noise = 0.0
+    batches = _batches(inputs)
+    paths = [path for path, _ in parts]
+    for args in batches:
+        float_out, float_args = _capture(float_model, paths, args)
+        quant_out, quant_args = _capture(quantized_model, paths, args)
+        for f, q in zip(_float_tensors(float_out), _float_tensors(quant_out)):
+            out_signal += float((f * f).sum())
+            out_noise += float(((f - q) ** 2).sum())
+        for path, gm in parts:
+            if path not in float_args or path not in quant_args:
+                continue  # this part did not run on these inputs
+            measured = _measured_nodes(gm)
+            ops = _source_ops(gm)
+            f_nodes = {n.name: n for n in floats[path].graph.nodes}
+            f_run = _Recorder(floats[path], measured)
+            with torch.no_grad():
+                f_run.run(*float_args[path][0], **float_args[path][1])
+            q_run = _Recorder(gm, {node.name: name for name, (node, _) in measured.items()})
+            with torch.no_grad():
+                q_run.run(*quant_args[path][0], **quant_args[path][1])
+            for name, (node, grid) in measured.items():
+                f_val, q_val = f_run.values.get(name), q_run.values.get(node.name)
+                if f_val is None or q_val is None or f_val.shape != q_val.shape or not f_val.is_floating_point():
+                    continue
+                q_float = (q_val.float() - grid[1]) * grid[0] if grid is not None else q_val.float()
+                diff = f_val.float() - q_float
+                key = f"{path}.{name}" if path else name
+                acc = totals.setdefault(key, [0.0, 0.0, 0.0, 0])
+                acc[0] += float((f_val.float() ** 2).sum())
+                acc[1] += float((diff * diff).sum())
+                acc[2] = max(acc[2], float(diff.abs().max())) if diff.numel() else acc[2]
+                acc[3] += diff.numel()
+                measured_name = f"{path}.{node.name}" if path else node.name
+                op = ops.get(name) or _op_name(f_nodes[name]) if name in f_nodes else str(node.target)
+                meta[key] = (measured_name, op, _domain(node, grid), grid[0] if grid is not None else None)
+    rows = [
+        NodeError(key, meta[key][0], meta[key][1], meta[key][2], _sqnr(s, n), m, meta[key][3], int(c))
+        for key, (s, n, m, c) in totals.items()
+    ]
+    rows.sort(key=lambda r: (r.sqnr_db, -r.max_abs))
+    return Comparison(rows, _sqnr(out_signal, out_noise), len(batches))
+
+
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
