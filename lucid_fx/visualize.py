@@ -48,7 +48,7 @@ def visualize(
     >>> prepared = lucid_fx.prepare(m, example_inputs=(torch.randn(2, 4),))
     >>> out = lucid_fx.visualize(prepared, pathlib.Path(tempfile.mkdtemp()) / "g.svg", layout="layered")
     >>> text = out.read_text()
-    >>> text.count('<g class="node'), "FixedQParamsObserver" in text
+    >>> text.count('<g class="node '), "FixedQParamsObserver" in text
     (4, True)
     """
     path = Path(path)
