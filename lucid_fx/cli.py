@@ -218,7 +218,10 @@ def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 def run_demo(args: argparse.Namespace) -> int:
     from lucid_fx.demo import run_demo as demo
 
-    demo(seed=args.seed, quick=args.quick, progress=args.progress)
+    html = None if args.html in ("", "-") else Path(args.html)
+    if html is not None and not html.parent.is_dir():
+        raise CLIError(f"cannot write {str(html)!r}: folder {str(html.parent)!r} does not exist", "create the folder, or pass --html -")
+    demo(seed=args.seed, quick=args.quick, progress=args.progress, html=html)
     return 0
 
 
@@ -297,6 +300,10 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and training (default 0)")
     demo.add_argument("--quick", action="store_true", help="a smaller, few-second run (less data, fewer epochs)")
+    demo.add_argument(
+        "--html", default="lucid_fx_demo.html", metavar="PATH",
+        help="where to write the converted graph as a self-contained HTML page (default lucid_fx_demo.html; - for none)",
+    )
 
     quantize = sub.add_parser(
         "quantize", parents=[common], help="quantize MODULE:FACTORY's model to int8 and save it",

@@ -23,7 +23,8 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import torch
@@ -226,6 +227,8 @@ class DemoResult:
     explain_summary: str
     convert_report: str
     seconds: Dict[str, float]
+    worst_nodes: List[str] = field(default_factory=list)
+    html: Optional[Path] = None
 
     @property
     def speedup(self) -> float:
@@ -242,6 +245,8 @@ class DemoResult:
             f"model size: fp32 {self.fp32_mb:.3f} MB, int8 {self.int8_mb:.3f} MB (serialized state_dict)",
             f"explain: {self.explain_summary}",
             f"convert: {self.convert_report}",
+            "worst nodes (SQNR vs fp32 on a held-out batch): " + "; ".join(self.worst_nodes),
+        ] + ([f"graph: {self.html} (open it in a browser: int8 regions, float fallbacks, qparams, error per node)"] if self.html else []) + [
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
         ]
 
@@ -253,12 +258,14 @@ def run_demo(
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
     progress: bool = True,
+    html: Optional[Path] = Path("lucid_fx_demo.html"),
 ) -> DemoResult:
     """Train :class:`DemoNet` on :func:`make_patterns`, quantize it with lucid_fx and print
     fp32 against int8: accuracy on held-out images, latency, size, explain and convert summaries.
 
     Results go to ``out`` (default stdout); status lines and the calibration progress bar go to
-    ``err`` (default stderr).
+    ``err`` (default stderr). The converted graph, coloured by each node's error against fp32 on a
+    held-out batch, is written to ``html`` (None: not written).
     """
     out, err = out or sys.stdout, err or sys.stderr
     config = DemoConfig.quick() if quick else DemoConfig.full()
@@ -289,6 +296,9 @@ def run_demo(
     prepared, qmodel = timed("quantize", quantize)
     batch = test_x[: config.latency_batch]
     fp32_ms, int8_ms = timed("latency", lambda: latency_ms([model, qmodel], batch, config.latency_rounds))
+    comparison = timed("compare", lambda: lucid_fx.compare(model, qmodel, batch))
+    if html is not None:
+        timed("graph", lambda: lucid_fx.visualize(qmodel, html, compare=comparison, title="lucid_fx demo: DemoNet, int8"))
     result = DemoResult(
         fp32_accuracy=accuracy(model, test_x, test_y),
         int8_accuracy=accuracy(qmodel, test_x, test_y),
@@ -299,6 +309,8 @@ def run_demo(
         explain_summary=lucid_fx.explain(prepared).summary(),
         convert_report=str(qmodel.lucid_fx_convert_report),
         seconds=seconds,
+        worst_nodes=[f"{r.node} ({r.op}) {r.sqnr_db:.1f} dB" for r in comparison.worst(3)],
+        html=html,
     )
     for line in result.lines(config):
         print(line, file=out)

@@ -64,8 +64,9 @@ def _number(pattern, text):
     return float(match.group(1))
 
 
-def test_demo_quick_int8_within_one_point_of_fp32(capsys):
-    assert main(["demo", "--quick"]) == 0
+def test_demo_quick_int8_within_one_point_of_fp32(capsys, tmp_path):
+    page = tmp_path / "demo.html"
+    assert main(["demo", "--quick", "--html", str(page)]) == 0
     captured = capsys.readouterr()
     fp32 = _number(r"^fp32 accuracy: ([\d.]+)%$", captured.out)
     int8 = _number(r"^int8 accuracy: ([\d.]+)%", captured.out)
@@ -73,6 +74,11 @@ def test_demo_quick_int8_within_one_point_of_fp32(capsys):
     assert abs(fp32 - int8) <= 1.0
     assert _number(r"^speedup: ([\d.]+)x$", captured.out) > 0
     assert _number(r"^int8 latency: ([\d.]+) ms/batch", captured.out) > 0
+    worst = re.search(r"^worst nodes \(SQNR vs fp32 on a held-out batch\): (.*)$", captured.out, re.M).group(1)
+    assert len(worst.split("; ")) == 3 and all(_number(r"([\d.]+) dB$", w) > 10 for w in worst.split("; "))
+    assert f"graph: {page} (open it in a browser" in captured.out
+    text = page.read_text()
+    assert text.count('<g class="node ') > 15 and '<option value="error" selected>' in text
     fp32_mb = _number(r"^model size: fp32 ([\d.]+) MB", captured.out)
     int8_mb = _number(r"^model size: .* int8 ([\d.]+) MB", captured.out)
     assert int8_mb < fp32_mb / 2

@@ -29,8 +29,9 @@
     view.w *= factor; view.h *= factor; apply();
   }
   function centreOn(id) {
-    var box = data.nodes[id].box;
-    var w = Math.min(home.w, Math.max(600, box[2] * 6)), h = w * (view.h / view.w);
+    // Natural size (one unit per pixel), centred on the node.
+    var box = data.nodes[id].box, r = svg.getBoundingClientRect();
+    var w = Math.max(r.width, 200), h = Math.max(r.height, 200);
     view = { x: box[0] - w / 2, y: box[1] - h / 2, w: w, h: h }; apply();
   }
 
