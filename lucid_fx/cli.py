@@ -186,12 +186,43 @@ def _step(name: str, fn: Callable[[], Any]) -> Any:
         ) from e
 
 
+def load_calibration_data(path: str, shape: Tuple[int, ...], device: torch.device) -> List[torch.Tensor]:
+    """Batches from a file written by ``torch.save``: one tensor of samples (split into batches of
+    ``shape[0]``) or a list of batch tensors. Loaded with ``weights_only=True``: no code runs."""
+    file = Path(path)
+    if not file.is_file():
+        raise CLIError(f"--calib-data {path!r}: no such file", "save your batches with torch.save(tensor_or_list_of_tensors, PATH)")
+    try:
+        data = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - not a torch file, or one that needs pickled code
+        raise CLIError(f"--calib-data {path!r} cannot be read safely: {_first_line(e)}", "it must hold a tensor or a list of tensors, saved with torch.save") from e
+    if isinstance(data, torch.Tensor):
+        data = list(torch.split(data, shape[0])) if data.dim() == len(shape) else None
+    if not isinstance(data, (list, tuple)) or not data or not all(isinstance(t, torch.Tensor) for t in data):
+        raise CLIError(
+            f"--calib-data {path!r} holds {type(data).__name__}, not a tensor of samples shaped like --input-shape "
+            f"{','.join(map(str, shape))} or a list of such batches",
+            "torch.save(torch.stack(samples), PATH) or torch.save([batch, batch, ...], PATH)",
+        )
+    for i, batch in enumerate(data):
+        if tuple(batch.shape[1:]) != tuple(shape[1:]) or not batch.is_floating_point():
+            raise CLIError(
+                f"--calib-data {path!r}: batch {i} has shape {tuple(batch.shape)} and dtype {batch.dtype}; "
+                f"expected float batches of shape (B, {', '.join(map(str, shape[1:]))})",
+                "the per-sample shape must match --input-shape",
+            )
+    return [batch.float().to(device) for batch in data]
+
+
 def _prepare(args: argparse.Namespace, calibration_batches: int) -> Tuple[nn.Module, nn.Module]:
     shape = parse_shape(args.input_shape)
     backend = getattr(args, "backend", "cpu")  # explain prepares for the default backend
     device = _device(backend)
     model = _build_model(args.factory, device)
     example, *batches = _random_inputs(shape, 1 + calibration_batches, args.seed, device)
+    if getattr(args, "calib_data", None):
+        batches = load_calibration_data(args.calib_data, shape, device)
+        example = batches[0][: shape[0]]
     _check_forward(model, example)
     prepared = _step("prepare", lambda: lucid_fx.prepare(model, example_inputs=(example,), backend=backend))
     if batches:
@@ -230,11 +261,17 @@ def run_quantize(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise CLIError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist", "create the folder first, or choose another -o path")
+    if args.report and (not Path(args.report).parent.is_dir() or Path(args.report).suffix.lower() not in (".html", ".svg")):
+        raise CLIError(f"cannot write the report {args.report!r}: it needs an existing folder and a .html or .svg name", "e.g. --report report.html")
     model, prepared = _prepare(args, args.calib)
     qmodel = _step("convert", lambda: lucid_fx.convert(prepared))
     shape = parse_shape(args.input_shape)
     probe = _random_inputs(shape, 1, args.seed + 1, _device(args.backend))[0]
     _step("running the int8 model", lambda: qmodel(probe))
+    report = Path(args.report) if args.report else None
+    if report is not None:
+        comparison = _step("compare", lambda: lucid_fx.compare(model, qmodel, probe))
+        _step("writing the report", lambda: lucid_fx.visualize(qmodel, report, compare=comparison, title=f"lucid_fx: {args.factory}"))
     try:
         torch.save(qmodel, out)
     except Exception as e:  # noqa: BLE001 - unpicklable attributes, a full disk, permissions
@@ -243,6 +280,9 @@ def run_quantize(args: argparse.Namespace) -> int:
     print(f"model: {args.factory} -> {type(model).__name__}, {params:,} parameters, random input {shape}, {args.calib} random calibration batches")
     print(f"explain: {lucid_fx.explain(prepared).summary()}")
     print(f"convert: {_report_text(qmodel.lucid_fx_convert_report)}")
+    if report is not None:
+        print(f"error per node against fp32 on a random batch (worst first):\n{comparison.table(10)}")
+        print(f"report: {report} (the converted graph, coloured by error; open it in a browser)")
     print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `import lucid_fx; torch.load(path, weights_only=False)`, only if you trust the file")
     return 0
 
@@ -280,6 +320,11 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_calib: int) ->
         help=f"number of random calibration batches (default {default_calib})",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument(
+        "--calib-data", metavar="FILE",
+        help="calibrate on your own batches instead: a torch.save'd tensor of samples (split into batches of "
+        "--input-shape's batch size) or list of batch tensors; read with weights_only=True",
+    )
 
 
 def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
@@ -315,6 +360,10 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     _add_model_arguments(quantize, default_calib=8)
     quantize.add_argument("--backend", choices=BACKENDS, default="cpu", help="kernel backend (default cpu)")
     quantize.add_argument("-o", "--output", required=True, metavar="OUT.pt", help="where to save the converted model")
+    quantize.add_argument(
+        "--report", metavar="REPORT.html",
+        help="also write the converted graph as HTML, coloured by each node's error against fp32, and print the worst nodes",
+    )
 
     explain = sub.add_parser(
         "explain", parents=[common], help="print which observer lucid_fx chooses for each node of MODULE:FACTORY's model, and why",

@@ -57,6 +57,11 @@ class Comparison:
         return self.rows[:n]
 
     def __str__(self) -> str:
+        return self.table()
+
+    def table(self, limit: Optional[int] = None) -> str:
+        """The rows as aligned text, the worst ``limit`` of them (all by default)."""
+        shown = self.rows if limit is None else self.rows[:limit]
         header = ("node", "op", "domain", "SQNR dB", "max |err|", "steps")
         table = [header] + [
             (
@@ -67,10 +72,12 @@ class Comparison:
                 f"{r.max_abs:.4g}",
                 f"{r.max_steps:.1f}" if r.max_steps is not None else "-",
             )
-            for r in self.rows
+            for r in shown
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in table]
+        if len(shown) < len(self.rows):
+            lines.append(f"... {len(self.rows) - len(shown)} more node(s)")
         lines.append(f"model output: {self.output_sqnr_db:.1f} dB SQNR over {self.batches} batch(es)")
         return "\n".join(lines)
 

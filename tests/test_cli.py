@@ -106,6 +106,50 @@ def test_quantize_saves_a_model_that_loads_and_runs(models, capsys, sqnr_db):
         assert sqnr_db(cli_models.make().eval()(x), qmodel(x)) > 25
 
 
+def test_quantize_on_own_data_with_a_report(models, capsys):
+    torch.manual_seed(3)
+    torch.save(torch.randn(12, 3, 16, 16) * 3, models / "calib.pt")  # 12 samples -> 3 batches of 4
+    report, out = models / "report.html", models / "q.pt"
+    args = ["quantize", "cli_models:make", "--input-shape", "4,3,16,16", "--calib-data", str(models / "calib.pt"),
+            "--report", str(report), "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    stdout = capsys.readouterr().out
+    table = stdout.split("error per node against fp32 on a random batch (worst first):\n")[1].splitlines()
+    assert table[0].split()[:3] == ["node", "op", "domain"]
+    assert re.match(r"model output: [\d.]+ dB SQNR over 1 batch\(es\)", next(t for t in table if t.startswith("model output")))
+    assert f"report: {report} (the converted graph, coloured by error" in stdout
+    page = report.read_text()
+    assert page.count('<g class="node ') >= 6 and '"sqnr_db"' in page
+    # Calibrated on the x3 data, not on unit-variance random batches: the input grid is ~3x wider.
+    qmodel = torch.load(out, weights_only=False)
+    x_scale = next(n.args[1] for n in qmodel.graph.nodes if "quantize_per_tensor" in str(n.target))
+    assert x_scale > 2.5 * 6 / 255
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ({"a": 1}, "holds dict, not a tensor of samples shaped like --input-shape 4,3,16,16"),
+        ([torch.zeros(4, 3, 8, 8)], "batch 0 has shape (4, 3, 8, 8) and dtype torch.float32; expected float batches of shape (B, 3, 16, 16)"),
+        ("pickle", "cannot be read safely: "),
+    ],
+    ids=["missing", "dict", "shape", "pickled-code"],
+)
+def test_bad_calibration_files(models, capsys, content, message):
+    path = models / "calib.pt"
+    if content == "pickle":
+        torch.save(Path("x"), path)  # an arbitrary object: loading it would need pickled code
+    elif content is not None:
+        torch.save(content, path)
+    args = ["quantize", "cli_models:make", "--input-shape", "4,3,16,16", "--calib-data", str(path), "-o", str(models / "q.pt")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"lucid-fx: error: --calib-data {str(path)!r}") and message in err[0]
+    assert err[1].startswith("  hint: ")
+    assert not (models / "q.pt").exists()
+
+
 def test_explain_prints_the_table(models, capsys):
     assert main(["explain", "cli_models:make", "--input-shape", "1,3,16,16"]) == 0
     lines = capsys.readouterr().out.splitlines()
