@@ -53,11 +53,11 @@ def _target_text(node: fx.Node) -> str:
 
 
 def _op_name(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
     call = node.meta.get(_meta.OP)
     if call is not None and getattr(call, "op", None):
         return call.op
-    if node.op == "placeholder":
-        return "input"
     if node.op in ("output", "get_attr"):
         return node.op
     target = node.target

@@ -9,7 +9,7 @@ a float input (a graph input, or the output of an op left float) gets a statisti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
@@ -41,6 +41,7 @@ class RuleContext:
         self._plain.module_name_qconfigs = mapping.module_name_qconfigs
         self._plain.module_name_regex_qconfigs = mapping.module_name_regex_qconfigs
         self._plain.object_type_qconfigs = self._types
+        self._groups: Optional[Dict[str, List[fx.Node]]] = None
 
     def op_name(self, node: fx.Node) -> str:
         return node.meta[_meta.OP].op
@@ -49,9 +50,25 @@ class RuleContext:
         path = node.meta.get(_meta.MODULE_PATH, "")
         return ".".join(p for p in (self.path_prefix, path) if p)
 
-    def qconfig(self, node: fx.Node) -> Optional[QConfig]:
+    def _own_qconfig(self, node: fx.Node) -> Optional[QConfig]:
         object_type = type(self.gm.get_submodule(node.target)) if node.op == "call_module" else node.target
         return self._plain.qconfig_for(self.module_path(node), object_type, also_types=(self.op_name(node),))
+
+    def qconfig(self, node: fx.Node) -> Optional[QConfig]:
+        """A fused group (linear + relu) is one kernel with one QConfig: its first member's (the
+        weighted op's), and None for all of it when the mapping sets None for any member, so
+        ``set_module_name("proj", None)`` keeps proj float even when a functional relu follows."""
+        end = node.meta.get(_meta.FUSED_INTO)
+        if end is None:
+            return self._own_qconfig(node)
+        if self._groups is None:
+            self._groups = {}
+            for member in self.gm.graph.nodes:
+                if member.meta.get(_meta.FUSED_INTO) is not None:
+                    self._groups.setdefault(member.meta[_meta.FUSED_INTO], []).append(member)
+        members = self._groups.get(end, [node])
+        qconfigs = [self._own_qconfig(member) for member in members]
+        return None if any(q is None for q in qconfigs) else qconfigs[0]
 
     def interval(self, node: fx.Node):
         return node.meta.get(_meta.INTERVAL)

@@ -75,3 +75,26 @@ def test_shapes_are_recorded(registry):
     gm, _ = _annotated(registry)
     shapes = {n.name: tuple(n.meta[_meta.TENSOR_META].shape) for n in gm.graph.nodes if n.op != "output"}
     assert shapes == {"x": (2, 3, 4), "fc": (2, 3, 4), "relu": (2, 3, 4), "pool": (2, 3, 2), "sigmoid": (2, 3, 2)}
+
+
+def test_a_fused_group_takes_its_weighted_ops_qconfig():
+    """set_module_name on a linear followed by a functional relu governs the whole fused group."""
+    import lucid_fx
+    from lucid_fx.quantization import QConfigMapping, default_qconfig, minmax_qconfig
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.proj(x)))
+
+    x = torch.randn(2, 4)
+    rows = lucid_fx.explain(lucid_fx.prepare(Net().eval(), QConfigMapping().set_global(minmax_qconfig).set_module_name("proj", default_qconfig), (x,))).by_node()
+    assert rows["proj"]["kind"] == "fused" and rows["relu"]["observer"] == "HistogramObserver"
+    assert rows["head"]["observer"] == "MinMaxObserver"
+    floated = lucid_fx.prepare(Net().eval(), QConfigMapping().set_global(default_qconfig).set_module_name("proj", None), (x,))
+    rows = lucid_fx.explain(floated).by_node()
+    assert rows["proj"]["kind"] == "float"  # not fused into an int8 kernel against the user's None
+    assert rows["relu"]["kind"] == "statistics" and "input of quantized head" in rows["relu"]["reason"]
