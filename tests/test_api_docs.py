@@ -108,12 +108,22 @@ def test_every_entry_links_to_a_page_with_examples():
         assert pages, f"docs/api.md: the entry for {name} links to no page"
 
 
+def _anchors(path: Path) -> set:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)  # no "# comments" in code
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("path", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
 def test_relative_links_resolve(path):
     for match in LINK.finditer(path.read_text()):
-        target = match.group(1)
-        if "://" not in target:
-            assert (path.parent / target).is_file(), f"{path.name} links to {target}, which does not exist"
+        target, anchor = match.group(1), match.group(2)
+        if "://" in target:
+            continue
+        assert (path.parent / target).is_file(), f"{path.name} links to {target}, which does not exist"
+        if anchor:
+            assert anchor[1:] in _anchors(path.parent / target), f"{path.name} links to {target}{anchor}: no such heading"
 
 
 def test_index_lists_every_page():
@@ -133,3 +143,9 @@ def test_render_signature_formats():
     assert render_signature(f) == "(a, /, b, *args, c=None, **kw)"
     assert render_signature(g) == "(x, *, y=(1,))"
     assert render_signature(lucid_fx.ConvertReport) == "(backend, lowered={}, float_ops={})"
+
+
+def test_anchor_slugs(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Title\n## One call: `quantize`\n```bash\n# not a heading\n```\n### A new op\n")
+    assert _anchors(page) == {"title", "one-call-quantize", "a-new-op"}
