@@ -61,10 +61,15 @@ class Spelling:
         if self.kind == "call_module":
             return f"nn.{self.target.__name__}" if self.target.__module__.startswith("torch.nn") else self.target.__name__
         mod = getattr(self.target, "__module__", "") or ""
+        name = getattr(self.target, "__name__", str(self.target))
+        if mod == "builtins":
+            return name  # getattr
+        if mod and not mod.startswith("torch") and mod not in ("_operator", "operator"):
+            return f"{mod}.{name}"  # a user's function registered with register_op
         prefix = {"torch.nn.functional": "F.", "_operator": "operator.", "operator": "operator."}.get(mod, "torch.")
         if mod.startswith("torch.special") or "special" in mod:
             prefix = "torch.special."
-        return prefix + getattr(self.target, "__name__", str(self.target))
+        return prefix + name
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def test_bounded_function_and_module_get_fixed_observers():
     assert (obs["gate"].scale.item(), obs["gate"].zero_point.item()) == (2 / 256, 128)
     row = lucid_fx.explain(prepared).by_node()["my_gate"]
     assert "tests/test_registry.py:" in row["rule"]  # the registration is the rule that fired
+    assert row["spelling"] == f"{my_gate.__module__}.my_gate"  # the user's function, not "torch.my_gate"
+    assert lucid_fx.explain(prepared).by_node()["gate"]["spelling"] == "Gate"
     # outside the scope nothing leaked: my_gate is traced through again
     plain = lucid_fx.prepare(UsesGate().eval(), example_inputs=(torch.randn(2, 4),))
     assert "my_gate" not in dict(plain.lucid_fx_observers)

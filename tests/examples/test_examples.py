@@ -1,6 +1,7 @@
 """Every example script runs in quick mode and produces what it claims."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -20,6 +21,51 @@ def test_prepare_and_explain(capsys):
     assert rows["conv"]["kind"] == "fused" and rows["relu"]["kind"] == "statistics"
     assert rows["pool"]["kind"] == "shared" and rows["flatten"]["kind"] == "shared"
     assert "summary:" in capsys.readouterr().out
+
+
+def _line(out: str, prefix: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(prefix))
+
+
+def test_ptq_cnn(capsys):
+    results = _load("ptq_cnn").main(quick=True)
+    out = capsys.readouterr().out
+    int8 = float(re.search(r"int8 accuracy: ([\d.]+)%", out).group(1))
+    fp32 = float(re.search(r"fp32 accuracy: ([\d.]+)%", out).group(1))
+    assert fp32 > 80 and int8 > 80 and abs(int8 - fp32) <= 2.0  # 5 classes: chance is 20%
+    assert float(re.search(r"logits SQNR: ([\d.]+) dB", out).group(1)) > 25
+    assert results["int8_mb"] < 0.5 * results["fp32_mb"]
+    assert results["report"].float_ops == {} and results["report"].lowered["relu"] == "conv2d+relu"  # conv-bn-relu, one kernel
+    assert _line(out, "convert:") == f"convert: {results['report']}"
+
+
+def test_transformer_block(capsys):
+    results = _load("transformer_block").main(quick=True)
+    out = capsys.readouterr().out
+    assert float(re.search(r"SQNR int8 vs fp32: ([\d.]+) dB", out).group(1)) > 28
+    report = results["report"]
+    assert set(report.float_ops) == {"ln1", "ln2"}  # LayerNorm has no int8 kernel yet
+    assert report.lowered["softmax"] == "softmax" and report.lowered["matmul_1"] == "matmul"
+    assert report.lowered["gelu"] == "gelu" and report.lowered["fc1"] == "linear"
+    assert _line(out, "softmax:").startswith("softmax: fixed FixedQParamsObserver [0, 1] scale=0.00390625 zp=0")
+    assert "torch.ops.lucid_fx.softmax(" in _line(out, "    softmax = ")
+
+
+def test_custom_op(capsys):
+    module = _load("custom_op")
+    results = module.main(quick=True)
+    out = capsys.readouterr().out
+    assert [r["kind"] for r in results["plain"]] == ["statistics"] * 3  # traced through: abs, add, div
+    row = results["row"]
+    assert (row["op"], row["kind"], row["observer"]) == ("squash", "fixed", "FixedQParamsObserver")
+    assert row["qparams"] == "[-1, 1] scale=0.0078125 zp=128" and "custom_op.py:" in row["rule"]
+    assert results["before"].float_ops == {"squash": "no lowering rule for squash"}
+    assert results["report"].lowered["squash"] == "squash" and results["report"].float_ops == {}
+    assert module.LOWERED == ["squash"]
+    assert "torch.ops.lucid_fx.lut(linear, _lucid_squash_table)" in results["code"]
+    # int8 kernels against the simulated model: equal up to a rounding tie, one output step
+    assert results["max_diff_vs_reference"] <= results["output_scale"] + 1e-6
+    assert float(re.search(r"SQNR int8 vs fp32: ([\d.]+) dB", out).group(1)) > 22
 
 
 def test_visualize_and_compare(capsys, tmp_path):
