@@ -1,8 +1,8 @@
 """insert_observers: put the chosen observers into the graph.
 
 Reads ``node.meta[DECISION]``; adds observer modules under the root's ``lucid_fx_observers``
-(one per observed node, named after it) and calls them right after the node they watch; a
-``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
+(one per observed node, named after it where the name is free) and calls them right after the
+node they watch; a ``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
 observers (per-channel by default) go under ``lucid_fx_weight_observers`` and see the weight
 once, now. Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
 """
@@ -42,6 +42,15 @@ def _make_observer(decision, qat: bool) -> nn.Module:
         factory = fixed_qparams_observer(lo, hi, qdtype)
         return FixedQParamsFakeQuantize(factory) if qat else factory()
     return qconfig.activation()
+
+
+def _free_key(container: nn.ModuleDict, name: str) -> str:
+    """``name``, unless it is an attribute of ModuleDict itself: a node called ``to`` or ``float``
+    (``x.to(dtype)``, ``x.float()``) cannot name a submodule."""
+    key = name
+    while hasattr(container, key) and key not in container:
+        key += "_observer"
+    return key
 
 
 def _observer_of(node: fx.Node) -> Optional[str]:
@@ -112,8 +121,9 @@ def insert_observers(
             observer = _make_observer(decision, qat)
             if hasattr(observer, "observer_name"):
                 observer.observer_name = f"observer of node {node.name!r}"
-            observers[node.name] = observer
-            _insert_call(gm, node, node.name)
+            key = _free_key(observers, node.name)
+            observers[key] = observer
+            _insert_call(gm, node, key)
         elif decision.kind == "shared":
             source = next((n for n in node.meta[_meta.OP].tensor_inputs() if _observer_of(n)), None)
             if source is not None:
