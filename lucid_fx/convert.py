@@ -34,9 +34,16 @@ def _uncalibrated(gm: fx.GraphModule):
 
 
 def _strip_qat(gm: nn.Module) -> None:
-    # QAT trains through fake-quantized weights; the int8 weight is made from the trained one.
+    # QAT trains through fake-quantized weights; the int8 weight is made from the trained one
+    # (with the qparams it trained with: the fake quant stays in the weight-observer container).
     for module in gm.modules():
         if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+            # A deep copy of a parametrized module shares its generated class, and removing a
+            # parametrization deletes the class's property: without a class of its own, converting
+            # a copy broke the weight of the prepared model it was copied from.
+            cls = type(module)
+            body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+            module.__class__ = type(cls.__name__, cls.__bases__, body)
             torch.nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
 
 

@@ -70,7 +70,10 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
             if key in bn_node.meta:
                 layer_node.meta[key] = bn_node.meta[key]
         gm.graph.erase_node(bn_node)
+        if not any(n.op == "call_module" and n.target == bn_node.target for n in gm.graph.nodes):
+            gm.delete_submodule(bn_node.target)
     gm.graph.lint()
-    gm.delete_all_unused_submodules()
+    # Only folded batch norms go: deleting every unused submodule also dropped the weight
+    # observers, which the graph does not call but lowering reads.
     gm.recompile()
     return gm
