@@ -20,3 +20,9 @@ def test_prepare_and_explain(capsys):
     assert rows["conv"]["kind"] == "fused" and rows["relu"]["kind"] == "statistics"
     assert rows["pool"]["kind"] == "shared" and rows["flatten"]["kind"] == "shared"
     assert "summary:" in capsys.readouterr().out
+
+
+def test_qat_recovers_accuracy(capsys):
+    figures = _load("qat_recovers_accuracy").main(quick=True)
+    assert figures["ptq_int8"] < figures["fp32"] - 0.2 < figures["qat_int8"]
+    assert "qat_int8" in capsys.readouterr().out
