@@ -20,6 +20,8 @@ OBSERVER = "lucid_fx.observer"
 TENSOR_META = "tensor_meta"
 #: str: key in the root's ``lucid_fx_weight_observers`` of the weight observer a node reads (insert_observers).
 WEIGHT_OBSERVER = "lucid_fx.weight_observer"
+#: bool: the node's weight absorbed a batch norm at convert, so qparams a QAT weight trained with no longer fit (fold_batchnorm).
+BN_FOLDED = "lucid_fx.bn_folded"
 
 # Written by convert on the nodes of the converted graph, read by to_networkx and compare:
 #: str: name of the prepared-graph node whose value a converted node computes (lower_to_int8).

@@ -9,6 +9,8 @@ from typing import Any, Iterable, Optional, TextIO
 import torch
 from torch import nn
 
+from lucid_fx._validate import require_prepared
+
 __all__ = ["calibrate"]
 
 
@@ -57,6 +59,7 @@ def calibrate(prepared: nn.Module, data: Iterable, *, progress: bool = True, str
     >>> lucid_fx.calibrate(prepared, [torch.randn(2, 3) for _ in range(4)], progress=False)
     4
     """
+    require_prepared("calibrate", prepared)
     try:
         total = len(data)  # type: ignore[arg-type]
     except TypeError:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
+from lucid_fx._validate import check_backend_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx.passes.canonicalize_ops import rebind_node_refs
@@ -33,9 +34,16 @@ def _uncalibrated(gm: fx.GraphModule):
 
 
 def _strip_qat(gm: nn.Module) -> None:
-    # QAT trains through fake-quantized weights; the int8 weight is made from the trained one.
+    # QAT trains through fake-quantized weights; the int8 weight is made from the trained one
+    # (with the qparams it trained with: the fake quant stays in the weight-observer container).
     for module in gm.modules():
         if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
+            # A deep copy of a parametrized module shares its generated class, and removing a
+            # parametrization deletes the class's property: without a class of its own, converting
+            # a copy broke the weight of the prepared model it was copied from.
+            cls = type(module)
+            body = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+            module.__class__ = type(cls.__name__, cls.__bases__, body)
             torch.nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
 
 
@@ -109,12 +117,13 @@ def convert(
         >>> [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
         ['quantize_per_tensor', 'linear', 'linear', 'dequantize_per_tensor']
     """
+    require_prepared("convert", prepared)
     report = getattr(prepared, "lucid_fx_report", None)
     backend = backend or (report.backend if report is not None else "cpu")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    if not any(isinstance(m, fx.GraphModule) and hasattr(m, OBSERVERS) for m in prepared.modules()):
-        raise ValueError("convert expects a model returned by lucid_fx.prepare (no observers found); call prepare first")
+    check_backend_device("convert", prepared, backend)
+    require_float32("convert", prepared)
     work = prepared if inplace else copy.deepcopy(prepared)
     reports: dict = {}
     converted = _convert_tree(work, backend, reference, registry or current_registry(), reports)
@@ -135,6 +144,7 @@ def quantize(
     **prepare_options: Any,
 ) -> nn.Module:
     """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged."""
+    require_module("quantize", model)
     prepared = prepare(model, qconfig_mapping, example_inputs, backend=backend, registry=registry, **prepare_options)
     calibrate(prepared, calibration_data, progress=progress)
     return convert(prepared, backend=backend, reference=reference, inplace=True, registry=registry)

@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import fx, nn
 
+from lucid_fx.kernels import weight_quant_range
+from lucid_fx._validate import model_device, require_float32, require_module
 from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
@@ -47,11 +49,6 @@ class PrepareReport:
         lines = ["kept float (could not be traced; their traceable children are quantized):"]
         lines += [f"  {u.describe()}" for u in self.float_modules]
         return "\n".join(lines)
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"prepare expects an nn.Module (or fx.GraphModule), got {type(model).__name__}")
 
 
 def _capture_inputs(options: Dict[str, Any], paths: Sequence[str]) -> Dict[str, tuple]:
@@ -128,7 +125,7 @@ def _prepare_one(
     fuse_patterns(gm, registry)
     analyze_ranges(gm, registry)
     choose_observers(gm, registry, mapping, prefix)
-    insert_observers(gm, qat=options["qat"])
+    insert_observers(gm, qat=options["qat"], weight_range=options["weight_range"])
     return gm
 
 
@@ -147,20 +144,25 @@ def _gc_paused():
 
 
 def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, registry, leaf_modules, concrete_args, strict):
-    _check_model(model)
+    verb = "prepare_qat" if qat else "prepare"
+    require_module(verb, model)
     if backend is None:
-        backend = "cpu"
+        device = model_device(model)
+        backend = "cuda" if device is not None and device.type == "cuda" else "cpu"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if qat and not model.training:
         raise ValueError("prepare_qat: the model is in eval mode; call model.train() first (or use prepare for post-training quantization)")
-    if not qat and model.training:
+    training = next((name or type(model).__name__ for name, m in model.named_modules() if m.training), None)
+    if not qat and training is not None:
         raise ValueError(
-            "prepare: the model is in training mode; call model.eval() first (batch norm and dropout must be "
-            "frozen for post-training quantization), or use prepare_qat to train with fake quantization"
+            f"prepare: the model is in training mode; call model.eval() first (module {training!r} has "
+            "training=True; batch norm and dropout must be frozen for post-training quantization), or use "
+            "prepare_qat to train with fake quantization"
         )
     if example_inputs is not None and not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    require_float32(verb, model, example_inputs)
     if qconfig_mapping is None:
         qconfig_mapping = get_default_qat_qconfig_mapping() if qat else get_default_qconfig_mapping()
     if not isinstance(qconfig_mapping, QConfigMapping):
@@ -170,6 +172,8 @@ def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, regi
     options = {
         "leaf_modules": leaf_modules, "concrete_args": concrete_args, "strict": strict, "qat": qat,
         "root": work, "root_inputs": example_inputs,
+        # QAT trains weights on the grid the backend's int8 kernels compute exactly.
+        "weight_range": weight_quant_range("cuda" if backend == "cuda" else "cpu"),
     }
     with _gc_paused():
         prepared = _prepare_one(work, qconfig_mapping, example_inputs, registry or current_registry(), options, report, "")

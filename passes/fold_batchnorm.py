@@ -1,7 +1,7 @@
 """fold_batchnorm: fold eval-mode batch norm into the conv or linear before it.
 
-Reads ``node.meta[OP]``; rewrites ``conv -> batch_norm`` (and ``linear -> batch_norm``) where the
-conv/linear is a module whose output only feeds the batch norm: the module's weight and bias
+Reads ``node.meta[OP]``, writes ``node.meta[BN_FOLDED]``; rewrites ``conv -> batch_norm`` (and
+``linear -> batch_norm``) where the conv/linear is a module whose output only feeds the batch norm: the module's weight and bias
 absorb the normalisation and the batch-norm node is removed. A linear is folded only when
 its output is known (``tensor_meta``) to be 2-D. Works on the graph it is given.
 """
@@ -64,12 +64,16 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
         for node in gm.graph.nodes:  # canonical calls name their inputs too (not only direct users)
             if _meta.OP in node.meta:
                 node.meta[_meta.OP] = node.meta[_meta.OP].replace_input(bn_node, layer_node)
+        layer_node.meta[_meta.BN_FOLDED] = True
         bn_node.replace_all_uses_with(layer_node)
         for key in (_meta.FUSION, _meta.FUSED_INTO, _meta.OBSERVER, _meta.DECISION):
             if key in bn_node.meta:
                 layer_node.meta[key] = bn_node.meta[key]
         gm.graph.erase_node(bn_node)
+        if not any(n.op == "call_module" and n.target == bn_node.target for n in gm.graph.nodes):
+            gm.delete_submodule(bn_node.target)
     gm.graph.lint()
-    gm.delete_all_unused_submodules()
+    # Only folded batch norms go: deleting every unused submodule also dropped the weight
+    # observers, which the graph does not call but lowering reads.
     gm.recompile()
     return gm

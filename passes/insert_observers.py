@@ -1,21 +1,22 @@
 """insert_observers: put the chosen observers into the graph.
 
 Reads ``node.meta[DECISION]``; adds observer modules under the root's ``lucid_fx_observers``
-(one per observed node, named after it) and calls them right after the node they watch; a
-``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
+(one per observed node, named after it where the name is free) and calls them right after the
+node they watch; a ``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
 observers (per-channel by default) go under ``lucid_fx_weight_observers`` and see the weight
 once, now. Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx.quantization.fake_quantize import FixedQParamsFakeQuantize
+from lucid_fx.quantization.dtypes import QDtype
+from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQuantize
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
@@ -43,6 +44,15 @@ def _make_observer(decision, qat: bool) -> nn.Module:
     return qconfig.activation()
 
 
+def _free_key(container: nn.ModuleDict, name: str) -> str:
+    """``name``, unless it is an attribute of ModuleDict itself: a node called ``to`` or ``float``
+    (``x.to(dtype)``, ``x.float()``) cannot name a submodule."""
+    key = name
+    while hasattr(container, key) and key not in container:
+        key += "_observer"
+    return key
+
+
 def _observer_of(node: fx.Node) -> Optional[str]:
     return node.meta.get(_meta.OBSERVER)
 
@@ -56,15 +66,32 @@ def _insert_call(gm: fx.GraphModule, node: fx.Node, key: str) -> None:
     obs_node.meta[_meta.OBSERVER] = key
 
 
-def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool) -> None:
+def _narrow_to(fake_quant: nn.Module, weight_range: Optional[Tuple[int, int]]) -> nn.Module:
+    """Train on the grid the int8 kernels compute exactly ([-64, 63] on CPUs without VNNI), so
+    the converted weights are the ones training saw."""
+    if weight_range is None or not isinstance(fake_quant, FakeQuantize):
+        return fake_quant
+    qmin, qmax = weight_range
+    qdtype = fake_quant.qdtype
+    if qdtype.signed and (qdtype.quant_min < qmin or qdtype.quant_max > qmax):
+        grid = QDtype(f"qint[{qmin},{qmax}]", qdtype.bits, True, qmin, qmax, qdtype.storage)
+        fake_quant.activation_post_process.qdtype = grid
+        fake_quant.qdtype, fake_quant.quant_min, fake_quant.quant_max = grid, qmin, qmax
+    return fake_quant
+
+
+def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: Optional[Tuple[int, int]]) -> None:
     call = node.meta[_meta.OP]
     qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
         key = node.target.replace(".", "__")
         if qat:
-            # Train against fake-quantized weights: the module's weight is seen through the fake quant.
-            torch.nn.utils.parametrize.register_parametrization(module, "weight", qconfig.weight(), unsafe=True)
+            # Train against fake-quantized weights: the module's weight is seen through the fake quant,
+            # which convert finds again (with its trained qparams) in the weight-observer container.
+            fake_quant = _narrow_to(qconfig.weight(), weight_range)
+            torch.nn.utils.parametrize.register_parametrization(module, "weight", fake_quant, unsafe=True)
+            _container(gm, WEIGHT_OBSERVERS)[key] = fake_quant
         else:
             observer = qconfig.weight()
             with torch.no_grad():
@@ -75,13 +102,16 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool) -> None:
     weight = call.args.get("weight")
     if isinstance(weight, fx.Node) and weight.op == "get_attr" and _observer_of(weight) is None:
         key = f"w_{weight.name}"
-        _container(gm, OBSERVERS)[key] = qconfig.weight()
+        _container(gm, OBSERVERS)[key] = _narrow_to(qconfig.weight(), weight_range) if qat else qconfig.weight()
         _insert_call(gm, weight, key)
         node.meta[_meta.WEIGHT_OBSERVER] = key
 
 
-def insert_observers(gm: fx.GraphModule, *, qat: bool = False) -> fx.GraphModule:
-    """Insert observer calls into ``gm`` (in place) according to ``node.meta[DECISION]``."""
+def insert_observers(
+    gm: fx.GraphModule, *, qat: bool = False, weight_range: Optional[Tuple[int, int]] = None
+) -> fx.GraphModule:
+    """Insert observer calls into ``gm`` (in place) according to ``node.meta[DECISION]``; with
+    ``qat``, weights are fake-quantized on ``weight_range`` (the kernels' grid) when narrower."""
     observers = _container(gm, OBSERVERS)
     for node in list(gm.graph.nodes):
         decision = node.meta.get(_meta.DECISION)
@@ -91,14 +121,15 @@ def insert_observers(gm: fx.GraphModule, *, qat: bool = False) -> fx.GraphModule
             observer = _make_observer(decision, qat)
             if hasattr(observer, "observer_name"):
                 observer.observer_name = f"observer of node {node.name!r}"
-            observers[node.name] = observer
-            _insert_call(gm, node, node.name)
+            key = _free_key(observers, node.name)
+            observers[key] = observer
+            _insert_call(gm, node, key)
         elif decision.kind == "shared":
             source = next((n for n in node.meta[_meta.OP].tensor_inputs() if _observer_of(n)), None)
             if source is not None:
                 _insert_call(gm, node, _observer_of(source))
         if decision.kind in ("statistics", "fused", "fixed") and node.meta[_meta.OP].op in _WEIGHTED:
-            _observe_weight(gm, node, qat)
+            _observe_weight(gm, node, qat, weight_range)
     gm.graph.lint()
     gm.recompile()
     return gm

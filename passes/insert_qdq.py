@@ -18,6 +18,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.passes.lower_to_int8 import quantize_weight
+from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 
 __all__ = ["insert_qdq"]
@@ -52,7 +53,10 @@ def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphMod
         elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:
             module = gm.get_submodule(node.target)
             key = node.meta[_meta.WEIGHT_OBSERVER]
-            codes, scales = quantize_weight(module.weight, weight_observers[key] if key in weight_observers else None, weight_range)
+            observer = weight_observers[key] if key in weight_observers else None
+            if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
+                observer = observer.activation_post_process  # folding changed the weight: observe it afresh
+            codes, scales = quantize_weight(module.weight, observer, weight_range)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
     gm.graph.eliminate_dead_code()

@@ -17,6 +17,7 @@ graph can be inspected (to_networkx) and compared with the float one (compare) b
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -26,12 +27,15 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
+from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize
 from lucid_fx.quantization.qparams import calculate_qparams
 
 __all__ = ["lower_to_int8", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
 
 _ops = torch.ops.lucid_fx
+INT32_MAX = 2**31 - 1
+ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class LoweringContext:
         self._quant: Dict[fx.Node, QValue] = {}
         self._qparams: Dict[str, Tuple[float, int, QDtype]] = {}
         self._constants = 0
+        self.declined: Dict[str, str] = {}  # node name -> why its lowering rule had to decline
 
     # -- qparams ------------------------------------------------------------------------------
     def qparams_of(self, node: fx.Node) -> Optional[Tuple[float, int, QDtype]]:
@@ -160,6 +165,25 @@ class LoweringContext:
         return QValue(out, scale, zp, qdtype, channels_last)
 
     # -- weights ------------------------------------------------------------------------------
+    def _may_overflow(self, node: fx.Node, codes: torch.Tensor) -> bool:
+        """Whether some input could overflow the kernel's int32 accumulator: an output channel sums
+        K products of an activation code (|x - zero_point| <= 255) and a weight code, so the
+        worst case is 255 * sum_k |w[n, k]|, exact for these weights and any input."""
+        worst = ACTIVATION_SPAN * int(codes.reshape(codes.shape[0], -1).abs().sum(1, dtype=torch.int64).max())
+        if worst <= INT32_MAX:
+            return False
+        k = codes[0].numel()
+        why = f"int32 accumulator could overflow: K={k}, worst case sum {worst:.3g} > 2^31-1; runs in float"
+        self.declined[node.name] = why
+        warnings.warn(
+            f"convert: node {node.name!r} ({node.meta[_meta.OP].op}, K={k} inputs per output) could overflow the "
+            f"int8 kernel's int32 accumulator (worst case {worst:.3g} > 2^31-1), so it runs in float instead "
+            "(see lucid_fx_convert_report.float_ops). To keep it int8, split it into layers with fewer inputs",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return True
+
     def _attr(self, node: Any) -> Optional[torch.Tensor]:
         if isinstance(node, fx.Node) and node.op == "get_attr":
             value = self.prepared
@@ -176,6 +200,8 @@ class LoweringContext:
             module = self.prepared.get_submodule(node.target)
             weight, bias = module.weight, module.bias
             observer = self.weight_observers[key] if key in self.weight_observers else None
+            if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
+                observer = observer.activation_post_process  # folding changed the weight: observe it afresh
             base = node.target.replace(".", "_")
         else:
             call = node.meta[_meta.OP]
@@ -185,18 +211,35 @@ class LoweringContext:
             observer = self.observers[key] if key in self.observers else None
             base = node.name
         codes, scale = quantize_weight(weight, observer, self.weight_range)
+        if self._may_overflow(node, codes):
+            return None
         w = self.constant(f"{base}_qweight", codes)
         s = self.constant(f"{base}_wscale", scale)
         b = self.constant(f"{base}_bias", bias.detach().float()) if bias is not None else None
         return w, s, b
 
 
+def _trained_scale(observer: Optional[nn.Module], weight: torch.Tensor, weight_range: Tuple[int, int]):
+    """The per-channel scale a QAT weight FakeQuantize trained with, if it is on the kernel's grid."""
+    if not isinstance(observer, FakeQuantize) or not observer.has_data or not observer.qscheme.is_symmetric:
+        return None
+    if (observer.quant_min, observer.quant_max) != tuple(weight_range) or observer.scale.numel() not in (1, weight.shape[0]):
+        return None
+    return observer.scale.detach().float().expand(weight.shape[0]).to(weight.device)
+
+
 def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range: Tuple[int, int]):
     """Per-channel symmetric int8 codes and scales of ``weight`` on the kernel's grid.
 
     The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
-    of the observer the QConfig chose; a per-tensor observer's range is used for every channel."""
+    of the observer the QConfig chose; a per-tensor observer's range is used for every channel.
+    A QAT weight keeps the qparams it was trained with, so the int8 weight is the one training saw."""
     weight = weight.detach()
+    qmin, qmax = weight_range
+    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
+    trained = _trained_scale(observer, weight, weight_range)
+    if trained is not None:
+        return quantize(weight, trained, torch.zeros_like(trained, dtype=torch.int64), grid, ch_axis=0), trained
     if observer is not None and hasattr(observer, "reset_min_max_vals"):
         observer = copy.deepcopy(observer)
         observer.reset_min_max_vals()
@@ -207,8 +250,6 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     else:
         flat = weight.reshape(weight.shape[0], -1)
         lo, hi = flat.amin(1), flat.amax(1)
-    qmin, qmax = weight_range
-    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
     scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
 
@@ -319,7 +360,8 @@ def lower_to_int8(
             new.meta[_meta.SOURCE] = member.name
             ctx.set_float(member, new)
         if kind in ("fixed", "statistics", "shared") or len(members) > 1:
-            why = "no lowering rule for " + "+".join(key) if rule is None else "lowering declined"
+            declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
+            why = "no lowering rule for " + "+".join(key) if rule is None else declined
             report.float_ops[node.name] = why
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
     gm.graph.eliminate_dead_code()

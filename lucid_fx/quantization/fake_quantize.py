@@ -66,6 +66,11 @@ class FakeQuantize(nn.Module):
     def calculate_qparams(self) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.activation_post_process.calculate_qparams()
 
+    @property
+    def has_data(self) -> bool:
+        """Whether the observer has seen data (convert refuses qparams made from nothing)."""
+        return bool(getattr(self.activation_post_process, "has_data", True))
+
     def _store_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor) -> None:
         if self.scale.shape != scale.shape:
             self.scale.resize_(scale.shape)

@@ -80,7 +80,9 @@ def _user_float(node, ctx) -> Optional[Decision]:
 
 def _fused(node, ctx) -> Optional[Decision]:
     if ctx.fused_into(node) not in (None, node.name):
-        return Decision("fused", f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}")
+        # The qconfig still matters inside a group: it says how the group's weight is observed
+        # (fake-quantized, in QAT).
+        return Decision("fused", f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}", qconfig=ctx.qconfig(node))
     return None
 
 

@@ -78,3 +78,9 @@ def test_visualize_and_compare(capsys, tmp_path):
     for name in ("converted.html", "prepared.html", "converted.graphml"):
         assert (tmp_path / name).stat().st_size > 2000 and f"wrote {tmp_path / name}" in out
     assert '"sqnr_db"' in (tmp_path / "converted.html").read_text()
+
+
+def test_qat_recovers_accuracy(capsys):
+    figures = _load("qat_recovers_accuracy").main(quick=True)
+    assert figures["ptq_int8"] < figures["fp32"] - 0.2 < figures["qat_int8"]
+    assert "qat_int8" in capsys.readouterr().out

@@ -1,0 +1,84 @@
+"""Checks of what users pass to the verbs, each failing with a message that says what to do."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import fx, nn
+
+from lucid_fx.passes.insert_observers import OBSERVERS
+
+__all__ = ["require_module", "require_prepared", "require_float32", "model_device", "check_backend_device"]
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def require_module(verb: str, obj: Any) -> None:
+    if not isinstance(obj, nn.Module):
+        raise TypeError(
+            f"{verb} expects an nn.Module (or fx.GraphModule), got {type(obj).__name__}; wrap a function in an "
+            "nn.Module whose forward calls it"
+        )
+
+
+def is_prepared(model: nn.Module) -> bool:
+    return any(isinstance(m, fx.GraphModule) and hasattr(m, OBSERVERS) for m in model.modules())
+
+
+def require_prepared(verb: str, obj: Any) -> None:
+    if not isinstance(obj, nn.Module):
+        raise TypeError(
+            f"{verb} expects the model returned by lucid_fx.prepare, got {type(obj).__name__}; call "
+            "prepared = lucid_fx.prepare(model, example_inputs=...) first"
+        )
+    if not is_prepared(obj):
+        raise ValueError(
+            f"{verb} expects a model returned by lucid_fx.prepare (no observers found in {type(obj).__name__}); "
+            "call prepared = lucid_fx.prepare(model, example_inputs=...) first"
+        )
+
+
+def require_float32(verb: str, model: nn.Module, example_inputs: Optional[Sequence] = None) -> None:
+    """Half-precision models are refused rather than half-supported: float ops left between the
+    int8 kernels read float32 dequantized values, which a float16 weight cannot multiply."""
+    named = itertools.chain(
+        (("parameter", n, t) for n, t in model.named_parameters()), (("buffer", n, t) for n, t in model.named_buffers())
+    )
+    for kind, name, tensor in named:
+        if tensor.dtype in HALF:
+            raise TypeError(
+                f"{verb}: the model's {kind} {name!r} is {tensor.dtype}; lucid_fx quantizes float32 models. "
+                "Call model.float() first and pass float32 example_inputs (the int8 model reads and returns float32)"
+            )
+    for i, value in enumerate(example_inputs or ()):
+        if isinstance(value, torch.Tensor) and value.dtype in HALF:
+            raise TypeError(
+                f"{verb}: example_inputs[{i}] is {value.dtype}; lucid_fx quantizes float32 models. "
+                f"Pass example_inputs[{i}].float() (and a float32 model: model.float())"
+            )
+
+
+def model_device(model: nn.Module) -> Optional[torch.device]:
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        return tensor.device
+    return None
+
+
+def check_backend_device(verb: str, model: nn.Module, backend: str) -> None:
+    """The int8 kernels run where the model's tensors are: the backend must agree with them."""
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{verb}: backend 'cuda' needs a CUDA device, and torch.cuda.is_available() is False; "
+            "use backend='cpu' on this machine"
+        )
+    device = model_device(model)
+    if device is None or (device.type == "cuda") == (backend == "cuda"):
+        return
+    move = "prepared.cuda()" if backend == "cuda" else "prepared.cpu()"
+    other = "cuda" if device.type == "cuda" else "cpu"
+    raise ValueError(
+        f"{verb}: the model's tensors are on {device} but backend is {backend!r}; move the model with {move} "
+        f"before {verb}, or pass backend={other!r}"
+    )
