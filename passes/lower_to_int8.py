@@ -288,6 +288,13 @@ def _tag_new_nodes(graph: fx.Graph, after: Optional[fx.Node], source: fx.Node) -
         node = node.next
 
 
+def _reads_only_shape(node: fx.Node) -> bool:
+    """``x.shape``, ``x.size()``, ``x.dim()``: the same answer for codes as for float values."""
+    if node.op == "call_function" and getattr(node.target, "__name__", "") == "getattr":
+        return len(node.args) > 1 and node.args[1] in ("shape", "ndim")
+    return node.op == "call_method" and node.target in ("size", "dim")
+
+
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
     end = node.meta.get(_meta.FUSED_INTO)
     if end is None:
@@ -319,6 +326,13 @@ def lower_to_int8(
 
     def arg_float(n):
         return ctx.float_of(resolve(n))
+
+    def arg_shape(n):
+        # Shape queries read the codes already there: no dequantize just to learn a shape.
+        n = resolve(n)
+        if n not in ctx._float and n in ctx._quant and not ctx._quant[n].channels_last:
+            return ctx._quant[n].node
+        return ctx.float_of(n)
 
     table = {**lowerings.get("generic", {}), **lowerings.get(backend, {})}
     for node in nodes:
@@ -356,7 +370,8 @@ def lower_to_int8(
             continue
         # No int8 kernel: the group runs in float on dequantized inputs.
         for member in members:
-            new = ctx.graph.node_copy(member, lambda n: arg_float(n))
+            read = arg_shape if _reads_only_shape(member) else arg_float
+            new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
             new.meta[_meta.SOURCE] = member.name
             ctx.set_float(member, new)
         if kind in ("fixed", "statistics", "shared") or len(members) > 1:

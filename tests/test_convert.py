@@ -178,3 +178,25 @@ def test_untraceable_parts_convert_recursively():
     assert set(qmodel.lucid_fx_convert_report) == {"", "block.fc1", "block.fc2"}
     x = torch.randn(3, 8)
     assert (qmodel(x) - model(x)).abs().max() < 0.05
+
+
+def test_shape_reads_use_the_codes_without_dequantizing(sqnr_db):
+    class Reshaper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.a(x)
+            b, t, d = h.shape
+            return self.b(h.reshape(b * t, d)).reshape(b, t, h.size(-1))
+
+    torch.manual_seed(0)
+    model = Reshaper().eval()
+    data = [torch.randn(2, 3, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False)
+    targets = [str(n.target) for n in qmodel.graph.nodes if n.op == "call_function"]
+    assert targets.count("lucid_fx.dequantize_per_tensor") == 1  # only the output's
+    assert "size" in [n.target for n in qmodel.graph.nodes if n.op == "call_method"]
+    with torch.no_grad():
+        assert sqnr_db(model(data[1]), qmodel(data[1])) > 30
