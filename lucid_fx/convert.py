@@ -114,6 +114,9 @@ def convert(
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if not any(isinstance(m, fx.GraphModule) and hasattr(m, OBSERVERS) for m in prepared.modules()):
+        if report is not None and report.float_modules:
+            # prepare ran, but no part of the model traced: say why instead of "call prepare".
+            raise ValueError(f"convert: nothing was quantized: prepare could not trace any part of the model\n{report}")
         raise ValueError("convert expects a model returned by lucid_fx.prepare (no observers found); call prepare first")
     work = prepared if inplace else copy.deepcopy(prepared)
     reports: dict = {}

@@ -178,3 +178,15 @@ def test_untraceable_parts_convert_recursively():
     assert set(qmodel.lucid_fx_convert_report) == {"", "block.fc1", "block.fc2"}
     x = torch.randn(3, 8)
     assert (qmodel(x) - model(x)).abs().max() < 0.05
+
+
+def test_convert_of_a_model_prepare_could_not_trace_says_why():
+    # Found by tests/test_fuzz.py: a model whose forward cannot be traced and that has no
+    # traceable children was told to "call prepare first" although it had been prepared.
+    class Untraceable(nn.Module):
+        def forward(self, x):
+            return torch.Tensor.softmax(x, 1)  # a method descriptor called on a Proxy
+
+    prepared = lucid_fx.prepare(Untraceable().eval(), example_inputs=(torch.randn(2, 3),))
+    with pytest.raises(ValueError, match=r"(?s)nothing was quantized: prepare could not trace any part of the model\n.*<root> \(Untraceable\)"):
+        lucid_fx.convert(prepared)
