@@ -151,6 +151,24 @@ def _unflatten(draw, shapes):
     return Step("unflatten", (i,), draw(st.sampled_from(["reshape", "view"])), {}, (*lead, first, last // first))
 
 
+def _transpose(draw, shapes):
+    i = _pick(draw, shapes, (3, 4))
+    if i is None:
+        return None
+    shape = list(shapes[i])
+    shape[1], shape[-1] = shape[-1], shape[1]
+    return Step("transpose", (i,), draw(st.sampled_from(["method", "torch", "permute"])), {}, tuple(shape))
+
+
+def _mean(draw, shapes):
+    i = _pick(draw, shapes)
+    keepdim = draw(st.booleans())
+    shape = shapes[i][:-1] + ((1,) if keepdim else ())
+    if len(shape) < 2:
+        return None
+    return Step("mean", (i,), draw(st.sampled_from(["method", "torch"])), {"dim": -1, "keepdim": keepdim}, shape)
+
+
 def _pool(name):
     dims = int(name[-2])
 
@@ -174,7 +192,8 @@ def _pool(name):
 BUILDERS = {
     "linear": _linear, "conv1d": _conv(1), "conv2d": _conv(2), "relu": _activation("relu"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"), "softmax": _softmax, "add": _binary("add"),
-    "mul": _binary("mul"), "cat": _cat, "flatten": _flatten, "unflatten": _unflatten,
+    "mul": _binary("mul"), "cat": _cat, "flatten": _flatten, "unflatten": _unflatten, "transpose": _transpose,
+    "mean": _mean,
     **{name: _pool(name) for name in _POOLS},
 }
 
@@ -256,6 +275,12 @@ class FuzzNet(nn.Module):
             if spelling in ("reshape", "view"):
                 return getattr(x, spelling)(x.shape[0], -1) if spelling == "reshape" else x.view(x.size(0), -1)
             return torch.flatten(x, 1) if spelling == "torch" else x.flatten(1)
+        if op == "transpose":
+            if spelling == "permute":
+                return x.permute(0, 2, 1) if len(step.shape) == 3 else x.permute(0, 3, 2, 1)  # swaps dims 1 and -1
+            return x.transpose(1, -1) if spelling == "method" else torch.transpose(x, 1, -1)
+        if op == "mean":
+            return x.mean(a["dim"], keepdim=a["keepdim"]) if spelling == "method" else torch.mean(x, a["dim"], a["keepdim"])
         if op == "unflatten":
             return getattr(x, spelling)(x.shape[0], *step.shape[1:])
         return _POOLS[op][1](x, **a)
