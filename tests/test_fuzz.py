@@ -184,7 +184,7 @@ def _prepared(program: Program, qconfig: str):
     return model, prepared, batches[0]
 
 
-@fuzz_settings(150)
+@fuzz_settings(250)
 @given(programs(), st.sampled_from(["minmax_quint8", "minmax_qint8"]))
 def test_convert_stays_within_the_qparams_bound(program, qconfig):
     """prepare is exact; both converts run; |int8 - reference| <= eq and |int8 - fp32| <= eq + ef
@@ -205,7 +205,7 @@ def test_convert_stays_within_the_qparams_bound(program, qconfig):
         assert _amax(q - a) <= eq + ef
 
 
-@fuzz_settings(75)
+@fuzz_settings(80)
 @given(programs())
 def test_histogram_qconfig_convert_stays_within_the_reference_bound(program):
     """The default (histogram, clipping) QConfig: ranges may clip fp32 values, so only the int8
