@@ -126,8 +126,11 @@ def _cat(draw, shapes):
     i = _pick(draw, shapes)
     dim = draw(st.sampled_from([1, -1]))
     d = dim % len(shapes[i])
-    fits = [j for j, s in enumerate(shapes) if len(s) == len(shapes[i]) and all(a == b for k, (a, b) in enumerate(zip(s, shapes[i])) if k != d)]
-    others = draw(st.lists(st.sampled_from(fits), min_size=1, max_size=2))
+
+    def fits(s):  # same rank, same sizes except along the cat dim
+        return len(s) == len(shapes[i]) and all(a == b for k, (a, b) in enumerate(zip(s, shapes[i])) if k != d)
+
+    others = draw(st.lists(st.sampled_from([j for j, s in enumerate(shapes) if fits(s)]), min_size=1, max_size=2))
     inputs = (i, *others)
     shape = list(shapes[i])
     shape[d] = sum(shapes[j][d] for j in inputs)

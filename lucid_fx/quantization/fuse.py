@@ -10,7 +10,7 @@ reference framework, and for eager models that are never traced.
 from __future__ import annotations
 
 import copy
-from typing import List, Sequence, Tuple, Type, Union
+from typing import List, Sequence, Tuple, Union
 
 from torch import nn
 

@@ -216,7 +216,8 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
             return None
     else:
         args = node.meta[_meta.OP].args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
-        geometry = tuple(args.get(k, d) for k, d in (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False)))
+        defaults = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
+        geometry = tuple(args.get(k, d) for k, d in defaults)
         if args.get("return_indices") or len(node.args) > 4:
             return None
     if any(isinstance(v, fx.Node) for v in geometry):
