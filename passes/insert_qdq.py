@@ -2,9 +2,11 @@
 
 Reads the observers' statistics and ``node.meta[WEIGHT_OBSERVER]``; replaces each observer call
 with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
-linear/conv weight with its quantize -> dequantize image on the kernel's weight grid, so the float
-graph computes what the int8 kernels compute, up to rounding inside the kernels. Used by
-``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
+linear/conv weight with its quantize -> dequantize image on the kernel's weight grid (a module's
+weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantize_per_channel ->
+dequantize_per_channel`` in the graph), so the float graph computes what the int8 kernels
+compute, up to rounding inside the kernels. Used by ``convert(..., reference=True)`` and as the
+numeric oracle in tests. Writes ``[SOURCE]`` on each
 quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quantize, as convert does.
 """
 
@@ -26,12 +28,36 @@ __all__ = ["insert_qdq"]
 _ops = torch.ops.lucid_fx
 
 
+def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, weight_range: Tuple[int, int]) -> None:
+    # The kernel multiplies by per-channel codes on weight_range (lower_to_int8.quantize_weight),
+    # not by the observer's own grid: give the reference exactly those codes.
+    weight = gm
+    for part in node.args[0].target.split("."):
+        weight = getattr(weight, part)
+    _, scales = quantize_weight(weight, observer, weight_range)
+    key = node.target.split(".", 1)[1]
+    for name, value in (("wscale", scales), ("wzp", torch.zeros_like(scales, dtype=torch.int64))):
+        gm.register_buffer(f"_lucid_{key}_{name}", value)
+    with gm.graph.inserting_before(node):
+        scale, zp = gm.graph.get_attr(f"_lucid_{key}_wscale"), gm.graph.get_attr(f"_lucid_{key}_wzp")
+        q = gm.graph.call_function(_ops.quantize_per_channel, (node.args[0], scale, zp, 0, *weight_range, torch.int8))
+        dq = gm.graph.call_function(_ops.dequantize_per_channel, (q, scale, zp, 0))
+    node.replace_all_uses_with(dq)
+    gm.graph.erase_node(node)
+
+
 def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphModule:
     """Rewrite ``gm`` in place into its simulated-quantization reference."""
     weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
+    functional_weights = {
+        n.meta[_meta.WEIGHT_OBSERVER] for n in gm.graph.nodes if n.op != "call_module" and n.meta.get(_meta.WEIGHT_OBSERVER)
+    }
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + "."):
             observer = gm.get_submodule(node.target)
+            if node.target.split(".", 1)[1] in functional_weights:
+                _qdq_functional_weight(gm, node, observer, weight_range)
+                continue
             scale, zp = observer.calculate_qparams()
             if scale.numel() != 1:
                 continue  # per-channel activations have no per-tensor kernel: left float

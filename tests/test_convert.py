@@ -200,3 +200,15 @@ def test_shape_reads_use_the_codes_without_dequantizing(sqnr_db):
     assert "size" in [n.target for n in qmodel.graph.nodes if n.op == "call_method"]
     with torch.no_grad():
         assert sqnr_db(model(data[1]), qmodel(data[1])) > 30
+
+
+def test_convert_of_a_model_prepare_could_not_trace_says_why():
+    # Found by tests/test_fuzz.py: a model whose forward cannot be traced and that has no
+    # traceable children was told to "call prepare first" although it had been prepared.
+    class Untraceable(nn.Module):
+        def forward(self, x):
+            return torch.Tensor.softmax(x, 1)  # a method descriptor called on a Proxy
+
+    prepared = lucid_fx.prepare(Untraceable().eval(), example_inputs=(torch.randn(2, 3),))
+    with pytest.raises(ValueError, match=r"(?s)nothing was quantized: prepare could not trace any part of the model\n.*<root> \(Untraceable\)"):
+        lucid_fx.convert(prepared)

@@ -57,6 +57,8 @@ from lucid_fx.quantization.qconfig import (
 )
 from lucid_fx.quantization.qparams import calculate_qparams, fixed_qparams_for_interval
 from lucid_fx.quantization.workflow import convert_fx, prepare_fx, prepare_qat_fx
+from lucid_fx.quantization.fuse import ConvReLU1d, ConvReLU2d, ConvReLU3d, LinearReLU, fuse_modules
+from lucid_fx.quantization.dynamic import DynamicQuantizedLinear, quantize_dynamic
 
 __all__ = [
     # schemes and grids
@@ -111,4 +113,12 @@ __all__ = [
     "prepare_fx",
     "prepare_qat_fx",
     "convert_fx",
+    # eager-mode workflow: fusion by module names, dynamic quantization
+    "fuse_modules",
+    "ConvReLU1d",
+    "ConvReLU2d",
+    "ConvReLU3d",
+    "LinearReLU",
+    "quantize_dynamic",
+    "DynamicQuantizedLinear",
 ]

@@ -197,30 +197,38 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
     x = _qin(ctx, tensors[0])
     if x is None:
         return None
-    if node.meta[_meta.OP].op == "max_pool2d":
-        pooled = _max_pool2d(ctx, node, x)
-        if pooled is not None:
-            return pooled
+    if node.meta[_meta.OP].op in ("max_pool1d", "max_pool2d"):
+        pooled = _max_pool(ctx, node, x)
+        if pooled is not None or node.meta[_meta.OP].op == "max_pool1d":
+            return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
     new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
     keeps_layout = node.meta[_meta.OP].op in ("dropout", "identity")
     return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout)
 
 
-def _max_pool2d(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
-    """max_pool2d on codes -> lucid_fx.max_pool2d (torch's own uint8 max-pool is slow here)."""
+def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
+    """max_pool1d/2d on codes -> lucid_fx.max_pool2d (torch's own uint8 max-pool is slow here, and
+    its max_pool1d has no uint8 kernel at all): a 1-d pool is a 2-d one over a height of 1."""
     if node.op == "call_module":
         m = ctx.prepared.get_submodule(node.target)
         geometry = (m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
         if getattr(m, "return_indices", False):
             return None
     else:
-        args = node.meta[_meta.OP].args
-        geometry = (args.get("kernel_size"), args.get("stride"), args.get("padding", 0), 1, False)
-        if node.kwargs.get("return_indices") or len(node.args) > 4 or set(node.kwargs) - {"kernel_size", "stride", "padding"}:
+        args = node.meta[_meta.OP].args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
+        defaults = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
+        geometry = tuple(args.get(k, d) for k, d in defaults)
+        if args.get("return_indices") or len(node.args) > 4:
             return None
     if any(isinstance(v, fx.Node) for v in geometry):
         return None
     kernel, stride, padding, dilation, ceil_mode = geometry
+    if node.meta[_meta.OP].op == "max_pool1d":
+        one = lambda v, pad: [pad, v if isinstance(v, int) else v[0]]  # noqa: E731
+        codes = ctx.graph.call_method("unsqueeze", (x.node, -2))
+        stride = one(stride, 1) if stride else []
+        out = ctx.call(_ops.max_pool2d, codes, one(kernel, 1), stride, one(padding, 0), one(dilation, 1), bool(ceil_mode))
+        return QValue(ctx.graph.call_method("squeeze", (out, -2)), x.scale, x.zero_point, x.qdtype)
     pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
     out = ctx.call(_ops.max_pool2d, x.node, pair(kernel), pair(stride) if stride else [], pair(padding), pair(dilation), bool(ceil_mode))
     return QValue(out, x.scale, x.zero_point, x.qdtype, x.channels_last)

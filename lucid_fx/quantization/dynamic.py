@@ -1,0 +1,159 @@
+"""quantize_dynamic: int8 Linear layers whose activation qparams are computed per batch.
+
+Weights are quantized once (per-channel symmetric int8 on the kernels' weight grid,
+:func:`lucid_fx.kernels.weight_quant_range`); each call measures the input's min/max, quantizes
+it to uint8 (or int8) with those qparams, and runs the int8 GEMM ``torch.ops.lucid_fx.linear``
+(oneDNN on CPU with the packed weight cached, ``torch._int_mm`` otherwise) straight to a float
+result. No calibration: suited to layers whose input range varies from batch to batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Dict, Optional, Union
+
+import torch
+from torch import nn
+
+from lucid_fx.kernels import weight_quant_range
+from lucid_fx.passes.lower_to_int8 import quantize_weight
+from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
+from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
+from lucid_fx.quantization.qparams import calculate_qparams
+
+__all__ = ["quantize_dynamic", "DynamicQuantizedLinear"]
+
+_ops = torch.ops.lucid_fx
+
+
+class DynamicQuantizedLinear(nn.Module):
+    """``nn.Linear`` with int8 weights and per-batch int8 activations; float in, float out.
+
+    Buffers: ``weight_codes`` (int8, out x in), ``weight_scale`` (float32, one per output
+    channel, zero points 0) and ``bias`` (float32 or None). Build one with :meth:`from_float`.
+    """
+
+    def __init__(self, weight_codes: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                 activation_qdtype: QDtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_codes.shape
+        self.activation_qdtype = activation_qdtype
+        self.register_buffer("weight_codes", weight_codes)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, qconfig: QConfig = default_dynamic_qconfig) -> "DynamicQuantizedLinear":
+        """Quantize ``linear``'s weight with ``qconfig.weight``'s observer; activations get
+        ``qconfig.activation``'s dtype (quint8 by default, or qint8)."""
+        activation = qconfig.activation_qdtype
+        if activation.bits != 8:
+            raise ValueError(f"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for {activation}")
+        codes, scale = quantize_weight(linear.weight, qconfig.weight(), weight_quant_range(linear.weight.device))
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        return cls(codes, scale, bias, activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"DynamicQuantizedLinear: input has {x.shape[-1]} features (last dim), the layer expects {self.in_features}")
+        if x.numel() == 0:
+            return x.new_zeros((*x.shape[:-1], self.out_features))
+        lo, hi = (float(v) for v in torch.aminmax(x.detach()))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError("DynamicQuantizedLinear: the input holds inf or nan; a per-batch range needs finite values")
+        grid = self.activation_qdtype
+        scale, zero_point = calculate_qparams(lo, hi, "per_tensor_affine", grid)
+        scale, zero_point = float(scale), int(zero_point)
+        q = _ops.quantize_per_tensor(x, scale, zero_point, grid.quant_min, grid.quant_max, grid.storage)
+        out = _ops.linear(q, scale, zero_point, self.weight_codes, self.weight_scale, self.bias, 1.0, 0, "none", torch.float32)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation_qdtype.name}"
+
+
+def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
+    if qconfig_spec is None:
+        return {nn.Linear: default_dynamic_qconfig}
+    if isinstance(qconfig_spec, dict):
+        spec = dict(qconfig_spec)
+    elif isinstance(qconfig_spec, (set, frozenset, list, tuple)):
+        spec = {key: default_dynamic_qconfig for key in qconfig_spec}
+    else:
+        raise ValueError(f"quantize_dynamic: qconfig_spec must be None, a set of types/names or a dict, got {type(qconfig_spec).__name__}")
+    for key, qconfig in spec.items():
+        if isinstance(key, type) and key is not nn.Linear:
+            raise ValueError(
+                f"quantize_dynamic quantizes nn.Linear only; {key.__name__} in qconfig_spec is not supported "
+                "(to quantize the Linears inside a module, give its qualified name)"
+            )
+        if not isinstance(key, (type, str)):
+            raise ValueError(f"quantize_dynamic: qconfig_spec keys are nn.Linear or module names, got {key!r}")
+        if qconfig is not None and not isinstance(qconfig, QConfig):
+            raise ValueError(f"quantize_dynamic: qconfig_spec[{key!r}] must be a QConfig or None, got {type(qconfig).__name__}")
+    return spec
+
+
+def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict[Any, Optional[QConfig]]) -> nn.Module:
+    # Lookup order of the reference framework: the parent's qconfig, then the exact type, then the name.
+    qconfig = spec.get(type(module), inherited)
+    qconfig = spec.get(name, qconfig)
+    if type(module) is nn.Linear:  # exact type: subclasses such as attention's out_proj are read by their parent
+        return DynamicQuantizedLinear.from_float(module, qconfig) if qconfig is not None else module
+    for child_name, child in list(module.named_children()):
+        new = _swap(child, f"{name}.{child_name}" if name else child_name, qconfig, spec)
+        if new is not child:
+            setattr(module, child_name, new)
+    return module
+
+
+def quantize_dynamic(
+    model: nn.Module,
+    qconfig_spec: Union[None, set, dict] = None,
+    dtype: Union[torch.dtype, QDtype, str] = qint8,
+    inplace: bool = False,
+) -> nn.Module:
+    """Replace ``nn.Linear`` layers with :class:`DynamicQuantizedLinear` (int8 weights, per-batch
+    int8 activations, float outputs). No calibration is needed.
+
+    Args:
+        model: the float model.
+        qconfig_spec: which layers: None (every ``nn.Linear``), a set of ``nn.Linear`` and/or
+            qualified module names (a name covers the Linears inside it), or a dict from those
+            to a QConfig (``None`` keeps that part float). The QConfig's weight observer sets
+            the weight codes and its activation dtype (:data:`default_dynamic_qconfig`: quint8)
+            the activation grid.
+        dtype: the weight dtype; only ``qint8`` (also ``torch.qint8``).
+        inplace: swap layers in ``model`` itself (a root that is itself a Linear is returned
+            swapped either way).
+
+    Returns:
+        The model with dynamically quantized Linear layers.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> import lucid_fx.quantization as Q
+        >>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        >>> qmodel = Q.quantize_dynamic(model, {"0"})
+        >>> [type(m).__name__ for m in qmodel]
+        ['DynamicQuantizedLinear', 'ReLU', 'Linear']
+        >>> x = torch.randn(8, 16)
+        >>> bool((qmodel(x) - model(x)).abs().max() < 0.05)
+        True
+    """
+    try:
+        weight_dtype = to_qdtype(dtype)
+    except ValueError:
+        weight_dtype = None
+    if weight_dtype != qint8:
+        raise ValueError(f"quantize_dynamic: weights are quantized to qint8; dtype={dtype} is not supported")
+    spec = _spec(qconfig_spec)
+    known = {name for name, _ in model.named_modules()}
+    missing = [key for key in spec if isinstance(key, str) and key not in known]
+    if missing:
+        raise ValueError(f"quantize_dynamic: {type(model).__name__} has no submodule(s) {', '.join(map(repr, missing))} named in qconfig_spec")
+    work = model if inplace else copy.deepcopy(model)
+    with torch.no_grad():
+        return _swap(work, "", None, spec)

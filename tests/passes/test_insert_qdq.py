@@ -1,0 +1,51 @@
+"""insert_qdq: the reference model multiplies by exactly the int8 kernels' weights."""
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import lucid_fx
+from lucid_fx.kernels import weight_quant_range
+
+
+class FunctionalLinear(nn.Module):
+    """Weights read as graph constants (``F.linear(x, self.w)``), not through an nn.Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 5) * torch.tensor([[0.1], [1.0], [4.0]]))
+        self.b = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return F.linear(x, self.w, self.b)
+
+
+class _WeightSpy(fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        if target is F.linear or getattr(target, "__name__", "") == "linear":
+            self.weight = args[1]
+        return super().call_function(target, args, kwargs)
+
+
+def test_functional_weight_is_quantized_per_channel_on_the_kernel_grid():
+    # Regression (found by tests/test_fuzz.py): the reference left a per-channel-observed
+    # functional weight in float, and quantized a one-row one per tensor on the full int8 grid.
+    torch.manual_seed(0)
+    model = FunctionalLinear().eval()
+    batches = [torch.randn(4, 5) for _ in range(3)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    reference = lucid_fx.convert(prepared, reference=True)
+    targets = [getattr(n.target, "__name__", "") for n in reference.graph.nodes if n.op == "call_function"]
+    assert targets.count("quantize_per_channel") == 1 and targets.count("dequantize_per_channel") == 1
+    spy = _WeightSpy(reference)
+    spy.run(batches[0])
+    qmin, qmax = weight_quant_range("cpu")
+    scale = model.w.detach().abs().amax(1, keepdim=True) / ((qmax - qmin) / 2)
+    expected = torch.clamp(torch.round(model.w.detach() / scale), qmin, qmax) * scale
+    torch.testing.assert_close(spy.weight, expected, rtol=0, atol=1e-6)
+    assert not torch.allclose(spy.weight, model.w, rtol=0, atol=1e-4)  # really quantized
+    # The int8 model multiplies by the same codes: they agree to one output step.
+    qmodel = lucid_fx.convert(prepared)
+    out_scale = prepared.lucid_fx_observers["linear"].calculate_qparams()[0].item()
+    assert (qmodel(batches[1]) - reference(batches[1])).abs().max() <= out_scale + 1e-6
