@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import re
 from typing import Any, Dict, Iterable, Union
 
@@ -33,6 +32,7 @@ _MODULE_STATE = frozenset(nn.Module().__dict__)
 _GRAPH_MODULE_STATE = frozenset(fx.GraphModule(nn.Module(), fx.Graph()).__dict__)
 _META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
+_ATTR = re.compile(r"[A-Za-z0-9_]+")  # Sequential children are named "0", "1", ...
 _PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -148,7 +148,7 @@ def save(model: nn.Module, path: Union[str, os.PathLike, Any], *, allow: Iterabl
 
 # -- reading ---------------------------------------------------------------------------------
 def _check_path(gm: nn.Module, target: Any, op: str, where: str) -> None:
-    if not (isinstance(target, str) and all(part.isidentifier() for part in target.split("."))):
+    if not (isinstance(target, str) and all(_ATTR.fullmatch(part) for part in target.split("."))):
         raise ValueError(f"{where}: malformed {op} target {target!r}")
     value: Any = gm
     for part in target.split("."):
@@ -251,7 +251,7 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
     expected = f"a {FORMAT!r} file, format version {FORMAT_VERSION}"
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+    except Exception as err:  # any malformed file: torch.load raises many kinds (KeyError, EOFError, ...)
         lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
         first = next((line for line in lines if "Unsupported" in line or "WeightsUnpickler" in line), lines[0])
         raise ValueError(f"lucid_fx.load: {name} is not {expected} written by lucid_fx.save; "
