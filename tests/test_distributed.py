@@ -1,6 +1,7 @@
 """sync_observers: two gloo processes over loopback against one process on all the data, and
 the merge rules in-process (threads standing in for ranks)."""
 
+import datetime
 import os
 import socket
 import threading
@@ -70,7 +71,7 @@ def _qparams(prepared):
 
 def _worker(rank, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
         results = {}
         shard = _batches()[rank * 4 : (rank + 1) * 4]
@@ -108,9 +109,9 @@ def _free_port():
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("ranks"))
-    # fork: the children inherit the imported torch and lucid_fx (spawn re-imports them, ~5 s each)
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    mp.start_processes(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True, start_method=method)
+    # spawn, not fork: a forked child of a process whose OpenMP pool is running can deadlock
+    # (it did here, after the rest of the suite had run).
+    mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(WORLD)]
 
 

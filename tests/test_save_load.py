@@ -295,3 +295,24 @@ def test_save_leaves_the_model_as_it_was():
     _round_trip(prepared)
     assert _graph_of(prepared) == graph
     assert all(torch.equal(before[k], v) for k, v in prepared.state_dict().items())
+
+
+def test_packed_weights_are_not_saved_but_rebuilt_on_the_first_call():
+    from lucid_fx.kernels.cpu import PACKED, onednn_available
+
+    prepared, shape = _prepared("cnn")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    converted = lucid_fx.convert(prepared)
+    x = _batches(shape, 1, seed=5)[0]
+    expected = converted(x)  # packs its weights into the cache
+    buffer = io.BytesIO()
+    lucid_fx.save(converted, buffer)
+    buffer.seek(0)
+    raw = torch.load(buffer, weights_only=True)
+    assert sorted(raw["model"]["buffers"]) == sorted(name for name, _ in converted.named_buffers(recurse=False))
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer)
+    before = PACKED.builds
+    assert torch.equal(loaded(x), expected)
+    if onednn_available():
+        assert PACKED.builds > before  # a new weight tensor: packed anew
