@@ -10,10 +10,12 @@ from lucid_fx import quantization
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import Comparison, NodeError, compare
 from lucid_fx.convert import ConvertReport, convert, quantize
+from lucid_fx.distributed import register_observer_merge, sync_observers
 from lucid_fx.explain import Explanation, explain
 from lucid_fx.graph_model import to_networkx
 from lucid_fx.visualize import visualize
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
+from lucid_fx.save_load import load, save
 from lucid_fx.registry import (
     Registry,
     current_registry,
@@ -53,5 +55,9 @@ __all__ = [
     "register_observer_rule",
     "register_float_op",
     "register_lowering",
+    "save",
+    "load",
+    "sync_observers",
+    "register_observer_merge",
     "__version__",
 ]

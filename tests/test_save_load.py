@@ -1,0 +1,318 @@
+"""save / load: round trips to identical outputs, mid-calibration resumes, no pickled code runs."""
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import lucid_fx
+import lucid_fx.quantization as Q
+from lucid_fx._codec import NotSerializable
+from lucid_fx.save_load import FORMAT_VERSION
+
+
+class _CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(8 * 4 * 4, 6)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.bn(self.conv(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+class _Bounded(nn.Module):  # fixed-qparams ops: sigmoid, softmax, tanh
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.sigmoid(self.fc1(x)) * torch.tanh(x)
+        return F.softmax(self.fc2(h), dim=-1)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+MODELS = {"mlp": (_mlp, (8,)), "cnn": (_CNN, (3, 8, 8)), "bounded": (_Bounded, (8,))}
+# Small histograms: the 2048-bin clipping search costs seconds per observer on a busy machine.
+_HISTOGRAM = Q.QConfig(Q.HistogramObserver.with_args(bins=128), Q.default_qconfig.weight)
+QCONFIGS = {
+    "histogram": _HISTOGRAM,
+    "minmax": Q.minmax_qconfig,
+    "moving_average": Q.QConfig(Q.MovingAverageMinMaxObserver.with_args(averaging_constant=0.3), Q.default_qconfig.weight),
+}
+
+
+def _batches(shape, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, *shape, generator=gen) * (1 + i % 3) for i in range(n)]
+
+
+def _prepared(kind, qconfig="histogram"):
+    factory, shape = MODELS[kind]
+    torch.manual_seed(0)
+    model = factory().eval()
+    mapping = Q.QConfigMapping().set_global(QCONFIGS[qconfig])
+    return lucid_fx.prepare(model, mapping, example_inputs=tuple(_batches(shape, 1, seed=9))), shape
+
+
+def _round_trip(model, **kwargs):
+    buffer = io.BytesIO()
+    lucid_fx.save(model, buffer, **{k: v for k, v in kwargs.items() if k == "allow"})
+    buffer.seek(0)
+    return lucid_fx.load(buffer, **kwargs)
+
+
+def _graph_of(gm):
+    return [(n.op, n.name, str(n.target), str(n.args), str(n.kwargs)) for n in gm.graph.nodes]
+
+
+def _assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for key in sa:
+        assert sa[key].dtype == sb[key].dtype and torch.equal(sa[key], sb[key]), key
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_prepared_and_converted_round_trip_to_identical_outputs(kind):
+    prepared, shape = _prepared(kind)
+    lucid_fx.calibrate(prepared, _batches(shape, 4), progress=False)
+    loaded = _round_trip(prepared)
+    assert _graph_of(loaded) == _graph_of(prepared)
+    _assert_same_state(loaded, prepared)
+    x = _batches(shape, 1, seed=5)[0]
+    assert torch.equal(loaded(x), prepared(x))
+    assert lucid_fx.explain(loaded).rows == lucid_fx.explain(prepared).rows
+
+    converted = lucid_fx.convert(prepared)
+    assert torch.equal(lucid_fx.convert(loaded)(x), converted(x))  # convert reads the saved node.meta
+    loaded_q = _round_trip(converted)
+    assert _graph_of(loaded_q) == _graph_of(converted)
+    assert any(isinstance(n.target, torch._ops.OpOverloadPacket) and n.target._qualified_op_name.startswith("lucid_fx::")
+               for n in loaded_q.graph.nodes)
+    assert torch.equal(loaded_q(x), converted(x))
+    assert str(loaded_q.lucid_fx_convert_report) == str(converted.lucid_fx_convert_report)
+
+
+@pytest.mark.parametrize("qconfig", QCONFIGS)
+@pytest.mark.parametrize("kind", ["cnn", "bounded"])
+def test_save_mid_calibration_then_continue_equals_uninterrupted(kind, qconfig, tmp_path):
+    prepared, shape = _prepared(kind, qconfig)
+    batches = _batches(shape, 6)
+    uninterrupted, _ = _prepared(kind, qconfig)
+    lucid_fx.calibrate(uninterrupted, batches, progress=False)
+
+    lucid_fx.calibrate(prepared, batches[:3], progress=False)
+    lucid_fx.save(prepared, tmp_path / "half.pt")
+    resumed = lucid_fx.load(tmp_path / "half.pt")
+    lucid_fx.calibrate(resumed, batches[3:], progress=False)
+
+    _assert_same_state(resumed, uninterrupted)
+    x = batches[0]
+    assert torch.equal(lucid_fx.convert(resumed)(x), lucid_fx.convert(uninterrupted)(x))
+
+
+def test_nested_prepared_model_round_trips_with_its_class_allowed():
+    class Gate(nn.Module):  # untraceable (data-dependent branch): prepare quantizes its children
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp()
+
+        def forward(self, x):
+            return self.body(x) if x.sum() > 0 else -self.body(x)
+
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(Gate().eval(), example_inputs=(torch.randn(2, 8),))
+    assert isinstance(prepared.body, fx.GraphModule)
+    lucid_fx.calibrate(prepared, _batches((8,), 3), progress=False)
+    with pytest.raises(NotSerializable, match=r"the root module \(Gate\): class .*Gate is not on the allowlist.*allow=\[cls\]"):
+        _round_trip(prepared)
+    loaded = _round_trip(prepared, allow=[Gate])
+    x = torch.ones(2, 8)
+    assert type(loaded) is Gate and torch.equal(loaded(x), prepared(x)) and torch.equal(loaded(-x), prepared(-x))
+    converted = lucid_fx.convert(prepared)
+    assert torch.equal(_round_trip(converted, allow=[Gate])(x), converted(x))
+
+
+def test_map_location_cpu(tmp_path):
+    prepared, shape = _prepared("mlp")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    lucid_fx.save(lucid_fx.convert(prepared), tmp_path / "q.pt")
+    for where in ("cpu", torch.device("cpu"), {"cpu": "cpu"}):
+        loaded = lucid_fx.load(tmp_path / "q.pt", map_location=where)
+        assert {t.device.type for t in loaded.state_dict().values()} == {"cpu"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_map_location_cuda_resumes_calibration_on_the_gpu(tmp_path):
+    prepared, shape = _prepared("cnn", "minmax")
+    batches = _batches(shape, 4)
+    lucid_fx.calibrate(prepared, batches[:2], progress=False)
+    lucid_fx.save(prepared, tmp_path / "p.pt")
+    on_gpu = lucid_fx.load(tmp_path / "p.pt", map_location="cuda")
+    assert {t.device.type for t in on_gpu.state_dict().values()} == {"cuda"}
+    lucid_fx.calibrate(on_gpu, [b.cuda() for b in batches[2:]], progress=False)
+    lucid_fx.calibrate(prepared, batches[2:], progress=False)
+    for (key, a), b in zip(prepared.state_dict().items(), on_gpu.state_dict().values()):
+        if key.endswith(("min_val", "max_val")):
+            assert torch.equal(a, b.cpu()), key
+    qmodel = lucid_fx.convert(on_gpu, backend="cuda")
+    x = batches[0].cuda()
+    scale = prepared.lucid_fx_observers.fc.calculate_qparams()[0]
+    assert (qmodel(x).cpu() - lucid_fx.convert(prepared)(batches[0])).abs().max() <= 2 * scale
+
+
+def test_file_is_plain_data_for_weights_only_loading(tmp_path):
+    prepared, shape = _prepared("cnn")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    lucid_fx.save(lucid_fx.convert(prepared), tmp_path / "q.pt")
+    raw = torch.load(tmp_path / "q.pt", weights_only=True)
+    assert (raw["format"], raw["version"]) == ("lucid_fx.save", FORMAT_VERSION)
+    targets = [n["target"]["v"] for n in raw["model"]["graph"]["nodes"] if n["op"] == "call_function"]
+    assert "torch.ops.lucid_fx.conv2d" in targets and "torch.ops.lucid_fx.linear" in targets
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this would create the marker file
+        return (open, (self.marker, "w"))
+
+
+def test_a_file_with_pickled_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"format": "lucid_fx.save", "version": FORMAT_VERSION, "model": _Exploit(str(marker))}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match=r"evil.pt is not a 'lucid_fx.save' file, format version 1.*weights_only=True\) refused it"):
+        lucid_fx.load(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def _tampered(tmp_path, edit):
+    prepared, shape = _prepared("bounded")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    lucid_fx.save(prepared, tmp_path / "ok.pt")
+    raw = torch.load(tmp_path / "ok.pt", weights_only=True)
+    edit(raw)
+    torch.save(raw, tmp_path / "bad.pt")
+    return tmp_path / "bad.pt"
+
+
+def _call_function_node(raw):
+    return next(n for n in raw["model"]["graph"]["nodes"] if n["op"] == "call_function")
+
+
+def test_a_file_naming_a_function_off_the_allowlist_is_refused(tmp_path):
+    path = _tampered(tmp_path, lambda raw: _call_function_node(raw)["target"].update(v="os.system"))
+    with pytest.raises(NotSerializable, match=r"node 'sigmoid' \(call_function\).*unknown function 'os.system'"):
+        lucid_fx.load(path)
+    path = _tampered(tmp_path, lambda raw: _call_function_node(raw)["target"].update(v="torch.save"))
+    with pytest.raises(NotSerializable, match="unknown function 'torch.save'"):
+        lucid_fx.load(path)
+
+
+def test_a_file_naming_a_class_off_the_allowlist_is_refused(tmp_path):
+    def edit(raw):
+        raw["model"]["children"][0][1]["class"] = "subprocess.Popen"
+
+    with pytest.raises(NotSerializable, match=r"module 'fc1': unknown class 'subprocess.Popen'"):
+        lucid_fx.load(_tampered(tmp_path, edit))
+
+
+def test_a_file_calling_a_private_method_is_refused(tmp_path):
+    def edit(raw):
+        node = _call_function_node(raw)
+        node.update(op="call_method", target="__reduce_ex__")
+
+    with pytest.raises(NotSerializable, match="method '__reduce_ex__' is not a public torch.Tensor method"):
+        lucid_fx.load(_tampered(tmp_path, edit))
+
+
+def test_missing_path_and_foreign_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="lucid_fx.load: .*nothing.pt does not exist"):
+        lucid_fx.load(tmp_path / "nothing.pt")
+    torch.save({"weight": torch.ones(2)}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"state.pt was not written by lucid_fx.save \(expected a 'lucid_fx.save' file, format version 1\)"):
+        lucid_fx.load(tmp_path / "state.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(ValueError, match="text.pt is not a 'lucid_fx.save' file, format version 1"):
+        lucid_fx.load(tmp_path / "text.pt")
+    path = _tampered(tmp_path, lambda raw: raw.update(version=99))
+    with pytest.raises(ValueError, match="has format version 99; this lucid_fx reads version 1"):
+        lucid_fx.load(path)
+
+
+def user_scale(x):
+    return x * 2
+
+
+fx.wrap("user_scale")
+
+
+class _CallsUser(nn.Module):
+    def forward(self, x):
+        return user_scale(x) + 1
+
+
+def test_a_function_off_the_allowlist_is_named_at_save_and_allow_lets_it_through():
+    gm = fx.symbolic_trace(_CallsUser())
+    with pytest.raises(NotSerializable, match=r"node 'user_scale' \(call_function\).*calls 'user_scale'.*allow=\[fn\]"):
+        _round_trip(gm)
+    buffer = io.BytesIO()
+    lucid_fx.save(gm, buffer, allow=[user_scale])
+    buffer.seek(0)
+    with pytest.raises(NotSerializable, match="unknown function 'test_save_load.user_scale'"):
+        lucid_fx.load(buffer)
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer, allow=[user_scale])
+    assert torch.equal(loaded(torch.ones(2)), torch.tensor([3.0, 3.0]))
+
+
+def test_hooks_and_parametrized_modules_are_refused_with_what_to_do():
+    model = _mlp().eval()
+    model[0].register_forward_hook(lambda *args: None)
+    with pytest.raises(NotSerializable, match=r"module '0' \(Linear\) has _forward_hooks registered; hooks are code"):
+        _round_trip(model)
+    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
+    with pytest.raises(NotSerializable, match=r"class torch.nn.utils.parametrize.ParametrizedLinear is not on the allowlist"):
+        _round_trip(qat)
+
+
+def test_save_leaves_the_model_as_it_was():
+    prepared, shape = _prepared("cnn")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    before = {k: v.clone() for k, v in prepared.state_dict().items()}
+    graph = _graph_of(prepared)
+    _round_trip(prepared)
+    assert _graph_of(prepared) == graph
+    assert all(torch.equal(before[k], v) for k, v in prepared.state_dict().items())
+
+
+def test_packed_weights_are_not_saved_but_rebuilt_on_the_first_call():
+    from lucid_fx.kernels.cpu import PACKED, onednn_available
+
+    prepared, shape = _prepared("cnn")
+    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
+    converted = lucid_fx.convert(prepared)
+    x = _batches(shape, 1, seed=5)[0]
+    expected = converted(x)  # packs its weights into the cache
+    buffer = io.BytesIO()
+    lucid_fx.save(converted, buffer)
+    buffer.seek(0)
+    raw = torch.load(buffer, weights_only=True)
+    assert sorted(raw["model"]["buffers"]) == sorted(name for name, _ in converted.named_buffers(recurse=False))
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer)
+    before = PACKED.builds
+    assert torch.equal(loaded(x), expected)
+    if onednn_available():
+        assert PACKED.builds > before  # a new weight tensor: packed anew
