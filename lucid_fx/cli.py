@@ -273,9 +273,9 @@ def run_quantize(args: argparse.Namespace) -> int:
         comparison = _step("compare", lambda: lucid_fx.compare(model, qmodel, probe))
         _step("writing the report", lambda: lucid_fx.visualize(qmodel, report, compare=comparison, title=f"lucid_fx: {args.factory}"))
     try:
-        torch.save(qmodel, out)
-    except Exception as e:  # noqa: BLE001 - unpicklable attributes, a full disk, permissions
-        raise CLIError(f"saving to {str(out)!r} failed: {_first_line(e)}", "the model must be picklable, and the path writable") from e
+        lucid_fx.save(qmodel, out)
+    except Exception as e:  # noqa: BLE001 - a module lucid_fx.save cannot write as data, a full disk, permissions
+        raise CLIError(f"saving to {str(out)!r} failed: {_first_line(e)}", "the path must be writable; pass --traceback for details") from e
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.factory} -> {type(model).__name__}, {params:,} parameters, random input {shape}, {args.calib} random calibration batches")
     print(f"explain: {lucid_fx.explain(prepared).summary()}")
@@ -283,7 +283,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     if report is not None:
         print(f"error per node against fp32 on a random batch (worst first):\n{comparison.table(10)}")
         print(f"report: {report} (the converted graph, coloured by error; open it in a browser)")
-    print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `import lucid_fx; torch.load(path, weights_only=False)`, only if you trust the file")
+    print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `lucid_fx.load(path)` (no pickled code runs), draw it with `lucid-fx show {out} -o graph.html`")
     return 0
 
 
@@ -293,6 +293,31 @@ def run_explain(args: argparse.Namespace) -> int:
     table = lucid_fx.explain(prepared)
     print(table)
     print(f"summary: {table.summary()}")
+    return 0
+
+
+@command
+def run_show(args: argparse.Namespace) -> int:
+    from lucid_fx.visualize import FORMATS
+
+    out = Path(args.output)
+    if out.suffix.lower() not in FORMATS:
+        raise CLIError(f"cannot write {str(out)!r}: unknown suffix {out.suffix or '(none)'!r}", f"use one of {', '.join(sorted(FORMATS))}")
+    if not out.parent.is_dir():
+        raise CLIError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist", "create the folder first, or choose another -o path")
+    if not Path(args.saved).is_file():
+        raise CLIError(f"{args.saved!r}: no such file", "pass a file written by lucid_fx.save or `lucid-fx quantize -o`")
+    try:
+        model = lucid_fx.load(args.saved, map_location="cpu")
+    except (ValueError, TypeError) as e:
+        raise CLIError(str(e).splitlines()[0], "show reads files written by lucid_fx.save (or `lucid-fx quantize -o`), nothing else") from e
+    path = _step("drawing the graph", lambda: lucid_fx.visualize(model, out, layout=args.layout, title=f"lucid_fx: {Path(args.saved).name}"))
+    graph = lucid_fx.to_networkx(model)
+    counts: Dict[str, int] = {}
+    for _, attrs in graph.nodes(data=True):
+        counts[attrs["domain"]] = counts.get(attrs["domain"], 0) + 1
+    print(f"{args.saved}: {type(model).__name__}, {graph.number_of_nodes()} nodes (" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ")")
+    print(f"wrote {path}")
     return 0
 
 
@@ -353,9 +378,8 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     quantize = sub.add_parser(
         "quantize", parents=[common], help="quantize MODULE:FACTORY's model to int8 and save it",
         description="Prepare, calibrate and convert the model that MODULE:FACTORY builds, then save the "
-        "converted model with torch.save (a pickled torch.fx GraphModule). " + _RANDOM_NOTE + " Loading the "
-        "file runs pickle: torch.load(OUT, weights_only=False), after `import lucid_fx`, and only for files "
-        "you trust (a safe format is future work).",
+        "converted model with lucid_fx.save: the graph and tensors as data, which lucid_fx.load reads "
+        "with torch.load(weights_only=True), so no pickled code runs. " + _RANDOM_NOTE,
     )
     _add_model_arguments(quantize, default_calib=8)
     quantize.add_argument("--backend", choices=BACKENDS, default="cpu", help="kernel backend (default cpu)")
@@ -372,6 +396,16 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
         "the default --calib 0 only fixed grids show qparams.",
     )
     _add_model_arguments(explain, default_calib=0)
+
+    show = sub.add_parser(
+        "show", parents=[common], help="draw a saved prepared or converted model as HTML, SVG, DOT or GraphML",
+        description="Load a model written by lucid_fx.save or `lucid-fx quantize -o` (no pickled code runs) and "
+        "draw its graph; the format follows the -o suffix (.html is a self-contained page with pan, zoom, search "
+        "and a details panel per node).",
+    )
+    show.add_argument("saved", metavar="SAVED", help="a file written by lucid_fx.save or `lucid-fx quantize -o`")
+    show.add_argument("-o", "--output", required=True, metavar="GRAPH.html", help="where to draw it: .html, .svg, .dot, .gv or .graphml")
+    show.add_argument("--layout", choices=("auto", "dot", "layered"), default="auto", help="Graphviz dot when installed (auto), or the built-in layered layout")
     return parser
 
 

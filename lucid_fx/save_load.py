@@ -6,7 +6,7 @@ ones the caller allows), its plain attributes (what ``nn.Module.__setstate__`` w
 its parameters and buffers, and its children. A ``GraphModule`` is written as its graph: a node
 list of op kind, target (a function by qualified name, resolved on load against an allowlist),
 and arguments with node references; for a prepared graph, also the ``node.meta`` entries that
-calibrating and converting read. Caches (oneDNN-packed weights) are not module state: they are
+calibrating and converting read, for a converted one those that inspection reads. Caches (oneDNN-packed weights) are not module state: they are
 rebuilt on the first call.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Dict, Iterable, Union
+from typing import Any, Dict, Iterable, Tuple, Union
 
 import torch
 from torch import fx, nn
@@ -31,6 +31,10 @@ FORMAT_VERSION = 1
 _MODULE_STATE = frozenset(nn.Module().__dict__)
 _GRAPH_MODULE_STATE = frozenset(fx.GraphModule(nn.Module(), fx.Graph()).__dict__)
 _META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
+_INSPECTION_KEYS = (
+    _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
+    _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META,
+)
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 _ATTR = re.compile(r"[A-Za-z0-9_]+")  # Sequential children are named "0", "1", ...
 _PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*")
@@ -41,15 +45,17 @@ def _where(path: str) -> str:
 
 
 # -- writing ---------------------------------------------------------------------------------
-def _encode_meta(node: fx.Node, codec: Codec, where: str) -> Dict[str, Any]:
+def _encode_meta(node: fx.Node, codec: Codec, where: str, keys: Tuple[str, ...], strict: bool) -> Dict[str, Any]:
     meta = {}
-    for key in _META_KEYS:
+    for key in keys:
         if key not in node.meta:
             continue
         value = node.meta[key]
         try:
             meta[key] = codec.encode(value, f"{where}, meta {key!r}", node_ok=True)
         except NotSerializable:
+            if not strict:
+                continue  # inspection data only: a value that is not plain data is left out
             if key != _meta.DECISION or getattr(value, "qconfig", None) is None:
                 raise
             # The QConfig only told prepare which observers to build; a custom factory that
@@ -61,7 +67,10 @@ def _encode_meta(node: fx.Node, codec: Codec, where: str) -> Dict[str, Any]:
 def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]:
     if type(gm.graph._codegen) is not fx.graph.CodeGen:
         raise NotSerializable(f"{_where(path)}: its graph has a {type(gm.graph._codegen).__name__} (pytree inputs/outputs), which lucid_fx.save cannot write")
-    keep_meta = hasattr(gm, OBSERVERS)  # prepared: convert reads node.meta; converted graphs need none
+    # A prepared graph keeps every key (convert reads them); a converted one what to_networkx,
+    # visualize and `lucid-fx show` read: sources, grids, lowerings, decisions, shapes.
+    prepared = hasattr(gm, OBSERVERS)
+    keys = _META_KEYS if prepared else _INSPECTION_KEYS
     nodes = []
     for node in gm.graph.nodes:
         where = f"node {node.name!r} ({node.op}) in {_where(path)}"
@@ -76,8 +85,7 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
             "kwargs": codec.encode(dict(node.kwargs), where, node_ok=True),
             "tensor_type": node.type is torch.Tensor,
         }
-        if keep_meta:
-            record["meta"] = _encode_meta(node, codec, where)
+        record["meta"] = _encode_meta(node, codec, where, keys, strict=prepared)
         nodes.append(record)
     return {"nodes": nodes}
 

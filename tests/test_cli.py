@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import lucid_fx
 from lucid_fx.cli import main
 
 MODELS = '''
@@ -97,7 +98,7 @@ def test_quantize_saves_a_model_that_loads_and_runs(models, capsys, sqnr_db):
     assert "convert: backend cpu: 4 int8 kernels, 0 ops in float" in stdout
     assert f"saved: {out}" in stdout
 
-    qmodel = torch.load(out, weights_only=False)
+    qmodel = lucid_fx.load(out)
     assert "torch.ops.lucid_fx.conv2d" in qmodel.code
     import cli_models
 
@@ -121,7 +122,7 @@ def test_quantize_on_own_data_with_a_report(models, capsys):
     page = report.read_text()
     assert page.count('<g class="node ') >= 6 and '"sqnr_db"' in page
     # Calibrated on the x3 data, not on unit-variance random batches: the input grid is ~3x wider.
-    qmodel = torch.load(out, weights_only=False)
+    qmodel = lucid_fx.load(out)
     x_scale = next(n.args[1] for n in qmodel.graph.nodes if "quantize_per_tensor" in str(n.target))
     assert x_scale > 2.5 * 6 / 255
 
@@ -148,6 +149,34 @@ def test_bad_calibration_files(models, capsys, content, message):
     assert err[0].startswith(f"lucid-fx: error: --calib-data {str(path)!r}") and message in err[0]
     assert err[1].startswith("  hint: ")
     assert not (models / "q.pt").exists()
+
+
+def test_show_draws_a_saved_model_without_running_pickled_code(models, capsys):
+    out = models / "q.pt"
+    assert main(["quantize", "cli_models:make", "--input-shape", "2,3,16,16", "--calib", "2", "-o", str(out), "--no-progress"]) == 0
+    assert "load it with `lucid_fx.load(path)` (no pickled code runs)" in capsys.readouterr().out
+    torch.load(out, weights_only=True)  # the file is data: loads with the safe unpickler
+    page = models / "graph.html"
+    assert main(["show", str(out), "-o", str(page), "--layout", "layered"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    graph = lucid_fx.to_networkx(lucid_fx.load(out))
+    assert lines[0].startswith(f"{out}: QuantizedModule, {graph.number_of_nodes()} nodes (")
+    assert "fixed 1" in lines[0] and "int8 " in lines[0] and lines[1] == f"wrote {page}"
+    text = page.read_text()
+    assert text.count('<g class="node ') == graph.number_of_nodes() and "FixedQParamsObserver" in text
+    assert main(["show", str(out), "-o", str(models / "graph.graphml")]) == 0
+
+
+def test_show_refuses_files_it_did_not_write(models, capsys):
+    torch.save({"weights": torch.zeros(2)}, models / "plain.pt")
+    assert main(["show", str(models / "plain.pt"), "-o", str(models / "g.html")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "was not written by lucid_fx.save" in err[0] and err[1].startswith("  hint: show reads files written by lucid_fx.save")
+    assert main(["show", str(models / "missing.pt"), "-o", str(models / "g.html")]) == 2
+    assert "'" + str(models / "missing.pt") + "': no such file" in capsys.readouterr().err
+    assert main(["show", str(models / "plain.pt"), "-o", str(models / "g.png")]) == 2
+    assert "unknown suffix '.png'" in capsys.readouterr().err
+    assert not (models / "g.html").exists()
 
 
 def test_explain_prints_the_table(models, capsys):
@@ -192,7 +221,7 @@ ERRORS = [
     ),
     (["quantize", "cli_models:make", *SHAPE, "-o", "/no/such/folder/q.pt"], "cannot write '/no/such/folder/q.pt': folder '/no/such/folder' does not exist"),
     (["quantize", "cli_models:make", *SHAPE, "--calib", "0", "-o", "q.pt"], "argument --calib: expected an integer >= 1, got '0'"),
-    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate' (choose from 'demo', 'quantize', 'explain')"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate' (choose from 'demo', 'quantize', 'explain', 'show')"),
 ]
 
 
@@ -218,7 +247,7 @@ def test_installed_entry_point_quantizes(models, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr
     assert "convert: backend cpu: 4 int8 kernels, 0 ops in float" in proc.stdout
     assert "calibrate [" in proc.stderr
-    assert torch.load(out, weights_only=False)(torch.randn(3, 3, 16, 16)).shape == (3, 4)
+    assert lucid_fx.load(out)(torch.randn(3, 3, 16, 16)).shape == (3, 4)
 
 
 def test_python_dash_m_reports_errors_the_same_way(tmp_path):

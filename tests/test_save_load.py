@@ -316,3 +316,20 @@ def test_packed_weights_are_not_saved_but_rebuilt_on_the_first_call():
     assert torch.equal(loaded(x), expected)
     if onednn_available():
         assert PACKED.builds > before  # a new weight tensor: packed anew
+
+
+def test_a_loaded_converted_model_still_shows_its_grids_and_sources():
+    """to_networkx / visualize / `lucid-fx show` read node.meta: a converted model keeps it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid()).eval()
+    data = [torch.randn(4, 8) for _ in range(3)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False)
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    before, after = lucid_fx.to_networkx(qmodel), lucid_fx.to_networkx(lucid_fx.load(buffer))
+    assert list(after.nodes) == list(before.nodes)
+    for name in before.nodes:
+        for key in ("domain", "qparams", "source", "lowering", "observer", "shape", "dtype", "interval", "rule"):
+            assert after.nodes[name].get(key) == before.nodes[name].get(key), (name, key)
+    assert after.nodes["lut"]["domain"] == "fixed" and after.nodes["linear"]["lowering"] == "linear+relu"
