@@ -156,8 +156,8 @@ def _source_ops(gm: fx.GraphModule) -> Dict[str, str]:
     """The canonical op of each float node, from any converted node that carries it."""
     ops: Dict[str, str] = {}
     for node in gm.graph.nodes:
-        call, source = node.meta.get(_meta.OP), node.meta.get(_meta.SOURCE)
-        if call is not None and source is not None:
+        call, source = node.meta.get(_meta.OP), node.meta.get(_meta.SOURCE, node.name)
+        if call is not None:  # a reference graph keeps the float nodes' names
             ops.setdefault(source, call.op)
     return ops
 

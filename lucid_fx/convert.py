@@ -67,7 +67,8 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
     fold_batchnorm(gm)
     weight_range = weight_quant_range(_device_of(gm, backend))
     if reference:
-        return insert_qdq(gm, weight_range), ConvertReport("reference")
+        table = {**registry.lowerings.get("generic", {}), **registry.lowerings.get(backend, {})}
+        return insert_qdq(gm, weight_range, set(table)), ConvertReport("reference")
     return lower_to_int8(gm, registry.lowerings, backend, weight_range)
 
 

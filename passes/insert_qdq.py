@@ -12,7 +12,7 @@ quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quanti
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Set, Tuple
 
 import torch
 from torch import fx
@@ -46,8 +46,32 @@ def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, weight_r
     gm.graph.erase_node(node)
 
 
-def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphModule:
-    """Rewrite ``gm`` in place into its simulated-quantization reference."""
+_FLOAT_KINDS = ("float", "none")
+
+
+def _computed_in_float(node: fx.Node) -> bool:
+    decision = node.meta.get(_meta.DECISION)
+    return node.op == "placeholder" or decision is None or decision.kind in _FLOAT_KINDS
+
+
+def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
+    """Whether convert would run ``node`` in float: no quantized decision, or no lowering rule
+    for it (or its fused group) in ``kernels``, the backend's lowering-table keys."""
+    decision = node.meta.get(_meta.DECISION)
+    if node.op == "output" or decision is None or decision.kind in _FLOAT_KINDS:
+        return True
+    if kernels is None or decision.kind == "shared":
+        return False
+    end = node.meta.get(_meta.FUSED_INTO)
+    members = [n for n in node.graph.nodes if n.meta.get(_meta.FUSED_INTO) == end] if end is not None else [node]
+    return tuple(m.meta[_meta.OP].op for m in members if _meta.OP in m.meta) not in kernels
+
+
+def insert_qdq(
+    gm: fx.GraphModule, weight_range: Tuple[int, int], kernels: Optional[Set[Tuple[str, ...]]] = None
+) -> fx.GraphModule:
+    """Rewrite ``gm`` in place into its simulated-quantization reference; ``kernels`` (the
+    backend's lowering-table keys) tells which ops convert runs in float."""
     weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
     functional_weights = {
         n.meta[_meta.WEIGHT_OBSERVER] for n in gm.graph.nodes if n.op != "call_module" and n.meta.get(_meta.WEIGHT_OBSERVER)
@@ -76,6 +100,12 @@ def insert_qdq(gm: fx.GraphModule, weight_range: Tuple[int, int]) -> fx.GraphMod
                 dq.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), torch.float32)
             node.replace_all_uses_with(dq)
             gm.graph.erase_node(node)
+            if _computed_in_float(source):
+                # convert hands a float consumer of a float-computed value the value itself, not
+                # its quantized image: so does the reference.
+                for user in list(dq.users):
+                    if _reads_float(user, kernels):
+                        user.replace_input_with(dq, source)
         elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:
             module = gm.get_submodule(node.target)
             key = node.meta[_meta.WEIGHT_OBSERVER]
