@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_flatten
 
 from lucid_fx import _meta
-from lucid_fx.graph_model import _op_name
+from lucid_fx.graph_model import _graph_modules, _op_name
 from lucid_fx.passes.trace_model import trace_model
 
 __all__ = ["compare", "Comparison", "NodeError"]
@@ -89,14 +89,6 @@ def _batches(inputs: Any) -> List[Tuple[Any, ...]]:
             raise ValueError("compare needs at least one batch of inputs; got an empty list")
         return [b if isinstance(b, tuple) else (b,) for b in inputs]
     return [inputs if isinstance(inputs, tuple) else (inputs,)]
-
-
-def _graph_parts(quantized: nn.Module, prefix: str = "") -> Iterable[Tuple[str, fx.GraphModule]]:
-    if isinstance(quantized, fx.GraphModule):
-        yield prefix, quantized
-        return
-    for name, child in quantized.named_children():
-        yield from _graph_parts(child, f"{prefix}.{name}" if prefix else name)
 
 
 def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...]) -> Tuple[Any, Dict[str, Tuple[tuple, dict]]]:
@@ -202,7 +194,7 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     for what, model in (("float_model", float_model), ("quantized_model", quantized_model)):
         if not isinstance(model, nn.Module):
             raise TypeError(f"compare: {what} must be an nn.Module, got {type(model).__name__}")
-    parts = list(_graph_parts(quantized_model))
+    parts = list(_graph_modules(quantized_model))
     if not parts:
         raise ValueError(
             "compare: quantized_model holds no torch.fx GraphModule; pass the result of lucid_fx.convert or quantize"
