@@ -30,9 +30,17 @@ class NotSerializable(TypeError):
     """A value, function or class that lucid_fx.save cannot write as data."""
 
 
-# Functions a graph may call: pure tensor math. torch.* is limited to its C functions (not
-# torch.save/torch.load), minus the few that touch files or global state.
-_TORCH_DENY = frozenset({"from_file", "load", "save", "set_num_threads", "set_num_interop_threads", "manual_seed", "seed"})
+# Functions a graph may call: pure tensor math. torch.* is limited to ATen's public tensor
+# functions (torch._C._VariableFunctions: no torch.save/load, nothing private), minus the ones
+# that read files or set global state.
+_ATEN_FUNCTIONS = frozenset(n for n in dir(torch._C._VariableFunctions) if not n.startswith("_"))
+_TORCH_DENY = frozenset({"from_file", "load", "save", "manual_seed", "seed", "set_flush_denormal"})
+
+
+def _torch_function_ok(name: str, fn: Any) -> bool:
+    if name == "_assert" or getattr(fn, "__module__", "") == "torch.functional":
+        return True
+    return _c_function(fn) and name in _ATEN_FUNCTIONS and name not in _TORCH_DENY and not name.startswith("set_")
 _OPERATORS = frozenset(
     "add sub mul truediv floordiv mod pow matmul neg pos abs invert and_ or_ xor lshift rshift getitem "
     "eq ne lt le gt ge not_ iadd isub imul itruediv".split()
@@ -47,16 +55,16 @@ def _c_function(fn: Any) -> bool:
 
 # namespace -> (object, "may a graph call this attribute?")
 _NAMESPACES: Dict[str, tuple] = {
-    "torch": (torch, lambda n, f: (_c_function(f) and n not in _TORCH_DENY) or getattr(f, "__module__", "") == "torch.functional" or n == "_assert"),
-    "torch.nn.functional": (F, lambda n, f: getattr(f, "__module__", "") in ("torch.nn.functional", "torch._C._nn") or _c_function(f)),
-    "torch.special": (torch.special, lambda n, f: _c_function(f)),
-    "torch.linalg": (torch.linalg, lambda n, f: _c_function(f)),
-    "torch.fft": (torch.fft, lambda n, f: _c_function(f)),
-    "math": (math, lambda n, f: _c_function(f)),
+    "torch": (torch, lambda n, f: _torch_function_ok(n, f)),
+    "torch.nn.functional": (F, lambda n, f: not n.startswith("_") and (getattr(f, "__module__", "") in ("torch.nn.functional", "torch._C._nn") or _c_function(f))),
+    "torch.special": (torch.special, lambda n, f: _c_function(f) and not n.startswith("_")),
+    "torch.linalg": (torch.linalg, lambda n, f: _c_function(f) and not n.startswith("_")),
+    "torch.fft": (torch.fft, lambda n, f: _c_function(f) and not n.startswith("_")),
+    "math": (math, lambda n, f: _c_function(f) and not n.startswith("_")),
     "operator": (operator, lambda n, f: n in _OPERATORS),
     "builtins": (types.SimpleNamespace(**_BUILTINS), lambda n, f: True),
 }
-_OP_NAMESPACES = ("lucid_fx", "aten")  # torch.ops.<ns>.*
+_OP_NAMESPACES = ("lucid_fx",)  # torch.ops.<ns>.*: aten has from_file, _print, manual_seed
 _CLASS_PREFIXES = ("torch.nn.modules.", "lucid_fx.")  # module, dataclass and enum classes
 _EXTRA_CLASSES = {"torch.fx.passes.shape_prop.TensorMetadata"}
 
@@ -107,6 +115,8 @@ def _resolve_class(name: str) -> Optional[type]:
     import importlib
 
     parts = name.split(".")
+    if not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        return None
     for i in range(len(parts) - 1, 0, -1):  # longest importable module prefix, then attributes
         try:  # only lucid_fx and torch modules get here, never a module a file names freely
             value: Any = importlib.import_module(".".join(parts[:i]))
@@ -114,7 +124,9 @@ def _resolve_class(name: str) -> Optional[type]:
             continue
         for part in parts[i:]:
             value = getattr(value, part, None)
-        return value if isinstance(value, type) else None
+        # Only a class defined under that name: not one reached through a module's imports
+        # (lucid_fx.layout.subprocess.Popen is subprocess.Popen, which is not allowed).
+        return value if isinstance(value, type) and _class_name(value) == name else None
     return None
 
 

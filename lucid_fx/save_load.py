@@ -13,6 +13,7 @@ rebuilt on the first call.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import os
 import re
 from typing import Any, Dict, Iterable, Tuple, Union
@@ -34,6 +35,10 @@ _META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() 
 _INSPECTION_KEYS = (
     _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
     _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META,
+)
+# What getattr may read in a loaded graph: torch.Tensor's data attributes (x.shape, x.dtype, ...).
+_TENSOR_ATTRIBUTES = frozenset(
+    n for n in dir(torch.Tensor) if not n.startswith("_") and not callable(getattr(torch.Tensor, n, None)) and n != "grad_fn"
 )
 _OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
 _ATTR = re.compile(r"[A-Za-z0-9_]+")  # Sequential children are named "0", "1", ...
@@ -156,13 +161,24 @@ def save(model: nn.Module, path: Union[str, os.PathLike, Any], *, allow: Iterabl
 
 # -- reading ---------------------------------------------------------------------------------
 def _check_path(gm: nn.Module, target: Any, op: str, where: str) -> None:
-    if not (isinstance(target, str) and all(_ATTR.fullmatch(part) for part in target.split("."))):
+    """A get_attr/call_module target walks only the module tree: submodules, parameters, buffers
+    and tensor attributes, never a method, a class or a function's globals."""
+    if not (isinstance(target, str) and all(_ATTR.fullmatch(p) and not p.startswith("__") for p in target.split("."))):
         raise ValueError(f"{where}: malformed {op} target {target!r}")
     value: Any = gm
     for part in target.split("."):
-        if not hasattr(value, part):
-            raise ValueError(f"{where}: {op} target {target!r} does not exist in the loaded module")
-        value = getattr(value, part)
+        found = None
+        if isinstance(value, nn.Module):
+            for table in (value._modules, value._parameters, value._buffers):
+                if part in table:
+                    found = table[part]
+                    break
+            else:
+                plain = value.__dict__.get(part)
+                found = plain if isinstance(plain, (torch.Tensor, nn.Module)) else None
+        if found is None:
+            raise ValueError(f"{where}: {op} target {target!r} is not a submodule, parameter, buffer or tensor of the loaded module")
+        value = found
     if op == "call_module" and not isinstance(value, nn.Module):
         raise ValueError(f"{where}: call_module target {target!r} is not a module")
 
@@ -175,6 +191,8 @@ def _decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: 
         if op not in _OPS or not isinstance(name, str):
             raise ValueError(f"{where}: unknown node kind {op!r}")
         if op == "call_function":
+            if not (isinstance(target, dict) and target.get("$") == "fn"):
+                raise ValueError(f"{where}: a call_function target must be a function on the allowlist, got {target!r:.80}")
             target = codec.decode(target, where)
         elif op == "call_method":
             check_tensor_method(target, where)
@@ -187,8 +205,12 @@ def _decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: 
         args, kwargs = codec.decode(record["args"], where, nodes), codec.decode(record["kwargs"], where, nodes)
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise ValueError(f"{where}: malformed arguments")
-        if target is getattr and not (len(args) == 2 and isinstance(args[1], str) and not args[1].startswith("_")):
-            raise ValueError(f"{where}: getattr is allowed on public attribute names only, got {args[1:]!r}")
+        if any(not (isinstance(k, str) and k.isidentifier()) or keyword.iskeyword(k) for k in kwargs):
+            raise ValueError(f"{where}: keyword argument names must be identifiers, got {list(kwargs)!r:.80}")
+        if target is getattr and not (len(args) == 2 and args[1] in _TENSOR_ATTRIBUTES):
+            raise ValueError(f"{where}: getattr is allowed only for tensor attributes (shape, dtype, ...), got {args[1:]!r}")
+        if op == "call_function" and kwargs and getattr(target, "__module__", None) == "builtins" and target is not getattr:
+            raise ValueError(f"{where}: {target.__name__}() takes no keyword arguments from a file")
         node = graph.create_node(op, target, args, kwargs, name=name, type_expr=torch.Tensor if record.get("tensor_type") else None)
         nodes[name] = node
     for record, node in zip(data["nodes"], graph.nodes):

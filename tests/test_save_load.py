@@ -1,6 +1,7 @@
 """save / load: round trips to identical outputs, mid-calibration resumes, no pickled code runs."""
 
 import io
+import re
 
 import pytest
 import torch
@@ -333,3 +334,65 @@ def test_a_loaded_converted_model_still_shows_its_grids_and_sources():
         for key in ("domain", "qparams", "source", "lowering", "observer", "shape", "dtype", "interval", "rule"):
             assert after.nodes[name].get(key) == before.nodes[name].get(key), (name, key)
     assert after.nodes["lut"]["domain"] == "fixed" and after.nodes["linear"]["lowering"] == "linear+relu"
+
+
+def _first_get_attr_or_module(raw):
+    return next(n for n in raw["model"]["graph"]["nodes"] if n["op"] in ("get_attr", "call_module"))
+
+
+# Each edit is a way a crafted file tried to run code (found in review); each must be refused
+# at load, before anything runs.
+ATTACKS = {
+    "kwarg-name-injected-into-generated-code": (
+        lambda raw: _call_function_node(raw)["kwargs"]["v"].append(["); import os; os.getcwd(); q=dict(a", 1]),
+        "keyword argument names must be identifiers",
+    ),
+    "class-as-call-target-through-module-globals": (
+        lambda raw: _call_function_node(raw).update(target={"$": "class", "v": "lucid_fx.layout.subprocess.Popen"}),
+        "a call_function target must be a function on the allowlist",
+    ),
+    "get-attr-path-into-function-globals": (
+        lambda raw: _first_get_attr_or_module(raw).update(op="get_attr", target="fc1.__class__.forward.__globals__"),
+        "malformed get_attr target",
+    ),
+    "get-attr-path-through-a-method": (
+        lambda raw: _first_get_attr_or_module(raw).update(op="get_attr", target="fc1.forward"),
+        "is not a submodule, parameter, buffer or tensor",
+    ),
+    "aten-op-reading-a-file": (
+        lambda raw: _call_function_node(raw)["target"].update(v="torch.ops.aten.from_file"),
+        "unknown function 'torch.ops.aten.from_file'",
+    ),
+    "private-torch-function": (
+        lambda raw: _call_function_node(raw)["target"].update(v="torch._print"),
+        "unknown function 'torch._print'",
+    ),
+    "global-state-setter": (
+        lambda raw: _call_function_node(raw)["target"].update(v="torch.set_anomaly_enabled"),
+        "unknown function 'torch.set_anomaly_enabled'",
+    ),
+    "getattr-reaching-a-module-method": (
+        lambda raw: _call_function_node(raw).update(
+            target={"$": "fn", "v": "builtins.getattr"}, args={"$": "tuple", "v": [{"$": "node", "name": "x"}, "register_forward_hook"]}
+        ),
+        "getattr is allowed only for tensor attributes",
+    ),
+    "builtin-with-a-key-callback": (
+        lambda raw: _call_function_node(raw).update(
+            target={"$": "fn", "v": "builtins.max"}, kwargs={"$": "dict", "v": [["key", {"$": "fn", "v": "builtins.getattr"}]]}
+        ),
+        "max() takes no keyword arguments from a file",
+    ),
+    "class-named-through-an-import": (
+        lambda raw: raw["model"]["children"][0][1].update({"class": "lucid_fx.layout.subprocess.Popen"}),
+        "unknown class 'lucid_fx.layout.subprocess.Popen'",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_crafted_files_are_refused_before_anything_runs(tmp_path, attack):
+    edit, message = ATTACKS[attack]
+    path = _tampered(tmp_path, edit)
+    with pytest.raises((ValueError, NotSerializable), match=re.escape(message)):
+        lucid_fx.load(path)
