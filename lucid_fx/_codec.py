@@ -137,6 +137,9 @@ class Codec:
         self.extra: Dict[str, Any] = {}
         for obj in allow:
             name = _class_name(obj) if isinstance(obj, type) else f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+            if name in self.extra and self.extra[name] is not obj:
+                # Files name functions by qualified name: two under one name could be swapped.
+                raise ValueError(f"allow= holds two different objects named {name!r} (lambdas or local functions?); give them distinct names")
             self.extra[name] = obj
 
     # -- names ------------------------------------------------------------------------------

@@ -33,6 +33,10 @@ def require_prepared(verb: str, obj: Any) -> None:
             f"{verb} expects the model returned by lucid_fx.prepare, got {type(obj).__name__}; call "
             "prepared = lucid_fx.prepare(model, example_inputs=...) first"
         )
+    report = getattr(obj, "lucid_fx_report", None)
+    if not is_prepared(obj) and report is not None and getattr(report, "float_modules", None):
+        # prepare ran, but no part of the model traced: say why instead of "call prepare".
+        raise ValueError(f"{verb}: nothing was quantized: prepare could not trace any part of the model\n{report}")
     if not is_prepared(obj):
         raise ValueError(
             f"{verb} expects a model returned by lucid_fx.prepare (no observers found in {type(obj).__name__}); "

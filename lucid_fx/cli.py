@@ -197,7 +197,13 @@ def load_calibration_data(path: str, shape: Tuple[int, ...], device: torch.devic
     except Exception as e:  # noqa: BLE001 - not a torch file, or one that needs pickled code
         raise CLIError(f"--calib-data {path!r} cannot be read safely: {_first_line(e)}", "it must hold a tensor or a list of tensors, saved with torch.save") from e
     if isinstance(data, torch.Tensor):
-        data = list(torch.split(data, shape[0])) if data.dim() == len(shape) else None
+        if data.dim() != len(shape):
+            raise CLIError(
+                f"--calib-data {path!r} holds a tensor of shape {tuple(data.shape)}; expected samples stacked along "
+                f"dim 0 with --input-shape's {len(shape)} dimensions, (N, {', '.join(map(str, shape[1:]))})",
+                "torch.save(torch.stack(samples), PATH) or torch.save([batch, batch, ...], PATH)",
+            )
+        data = list(torch.split(data, shape[0]))
     if not isinstance(data, (list, tuple)) or not data or not all(isinstance(t, torch.Tensor) for t in data):
         raise CLIError(
             f"--calib-data {path!r} holds {type(data).__name__}, not a tensor of samples shaped like --input-shape "

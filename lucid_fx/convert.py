@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
-from lucid_fx._validate import check_backend_device, is_prepared, require_float32, require_module, require_prepared
+from lucid_fx._validate import check_backend_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx.passes.canonicalize_ops import rebind_node_refs
@@ -118,11 +118,8 @@ def convert(
         >>> [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
         ['quantize_per_tensor', 'linear', 'linear', 'dequantize_per_tensor']
     """
-    report = getattr(prepared, "lucid_fx_report", None) if isinstance(prepared, nn.Module) else None
-    if report is not None and report.float_modules and not is_prepared(prepared):
-        # prepare ran, but no part of the model traced: say why instead of "call prepare".
-        raise ValueError(f"convert: nothing was quantized: prepare could not trace any part of the model\n{report}")
     require_prepared("convert", prepared)
+    report = getattr(prepared, "lucid_fx_report", None)
     backend = backend or (report.backend if report is not None else "cpu")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")

@@ -101,13 +101,19 @@ def merge_observers(model: nn.Module, comm: Any) -> int:
     found = list(observers_of(model))
     rules = []
     for name, observer in found:
-        try:
-            rules.append(rule_for(type(observer)))
-        except KeyError:
-            raise TypeError(
-                f"sync_observers: observer {name!r} is a {type(observer).__qualname__}, which has no merge rule; "
-                "register one with lucid_fx.register_observer_merge(cls, merge)"
-            ) from None
+        # A FakeQuantize merges through its inner observer: that one needs a rule too.
+        inner = getattr(observer, "activation_post_process", None)
+        for what in (observer, inner) if isinstance(inner, nn.Module) else (observer,):
+            try:
+                rule = rule_for(type(what))
+            except KeyError:
+                raise TypeError(
+                    f"sync_observers: observer {name!r}" + (" wraps" if what is inner else " is") + f" a "
+                    f"{type(what).__qualname__}, which has no merge rule; register one with "
+                    "lucid_fx.register_observer_merge(cls, merge)"
+                ) from None
+            if what is observer:
+                rules.append(rule)
     for rule, (_, observer) in zip(rules, found):
         with torch.no_grad():
             rule(observer, comm)

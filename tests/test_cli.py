@@ -132,10 +132,11 @@ def test_quantize_on_own_data_with_a_report(models, capsys):
     [
         (None, "no such file"),
         ({"a": 1}, "holds dict, not a tensor of samples shaped like --input-shape 4,3,16,16"),
+        (torch.zeros(12, 3, 16), "holds a tensor of shape (12, 3, 16); expected samples stacked along dim 0 with --input-shape's 4 dimensions, (N, 3, 16, 16)"),
         ([torch.zeros(4, 3, 8, 8)], "batch 0 has shape (4, 3, 8, 8) and dtype torch.float32; expected float batches of shape (B, 3, 16, 16)"),
         ("pickle", "cannot be read safely: "),
     ],
-    ids=["missing", "dict", "shape", "pickled-code"],
+    ids=["missing", "dict", "rank", "shape", "pickled-code"],
 )
 def test_bad_calibration_files(models, capsys, content, message):
     path = models / "calib.pt"

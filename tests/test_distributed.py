@@ -310,3 +310,14 @@ def test_an_observer_without_rule_is_named_and_a_registered_rule_is_used():
 def test_register_rejects_non_observers():
     with pytest.raises(TypeError, match="ObserverBase or FakeQuantize subclass"):
         lucid_fx.register_observer_merge(nn.Linear, lambda obs, comm: None)
+
+
+def test_a_fake_quantize_wrapping_an_observer_without_rule_is_named():
+    class RangeObserver(Q.ObserverBase):
+        def __init__(self, **kwargs):
+            super().__init__()
+            self.register_buffer("top", torch.tensor(0.0))
+
+    fq = Q.FakeQuantize(observer=RangeObserver)
+    with pytest.raises(TypeError, match="observer 'fq' wraps a .*RangeObserver, which has no merge rule; register one"):
+        merge_observers(nn.ModuleDict({"fq": fq}), None)

@@ -1,5 +1,6 @@
 """Graph layout: the Python layered layout and the Graphviz one give readable drawings."""
 
+import os
 import shutil
 
 import networkx as nx
@@ -71,6 +72,10 @@ def test_layered_layout_refuses_cycles():
 def test_unknown_engine():
     with pytest.raises(ValueError, match="unknown layout engine 'neato'"):
         layout_graph(nx.DiGraph(), lambda n: (1.0, 1.0), "neato")
+
+
+if shutil.which("dot") is None and os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1":
+    raise RuntimeError("LUCID_FX_REQUIRE_TOOLS=1 but Graphviz dot is missing: apt install graphviz")
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot is not installed (.ci/run installs it)")

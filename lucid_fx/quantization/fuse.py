@@ -132,17 +132,22 @@ def fuse_modules(model: nn.Module, modules_to_fuse: Union[Sequence[str], Sequenc
                 modules.append(work.get_submodule(name))
             except AttributeError:
                 raise ValueError(f"fuse_modules: {type(model).__name__} has no submodule {name!r} (in group {list(names)})") from None
-        pre, post = list(modules[0]._forward_pre_hooks.values()), list(modules[-1]._forward_hooks.values())
+        first, last = modules[0], modules[-1]
+        pre = [(h, k in first._forward_pre_hooks_with_kwargs) for k, h in first._forward_pre_hooks.items()]
+        post = [
+            (h, k in last._forward_hooks_with_kwargs, k in last._forward_hooks_always_called)
+            for k, h in last._forward_hooks.items()
+        ]
         fused = _fused(names, modules)
         fused.train(modules[0].training)  # a new container starts in training mode; keep the model's
         # The hooks move rather than run twice (a folded conv is a copy and kept its own).
         for inner in (modules[0], fused[0] if isinstance(fused, nn.Sequential) else fused):
             inner._forward_pre_hooks.clear()
         modules[-1]._forward_hooks.clear()
-        for hook in pre:
-            fused.register_forward_pre_hook(hook)
-        for hook in post:
-            fused.register_forward_hook(hook)
+        for hook, with_kwargs in pre:
+            fused.register_forward_pre_hook(hook, with_kwargs=with_kwargs)
+        for hook, with_kwargs, always_call in post:
+            fused.register_forward_hook(hook, with_kwargs=with_kwargs, always_call=always_call)
         _set(work, names[0], fused)
         for name in names[1:]:
             identity = nn.Identity()

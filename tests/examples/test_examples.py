@@ -36,7 +36,7 @@ def test_ptq_cnn(capsys):
     assert float(re.search(r"logits SQNR: ([\d.]+) dB", out).group(1)) > 25
     assert results["int8_mb"] < 0.5 * results["fp32_mb"]
     assert results["report"].float_ops == {} and results["report"].lowered["relu"] == "conv2d+relu"  # conv-bn-relu, one kernel
-    assert _line(out, "convert:") == f"convert: {results['report']}"
+    assert re.fullmatch(r"convert: backend cpu: \d+ int8 kernels, 0 ops in float", _line(out, "convert:"))
 
 
 def test_transformer_block(capsys):

@@ -138,3 +138,13 @@ def test_fused_modules_keep_the_models_training_mode(mode):
     assert {m.training for m in fused.modules()} == {mode == "train"}
     if mode == "eval":  # prepare refuses training-mode models, so this used to fail after fusion
         lucid_fx.prepare(fused, example_inputs=(torch.randn(1, 2, 5),))
+
+
+def test_keyword_hooks_keep_their_calling_convention():
+    seen = []
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval()
+    model[0].register_forward_pre_hook(lambda m, args, kwargs: seen.append(("pre", sorted(kwargs))), with_kwargs=True)
+    model[1].register_forward_hook(lambda m, args, kwargs, out: seen.append(("post", out.shape)), with_kwargs=True)
+    fused = Q.fuse_modules(model, ["0", "1"])
+    fused(torch.randn(2, 3))
+    assert seen == [("pre", []), ("post", torch.Size([2, 3]))]

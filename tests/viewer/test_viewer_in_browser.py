@@ -2,7 +2,7 @@
 every node, opens the details panel on click, searches, zooms and pans.
 
 Needs Debian's chromium and chromium-driver and the selenium package; `.ci/run` installs them and
-sets LUCID_FX_REQUIRE_BROWSER=1, which turns a missing browser into a failure instead of a skip.
+sets LUCID_FX_REQUIRE_TOOLS=1, which turns a missing browser into a failure instead of a skip.
 """
 
 import os
@@ -25,8 +25,8 @@ except ImportError:  # pragma: no cover - depends on the machine
     webdriver = None
 
 MISSING = [what for what, found in (("chromium", CHROMIUM), ("chromedriver", DRIVER), ("selenium", webdriver)) if not found]
-if MISSING and os.environ.get("LUCID_FX_REQUIRE_BROWSER") == "1":
-    raise RuntimeError(f"LUCID_FX_REQUIRE_BROWSER=1 but {', '.join(MISSING)} missing: apt install chromium chromium-driver")
+if MISSING and os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1":
+    raise RuntimeError(f"LUCID_FX_REQUIRE_TOOLS=1 but {', '.join(MISSING)} missing: apt install chromium chromium-driver")
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (.ci/run installs them)")
 
 
