@@ -12,14 +12,14 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
-from lucid_fx._validate import check_backend_device, require_float32, require_module, require_prepared
+from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx.passes.canonicalize_ops import rebind_node_refs
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
 from lucid_fx.passes.insert_observers import OBSERVERS
 from lucid_fx.passes.insert_qdq import insert_qdq
-from lucid_fx.passes.lower_to_int8 import ConvertReport, lower_to_int8
+from lucid_fx.passes.lower_to_int8 import ConvertReport, lower_to_int8, lowering_table
 from lucid_fx.prepare import BACKENDS, prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry, current_registry
@@ -47,12 +47,6 @@ def _strip_qat(gm: nn.Module) -> None:
             torch.nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
 
 
-def _device_of(model: nn.Module, backend: str) -> torch.device:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device
-    return torch.device("cuda" if backend == "cuda" else "cpu")
-
-
 def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: Registry, path: str):
     missing = list(_uncalibrated(gm))
     if missing:
@@ -65,10 +59,9 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
     gm.eval()
     rebind_node_refs(gm)
     fold_batchnorm(gm)
-    weight_range = weight_quant_range(_device_of(gm, backend))
+    weight_range = weight_quant_range(model_device(gm) or torch.device("cuda" if backend == "cuda" else "cpu"))
     if reference:
-        table = {**registry.lowerings.get("generic", {}), **registry.lowerings.get(backend, {})}
-        return insert_qdq(gm, weight_range, set(table)), ConvertReport("reference")
+        return insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend))), ConvertReport("reference")
     return lower_to_int8(gm, registry.lowerings, backend, weight_range)
 
 

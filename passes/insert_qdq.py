@@ -19,7 +19,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
-from lucid_fx.passes.lower_to_int8 import quantize_weight
+from lucid_fx.passes.lower_to_int8 import _group, _tag_type, quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 
@@ -62,8 +62,7 @@ def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool
         return True
     if kernels is None or decision.kind == "shared":
         return False
-    end = node.meta.get(_meta.FUSED_INTO)
-    members = [n for n in node.graph.nodes if n.meta.get(_meta.FUSED_INTO) == end] if end is not None else [node]
+    members = _group(node, list(node.graph.nodes))
     return tuple(m.meta[_meta.OP].op for m in members if _meta.OP in m.meta) not in kernels
 
 
@@ -94,10 +93,8 @@ def insert_qdq(
             q.meta[_meta.SOURCE] = dq.meta[_meta.SOURCE] = source.name
             q.meta[_meta.QPARAMS] = (float(scale), int(zp), qdtype.name)
             q.meta[_meta.OBSERVER_KIND] = type(observer).__name__
-            tensor_meta = source.meta.get(_meta.TENSOR_META)
-            if tensor_meta is not None and hasattr(tensor_meta, "shape"):
-                q.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), qdtype.storage)
-                dq.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), torch.float32)
+            _tag_type(q, source, qdtype.storage)
+            _tag_type(dq, source, torch.float32)
             node.replace_all_uses_with(dq)
             gm.graph.erase_node(node)
             if _computed_in_float(source):

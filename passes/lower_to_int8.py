@@ -31,7 +31,7 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize
 from lucid_fx.quantization.qparams import calculate_qparams
 
-__all__ = ["lower_to_int8", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+__all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
 
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
@@ -254,6 +254,11 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
 
 
+def lowering_table(lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str) -> Dict[Tuple[str, ...], Any]:
+    """The rules convert uses on ``backend``: the generic table with the backend's overrides."""
+    return {**lowerings.get("generic", {}), **lowerings.get(backend, {})}
+
+
 def _tag_type(new: fx.Node, source: fx.Node, dtype: Optional[torch.dtype] = None) -> None:
     tensor_meta = source.meta.get(_meta.TENSOR_META)
     if tensor_meta is not None and hasattr(tensor_meta, "shape"):
@@ -334,7 +339,7 @@ def lower_to_int8(
             return ctx._quant[n].node
         return ctx.float_of(n)
 
-    table = {**lowerings.get("generic", {}), **lowerings.get(backend, {})}
+    table = lowering_table(lowerings, backend)
     for node in nodes:
         if node in alias:
             continue
