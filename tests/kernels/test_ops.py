@@ -284,6 +284,24 @@ def test_lut_matches_the_float_function_exactly(fn, dtype):
     assert torch.equal(ops.lut(qx, table), expected)
 
 
+@pytest.mark.parametrize(
+    "shape, channels_last",
+    [((4, 1024), False), ((70, 100), False), ((2, 8, 16, 16), True), ((5000,), False), ((3, 40, 50), False)],
+    ids=["rows-of-1024", "last-dim-100", "channels-last", "1-d-take", "last-dim-50-take"],
+)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_lut_on_large_tensors_equals_a_plain_lookup(shape, channels_last, dtype):
+    torch.manual_seed(0)
+    info = torch.iinfo(dtype)
+    codes = torch.randint(info.min, info.max + 1, shape, dtype=dtype)
+    if channels_last:
+        codes = codes.contiguous(memory_format=torch.channels_last)
+    table = torch.randint(0, 256, (256,), dtype=torch.uint8)
+    expected = table[(codes.to(torch.int64) - info.min)]
+    out = ops.lut(codes, table)
+    assert out.shape == codes.shape and torch.equal(out, expected)
+
+
 def test_make_lut_on_a_narrow_grid_and_signed_output():
     # int4-style input grid [-8, 7] stored in int8; int8 output on [-100, 100].
     table = K.make_lut(lambda v: v * 3, 0.5, 0, (-8, 7), 0.25, 0, (-100, 100))
