@@ -9,6 +9,7 @@ override it for that backend. The kernels themselves are ``torch.ops.lucid_fx.*`
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -16,6 +17,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
+from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.passes.lower_to_int8 import LoweringContext, QValue
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
@@ -116,12 +118,57 @@ def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2
     return ctx.output_qvalue(members[-1], out, channels_last=True)
 
 
+def _positive_number(value: Any) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    return float(value) if ok else None
+
+
+def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bool:
+    observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
+    observer = getattr(observer, "activation_post_process", observer)  # a FakeQuantize's observer
+    if not isinstance(observer, FixedQParamsObserver):
+        return False
+    fixed_scale, fixed_zp, _ = ctx.qparams_of(node)
+    return fixed_zp != zero_point or not math.isclose(fixed_scale, scale, rel_tol=1e-6)
+
+
+def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
+    """``x * c`` or ``x / c`` for a number ``c > 0`` on int8 ``x``: the same codes on the grid
+    ``(scale * c, zero_point)``. No arithmetic and no rounding (attention's ``* d**-0.5`` costs nothing);
+    the op's own observer is not used. None for anything else."""
+    if len(members) != 1:
+        return None
+    call = members[0].meta[_meta.OP]
+    a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
+    if call.op == "mul" and not isinstance(a, fx.Node):
+        a, b = b, a
+    factor = _positive_number(b)
+    if call.op == "div" and (call.args.get("rounding_mode") is not None or factor is None):
+        return None
+    x = _qin(ctx, a)
+    if x is None or factor is None:
+        return None
+    scale = x.scale * factor if call.op == "mul" else x.scale / factor
+    if _fixed_grid_differs(ctx, members[0], scale, x.zero_point):
+        return None  # a range-bounded op keeps the grid its FixedQParamsObserver promises
+    same_codes = ctx.graph.call_method("view_as", (x.node, x.node))
+    return QValue(same_codes, scale, x.zero_point, x.qdtype, x.channels_last)
+
+
+def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled grid; else -> table
+    return rescale_by_constant(ctx, members, resolve) or lower_elementwise(ctx, members, resolve)
+
+
 def _binary(kernel):
     def lower(ctx, members, resolve):  # a (op) b (+relu) on two int8 tensors
         call = members[0].meta[_meta.OP]
         a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
         if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
-            return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
+            if len(members) != 1:
+                return None
+            return (kernel is _ops.mul and rescale_by_constant(ctx, members, resolve)) or lower_elementwise(
+                ctx, members, resolve
+            )
         qa, qb = _qin(ctx, a), _qin(ctx, b)
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
             return None
@@ -307,7 +354,8 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("conv2d", "add", "relu"): lower_conv_add,  # relu(conv(x) + y) -> lucid_fx.conv2d_add(post_op="relu")
     ("add",): _add,  # a + b -> lucid_fx.add; x + c -> table
     ("add", "relu"): _add,  # relu(a + b) -> lucid_fx.add(post_op="relu")
-    ("mul",): _mul,  # a * b -> lucid_fx.mul; x * c -> table
+    ("mul",): _mul,  # a * b -> lucid_fx.mul; x * c -> rescaled grid (c > 0) or table
+    ("div",): lower_div,  # x / c -> rescaled grid (c > 0) or table
     ("mul", "relu"): _mul,  # relu(a * b) -> lucid_fx.mul(post_op="relu")
     ("matmul",): lower_matmul,  # a @ b -> lucid_fx.matmul
     ("softmax",): lower_softmax,  # softmax(x) -> lucid_fx.softmax
@@ -315,7 +363,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
-    **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul")},  # f(x) -> lut
+    **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut
 }
 
 LOWERINGS: Dict[str, Dict[Tuple[str, ...], Rule]] = {"generic": GENERIC, "cpu": {}, "cuda": {}}

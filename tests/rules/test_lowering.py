@@ -65,3 +65,73 @@ def test_functional_max_pool2d_uses_the_int16_kernel():
     assert out.shape == (1, 4, 4, 4)  # ceil_mode kept: 7 -> 4
     scale = prepared.lucid_fx_observers["conv"].calculate_qparams()[0].item()
     assert (out - ref).abs().max() <= scale + 1e-6
+
+
+class Scaled(nn.Module):
+    """``fc(x)`` then one multiplication or division by a number."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.op = op
+
+    def forward(self, x):
+        return self.op(self.fc(x))
+
+
+def _converted(op, batches):
+    torch.manual_seed(0)
+    model = Scaled(op).eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    return prepared, lucid_fx.convert(prepared)
+
+
+@pytest.mark.parametrize(
+    "op, factor",
+    [(lambda y: y * 0.125, 0.125), (lambda y: 3 * y, 3.0), (lambda y: y / 4, 0.25), (lambda y: y.mul(0.5), 0.5)],
+    ids=["x*c", "c*x", "x/c", "x.mul(c)"],
+)
+def test_scaling_by_a_positive_number_rescales_the_grid(op, factor):
+    # x * c for c > 0 is the same codes on the grid (scale * c, zero_point): no table, no rounding.
+    batches = [torch.randn(16, 8, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    _, plain = _converted(lambda y: y, batches)
+    prepared, qmodel = _converted(op, batches)
+    kernels = [str(n.target) for n in qmodel.graph.nodes if n.op in ("call_function", "call_method")]
+    assert kernels == ["lucid_fx.quantize_per_tensor", "lucid_fx.linear", "view_as",
+                       "lucid_fx.dequantize_per_tensor"]
+    (rescaled,) = [n for n in qmodel.graph.nodes if n.target == "view_as"]
+    fc_scale, fc_zp = (v.item() for v in prepared.lucid_fx_observers["fc"].calculate_qparams())
+    scale, zp, _ = rescaled.meta["lucid_fx.qparams"]
+    assert zp == fc_zp and scale == pytest.approx(fc_scale * factor, rel=1e-7)
+    x = torch.randn(32, 8)
+    # Exactly the unscaled int8 result times c (float32 rounding of the scale aside).
+    torch.testing.assert_close(qmodel(x), plain(x) * factor, rtol=1e-6, atol=1e-7)
+    assert qmodel.lucid_fx_convert_report.lowered == {"fc": "linear", rescaled.meta["lucid_fx.source"]: "div" if factor == 0.25 else "mul"}
+
+
+@pytest.mark.parametrize(
+    "op", [lambda y: y * -2.0, lambda y: torch.div(y, 2, rounding_mode="floor"), lambda y: y * 0.0],
+    ids=["negative", "floor-divide", "zero"],
+)
+def test_other_scalings_keep_their_own_grid(op):
+    batches = [torch.randn(16, 8, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    _, qmodel = _converted(op, batches)
+    assert not [n for n in qmodel.graph.nodes if n.target == "view_as"]
+    # They are tables (256 entries computed from the op) instead.
+    assert [n.target for n in qmodel.graph.nodes].count(torch.ops.lucid_fx.lut) == 1
+
+
+def test_a_fixed_grid_that_differs_is_kept():
+    # A FixedQParamsObserver's grid is a promise: a rescale that would leave it falls back to a table.
+    batches = [torch.randn(16, 8, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    torch.manual_seed(0)
+    model = Scaled(lambda y: y * 0.5).eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    (key,) = [k for k in prepared.lucid_fx_observers if k != "fc" and k != "x"]
+    prepared.lucid_fx_observers[key] = lucid_fx.quantization.FixedQParamsObserver(scale=1 / 64, zero_point=100)
+    qmodel = lucid_fx.convert(prepared)
+    assert not [n for n in qmodel.graph.nodes if n.target == "view_as"]
+    (table,) = [n for n in qmodel.graph.nodes if n.target == torch.ops.lucid_fx.lut]
+    assert table.meta["lucid_fx.qparams"][:2] == (1 / 64, 100)
