@@ -17,6 +17,7 @@ torch.Size([2, 3])
 from lucid_fx.kernels import library  # noqa: F401  (defines the ops)
 from lucid_fx.kernels import cuda  # noqa: F401  (registers CUDA kernels)
 from lucid_fx.kernels import cpu  # noqa: F401  (registers CPU kernels)
+from lucid_fx.kernels import cpu_float  # noqa: F401  (registers CPU kernels computed in float32)
 from lucid_fx.kernels.cpu import onednn_available, use_onednn, weight_quant_range
 from lucid_fx.kernels.library import WeightCache
 from lucid_fx.kernels.reference import make_lut

@@ -1,9 +1,9 @@
 """CPU kernels: oneDNN int8 linear and convolutions, with a ``torch._int_mm`` fallback.
 
 oneDNN (``torch.ops.onednn.q*_pointwise``) reads plain uint8 activations and int8 weights packed
-once per weight (:data:`PACKED`); add and mul have leaner float kernels here. Every other op runs
-its reference kernel (:mod:`lucid_fx.kernels.reference`: dequantize, float op, quantize, with
-in-place arithmetic); for ``matmul`` that measured ~10x faster than ``torch._int_mm`` on CPU.
+once per weight (:data:`PACKED`). Ops computed in float32 on the codes (add, mul, matmul,
+softmax) and table lookups have leaner CPU kernels in :mod:`lucid_fx.kernels.cpu_float`; every
+other op runs its reference kernel (:mod:`lucid_fx.kernels.reference`).
 
 oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy of the result
 (measured 1.15 ms NHWC against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56), so models
@@ -207,36 +207,7 @@ def conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
     return ref.to_layout(_from_uint8(out, dtype), layout)
 
 
-def _requantize(y: torch.Tensor, out_zp: int, post_op: str, dtype: torch.dtype) -> torch.Tensor:
-    # relu in real numbers is a floor at the zero point in codes: round(max(v, 0)) == max(round(v), 0).
-    info = torch.iinfo(dtype)
-    low = max(out_zp, info.min) if post_op == "relu" else info.min
-    return y.round_().add_(out_zp).clamp_(low, info.max).to(dtype)
-
-
-def add(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
-    """``a + b`` with the output scale folded into the input scales and relu as a clamp.
-
-    One float temporary and two passes fewer than the reference: measured on 1x64x56x56 uint8,
-    0.25 ms against 0.31 ms (add) and 0.24 against 0.30 ms (mul). Codes can differ from the
-    reference by one step where a value lies on a rounding tie.
-    """
-    ref.check_post_op(post_op)
-    ya = qa.to(torch.float32).sub_(a_zp).mul_(a_scale / out_scale)
-    y = torch.add(ya, qb.to(torch.float32).sub_(b_zp), alpha=b_scale / out_scale)
-    return _requantize(y, out_zp, post_op, qa.dtype)
-
-
-def mul(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
-    """``a * b`` as ``(qa - za) * (qb - zb) * (sa * sb / s_out)`` (exact integer products in float32)."""
-    ref.check_post_op(post_op)
-    y = torch.mul(qa.to(torch.float32).sub_(a_zp), qb.to(torch.float32).sub_(b_zp))
-    return _requantize(y.mul_(a_scale * b_scale / out_scale), out_zp, post_op, qa.dtype)
-
-
 register_kernel("linear", "cpu", linear)
 register_kernel("conv1d", "cpu", _conv)
 register_kernel("conv2d", "cpu", _conv)
 register_kernel("conv2d_add", "cpu", conv2d_add)
-register_kernel("add", "cpu", add)
-register_kernel("mul", "cpu", mul)

@@ -302,6 +302,31 @@ def test_lut_on_large_tensors_equals_a_plain_lookup(shape, channels_last, dtype)
     assert out.shape == codes.shape and torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("case", ["int8-table", "odd-size", "odd-offset", "transposed", "small"])
+def test_lut_pair_path_and_its_fallbacks_equal_a_plain_lookup(case):
+    # The CPU kernel reads two codes at a time from a 65536-entry pair table; tensors it cannot
+    # read that way (odd sizes or offsets, non-dense, small) take the one-code lookup.
+    from lucid_fx.kernels.cpu_float import PAIR_TABLES
+
+    torch.manual_seed(1)
+    dtype = torch.int8 if case == "int8-table" else torch.uint8
+    codes = torch.randint(0, 256, (8194,), dtype=torch.uint8)
+    codes = {"odd-size": codes[:8193], "odd-offset": codes[1:8193], "transposed": codes[:8192].view(64, 128).t(),
+             "small": codes[:100]}.get(case, codes)
+    table = torch.randint(-128, 128, (256,), dtype=torch.int8) if dtype == torch.int8 else torch.randint(0, 256, (256,), dtype=torch.uint8)
+    builds = PAIR_TABLES.builds
+    out = ops.lut(codes, table)
+    assert out.dtype == table.dtype and out.shape == codes.shape
+    assert torch.equal(out, table[codes.to(torch.int64)])
+    assert PAIR_TABLES.builds - builds == (1 if case == "int8-table" else 0)
+    if case == "int8-table":  # the same table again is not rebuilt; changed in place, it is
+        signed = (codes.to(torch.int16) - 128).to(torch.int8)
+        assert torch.equal(ops.lut(signed, table), table[codes.to(torch.int64)])
+        table[0] += 1
+        assert torch.equal(ops.lut(codes, table), table[codes.to(torch.int64)])
+        assert PAIR_TABLES.builds - builds == 3  # (uint8 codes, int8 codes), then uint8 codes again
+
+
 def test_make_lut_on_a_narrow_grid_and_signed_output():
     # int4-style input grid [-8, 7] stored in int8; int8 output on [-100, 100].
     table = K.make_lut(lambda v: v * 3, 0.5, 0, (-8, 7), 0.25, 0, (-100, 100))

@@ -1,0 +1,100 @@
+"""CPU kernels computed in float32 on the codes (add, mul, matmul, softmax) and table lookups.
+
+Each is the reference computation with fewer passes over memory: scales are folded into one
+multiply, a zero point of 0 adds nothing, and softmax skips the zero point it is invariant to.
+Codes can differ from the reference by one step where a value lies on a rounding tie; the
+tests in ``tests/kernels/test_ops.py`` bound how often. Table lookups read two codes at a time
+(:func:`lut`). Measured on 2 AVX2 cores for the encoder block's shapes, see each kernel.
+"""
+
+import torch
+
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.library import WeightCache, register_kernel
+
+__all__ = ["PAIR_TABLES"]
+
+# 65536-entry tables of code pairs, built once per 256-entry table (and input dtype).
+PAIR_TABLES = WeightCache()
+_F32 = torch.float32
+
+
+def _requantize(y: torch.Tensor, out_zp: int, post_op: str, dtype: torch.dtype) -> torch.Tensor:
+    """Codes of ``y`` (already divided by the output scale): round, shift, clamp, narrow."""
+    # relu in real numbers is a floor at the zero point in codes: round(max(v, 0)) == max(round(v), 0).
+    info = torch.iinfo(dtype)
+    low = max(out_zp, info.min) if post_op == "relu" else info.min
+    y = y.round_()
+    if out_zp:
+        y = y.add_(out_zp)
+    return y.clamp_(low, info.max).to(dtype)
+
+
+def _centered(q: torch.Tensor, zp: int) -> torch.Tensor:
+    y = q.to(_F32)
+    return y.sub_(zp) if zp else y
+
+
+def add(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
+    """``a + b`` with the output scale folded into the input scales and relu as a clamp.
+
+    One float temporary and two passes fewer than the reference: measured on 1x64x56x56 uint8,
+    0.25 ms against 0.31 ms (add) and 0.24 against 0.30 ms (mul).
+    """
+    ref.check_post_op(post_op)
+    ya = _centered(qa, a_zp).mul_(a_scale / out_scale)
+    y = torch.add(ya, _centered(qb, b_zp), alpha=b_scale / out_scale)
+    return _requantize(y, out_zp, post_op, qa.dtype)
+
+
+def mul(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
+    """``a * b`` as ``(qa - za) * (qb - zb) * (sa * sb / s_out)`` (exact integer products in float32)."""
+    ref.check_post_op(post_op)
+    y = torch.mul(_centered(qa, a_zp), _centered(qb, b_zp))
+    return _requantize(y.mul_(a_scale * b_scale / out_scale), out_zp, post_op, qa.dtype)
+
+
+def matmul(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp):
+    """``(qa - za) @ (qb - zb)`` in float32 (exact products), times ``sa * sb / s_out`` once."""
+    y = torch.matmul(_centered(qa, a_zp), _centered(qb, b_zp))
+    return _requantize(y.mul_(a_scale * b_scale / out_scale), out_zp, "none", qa.dtype)
+
+
+def softmax(q, scale, zp, dim, out_scale, out_zp):
+    """Softmax of ``scale * q``: softmax ignores a constant shift, so the zero point is never subtracted."""
+    y = torch.softmax(q.to(_F32).mul_(scale), dim)
+    return _requantize(y.mul_(1.0 / out_scale), out_zp, "none", q.dtype)
+
+
+def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
+    """``pairs[b0 + 256 * b1] = table[c(b0)] + 256 * table[c(b1)]`` as int16 bit patterns, where
+    ``c(b)`` is the table index of the code whose byte is ``b`` (``b ^ 128`` for int8 codes)."""
+    byte = torch.arange(256)
+    index = byte ^ 128 if in_dtype == torch.int8 else byte
+    out = table.cpu().view(torch.uint8)[index].to(torch.int32)
+    pairs = out.repeat(256) + (out.repeat_interleave(256) << 8)  # little-endian: first code is the low byte
+    return pairs.to(torch.int16)  # values above 32767 wrap to the same bit pattern
+
+
+def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[code]``, reading the codes two at a time as one 16-bit index into a 65536-entry table
+    of pairs (128 KiB, built once per table). Half the indices and no int64 copy: a million codes
+    measured 0.48 ms against 1.17 ms for one lookup per code. Odd, small or non-dense tensors take
+    the reference lookup."""
+    dense = q.is_contiguous() or q.is_contiguous(memory_format=torch.channels_last)
+    if not (dense and q.numel() >= 4096 and q.numel() % 2 == 0 and q.storage_offset() % 2 == 0
+            and q.dtype in (torch.uint8, torch.int8) and table.numel() == 256
+            and table.dtype in (torch.uint8, torch.int8)):
+        return ref.lut(q, table)
+    pairs = PAIR_TABLES.get(table, ("pairs", q.dtype), lambda: _pair_table(table, q.dtype))
+    # A dense tensor's codes are q.numel() consecutive bytes from its storage offset, whatever its strides.
+    flat = q.as_strided((q.numel(),), (1,)).view(torch.uint16)
+    looked_up = torch.index_select(pairs, 0, flat.to(torch.int32)).view(table.dtype)
+    return looked_up.as_strided(q.shape, q.stride())
+
+
+register_kernel("add", "cpu", add)
+register_kernel("mul", "cpu", mul)
+register_kernel("matmul", "cpu", matmul)
+register_kernel("softmax", "cpu", softmax)
+register_kernel("lut", "cpu", lut)
