@@ -136,7 +136,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     dtype = ref.out_storage(qx, out_dtype)
     # oneDNN reads s8 activations natively and writes s8 output natively.
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
-    out = torch.ops.onednn.qlinear_pointwise(
+    out = torch.ops.onednn.qlinear_pointwise.default(  # .default: resolving the overload costs ~18 us a call
         qx.contiguous(), x_scale, x_zp, weight, w_scale.to(torch.float32), zeros, _float(bias), scale, zp,
         None if dtype == torch.uint8 else dtype, post_op, [], "",
     )
@@ -167,7 +167,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     dtype = ref.out_storage(qx, out_dtype)
     qx, x_zp = _as_uint8(qx, x_zp)  # oneDNN convolutions read only u8 activations
     scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
-    kernel = torch.ops.onednn.qconv2d_pointwise if qx.dim() == 4 else torch.ops.onednn.qconv1d_pointwise
+    kernel = torch.ops.onednn.qconv2d_pointwise.default if qx.dim() == 4 else torch.ops.onednn.qconv1d_pointwise.default
     out = kernel(qx, x_scale, x_zp, packed[0], w_scale.to(torch.float32), packed[1], _float(bias), stride, padding,
                  dilation, groups, scale, zp, onednn_dtype, post_op, [], "")
     layout = ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format
