@@ -479,3 +479,26 @@ def test_max_pool2d_on_codes_matches_float_and_keeps_layout(layout, dtype):
     with torch._subclasses.FakeTensorMode():
         fake = torch.ops.lucid_fx.max_pool2d(torch.empty(2, 5, 9, 11, dtype=dtype), [3, 3], [2, 2], [1, 1], [1, 1], False)
     assert fake.shape == expected.shape and fake.dtype == dtype
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "matmul", "softmax", "lut"])
+def test_reference_kernels_of_ops_with_cpu_kernels_agree_with_the_oracle(name):
+    # CPU dispatches these to lucid_fx.kernels.cpu_float; the reference functions stay the kernels
+    # of every other device (and CUDA's matmul), so they are checked here on their own.
+    from lucid_fx.kernels import cpu_float, reference
+
+    qa, sa, za = act((2, 3, 64, 32), scale=0.03, seed=1)
+    qb, sb, zb = act((2, 3, 32, 64) if name == "matmul" else (2, 3, 64, 32), scale=0.02, seed=2)
+    a, b = Q.dequantize(qa, sa, za), Q.dequantize(qb, sb, zb)
+    if name == "lut":
+        table = torch.randint(0, 256, (256,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+        args, expected = (qa, table), table[qa.to(torch.int64)]
+    elif name == "softmax":
+        args, expected = (qa, sa, za, -1, 1 / 256, 0), Q.quantize(torch.softmax(a, -1), 1 / 256, 0, "quint8")
+    elif name == "matmul":
+        args, expected = (qa, sa, za, qb, sb, zb, 0.05, 128), Q.quantize(a @ b, 0.05, 128, "quint8")
+    else:
+        y = a + b if name == "add" else a * b
+        args, expected = (qa, sa, za, qb, sb, zb, 0.0811, 100, "none"), Q.quantize(y, 0.0811, 100, "quint8")
+    for kernel in (getattr(reference, name), getattr(cpu_float, name), getattr(ops, name)):
+        assert_close(kernel(*args), expected)
