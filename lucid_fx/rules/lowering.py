@@ -18,7 +18,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
 from lucid_fx.quantization.observers import FixedQParamsObserver
-from lucid_fx.passes.lower_to_int8 import LoweringContext, QValue
+from lucid_fx.passes.lowering_context import LoweringContext, QValue
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 

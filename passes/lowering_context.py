@@ -1,0 +1,259 @@
+"""The lowering context, support for the lower_to_int8 pass (not a pass itself).
+
+What lowering rules see and emit through: :class:`LoweringContext` holds the new graph being built by :mod:`lower_to_int8`, each value in
+float and/or integer-code form (:class:`QValue`), the observers' qparams and the weights'
+int8 forms; :class:`ConvertReport` is what convert tells the user it did.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.quantization.dtypes import QDtype, to_qdtype
+from lucid_fx.quantization.fake_quantize import FakeQuantize
+from lucid_fx.quantization.functional import quantize
+from lucid_fx.quantization.qparams import calculate_qparams
+
+__all__ = ["QValue", "ConvertReport", "LoweringContext", "quantize_weight"]
+_ops = torch.ops.lucid_fx
+INT32_MAX = 2**31 - 1
+ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
+
+
+@dataclass(frozen=True)
+class QValue:
+    """A quantized value in the new graph: the node holding the integer codes and its grid."""
+
+    node: fx.Node
+    scale: float
+    zero_point: int
+    qdtype: QDtype
+    channels_last: bool = False  # codes laid out NHWC (what oneDNN convolutions compute in)
+
+
+@dataclass
+class ConvertReport:
+    """What convert did: which nodes became int8 kernels and which ran in float."""
+
+    backend: str
+    lowered: Dict[str, str] = field(default_factory=dict)  # node -> rule key
+    float_ops: Dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
+
+    def __str__(self) -> str:
+        lines = [f"backend {self.backend}: {len(self.lowered)} int8 kernels, {len(self.float_ops)} ops in float"]
+        lines += [f"  float: {name} ({why})" for name, why in self.float_ops.items()]
+        return "\n".join(lines)
+
+
+def _is_observer_call(node: fx.Node) -> bool:
+    return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + ".")
+
+
+class LoweringContext:
+    """What a lowering rule may use: the new graph, values in either form, weights, qparams."""
+
+    def __init__(self, prepared: fx.GraphModule, root: nn.Module, backend: str, weight_range: Tuple[int, int]) -> None:
+        self.prepared, self.root, self.backend = prepared, root, backend
+        self.weight_range = weight_range
+        self.graph = fx.Graph()
+        self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
+        self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
+        self._float: Dict[fx.Node, fx.Node] = {}
+        self._quant: Dict[fx.Node, QValue] = {}
+        self._qparams: Dict[str, Tuple[float, int, QDtype]] = {}
+        self._constants = 0
+        self.declined: Dict[str, str] = {}  # node name -> why its lowering rule had to decline
+
+    # -- qparams ------------------------------------------------------------------------------
+    def qparams_of(self, node: fx.Node) -> Optional[Tuple[float, int, QDtype]]:
+        """(scale, zero_point, qdtype) of the observer watching ``node``'s output, if any."""
+        key = node.meta.get(_meta.OBSERVER)
+        if key is None or key not in self.observers:
+            return None
+        if key not in self._qparams:
+            observer = self.observers[key]
+            scale, zero_point = observer.calculate_qparams()
+            if scale.numel() != 1:
+                raise ValueError(
+                    f"activation observer of node {node.name!r} is per-channel; lowering needs per-tensor "
+                    "activation qparams. Use a per-tensor observer for activations in the QConfig"
+                )
+            self._qparams[key] = (float(scale), int(zero_point), getattr(observer, "qdtype", to_qdtype("quint8")))
+        return self._qparams[key]
+
+    # -- values -----------------------------------------------------------------------------
+    def set_float(self, node: fx.Node, new: fx.Node) -> None:
+        self._float[node] = new
+
+    def set_quant(self, node: fx.Node, value: QValue) -> None:
+        self._quant[node] = value
+        _tag_codes(value, node)
+
+    def has_quant(self, node: Any) -> bool:
+        return isinstance(node, fx.Node) and (node in self._quant or self.qparams_of(node) is not None)
+
+    def float_of(self, node: Any) -> Any:
+        """The value of ``node`` as a float tensor in the new graph (dequantized once if needed)."""
+        if not isinstance(node, fx.Node):
+            return node
+        if node not in self._float:
+            q = self._quant[node]
+            self._float[node] = self.call(_ops.dequantize_per_tensor, q.node, q.scale, q.zero_point)
+            self._float[node].meta[_meta.SOURCE] = node.name
+            _tag_type(self._float[node], node, torch.float32)
+        return self._float[node]
+
+    def quant_of(self, node: fx.Node) -> QValue:
+        """The value of ``node`` as integer codes (quantized once, with its observer's qparams)."""
+        if node not in self._quant:
+            qparams = self.qparams_of(node)
+            if qparams is None:
+                raise LookupError(f"node {node.name!r} has no observer, so it has no qparams")
+            scale, zp, qdtype = qparams
+            q = self.call(
+                _ops.quantize_per_tensor, self.float_of(node), scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage
+            )
+            self.set_quant(node, QValue(q, scale, zp, qdtype))
+        return self._quant[node]
+
+    def channels_last_of(self, node: fx.Node) -> QValue:
+        """``node``'s codes in channels-last layout, converted once: conv kernels compute NHWC and
+        their outputs keep the layout of their input, so one conversion serves the whole net."""
+        q = self.quant_of(node)
+        if not q.channels_last:
+            nhwc = self.graph.call_method("contiguous", (q.node,), {"memory_format": torch.channels_last})
+            q = QValue(nhwc, q.scale, q.zero_point, q.qdtype, True)
+            self.set_quant(node, q)
+        return q
+
+    def map_float(self, args: Any) -> Any:
+        return fx.node.map_arg(args, self.float_of)
+
+    # -- emitting -----------------------------------------------------------------------------
+    def call(self, target: Any, *args: Any) -> fx.Node:
+        return self.graph.call_function(target, tuple(args))
+
+    def constant(self, name: str, value: torch.Tensor) -> fx.Node:
+        """Register ``value`` as a buffer of the converted module and read it with get_attr."""
+        attr = f"_lucid_{name}"
+        while hasattr(self.root, attr):
+            self._constants += 1
+            attr = f"_lucid_{name}_{self._constants}"
+        self.root.register_buffer(attr, value)
+        return self.graph.get_attr(attr)
+
+    def output_qvalue(self, node: fx.Node, out: fx.Node, channels_last: bool = False) -> QValue:
+        scale, zp, qdtype = self.qparams_of(node)
+        return QValue(out, scale, zp, qdtype, channels_last)
+
+    # -- weights ------------------------------------------------------------------------------
+    def _may_overflow(self, node: fx.Node, codes: torch.Tensor) -> bool:
+        """Whether some input could overflow the kernel's int32 accumulator: an output channel sums
+        K products of an activation code (|x - zero_point| <= 255) and a weight code, so the
+        worst case is 255 * sum_k |w[n, k]|, exact for these weights and any input."""
+        worst = ACTIVATION_SPAN * int(codes.reshape(codes.shape[0], -1).abs().sum(1, dtype=torch.int64).max())
+        if worst <= INT32_MAX:
+            return False
+        k = codes[0].numel()
+        why = f"int32 accumulator could overflow: K={k}, worst case sum {worst:.3g} > 2^31-1; runs in float"
+        self.declined[node.name] = why
+        warnings.warn(
+            f"convert: node {node.name!r} ({node.meta[_meta.OP].op}, K={k} inputs per output) could overflow the "
+            f"int8 kernel's int32 accumulator (worst case {worst:.3g} > 2^31-1), so it runs in float instead "
+            "(see lucid_fx_convert_report.float_ops). To keep it int8, split it into layers with fewer inputs",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return True
+
+    def _attr(self, node: Any) -> Optional[torch.Tensor]:
+        if isinstance(node, fx.Node) and node.op == "get_attr":
+            value = self.prepared
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            return value
+        return None
+
+    def quantized_weight(self, node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node, Optional[fx.Node]]]:
+        """(int8 weight, per-channel scales, float bias) get_attr nodes for a linear/conv node,
+        a module (``nn.Linear``) or a function (``F.linear`` on get_attr weights)."""
+        key = node.meta.get(_meta.WEIGHT_OBSERVER)
+        if node.op == "call_module":
+            module = self.prepared.get_submodule(node.target)
+            weight, bias = module.weight, module.bias
+            observer = self.weight_observers[key] if key in self.weight_observers else None
+            if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
+                observer = observer.activation_post_process  # folding changed the weight: observe it afresh
+            base = node.target.replace(".", "_")
+        else:
+            call = node.meta[_meta.OP]
+            weight, bias = self._attr(call.args.get("weight")), self._attr(call.args.get("bias"))
+            if weight is None or (call.args.get("bias") is not None and bias is None):
+                return None  # a weight computed in the graph has no constant int8 form
+            observer = self.observers[key] if key in self.observers else None
+            base = node.name
+        codes, scale = quantize_weight(weight, observer, self.weight_range)
+        if self._may_overflow(node, codes):
+            return None
+        w = self.constant(f"{base}_qweight", codes)
+        s = self.constant(f"{base}_wscale", scale)
+        b = self.constant(f"{base}_bias", bias.detach().float()) if bias is not None else None
+        return w, s, b
+
+
+def _trained_scale(observer: Optional[nn.Module], weight: torch.Tensor, weight_range: Tuple[int, int]):
+    """The per-channel scale a QAT weight FakeQuantize trained with, if it is on the kernel's grid."""
+    if not isinstance(observer, FakeQuantize) or not observer.has_data or not observer.qscheme.is_symmetric:
+        return None
+    if (observer.quant_min, observer.quant_max) != tuple(weight_range) or observer.scale.numel() not in (1, weight.shape[0]):
+        return None
+    return observer.scale.detach().float().expand(weight.shape[0]).to(weight.device)
+
+
+def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range: Tuple[int, int]):
+    """Per-channel symmetric int8 codes and scales of ``weight`` on the kernel's grid.
+
+    The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
+    of the observer the QConfig chose; a per-tensor observer's range is used for every channel.
+    A QAT weight keeps the qparams it was trained with, so the int8 weight is the one training saw."""
+    weight = weight.detach()
+    qmin, qmax = weight_range
+    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
+    trained = _trained_scale(observer, weight, weight_range)
+    if trained is not None:
+        return quantize(weight, trained, torch.zeros_like(trained, dtype=torch.int64), grid, ch_axis=0), trained
+    if observer is not None and hasattr(observer, "reset_min_max_vals"):
+        observer = copy.deepcopy(observer)
+        observer.reset_min_max_vals()
+        observer(weight)
+        lo, hi = observer.min_val, observer.max_val
+        if lo.dim() == 0:
+            lo, hi = lo.expand(weight.shape[0]), hi.expand(weight.shape[0])
+    else:
+        flat = weight.reshape(weight.shape[0], -1)
+        lo, hi = flat.amin(1), flat.amax(1)
+    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
+    return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
+
+
+def _tag_type(new: fx.Node, source: fx.Node, dtype: Optional[torch.dtype] = None) -> None:
+    tensor_meta = source.meta.get(_meta.TENSOR_META)
+    if tensor_meta is not None and hasattr(tensor_meta, "shape"):
+        new.meta[_meta.VALUE_TYPE] = (tuple(tensor_meta.shape), dtype or tensor_meta.dtype)
+
+
+def _tag_codes(value: QValue, source: fx.Node) -> None:
+    meta = value.node.meta
+    meta.setdefault(_meta.SOURCE, source.name)
+    meta[_meta.QPARAMS] = (value.scale, value.zero_point, value.qdtype.name)
+    _tag_type(value.node, source, value.qdtype.storage)
+
+
