@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, Tuple, Union
 import torch
 from torch import fx, nn
 
-from lucid_fx import _meta
+from lucid_fx import _meta, _parametrized
 from lucid_fx._codec import Codec, NotSerializable, check_tensor_method
 from lucid_fx.passes.insert_observers import OBSERVERS
 
@@ -110,7 +110,10 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
     if is_graph:
         record["class_name"] = type(module).__name__
     else:
-        record["class"] = codec.class_name(type(module), f"{where} ({type(module).__name__})")
+        record["class"] = codec.class_name(_parametrized.base_class(module), f"{where} ({type(module).__name__})")
+        parametrized = _parametrized.encode(module, path, lambda m, p: _encode_module(m, p, codec, seen))
+        if parametrized is not None:
+            record["parametrized"] = parametrized
     record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items() if k not in state}
     record["params"] = {k: None if p is None else p.detach() for k, p in module._parameters.items()}
     record["requires_grad"] = {k: p.requires_grad for k, p in module._parameters.items() if p is not None}
@@ -119,6 +122,7 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
     record["children"] = [
         [name, None if child is None else _encode_module(child, f"{path}.{name}" if path else name, codec, seen)]
         for name, child in module._modules.items()
+        if not (name == _parametrized.CONTAINER and "parametrized" in record)
     ]
     if is_graph:
         record["graph"] = _encode_graph(module, path, codec)
@@ -254,6 +258,8 @@ def _decode_module(record: Dict[str, Any], path: str, codec: Codec, built: Dict[
         if not (isinstance(key, str) and key.isidentifier()) or key in state:
             raise ValueError(f"{where}: attribute {key!r} may not be set from a file")
         module.__dict__[key] = codec.decode(value, f"{where}, attribute {key!r}")
+    if kind == "module" and "parametrized" in record:
+        _parametrized.decode(module, record["parametrized"], path, lambda r, p: _decode_module(r, p, codec, built))
     if kind == "graph":
         module.graph = _decode_graph(record["graph"], module, codec, path)
     return module

@@ -278,14 +278,59 @@ def test_a_function_off_the_allowlist_is_named_at_save_and_allow_lets_it_through
     assert torch.equal(loaded(torch.ones(2)), torch.tensor([3.0, 3.0]))
 
 
-def test_hooks_and_parametrized_modules_are_refused_with_what_to_do():
+def test_hooks_are_refused_with_what_to_do():
     model = _mlp().eval()
     model[0].register_forward_hook(lambda *args: None)
     with pytest.raises(NotSerializable, match=r"module '0' \(Linear\) has _forward_hooks registered; hooks are code"):
         _round_trip(model)
+
+
+def _qat_step(model, x, target):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = F.cross_entropy(model(x), target)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_qat_model_round_trips_mid_training():
+    # prepare_qat parametrizes each weight through its fake quant; the file keeps the base class,
+    # the float weight and the fake quant (one object, also in the weight-observer container).
+    torch.manual_seed(0)
     qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
-    with pytest.raises(NotSerializable, match=r"class torch.nn.utils.parametrize.ParametrizedLinear is not on the allowlist"):
-        _round_trip(qat)
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    _qat_step(qat, x, target)
+    before = {k: v.clone() for k, v in qat.state_dict().items()}
+    loaded = _round_trip(qat)
+    assert all(torch.equal(before[k], v) for k, v in qat.state_dict().items())  # saving changed nothing
+    _assert_same_state(qat, loaded)
+    layer, saved_layer = loaded.get_submodule("0"), qat.get_submodule("0")
+    assert type(layer).__name__ == "ParametrizedLinear" and loaded.training
+    assert layer.parametrizations.weight[0] is loaded.lucid_fx_weight_observers["0"]
+    assert type(layer) is not type(saved_layer)  # its own generated class, not the saved model's
+    # Training goes on identically in both, and both convert to the same int8 model.
+    torch.testing.assert_close(loaded(x), qat(x), rtol=0, atol=0)
+    _qat_step(qat, x, target)
+    _qat_step(loaded, x, target)
+    _assert_same_state(qat, loaded)
+    qmodel, qloaded = lucid_fx.convert(qat.eval()), lucid_fx.convert(loaded.eval())
+    assert torch.equal(qloaded(x), qmodel(x)) and torch.equal(saved_layer.weight, layer.weight)
+
+
+def test_a_parametrized_record_with_a_bad_tensor_name_is_refused():
+    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
+    buffer = io.BytesIO()
+    lucid_fx.save(qat, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    (child,) = [c for name, c in data["model"]["children"] if name == "0"]
+    child["parametrized"]["__class__"] = child["parametrized"].pop("weight")
+    crafted = io.BytesIO()
+    torch.save(data, crafted)
+    crafted.seek(0)
+    with pytest.raises(ValueError, match=r"module '0': parametrized tensor name '__class__' may not be set from a file"):
+        lucid_fx.load(crafted)
 
 
 def test_save_leaves_the_model_as_it_was():
