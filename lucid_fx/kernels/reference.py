@@ -288,7 +288,9 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         index = q
     else:
         raise ValueError(f"lut reads uint8 or int8 codes, got {q.dtype}")
-    return _lookup(table.to(q.device), index)
+    out = _lookup(table.to(q.device), index)
+    like = torch.empty_like(q, dtype=out.dtype)  # results keep the layout of the codes, as torch's elementwise ops do
+    return out if like.stride() == out.stride() else like.copy_(out)
 
 
 def _lookup(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -406,6 +406,8 @@ def _calls():
         ("mul", (q4.contiguous(memory_format=torch.channels_last), s4, z4, q4, s4, z4, 0.1, 3, "relu")),
         ("matmul", (q4, s4, z4, q4.transpose(-1, -2), s4, z4, 0.1, 3)),
         ("lut", (q4, torch.arange(256, dtype=torch.uint8))),
+        ("lut", (act((2, 8, 16, 16))[0].contiguous(memory_format=torch.channels_last), torch.arange(256, dtype=torch.uint8))),
+        ("lut", (q4.transpose(1, 3), torch.arange(256, dtype=torch.uint8))),
         ("softmax", (q4, s4, z4, -1, 1 / 256, 0)),
         ("cat", ([q4, q4], [s4, 0.5], [z4, z4], 1, s4, z4)),
         ("avg_pool2d", (q4, s4, z4, [3, 3], [2, 2], [1, 1], True, False, 0.1, 3)),
