@@ -17,8 +17,8 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
-from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
+from lucid_fx.quantization.observers import FixedQParamsObserver
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
