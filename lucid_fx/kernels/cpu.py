@@ -28,12 +28,14 @@ import torch
 
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cuda import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
+from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
 
-__all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED"]
+__all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES"]
 
 # oneDNN-packed weights (or None: run the fallback), once per weight and geometry.
 PACKED = WeightCache()
+# Linear biases with the activation zero point folded in, once per weight, bias and input grid.
+FOLDED_BIASES = WeightCache()
 _state = {"onednn": None}
 
 
@@ -125,6 +127,19 @@ def _from_uint8(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (out ^ 128).view(torch.int8) if dtype == torch.int8 else out
 
 
+def _zero_point_in_bias(qw, w_scale, bias, x_scale: float, x_zp: int) -> torch.Tensor:
+    """``bias - x_scale * w_scale * x_zp * rowsum(qw)``: with it, oneDNN runs with an activation
+    zero point of 0, which measured 10-15% faster (Linear(1024): 201 vs 237 us at batch 1, 1.08 vs
+    1.19 ms at batch 64) with the same codes. Built once per weight, bias and input grid."""
+    def build():
+        folded = -(x_scale * x_zp) * w_scale.double() * qw.double().sum(1)
+        return (folded if bias is None else folded + bias.double()).to(torch.float32)
+
+    key = ("zero point in bias", x_scale, x_zp, id(w_scale), _version_of(w_scale),
+           None if bias is None else (id(bias), _version_of(bias)))
+    return FOLDED_BIASES.get(qw, key, build)
+
+
 def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype):
     ref.check_post_op(post_op)
     packed = None
@@ -134,10 +149,13 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
         return int8_linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype, pad=False)
     weight, zeros = packed
     dtype = ref.out_storage(qx, out_dtype)
-    # oneDNN reads s8 activations natively and writes s8 output natively.
+    # int8 activations go in as uint8 (s8 inputs measured 5x slower without VNNI), and the zero
+    # point goes into the bias; oneDNN writes s8 output natively.
+    qx, x_zp = _as_uint8(qx, x_zp)
+    bias = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else _float(bias)
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
     out = torch.ops.onednn.qlinear_pointwise.default(  # .default: resolving the overload costs ~18 us a call
-        qx.contiguous(), x_scale, x_zp, weight, w_scale.to(torch.float32), zeros, _float(bias), scale, zp,
+        qx.contiguous(), x_scale, 0, weight, w_scale.to(torch.float32), zeros, bias, scale, zp,
         None if dtype == torch.uint8 else dtype, post_op, [], "",
     )
     return ref.to_layout(out, torch.contiguous_format)

@@ -151,6 +151,28 @@ def test_weight_is_packed_once_and_repacked_when_it_changes():
     assert_close(out, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_activation_zero_point_is_folded_into_the_bias_once_per_grid(dtype):
+    # oneDNN runs with a zero point of 0 (faster) and the bias carries -x_scale * w_scale * zp * rowsum(w);
+    # int8 codes go in as uint8 (zero point + 128), so they are folded too.
+    qx, xs, xz = act((5, 16), dtype)
+    qw, ws = weight((8, 16))
+    bias = torch.randn(8)
+    out_zp = 100 if dtype == torch.uint8 else 3
+
+    def expected():
+        return finish(F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws), bias), "none", 0.05, out_zp, dtype)
+
+    with K.use_onednn(True):
+        before = cpu.FOLDED_BIASES.builds
+        for _ in range(2):
+            assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 0.05, out_zp, "none", None), expected())
+        assert cpu.FOLDED_BIASES.builds == before + 1
+        bias.add_(1.0)  # a bias changed in place is folded again
+        assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 0.05, out_zp, "none", None), expected())
+        assert cpu.FOLDED_BIASES.builds == before + 2
+
+
 def test_each_backend_runs_its_own_path():
     from lucid_fx.kernels import cuda
 
