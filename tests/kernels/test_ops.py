@@ -216,6 +216,17 @@ def test_conv2d(backend, case, post_op, out_dtype):
     assert out.is_contiguous()  # NCHW in, NCHW out
 
 
+@pytest.mark.parametrize("case", [CONV2D[0], CONV2D[3], (1, 4, 9, 9, 6, 3, 2, 0, 1, 2)], ids=["padded", "1x1", "3x3-unpadded"])
+def test_unpadded_convolutions_fold_the_zero_point_into_the_bias(case):
+    # Without padding every output sums the whole window, so oneDNN can run with zero point 0.
+    qx, xs, xz, qw, ws, bias, s, p, d, g = conv_args(case)
+    expected = finish(F.conv2d(Q.dequantize(qx, xs, xz), deq_w(qw, ws), bias, s, p, d, g), "none", 0.06, 90, torch.uint8)
+    with K.use_onednn(True):
+        before = cpu.FOLDED_BIASES.builds
+        assert_close(ops.conv2d(qx, xs, xz, qw, ws, bias, s, p, d, g, 0.06, 90, "none", None), expected)
+        assert cpu.FOLDED_BIASES.builds - before == (0 if any(p) else 1)
+
+
 @pytest.mark.parametrize("case", CONV2D[:3])
 def test_conv2d_channels_last_and_int8(backend, case):
     qx, xs, xz, qw, ws, bias, s, p, d, g = conv_args(case, torch.int8, channels_last=True)
