@@ -2,9 +2,9 @@
 
     python benchmarks/int8_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...] [--quick]
 
-Every figure is a same-run median of ``--rounds`` timed rounds (each round runs the model
-enough times to take ~0.2 s) after a warm-up. Speedups are ratios to fp32 eager measured in the
-same run. SQNR is against the fp32 output on a held-out batch. Size is the serialized
+Every figure is a same-run median of ``--rounds`` timed rounds (each round runs each model
+enough times to take ~0.2 s, the variants taking turns within the round) after a warm-up.
+Speedups are ratios to fp32 eager measured in the same run. SQNR is against the fp32 output on a held-out batch. Size is the serialized
 ``state_dict``. torch.ao is deprecated but still runs on torch 2.13; it is a peer here, never a
 dependency of lucid_fx.
 """
@@ -39,21 +39,39 @@ def size_mb(model: torch.nn.Module) -> float:
     return buffer.tell() / 2**20
 
 
-def timed(fn, x, rounds: int) -> float:
+def timed(fns: dict, x, rounds: int) -> dict:
+    """Median seconds per call of each ``fns[name](x)``. The variants take turns within every
+    round, so a slow spell of this shared machine hits all of them instead of one."""
     with torch.no_grad():
-        fn(x)
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < 0.2 or n < 2:
+        per_round = {}
+        for name, fn in fns.items():
             fn(x)
-            n += 1
-        per_round = n
-        samples = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(per_round):
+            start, n = time.perf_counter(), 0
+            while time.perf_counter() - start < 0.2 or n < 2:
                 fn(x)
-            samples.append((time.perf_counter() - start) / per_round)
-    return statistics.median(samples)
+                n += 1
+            per_round[name] = n
+        samples = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                for _ in range(per_round[name]):
+                    fn(x)
+                samples[name].append((time.perf_counter() - start) / per_round[name])
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _engine_set(variant: str, model):
+    """``model``, called with torch.ao's quantized engine set to the variant's (x86 or onednn)."""
+    if not variant.startswith("torch.ao"):
+        return model
+    engine = variant.split()[-1]
+
+    def run(x):
+        torch.backends.quantized.engine = engine
+        return model(x)
+
+    return run
 
 
 def torch_ao_int8(model, example, batches, engine: str):
@@ -97,15 +115,13 @@ def main(argv=None) -> list:
             except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported as such
                 print(f"{name:<10} torch.ao {engine:<7} failed: {type(exc).__name__}: {str(exc)[:80]}")
         variants["lucid_fx int8"] = lucid_fx.quantize(model, (example,), batches)
-        base = None
+        seconds = timed({variant: _engine_set(variant, m) for variant, m in variants.items()}, example, args.rounds)
+        base = seconds["fp32 eager"]
         for variant, m in variants.items():
-            if variant.startswith("torch.ao"):
-                torch.backends.quantized.engine = variant.split()[-1]
-            seconds = timed(m, example, args.rounds)
-            base = base or seconds
             with torch.no_grad():
-                out = m(held_out)
-            row = (name, variant, seconds * 1e3, base / seconds, sqnr(reference, out) if m is not model else float("inf"), size_mb(m))
+                out = _engine_set(variant, m)(held_out)
+            row = (name, variant, seconds[variant] * 1e3, base / seconds[variant],
+                   sqnr(reference, out) if m is not model else float("inf"), size_mb(m))
             rows.append(row)
             print(f"{row[0]:<10} {row[1]:<16} {row[2]:>9.2f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>7.1f}")
     return rows

@@ -197,6 +197,18 @@ class WeightCache:
             self.builds += 1
         return slot[1][key]
 
+    def has(self, weight: torch.Tensor, key: Hashable) -> bool:
+        """Whether ``(weight, key)`` is cached and current."""
+        slot = self._entries.get(weight)
+        return slot is not None and slot[0] == _version_of(weight) and key in slot[1]
+
+    def count(self, weight: torch.Tensor, match: Callable[[Hashable], bool]) -> int:
+        """How many current entries of ``weight`` have a key that ``match`` accepts."""
+        slot = self._entries.get(weight)
+        if slot is None or slot[0] != _version_of(weight):
+            return 0
+        return sum(1 for key in slot[1] if match(key))
+
     def clear(self) -> None:
         """Drop every entry (the build count stays)."""
         self._entries = WeakIdKeyDictionary()

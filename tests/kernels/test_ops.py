@@ -537,3 +537,18 @@ def test_reference_kernels_of_ops_with_cpu_kernels_agree_with_the_oracle(name):
         args, expected = (qa, sa, za, qb, sb, zb, 0.0811, 100, "none"), Q.quantize(y, 0.0811, 100, "quint8")
     for kernel in (getattr(reference, name), getattr(cpu_float, name), getattr(ops, name)):
         assert_close(kernel(*args), expected)
+
+
+def test_convolution_packs_per_input_shape_up_to_a_bound():
+    # Packed for the input shape, oneDNN picks its best weight layout; a weight seen at more than
+    # SHAPED_PACKS shapes shares one generic pack for the rest, so memory stays bounded.
+    qw, ws = weight((6, 4, 3, 3))
+    with K.use_onednn(True):
+        before = cpu.PACKED.builds
+        for size in range(5, 5 + cpu.SHAPED_PACKS + 3):
+            qx, xs, xz = act((1, 4, size, size), seed=size)
+            expected = finish(F.conv2d(Q.dequantize(qx, xs, xz), deq_w(qw, ws), None, 1, 1), "none", 0.06, 90, torch.uint8)
+            assert_close(ops.conv2d(qx, xs, xz, qw, ws, None, [1, 1], [1, 1], [1, 1], 1, 0.06, 90, "none", None), expected)
+        assert cpu.PACKED.builds - before == cpu.SHAPED_PACKS + 1  # one per shape up to the bound, then one generic
+        ops.conv2d(act((1, 4, 5, 5))[0], xs, xz, qw, ws, None, [1, 1], [1, 1], [1, 1], 1, 0.06, 90, "none", None)
+        assert cpu.PACKED.builds - before == cpu.SHAPED_PACKS + 1  # a shape seen before reuses its pack
