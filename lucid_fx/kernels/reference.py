@@ -64,7 +64,8 @@ def dequant(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     if q.dtype not in (torch.uint8, torch.int8):
         return dequantize(q, scale, zero_point)  # int32 codes: q - zp must be taken in int32
     # A Python float that is exactly a float32 value multiplies in float32 like a float32 tensor.
-    return q.to(torch.float32).sub_(zero_point).mul_(f32(scale))
+    y = q.to(torch.float32)
+    return (y.sub_(zero_point) if zero_point else y).mul_(f32(scale))
 
 
 def quant(
@@ -77,8 +78,8 @@ def quant(
     """
     inv = f32_reciprocal(scale)
     y32 = y.to(torch.float32)
-    codes = y32.mul_(inv) if (overwrite or y32 is not y) else y32 * inv
-    return codes.round_().add_(zero_point).clamp_(quant_min, quant_max).to(dtype)
+    codes = (y32.mul_(inv) if (overwrite or y32 is not y) else y32 * inv).round_()
+    return (codes.add_(zero_point) if zero_point else codes).clamp_(quant_min, quant_max).to(dtype)
 
 
 def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: torch.dtype) -> torch.Tensor:
