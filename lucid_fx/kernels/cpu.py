@@ -21,6 +21,7 @@ exact on the device (``[-64, 63]`` on such CPUs); a weight outside it is run thr
 """
 
 import contextlib
+import functools
 import warnings
 from typing import Iterator, Optional, Tuple, Union
 
@@ -72,6 +73,7 @@ def use_onednn(enabled: bool) -> Iterator[None]:
         _state["onednn"] = previous
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_has_vnni() -> bool:
     is_vnni = getattr(torch.cpu, "_is_vnni_supported", None)  # private; absent means "assume not"
     return bool(is_vnni()) if is_vnni is not None else False
@@ -171,23 +173,23 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     rows, x_zp = _as_uint8(rows, x_zp)
     bias = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else _float(bias)
     w_scale = w_scale.to(torch.float32)
+    m, k = rows.shape
     if _linear_as_conv():
         # (M, K) row-major codes are a (1, K, 1, M) channels-last image, and the (1, N, 1, M)
         # channels-last result is the (M, N) output: no copy either way.
-        image = rows.view(1, 1, rows.shape[0], rows.shape[1]).permute(0, 3, 1, 2)
+        image = rows.as_strided((1, k, 1, m), (m * k, 1, m * k, k))
         scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
         out = torch.ops.onednn.qconv2d_pointwise.default(  # .default: resolving the overload costs ~18 us a call
             image, x_scale, 0, weight, w_scale, zeros, bias, [1, 1], [0, 0], [1, 1], 1, scale, zp, onednn_dtype,
             post_op, [], "",
         )
-        out = _from_uint8(out.permute(0, 2, 3, 1).reshape(rows.shape[0], -1), dtype)
-    else:
-        scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
-        out = torch.ops.onednn.qlinear_pointwise.default(
-            rows, x_scale, 0, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
-            post_op, [], "",
-        )
-    return out.view(*qx.shape[:-1], out.shape[-1])
+        return _from_uint8(out.permute(0, 2, 3, 1).reshape(*qx.shape[:-1], qw.shape[0]), dtype)
+    scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
+    out = torch.ops.onednn.qlinear_pointwise.default(
+        rows, x_scale, 0, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
+        post_op, [], "",
+    )
+    return out.view(*qx.shape[:-1], qw.shape[0])
 
 
 def _float(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
