@@ -60,6 +60,17 @@ def backend(request):
         yield request.param
 
 
+@pytest.fixture(params=["onednn-conv", "onednn-linear", "int_mm"])
+def linear_backend(request, monkeypatch):
+    """A linear through oneDNN's 1x1 convolution (CPUs without VNNI), oneDNN's linear primitive
+    (CPUs with VNNI) and the torch._int_mm fallback, whatever this CPU is."""
+    if request.param != "int_mm" and not K.onednn_available():
+        pytest.fail("this torch build has no oneDNN quantized ops; the oneDNN path cannot be tested")
+    monkeypatch.setattr(cpu, "_linear_as_conv", lambda: request.param == "onednn-conv")
+    with K.use_onednn(request.param != "int_mm"):
+        yield request.param
+
+
 # ---- quantize / dequantize: bit-for-bit equal to lucid_fx.quantization ----
 
 
@@ -94,7 +105,7 @@ def test_quantize_per_channel_is_bit_exact():
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 @pytest.mark.parametrize("per_channel", [True, False])
-def test_linear(backend, shape, post_op, out_dtype, per_channel):
+def test_linear(linear_backend, shape, post_op, out_dtype, per_channel):
     qx, xs, xz = act(shape)
     qw, ws = weight((7, shape[-1]), per_channel)
     bias = torch.randn(7)
@@ -104,7 +115,7 @@ def test_linear(backend, shape, post_op, out_dtype, per_channel):
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
-def test_linear_int8_activations_without_bias(backend, out_dtype):
+def test_linear_int8_activations_without_bias(linear_backend, out_dtype):
     qx, xs, xz = act((5, 24), torch.int8)
     qw, ws = weight((9, 24))
     expected = finish(F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws)), "relu", 0.03, -5, out_dtype or torch.int8)
