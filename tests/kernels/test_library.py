@@ -1,0 +1,38 @@
+"""lucid_fx.kernels.library: the weight cache behind packed and padded weights."""
+
+import gc
+
+import torch
+
+from lucid_fx.kernels import WeightCache
+
+
+def test_entries_follow_the_weight_identity_version_and_lifetime():
+    cache = WeightCache()
+    w = torch.ones(3)
+    assert [cache.get(w, "twice", lambda: w * 2).tolist() for _ in range(2)] == [[2.0] * 3] * 2
+    assert cache.builds == 1 and cache.has(w, "twice") and not cache.has(w, "other")
+    cache.get(w, "other", lambda: w + 1)
+    assert cache.count(w, lambda key: key in ("twice", "other")) == 2
+    w.add_(1)  # in place: stale for every key
+    assert not cache.has(w, "twice") and cache.count(w, lambda key: True) == 0
+    assert cache.get(w, "twice", lambda: w * 2).tolist() == [4.0] * 3 and cache.builds == 3
+    twin = w.clone()  # equal values, another tensor: its own entries
+    assert not cache.has(twin, "twice")
+    cache.get(twin, "twice", lambda: twin * 2)
+    assert len(cache) == 2
+    del w, twin
+    gc.collect()
+    assert len(cache) == 0 and cache._entries == {}  # the entries went with their weights
+
+
+def test_a_reused_id_never_returns_a_dead_weights_entry():
+    cache = WeightCache()
+    seen = {}
+    for i in range(200):  # ids of freed tensors are reused by later ones
+        w = torch.full((2,), float(i))
+        assert cache.get(w, "value", lambda: float(w[0])) == float(i)
+        seen[id(w)] = seen.get(id(w), 0) + 1
+        del w
+    assert max(seen.values()) > 1  # an id was reused, and still each lookup saw its own weight
+    assert cache.builds == 200
