@@ -46,11 +46,15 @@ def decode(module: nn.Module, records: Dict[str, Any], path: str, decode_child: 
     for name, record in records.items():
         if not (isinstance(name, str) and name.isidentifier() and not name.startswith("_")) or hasattr(nn.Module, name):
             raise ValueError(f"{where}: parametrized tensor name {name!r} may not be set from a file")
-        original = record.get("original")
-        if not isinstance(original, torch.Tensor) or not isinstance(record.get("modules"), list):
+        if not isinstance(record, dict):
             raise ValueError(f"{where}: malformed parametrization record for {name!r}")
-        if record["is_parameter"]:
-            module._parameters[name] = nn.Parameter(original, requires_grad=bool(record["requires_grad"]))
+        original, is_parameter, requires_grad = record.get("original"), record.get("is_parameter"), record.get("requires_grad")
+        if not (isinstance(original, torch.Tensor) and isinstance(record.get("modules"), list)
+                and isinstance(is_parameter, bool) and isinstance(requires_grad, bool)
+                and (not requires_grad or original.is_floating_point())):
+            raise ValueError(f"{where}: malformed parametrization record for {name!r}")
+        if is_parameter:
+            module._parameters[name] = nn.Parameter(original, requires_grad=requires_grad)
         else:
             module._buffers[name] = original
         for i, child in enumerate(record["modules"]):

@@ -13,6 +13,7 @@ rebuilt on the first call.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import keyword
 import os
 import re
@@ -111,19 +112,19 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
         record["class_name"] = type(module).__name__
     else:
         record["class"] = codec.class_name(_parametrized.base_class(module), f"{where} ({type(module).__name__})")
-        parametrized = _parametrized.encode(module, path, lambda m, p: _encode_module(m, p, codec, seen))
-        if parametrized is not None:
-            record["parametrized"] = parametrized
     record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items() if k not in state}
     record["params"] = {k: None if p is None else p.detach() for k, p in module._parameters.items()}
     record["requires_grad"] = {k: p.requires_grad for k, p in module._parameters.items() if p is not None}
     record["buffers"] = dict(module._buffers)
     record["non_persistent"] = sorted(module._non_persistent_buffers_set)
+    parametrized = not is_graph and _parametrized.base_class(module) is not type(module)
     record["children"] = [
         [name, None if child is None else _encode_module(child, f"{path}.{name}" if path else name, codec, seen)]
         for name, child in module._modules.items()
-        if not (name == _parametrized.CONTAINER and "parametrized" in record)
+        if not (parametrized and name == _parametrized.CONTAINER)
     ]
+    if parametrized:  # after the children, as load reads them: a module shared with the subtree is built once
+        record["parametrized"] = _parametrized.encode(module, path, lambda m, p: _encode_module(m, p, codec, seen))
     if is_graph:
         record["graph"] = _encode_graph(module, path, codec)
     return record
@@ -225,6 +226,15 @@ def _decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: 
     return graph
 
 
+def _shadows_code(cls: type, key: str) -> bool:
+    """An instance attribute that would stand in for code: a dunder, a method or property of the
+    class, or a hook torch calls by name (a parametrization's ``right_inverse``)."""
+    if key.startswith("__") or key in ("right_inverse",):
+        return True
+    static = inspect.getattr_static(cls, key, None)
+    return callable(static) or isinstance(static, (property, staticmethod, classmethod))
+
+
 def _decode_module(record: Dict[str, Any], path: str, codec: Codec, built: Dict[str, nn.Module]) -> nn.Module:
     where = _where(path)
     kind = record.get("kind")
@@ -255,7 +265,7 @@ def _decode_module(record: Dict[str, Any], path: str, codec: Codec, built: Dict[
     module._buffers.update(record["buffers"])
     module._non_persistent_buffers_set.update(record["non_persistent"])
     for key, value in record["attrs"].items():
-        if not (isinstance(key, str) and key.isidentifier()) or key in state:
+        if not (isinstance(key, str) and key.isidentifier()) or key in state or _shadows_code(type(module), key):
             raise ValueError(f"{where}: attribute {key!r} may not be set from a file")
         module.__dict__[key] = codec.decode(value, f"{where}, attribute {key!r}")
     if kind == "module" and "parametrized" in record:

@@ -318,6 +318,67 @@ def test_qat_model_round_trips_mid_training():
     assert torch.equal(qloaded(x), qmodel(x)) and torch.equal(saved_layer.weight, layer.weight)
 
 
+def test_a_fake_quant_shared_with_the_layers_own_subtree_loads():
+    # The file writes a parametrized module's children before its parametrizations, as load
+    # reads them, so a module found in both places is built once and aliased.
+    fake_quant = Q.FakeQuantize(Q.MovingAverageMinMaxObserver.with_args(averaging_constant=0.5))
+    layer = nn.Linear(4, 4)
+    torch.nn.utils.parametrize.register_parametrization(layer, "weight", fake_quant, unsafe=True)
+    layer.inner = nn.Sequential(fake_quant)
+    model = nn.Sequential(layer).train()
+    model(torch.randn(3, 4))
+    loaded = _round_trip(model)
+    assert loaded[0].parametrizations.weight[0] is loaded[0].inner[0]
+    x = torch.randn(2, 4)
+    assert torch.equal(loaded(x), model(x))
+
+
+def _crafted(mutate):
+    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
+    buffer = io.BytesIO()
+    lucid_fx.save(qat, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    (child,) = [c for name, c in data["model"]["children"] if name == "0"]
+    mutate(child)
+    crafted = io.BytesIO()
+    torch.save(data, crafted)
+    crafted.seek(0)
+    return crafted
+
+
+def test_a_crafted_right_inverse_never_runs_at_load():
+    # register_parametrization calls a parametrization's right_inverse: a file must not set one.
+    def mutate(child):
+        child["parametrized"]["weight"]["modules"][0]["attrs"]["right_inverse"] = {"$": "fn", "v": "torch.zero_"}
+
+    with pytest.raises(ValueError, match=r"module '0.parametrizations.weight.0': attribute 'right_inverse' may not be set"):
+        lucid_fx.load(_crafted(mutate))
+
+
+def test_attributes_that_would_shadow_methods_are_refused():
+    def mutate(child):
+        child["attrs"]["forward"] = {"$": "fn", "v": "torch.zero_"}
+
+    with pytest.raises(ValueError, match=r"module '0': attribute 'forward' may not be set from a file"):
+        lucid_fx.load(_crafted(mutate))
+
+
+@pytest.mark.parametrize("broken", ["not-a-dict", "no-flag", "int-original-with-grad"])
+def test_a_malformed_parametrization_record_is_a_value_error(broken):
+    def mutate(child):
+        record = child["parametrized"]["weight"]
+        if broken == "not-a-dict":
+            child["parametrized"]["weight"] = 3
+        elif broken == "no-flag":
+            del record["is_parameter"]
+        else:
+            record["original"] = torch.zeros(16, 8, dtype=torch.int64)
+
+    with pytest.raises(ValueError, match=r"module '0': malformed parametrization record for 'weight'"):
+        lucid_fx.load(_crafted(mutate))
+
+
 def test_a_parametrized_record_with_a_bad_tensor_name_is_refused():
     qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
     buffer = io.BytesIO()
