@@ -38,12 +38,13 @@ from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cuda import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
 
-__all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "SHAPED_PACKS"]
+__all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
 
 # oneDNN-packed weights (or None: run the fallback), once per weight and geometry.
 PACKED = WeightCache()
-# Linear biases with the activation zero point folded in, once per weight, bias and input grid.
+# Biases with the activation zero point folded in (and each weight's sums), per weight and input grid.
 FOLDED_BIASES = WeightCache()
+FOLDED_GRIDS = 4
 _state = {"onednn": None}
 
 
@@ -136,19 +137,44 @@ def _from_uint8(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (out ^ 128).view(torch.int8) if dtype == torch.int8 else out
 
 
-def _zero_point_in_bias(qw, w_scale, bias, x_scale: float, x_zp: int) -> torch.Tensor:
-    """``bias - x_scale * w_scale * x_zp * sum(qw[o])``: with it, oneDNN runs with an activation
-    zero point of 0, which measured 10-15% faster for a linear (Linear(1024): 201 vs 237 us at
-    batch 1, 1.08 vs 1.19 ms at batch 64) and 10-45% for unpadded convolutions, with the same
-    codes. Exact only where every output sums the whole weight window: linears, and convolutions
-    without padding (a padded tap reads no zero point). Built once per weight, bias and grid."""
+def _weight_sums(qw: torch.Tensor) -> Optional[torch.Tensor]:
+    """Per-output sums of ``qw`` (float64), once per weight; None when folding could round: the raw
+    accumulator (activation codes up to 255 against the weight) must stay exact in float32."""
     def build():
-        folded = -(x_scale * x_zp) * w_scale.double() * qw.double().reshape(qw.shape[0], -1).sum(1)
-        return (folded if bias is None else folded + bias.double()).to(torch.float32)
+        flat = qw.reshape(qw.shape[0], -1)
+        if 255 * int(flat.abs().sum(1, dtype=torch.int64).max()) >= 2**24:
+            return None
+        return flat.sum(1, dtype=torch.int64).double()
 
-    key = ("zero point in bias", x_scale, x_zp, id(w_scale), _version_of(w_scale),
-           None if bias is None else (id(bias), _version_of(bias)))
-    return FOLDED_BIASES.get(qw, key, build)
+    return FOLDED_BIASES.get(qw, "weight sums", build)
+
+
+def _zero_point_in_bias(qw, w_scale, bias, x_scale: float, x_zp: int) -> Optional[torch.Tensor]:
+    """``bias - x_scale * w_scale * x_zp * sum(qw[o])``, or None where folding could round.
+
+    With it oneDNN runs with an activation zero point of 0, which measured 10-15% faster for a
+    linear (Linear(1024): 201 vs 237 us at batch 1, 1.08 vs 1.19 ms at batch 64) and 10-45% for
+    unpadded convolutions. Valid only where every output sums the whole weight window (linears,
+    convolutions without padding: a padded tap reads no zero point), and only while the raw
+    accumulator is exact in float32; codes then match the unfolded call except where float32
+    rounding moves a tie. Kept for up to FOLDED_GRIDS input grids per weight (each entry holds the
+    scale and bias tensors it was built from, and is rebuilt when either is replaced or changed);
+    further grids, as dynamic quantization makes one per batch, are folded per call."""
+    sums = _weight_sums(qw)
+    if sums is None:
+        return None
+    key = ("zero point in bias", x_scale, x_zp)
+    stamp = (w_scale, _version_of(w_scale), bias, None if bias is None else _version_of(bias))
+    entry = FOLDED_BIASES.peek(qw, key)
+    if entry is not None:
+        (scale_then, scale_version, bias_then, bias_version), folded = entry
+        if scale_then is w_scale and bias_then is bias and (scale_version, bias_version) == stamp[1::2]:
+            return folded
+    folded = -(x_scale * x_zp) * w_scale.double() * sums
+    folded = (folded if bias is None else folded + bias.double()).to(torch.float32)
+    if entry is not None or FOLDED_BIASES.count(qw, lambda k: k[0] == "zero point in bias") < FOLDED_GRIDS:
+        FOLDED_BIASES.put(qw, key, (stamp, folded))
+    return folded
 
 
 def _linear_as_conv() -> bool:
@@ -159,8 +185,8 @@ def _linear_as_conv() -> bool:
     return not _cpu_has_vnni()
 
 
-def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor):
-    if not _linear_as_conv():
+def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor, as_conv: bool):
+    if not as_conv:
         return _pack(qw, "linear", lambda: torch.ops.onednn.qlinear_prepack(qw.contiguous(), None))
     n, k = qw.shape
     return _pack(qw, "linear as 1x1 conv", lambda: torch.ops.onednn.qconv_prepack(
@@ -169,19 +195,25 @@ def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor):
 
 def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype):
     ref.check_post_op(post_op)
-    packed = _linear_pack(qw, w_scale) if _onednn_on() else None
-    if packed is None or qx.numel() == 0:
-        return int8_linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype, pad=False)
-    weight, zeros = packed
+    args = (qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype)
+    if not _onednn_on() or qx.numel() == 0:
+        return int8_linear(*args, pad=False)
     dtype = ref.out_storage(qx, out_dtype)
     # int8 activations go in as uint8 (s8 inputs measured 5x slower without VNNI), and the zero
-    # point goes into the bias.
+    # point goes into the bias where that is exact.
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()
-    rows, x_zp = _as_uint8(rows, x_zp)
-    bias = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else _float(bias)
+    rows, zp_u8 = _as_uint8(rows, x_zp)
+    zp_u8, bias = _folded_zero_point(qw, w_scale, bias, x_scale, zp_u8)
+    # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
+    # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
+    as_conv = _linear_as_conv() and zp_u8 == 0
+    packed = _linear_pack(qw, w_scale, as_conv)
+    if packed is None:
+        return int8_linear(*args, pad=False)
+    weight, zeros = packed
     w_scale = _float(w_scale)
     m, k = rows.shape
-    if _linear_as_conv():
+    if as_conv:
         # (M, K) row-major codes are a (1, K, 1, M) channels-last image, and the (1, N, 1, M)
         # channels-last result is the (M, N) output: no copy either way.
         image = rows.as_strided((1, k, 1, m), (m * k, 1, m * k, k))
@@ -193,7 +225,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
         return _from_uint8(out.permute(0, 2, 3, 1).reshape(*qx.shape[:-1], qw.shape[0]), dtype)
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
     out = torch.ops.onednn.qlinear_pointwise.default(
-        rows, x_scale, 0, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
+        rows, x_scale, zp_u8, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
         post_op, [], "",
     )
     return out.view(*qx.shape[:-1], qw.shape[0])
@@ -225,11 +257,15 @@ def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
     return _pack(qw, key, build)
 
 
+def _folded_zero_point(qw, w_scale, bias, x_scale, x_zp) -> Tuple[int, Optional[torch.Tensor]]:
+    """(zero point, bias) to give oneDNN: the zero point folded into the bias where that is exact."""
+    folded = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else None
+    return (0, folded) if folded is not None else (x_zp, _float(bias))
+
+
 def _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding) -> Tuple[int, Optional[torch.Tensor]]:
-    """(zero point, bias) to give oneDNN: the zero point folded into the bias when nothing is padded."""
-    if x_zp and not any(padding):
-        return 0, _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp)
-    return x_zp, _float(bias)
+    """Convolutions fold the zero point only when nothing is padded."""
+    return (x_zp, _float(bias)) if any(padding) else _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
 
 
 def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,

@@ -195,18 +195,32 @@ class WeightCache:
             return None
         return slot
 
-    def get(self, weight: torch.Tensor, key: Hashable, build: Callable[[], object]) -> object:
-        """The cached ``build()`` for ``(weight, key)``, built now if missing or stale."""
+    def _current(self, weight: torch.Tensor) -> Dict[Hashable, object]:
+        """The entries of ``weight``, emptied if the weight changed since they were built."""
         version = _version_of(weight)
         slot = self._slot(weight)
         if slot is None or slot[1] != version:
             slot = [weakref.ref(weight, functools.partial(_forget, self._entries, id(weight))), version, {}]
             self._entries[id(weight)] = slot
-        built = slot[2]
+        return slot[2]
+
+    def get(self, weight: torch.Tensor, key: Hashable, build: Callable[[], object]) -> object:
+        """The cached ``build()`` for ``(weight, key)``, built now if missing or stale."""
+        built = self._current(weight)
         if key not in built:
             built[key] = build()
             self.builds += 1
         return built[key]
+
+    def peek(self, weight: torch.Tensor, key: Hashable) -> Optional[object]:
+        """The cached value for ``(weight, key)`` if it is there and current, else None."""
+        slot = self._slot(weight)
+        return slot[2].get(key) if slot is not None and slot[1] == _version_of(weight) else None
+
+    def put(self, weight: torch.Tensor, key: Hashable, value: object) -> None:
+        """Store ``value`` for ``(weight, key)``, replacing what was there (counted as a build)."""
+        self._current(weight)[key] = value
+        self.builds += 1
 
     def has(self, weight: torch.Tensor, key: Hashable) -> bool:
         """Whether ``(weight, key)`` is cached and current."""

@@ -178,10 +178,54 @@ def test_activation_zero_point_is_folded_into_the_bias_once_per_grid(dtype):
         before = cpu.FOLDED_BIASES.builds
         for _ in range(2):
             assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 0.05, out_zp, "none", None), expected())
-        assert cpu.FOLDED_BIASES.builds == before + 1
-        bias.add_(1.0)  # a bias changed in place is folded again
+        assert cpu.FOLDED_BIASES.builds == before + 2  # the weight's sums, then the folded bias
+        bias.add_(1.0)  # a bias changed in place is folded again (the sums stay)
         assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 0.05, out_zp, "none", None), expected())
-        assert cpu.FOLDED_BIASES.builds == before + 2
+        assert cpu.FOLDED_BIASES.builds == before + 3
+
+
+def test_folded_biases_stay_bounded_and_follow_replaced_tensors():
+    # Dynamic quantization gives every batch its own grid: only FOLDED_GRIDS are kept per weight,
+    # the rest are folded per call. A new bias tensor (even one reusing a dead one's id) is refolded.
+    qw, ws = weight((8, 16))
+    with K.use_onednn(True):
+        for i in range(3 * cpu.FOLDED_GRIDS):
+            qx, xs, xz = act((4, 16), scale=0.03 + 0.001 * i, seed=i)
+            bias = torch.full((8,), float(i))
+            y = F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws), bias)
+            assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 1.0, 0, "none", torch.float32), y)
+            qx2, xs2, xz2 = act((4, 16), scale=0.03, seed=0)  # one grid again, with this call's bias
+            y2 = F.linear(Q.dequantize(qx2, xs2, xz2), deq_w(qw, ws), bias)
+            assert_close(ops.linear(qx2, xs2, xz2, qw, ws, bias, 1.0, 0, "none", torch.float32), y2)
+            del bias
+        assert cpu.FOLDED_BIASES.count(qw, lambda k: k[0] == "zero point in bias") == cpu.FOLDED_GRIDS
+
+
+def test_no_fold_where_the_accumulator_could_round_in_float32():
+    # 255 * sum|w| >= 2^24: the raw accumulator would lose bits in float32, so the zero point stays
+    # with oneDNN, which subtracts it in int32; codes then equal the exact integer result.
+    k = 4096
+    qw = torch.full((2, k), 63, dtype=torch.int8)
+    qw[1, :64] = 1
+    ws = torch.full((2,), 1.0)
+    qx = torch.full((1, k), 254, dtype=torch.uint8)
+    qx[0, :64] = 255
+    with K.use_onednn(True):
+        before = cpu.FOLDED_BIASES.count(qw, lambda key: key[0] == "zero point in bias")
+        out = ops.linear(qx, 1.0, 254, qw, ws, None, 1.0, 0, "none", torch.float32)
+        assert cpu.FOLDED_BIASES.count(qw, lambda key: key[0] == "zero point in bias") == before == 0
+    exact = ((qx.long() - 254) * qw.long()).sum(1).double()
+    assert torch.equal(out[0].double(), exact)
+    # One output code per accumulator unit: oneDNN's convolution would round its zero-point
+    # compensation here (2 codes off, measured), so such a linear runs on oneDNN's linear.
+    qw = torch.full((4, k), 63, dtype=torch.int8)
+    qw[:, -64:] = 1
+    qx = torch.full((64, k), 254, dtype=torch.uint8)
+    qx[:, -64:] = (torch.randint(-1, 2, (64, 64), generator=torch.Generator().manual_seed(0)) + 254).to(torch.uint8)
+    with K.use_onednn(True):
+        codes = ops.linear(qx, 0.02, 254, qw, torch.full((4,), 0.01), None, 0.02 * 0.01, 128, "none", None)
+    truth = (qx.int() - 254)[:, -64:].sum(1, keepdim=True) + 128
+    assert torch.equal(codes.int(), truth.expand(64, 4))
 
 
 def test_each_backend_runs_its_own_path():
@@ -235,7 +279,7 @@ def test_unpadded_convolutions_fold_the_zero_point_into_the_bias(case):
     with K.use_onednn(True):
         before = cpu.FOLDED_BIASES.builds
         assert_close(ops.conv2d(qx, xs, xz, qw, ws, bias, s, p, d, g, 0.06, 90, "none", None), expected)
-        assert cpu.FOLDED_BIASES.builds - before == (0 if any(p) else 1)
+        assert cpu.FOLDED_BIASES.builds - before == (0 if any(p) else 2)  # the weight's sums and the bias
 
 
 @pytest.mark.parametrize("case", CONV2D[:3])
