@@ -90,7 +90,10 @@ class _GemmWeight:
 
 def _gemm_weight(w2d: torch.Tensor, pad: bool) -> _GemmWeight:
     n, k = w2d.shape
-    b = w2d.contiguous().t()
+    src = w2d.contiguous()
+    # The (K, N) column-major view shares the weight's storage but not its tensor: a view would
+    # keep the weight alive through the cache entry it is the key of, and the entry would leak.
+    b = src.new_empty(0).set_(src.untyped_storage(), src.storage_offset(), (k, n), (1, k))
     if pad:
         _, pk, pn = int_mm_padding(17, k, n)
         b = _pad_columns_major(b, pk, pn)

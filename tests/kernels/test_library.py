@@ -36,3 +36,22 @@ def test_a_reused_id_never_returns_a_dead_weights_entry():
         del w
     assert max(seen.values()) > 1  # an id was reused, and still each lookup saw its own weight
     assert cache.builds == 200
+
+
+def test_fallback_weights_leave_the_caches_when_they_die():
+    # The _int_mm form of a weight (a column-major view of its storage) must not keep the weight
+    # alive, or its cache entries would never go.
+    import lucid_fx.kernels as K
+    from lucid_fx.kernels import cuda
+
+    with K.use_onednn(False):
+        weights = [torch.randint(-64, 64, (8, 16), dtype=torch.int8) for _ in range(5)]
+        x = torch.randint(0, 256, (3, 16), dtype=torch.uint8)
+        outs = [torch.ops.lucid_fx.linear(x, 0.1, 128, w, torch.full((8,), 0.01), None, 1.0, 0, "none", torch.float32)
+                for w in weights]
+        expected = [((x.float() - 128) * 0.1) @ (w.float() * 0.01).t() for w in weights]
+        assert all(torch.allclose(o, e, atol=1e-4) for o, e in zip(outs, expected))
+        held = len(cuda.PREPARED)
+        del weights, outs
+        gc.collect()
+        assert len(cuda.PREPARED) == held - 5
