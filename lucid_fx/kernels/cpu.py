@@ -5,10 +5,11 @@ once per weight (:data:`PACKED`). Ops computed in float32 on the codes (add, mul
 softmax) and table lookups have leaner CPU kernels in :mod:`lucid_fx.kernels.cpu_float`; every
 other op runs its reference kernel (:mod:`lucid_fx.kernels.reference`).
 
-How oneDNN is called matters as much as which op, measured without VNNI (same codes each way):
-a linear runs as a 1x1 convolution over a channels-last view of its rows (1.1-2.2x faster
-than oneDNN's linear); the activation zero point goes into the bias wherever every output sums
-the whole weight window (linears, unpadded convolutions; 10-45% faster); convolution weights are
+How oneDNN is called matters as much as which op, measured without VNNI: a linear runs as a
+1x1 convolution over a channels-last view of its rows (1.1-2.2x faster than oneDNN's linear,
+same codes); the activation zero point goes into the bias wherever every output sums the whole
+weight window and the raw accumulator is exact in float32 (linears, unpadded convolutions;
+10-45% faster, ties aside the same codes; see :func:`_zero_point_in_bias`); convolution weights are
 packed for the input shape they meet (up to :data:`SHAPED_PACKS` shapes; 0.83 against 1.29 ms
 for 512 channels 3x3 on 7x7); int8 activations enter as uint8 (s8 measured 5x slower).
 
