@@ -77,7 +77,8 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
     ['int8 kernel (linear)', 'table lookup (gelu)', 'float (no lowering rule for layer_norm)']
     """
     from lucid_fx.passes.insert_observers import OBSERVERS  # passes import this module's types
-    from lucid_fx.passes.lower_to_int8 import lowering_table, predict_placements
+    from lucid_fx.passes.lower_to_int8 import lowering_table
+    from lucid_fx.passes.predict_placement import predict_placement
     from lucid_fx.registry import current_registry
 
     report = getattr(model, "lucid_fx_report", None)
@@ -87,7 +88,7 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
         qualify = (lambda n: f"{prefix}.{n}") if prefix else (lambda n: n)
         if hasattr(gm, OBSERVERS):
             table = lowering_table((registry or current_registry()).lowerings, backend)
-            found.update((qualify(name), p) for name, p in predict_placements(gm, table).items())
+            found.update((qualify(name), p) for name, p in predict_placement(gm, table).items())
             continue
         for node in gm.graph.nodes:
             placement = node.meta.get(_meta.PLACEMENT)

@@ -18,14 +18,12 @@ and compared with the float one (compare) by node name. Carries ``gm.meta[TRACE]
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS
 from lucid_fx.placement import Placement, Runs
 from lucid_fx.passes.lowering_context import (
     ConvertReport,
@@ -35,9 +33,7 @@ from lucid_fx.passes.lowering_context import (
     quantize_weight,
 )
 
-__all__ = [
-    "lower_to_int8", "lowering_table", "predict_placements", "quantize_weight", "QValue", "LoweringContext", "ConvertReport",
-]
+__all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
 _LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
 
 
@@ -86,16 +82,8 @@ def _names(members: List[fx.Node]) -> Tuple[str, ...]:
     return tuple(name for m in members for name in (m.name, m.meta.get(_meta.FOLDED_BN)) if name)
 
 
-def _key(members: List[fx.Node], kind: str, predict: bool = False) -> Tuple[str, ...]:
-    if kind == "shared":
-        return ("shared",)
-    # Predicting on a prepared graph: a batch norm that convert will fold into the conv or linear
-    # module before it is no part of the key (conv2d+batch_norm+relu is looked up as conv2d+relu).
-    folds = lambda i, m: (  # noqa: E731
-        predict and i > 0 and m.op == "call_module" and m.meta[_meta.OP].op == "batch_norm"
-        and members[i - 1].op == "call_module" and len(members[i - 1].users) == 1
-    )
-    return tuple(m.meta[_meta.OP].op for i, m in enumerate(members) if not folds(i, m))
+def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
+    return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
 
 
 def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
@@ -112,61 +100,6 @@ def _lowered_runs(value: QValue, key: Tuple[str, ...]) -> Runs:
     if key == ("shared",) or (value.node.op == "call_method" and target == "view_as"):
         return Runs.SHARED
     return Runs.TABLE if target in (torch.ops.lucid_fx.lut, torch.ops.lucid_fx.lut.default) else Runs.KERNEL
-
-
-def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: Tuple[str, ...]) -> Runs:
-    """The kind ``rule`` will emit, told from the prepared graph (no qparams needed but fixed ones)."""
-    from lucid_fx.rules import lowering as rules  # rules import the lowering context, as this pass does
-
-    if key == ("shared",):
-        return Runs.SHARED
-    if rule is rules.lower_elementwise:
-        return Runs.TABLE
-    node, call = members[0], members[0].meta[_meta.OP]
-    binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
-    if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
-        return Runs.KERNEL
-    number = next((v for v in (call.args.get("input"), call.args.get("other")) if not isinstance(v, fx.Node)), None)
-    if call.op == "add" or rules._positive_number(number) is None or call.args.get("rounding_mode") is not None:
-        return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
-    # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
-    return Runs.TABLE if node.meta[_meta.DECISION].kind == "fixed" and not _rescale_fits(gm, node, call, number) else Runs.SHARED
-
-
-def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:
-    observers = getattr(gm, OBSERVERS, {})
-    source = call.tensor_inputs()[0]
-    source = source.args[0] if _is_observer_call(source) else source
-    watched = [observers[n.meta[_meta.OBSERVER]] for n in (source, node) if n.meta.get(_meta.OBSERVER) in observers]
-    if len(watched) != 2 or not all(getattr(o, "has_data", True) for o in watched):
-        return False  # not calibrated yet: the input's grid is unknown
-    (in_scale, in_zp), (out_scale, out_zp) = (tuple(float(v) for v in o.calculate_qparams()) for o in watched)
-    scale = in_scale * number if call.op == "mul" else in_scale / number
-    return in_zp == out_zp and math.isclose(scale, out_scale, rel_tol=1e-6)
-
-
-def predict_placements(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any]) -> Dict[str, Placement]:
-    """Where :func:`lower_to_int8` will run each node of a prepared graph, looked up in ``table`` as
-    the pass does, by prepared-node name; a rule may still decline at convert time."""
-    nodes = list(prepared.graph.nodes)
-    found: Dict[str, Placement] = {}
-    for node in nodes:
-        if node.op in ("placeholder", "get_attr", "output") or _is_observer_call(node) or _meta.OP not in node.meta:
-            continue
-        decision = node.meta.get(_meta.DECISION)
-        kind = decision.kind if decision is not None else "float"
-        if kind == "fused":
-            continue  # placed with the last node of its group
-        members = _group(node, nodes)
-        key = _key(members, kind, predict=True)
-        rule = table.get(key) if kind in _LOWERABLE else None
-        if rule is None:
-            placement = _stays_float(kind, decision, key, rule, "")
-        else:
-            placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
-        placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))
-        found.update((name, placement) for name in placement.members)
-    return found
 
 
 def _tag_placements(gm: fx.GraphModule, prepared_nodes: List[fx.Node], placed: Dict[str, Placement]) -> None:
