@@ -54,9 +54,9 @@ class Placement:
 
 
 def _graph_modules(model: nn.Module, prefix: str = "") -> Iterator[Tuple[str, fx.GraphModule]]:
+    # Every graph, nested ones too: prepare quantizes the traceable children of an untraceable module.
     if isinstance(model, fx.GraphModule):
         yield prefix, model
-        return
     for name, child in model.named_children():
         yield from _graph_modules(child, f"{prefix}.{name}" if prefix else name)
 

@@ -1,6 +1,6 @@
 """insert_qdq: the reference (simulated) model: every observer becomes quantize -> dequantize.
 
-Reads the observers' statistics and ``node.meta[WEIGHT_OBSERVER]``; replaces each observer call
+Reads the observers' statistics, ``node.meta[WEIGHT_OBSERVER]`` and ``[FOLDED_BN]``; replaces each observer call
 with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
 linear/conv weight with its quantize -> dequantize image on the kernel's weight grid (a module's
 weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantize_per_channel ->
