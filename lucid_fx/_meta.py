@@ -34,3 +34,15 @@ LOWERING = "lucid_fx.lowering"
 OBSERVER_KIND = "lucid_fx.observer_kind"
 #: (shape, dtype): the shape and dtype a converted node outputs, known at lowering (lower_to_int8).
 VALUE_TYPE = "lucid_fx.value_type"
+#: Placement: where the prepared node whose value this converted node computes runs (int8 kernel,
+#: table lookup, shared codes, float) and why: the lowering rule key or the reason it stayed float (lower_to_int8).
+PLACEMENT = "lucid_fx.placement"
+
+# Written by convert's fold on the prepared graph's nodes:
+#: str: name of the batch-norm node folded into this conv/linear, whose value the node now outputs (fold_batchnorm).
+FOLDED_BN = "lucid_fx.folded_bn"
+
+# A GraphModule.meta key (``gm.meta``, kept by deepcopy), not a node.meta one:
+#: TraceOptions: how prepare traced this graph (leaf modules, concrete_args, leaf functions), so that
+#: compare traces the float model the same way (prepare; carried to the converted graph by lower_to_int8).
+TRACE = "lucid_fx.trace"

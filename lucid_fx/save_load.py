@@ -35,7 +35,7 @@ _GRAPH_MODULE_STATE = frozenset(fx.GraphModule(nn.Module(), fx.Graph()).__dict__
 _META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
 _INSPECTION_KEYS = (
     _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
-    _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META,
+    _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META, _meta.PLACEMENT,
 )
 # What getattr may read in a loaded graph: torch.Tensor's data attributes (x.shape, x.dtype, ...).
 _TENSOR_ATTRIBUTES = frozenset(

@@ -1,6 +1,6 @@
 """fold_batchnorm: fold eval-mode batch norm into the conv or linear before it.
 
-Reads ``node.meta[OP]``, writes ``node.meta[BN_FOLDED]``; rewrites ``conv -> batch_norm`` (and
+Reads ``node.meta[OP]``, writes ``node.meta[BN_FOLDED]`` and ``[FOLDED_BN]``; rewrites ``conv -> batch_norm`` (and
 ``linear -> batch_norm``) where the conv/linear is a module whose output only feeds the batch norm: the module's weight and bias
 absorb the normalisation and the batch-norm node is removed. A linear is folded only when
 its output is known (``tensor_meta``) to be 2-D. Works on the graph it is given.
@@ -65,6 +65,7 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
             if _meta.OP in node.meta:
                 node.meta[_meta.OP] = node.meta[_meta.OP].replace_input(bn_node, layer_node)
         layer_node.meta[_meta.BN_FOLDED] = True
+        layer_node.meta[_meta.FOLDED_BN] = bn_node.name  # the node now outputs the batch norm's value
         bn_node.replace_all_uses_with(layer_node)
         for key in (_meta.FUSION, _meta.FUSED_INTO, _meta.OBSERVER, _meta.DECISION):
             if key in bn_node.meta:

@@ -8,19 +8,23 @@ backend's lowering table, falling back to the generic table. A value is quantize
 only where a consumer needs the other form, and only once. Ops with no lowering run in float
 between a dequantize and a quantize, and are listed in the returned report.
 
-Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes),
-``[QPARAMS]`` on every node that outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``,
-``[DECISION]`` and ``[INTERVAL]`` on the node that ends each lowered group, so that the converted
-graph can be inspected (to_networkx) and compared with the float one (compare) by node name.
+Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes:
+for a conv or linear that absorbed a batch norm, ``[FOLDED_BN]``, the batch norm's), ``[PLACEMENT]``
+(where that node runs and why, :mod:`lucid_fx.placement`), ``[QPARAMS]`` on every node that
+outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``, ``[DECISION]`` and ``[INTERVAL]`` on
+the node that ends each lowered group, so that the converted graph can be inspected (to_networkx)
+and compared with the float one (compare) by node name. Carries ``gm.meta[TRACE]`` over.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.placement import Placement, Runs
 from lucid_fx.passes.lowering_context import (
     ConvertReport,
     LoweringContext,
@@ -30,6 +34,7 @@ from lucid_fx.passes.lowering_context import (
 )
 
 __all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+_LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
 
 
 def lowering_table(lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str) -> Dict[Tuple[str, ...], Any]:
@@ -70,6 +75,43 @@ def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
     if end is None:
         return [node]
     return [n for n in graph_nodes if n.meta.get(_meta.FUSED_INTO) == end]
+
+
+def _names(members: List[fx.Node]) -> Tuple[str, ...]:
+    """The prepared nodes a group computes, batch norms folded into its conv or linear included."""
+    return tuple(name for m in members for name in (m.name, m.meta.get(_meta.FOLDED_BN)) if name)
+
+
+def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
+    return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
+
+
+def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
+    if kind == "none":
+        return Placement(Runs.NOT_TENSOR, decision.reason, ())
+    if kind not in _LOWERABLE:  # kept float by the QConfig, a registered float op, or no observer rule
+        return Placement(Runs.FLOAT, decision.reason if decision is not None else "no observer decision", ())
+    return Placement(Runs.FLOAT, "no lowering rule for " + "+".join(key) if rule is None else declined, ())
+
+
+def _lowered_runs(value: QValue, key: Tuple[str, ...]) -> Runs:
+    """What a rule emitted: a table lookup, the input's codes (as they are or on a rescaled grid), or a kernel."""
+    target = value.node.target
+    if key == ("shared",) or (value.node.op == "call_method" and target == "view_as"):
+        return Runs.SHARED
+    return Runs.TABLE if target in (torch.ops.lucid_fx.lut, torch.ops.lucid_fx.lut.default) else Runs.KERNEL
+
+
+def _tag_placements(gm: fx.GraphModule, prepared_nodes: List[fx.Node], placed: Dict[str, Placement]) -> None:
+    """Every converted node gets the placement of the prepared node it computes; a node computing
+    a conv or linear that absorbed a batch norm computes the batch norm's value, so it names that."""
+    folded = {n.name: n.meta[_meta.FOLDED_BN] for n in prepared_nodes if _meta.FOLDED_BN in n.meta}
+    for node in gm.graph.nodes:
+        source = node.meta.get(_meta.SOURCE)
+        if source in folded:
+            node.meta[_meta.SOURCE] = source = folded[source]
+        if source in placed:
+            node.meta[_meta.PLACEMENT] = placed[source]
 
 
 def _copy_float(ctx: LoweringContext, node: fx.Node) -> fx.Node:
@@ -124,10 +166,8 @@ def lower_to_int8(
         if kind == "fused":
             continue  # emitted with the last node of its group
         members = _group(node, nodes)
-        key = tuple(m.meta[_meta.OP].op for m in members)
-        if kind == "shared":
-            key = ("shared",)
-        rule = table.get(key) if kind in ("fixed", "statistics", "shared") else None
+        key = _key(members, kind)
+        rule = table.get(key) if kind in _LOWERABLE else None
         lowered = None
         tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:
@@ -136,19 +176,22 @@ def lower_to_int8(
             ctx.set_quant(node, lowered)
             _tag_lowered(ctx, node, lowered, "+".join(key))
             _tag_new_nodes(ctx.graph, tail, node)
-            report.lowered[node.name] = "+".join(key)
-            continue
-        # No int8 kernel: the group runs in float on dequantized inputs.
-        for member in members:
-            read = arg_shape if _reads_only_shape(member) else arg_float
-            new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
-            new.meta[_meta.SOURCE] = member.name
-            ctx.set_float(member, new)
-        if kind in ("fixed", "statistics", "shared") or len(members) > 1:
+            placement = Placement(_lowered_runs(lowered, key), "+".join(key), _names(members))
+        else:
+            # No int8 kernel: the group runs in float on dequantized inputs.
+            for member in members:
+                read = arg_shape if _reads_only_shape(member) else arg_float
+                new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
+                new.meta[_meta.SOURCE] = member.name
+                ctx.set_float(member, new)
             declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
-            why = "no lowering rule for " + "+".join(key) if rule is None else declined
-            report.float_ops[node.name] = why
+            placement = _stays_float(kind, decision, key, rule, declined)
+            placement = Placement(placement.runs, placement.why, _names(members))
+        report.placements.update((name, placement) for name in placement.members)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
+    _tag_placements(gm, nodes, report.placements)
+    if _meta.TRACE in prepared.meta:
+        gm.meta[_meta.TRACE] = prepared.meta[_meta.TRACE]
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.delete_all_unused_submodules()

@@ -16,6 +16,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.placement import INT8_RUNS, Placement, Runs
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
@@ -41,16 +42,34 @@ class QValue:
 
 @dataclass
 class ConvertReport:
-    """What convert did: which nodes became int8 kernels and which ran in float."""
+    """What convert did: where each prepared node runs and why (:class:`lucid_fx.placement.Placement`),
+    and, read from that, which nodes became int8 (a fused group by its last node) and which ran in float."""
 
     backend: str
-    lowered: Dict[str, str] = field(default_factory=dict)  # node -> rule key
-    float_ops: Dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
+    placements: Dict[str, Placement] = field(default_factory=dict)  # prepared node -> where it runs, why
+
+    def _groups(self) -> Dict[str, Placement]:
+        return {p.value: p for p in self.placements.values()}
+
+    @property
+    def lowered(self) -> Dict[str, str]:
+        """Node (a group's last) -> the lowering rule key, for every int8 kernel, table or shared op."""
+        return {name: p.why for name, p in self._groups().items() if p.runs in INT8_RUNS}
+
+    @property
+    def float_ops(self) -> Dict[str, str]:
+        """Node (a group's last) -> why it runs in float: no rule, a rule that declined, or the QConfig."""
+        return {name: p.why for name, p in self._groups().items() if p.runs is Runs.FLOAT}
 
     def __str__(self) -> str:
-        lines = [f"backend {self.backend}: {len(self.lowered)} int8 kernels, {len(self.float_ops)} ops in float"]
-        lines += [f"  float: {name} ({why})" for name, why in self.float_ops.items()]
+        kernels, floats = len(self.lowered), self.float_ops
+        lines = [f"backend {self.backend}: {_count(kernels, 'int8 kernel')}, {_count(len(floats), 'op')} in float"]
+        lines += [f"  float: {name} ({why})" for name, why in floats.items()]
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _is_observer_call(node: fx.Node) -> bool:

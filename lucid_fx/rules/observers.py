@@ -103,14 +103,14 @@ def _shared(node, ctx) -> Optional[Decision]:
 
 
 def _statistics(node, ctx) -> Optional[Decision]:
-    reason = "int8 kernel" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
+    reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
     return Decision("statistics", reason, qconfig=ctx.qconfig(node))
 
 
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
         return Decision("none", "graph input (observed only if a quantized op reads it)")
-    return Decision("float", "no int8 kernel: runs in float")
+    return Decision("float", "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
 OBSERVER_RULES: List[ObserverRule] = [
