@@ -22,7 +22,7 @@ def _match(node: fx.Node, rule: FusionRule) -> Optional[List[fx.Node]]:
     chain = [node]
     for step_index, step in enumerate(rule.pattern):
         current = chain[-1]
-        if current.meta[_meta.OP].op not in step or _meta.FUSED_INTO in current.meta:
+        if current.meta[_meta.OP].op not in step or _meta.FUSED_INTO in current.meta or _meta.MUTATION in current.meta:
             return None
         if step_index == len(rule.pattern) - 1:
             return chain

@@ -65,6 +65,11 @@ def _reads_only_shape(node: fx.Node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
+def _keeps_effect(node: fx.Node) -> bool:
+    """Dead-code elimination keeps an in-place op left in place: its change is the point."""
+    return node.is_impure() or _meta.MUTATION in node.meta
+
+
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
     end = node.meta.get(_meta.FUSED_INTO)
     if end is None:
@@ -127,7 +132,8 @@ def lower_to_int8(
         key = tuple(m.meta[_meta.OP].op for m in members)
         if kind == "shared":
             key = ("shared",)
-        rule = table.get(key) if kind in ("fixed", "statistics", "shared") else None
+        # An op kept in place must run as written, on float storage that its views share.
+        rule = table.get(key) if kind in ("fixed", "statistics", "shared") and _meta.MUTATION not in node.meta else None
         lowered = None
         tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:
@@ -144,12 +150,12 @@ def lower_to_int8(
             new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
             new.meta[_meta.SOURCE] = member.name
             ctx.set_float(member, new)
-        if kind in ("fixed", "statistics", "shared") or len(members) > 1:
+        if kind in ("fixed", "statistics", "shared") or len(members) > 1 or _meta.MUTATION in node.meta:
             declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
             why = "no lowering rule for " + "+".join(key) if rule is None else declined
-            report.float_ops[node.name] = why
+            report.float_ops[node.name] = node.meta.get(_meta.MUTATION, why)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()

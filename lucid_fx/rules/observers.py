@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional
 
+from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
 from lucid_fx._where import caller_location
 
@@ -62,6 +63,11 @@ def _not_float_tensor(node, ctx) -> Optional[Decision]:
     if not ctx.is_float_tensor(node):
         return Decision("none", "not a float tensor")
     return None
+
+
+def _mutation(node, ctx) -> Optional[Decision]:
+    why = node.meta.get(_MUTATION)
+    return Decision("float", why) if why is not None else None
 
 
 def _qconfig_none(node, ctx) -> Optional[Decision]:
@@ -115,6 +121,7 @@ def _leave_float(node, ctx) -> Optional[Decision]:
 
 OBSERVER_RULES: List[ObserverRule] = [
     observer_rule(ANY, _not_float_tensor),  # ints, shapes, masks -> none
+    observer_rule(ANY, _mutation),  # in place, and something else sees the change -> float (functionalize_inplace)
     observer_rule(ANY, _qconfig_none),  # QConfig None -> float
     observer_rule(ANY, _user_float),  # registered float op -> float
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
