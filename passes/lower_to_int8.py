@@ -153,6 +153,7 @@ def lower_to_int8(
         if kind in ("fixed", "statistics", "shared") or len(members) > 1 or _meta.MUTATION in node.meta:
             declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
             why = "no lowering rule for " + "+".join(key) if rule is None else declined
+            why = next((m.meta[_meta.BN_NOT_FOLDED] for m in members if _meta.BN_NOT_FOLDED in m.meta), why)
             report.float_ops[node.name] = node.meta.get(_meta.MUTATION, why)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
     gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)

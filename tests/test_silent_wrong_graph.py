@@ -144,3 +144,60 @@ def test_prepare_does_not_change_the_users_in_place_modules(sqnr_db):
     with torch.no_grad():
         assert sqnr_db(model(x), qmodel(x)) >= MIN_SQNR
     assert qmodel.lucid_fx_convert_report.lowered == {"relu": "linear+relu", "fc2": "linear"}
+
+
+# -- batch-norm folding -------------------------------------------------------------------------
+
+def _randomise(bn):
+    with torch.no_grad():
+        bn.running_mean.uniform_(-2, 2)
+        bn.running_var.uniform_(0.2, 3)
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+    return bn
+
+
+class SharedConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn1, self.bn2 = nn.Conv2d(4, 8, 3, padding=1), _randomise(nn.BatchNorm2d(8)), _randomise(nn.BatchNorm2d(8))
+
+    def forward(self, x):
+        # the same conv: with one batch norm, with another, and with none
+        return self.bn1(self.conv(x)) + self.bn2(self.conv(x)) * self.conv(x)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_conv_shared_between_call_sites_keeps_each_sites_answer(reference, sqnr_db):
+    torch.manual_seed(0)
+    model = SharedConv().eval()
+    _, qmodel = _quantize(model, (4, 4, 10, 10), reference=reference)
+    x = torch.randn(4, 4, 10, 10)
+    with torch.no_grad():
+        assert sqnr_db(model(x), qmodel(x)) >= MIN_SQNR  # 3.2 dB before: every call got bn1 folded in
+
+
+def test_conv_bn_at_the_models_output_is_int8(sqnr_db):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3), _randomise(nn.BatchNorm2d(8))).eval()
+    with torch.no_grad():
+        model[1].running_var[3] = 0.0  # a dead channel: folded with eps, never NaN
+    _, qmodel = _quantize(model, (4, 4, 10, 10))
+    x = torch.randn(4, 4, 10, 10)
+    with torch.no_grad():
+        got = qmodel(x)
+        assert not got.isnan().any() and sqnr_db(model(x), got) >= MIN_SQNR
+    report = qmodel.lucid_fx_convert_report  # was "0 int8 kernels, 0 ops in float": all of it silently float
+    assert (report.lowered, report.float_ops) == ({"_0": "conv2d"}, {})  # the batch norm folded into the conv
+
+
+def test_linear_bn1d_on_a_3d_value_stays_float_and_says_why():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _randomise(nn.BatchNorm1d(4))).eval()
+    _, qmodel = _quantize(model, (8, 4, 4))
+    x = torch.randn(8, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(x), model(x), rtol=0, atol=0)
+    assert qmodel.lucid_fx_convert_report.float_ops == {
+        "_1": "batch norm not folded: it normalises dim 1 of _0's 3-D output, not the linear's output features; runs in float"
+    }
