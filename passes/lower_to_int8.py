@@ -16,6 +16,7 @@ graph can be inspected (to_networkx) and compared with the float one (compare) b
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from torch import fx
@@ -65,6 +66,17 @@ def _reads_only_shape(node: fx.Node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
+def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolve) -> bool:
+    """Whether every int8 input of a lowered group is laid out as in the float model: kernels keep
+    their input's layout (an elementwise table on channels-last codes gives channels-last codes)."""
+    for member in members:
+        for source in member.meta[_meta.OP].tensor_inputs():
+            q = ctx._quant.get(resolve(source))
+            if q is not None and resolve(source) not in members and q.float_layout is False:
+                return False
+    return True
+
+
 def _keeps_effect(node: fx.Node) -> bool:
     """Dead-code elimination keeps an in-place op left in place: its change is the point."""
     return node.is_impure() or _meta.MUTATION in node.meta
@@ -103,9 +115,9 @@ def lower_to_int8(
         return ctx.float_of(resolve(n))
 
     def arg_shape(n):
-        # Shape queries read the codes already there: no dequantize just to learn a shape.
+        # Shape queries read the codes already there, in any layout: no dequantize to learn a shape.
         n = resolve(n)
-        if n not in ctx._float and n in ctx._quant and not ctx._quant[n].channels_last:
+        if n not in ctx._float and n in ctx._quant:
             return ctx._quant[n].node
         return ctx.float_of(n)
 
@@ -139,6 +151,8 @@ def lower_to_int8(
         if rule is not None:
             lowered = rule(ctx, members, resolve)
         if lowered is not None:
+            if lowered.float_layout is None:
+                lowered = replace(lowered, float_layout=_inputs_in_float_layout(ctx, members, resolve))
             ctx.set_quant(node, lowered)
             _tag_lowered(ctx, node, lowered, "+".join(key))
             _tag_new_nodes(ctx.graph, tail, node)

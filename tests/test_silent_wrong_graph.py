@@ -201,3 +201,150 @@ def test_linear_bn1d_on_a_3d_value_stays_float_and_says_why():
     assert qmodel.lucid_fx_convert_report.float_ops == {
         "_1": "batch norm not folded: it normalises dim 1 of _0's 3-D output, not the linear's output features; runs in float"
     }
+
+
+# -- conv padding modes -------------------------------------------------------------------------
+
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+@pytest.mark.parametrize("mode", PADDING_MODES)
+@pytest.mark.parametrize("dims", [1, 2])
+def test_conv_padding_mode_is_lowered_exactly(mode, dims, sqnr_db):
+    conv = (nn.Conv1d if dims == 1 else nn.Conv2d)(3, 8, 3, padding=2, padding_mode=mode)
+    shape = (8, 3, 12) if dims == 1 else (8, 3, 12, 12)
+    torch.manual_seed(0)
+    model = nn.Sequential(conv).eval()
+    prepared, qmodel = _quantize(model, shape)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        got = qmodel(x)
+        assert sqnr_db(model(x), got) >= MIN_SQNR  # 5.1-14.4 dB before: lowered as zero padding
+        # int8 exactly as the simulated model (zero padding in the kernel, the others on the codes)
+        reference = lucid_fx.convert(prepared, reference=True)(x)
+    out_scale = next(n.args[1] for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.dequantize_per_tensor)
+    assert (got - reference).abs().max() <= out_scale * 1.001  # at most one code apart, borders included
+    report = qmodel.lucid_fx_convert_report
+    assert (report.lowered, report.float_ops) == ({"_0": f"conv{dims}d"}, {})
+    assert ("torch.nn.functional.pad(" in qmodel.code) == (mode != "zeros")
+
+
+class PadThenConv(nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        self.conv, self.mode = nn.Conv2d(3, 8, 3), mode
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (1, 2, 2, 1), mode=self.mode))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_functional_pad_then_conv_gives_the_float_answer(mode, sqnr_db):
+    torch.manual_seed(0)
+    model = PadThenConv(mode).eval()
+    _, qmodel = _quantize(model, (8, 3, 12, 12))
+    x = torch.randn(8, 3, 12, 12)
+    with torch.no_grad():
+        assert sqnr_db(model(x), qmodel(x)) >= MIN_SQNR
+    assert qmodel.lucid_fx_convert_report.lowered == {"conv": "conv2d"}
+
+
+# -- layout at the float boundary ---------------------------------------------------------------
+
+class ConvThen(nn.Module):
+    """A conv (its int8 codes are channels-last inside the converted model) and then ``tail``."""
+
+    def __init__(self, tail, cin=3, kernel=3):
+        super().__init__()
+        self.conv, self.tail = nn.Conv2d(cin, 8, kernel, padding=1 if kernel == 3 else 0), tail
+
+    def forward(self, x):
+        return self.tail(self.conv(x))
+
+
+TAILS = {
+    "view(n, -1)": lambda y: y.view(y.size(0), -1),
+    "flatten": lambda y: torch.flatten(y, 1),
+    "reshape": lambda y: y.reshape(-1, 8 * 10 * 10),
+    "permute": lambda y: y.permute(0, 2, 3, 1),
+    "transpose+view": lambda y: y.transpose(2, 3).contiguous().view(y.size(0), 8, -1),
+    "same": lambda y: y,
+    "relu": torch.relu,
+    "float op": lambda y: torch.cumsum(y, dim=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAILS))
+def test_values_leaving_int8_have_the_float_models_layout(name, sqnr_db):
+    torch.manual_seed(0)
+    model = ConvThen(TAILS[name]).eval()
+    _, qmodel = _quantize(model, (4, 3, 10, 10))
+    x = torch.randn(4, 3, 10, 10)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)  # view(n, -1) raised "view size is not compatible" before
+    assert sqnr_db(want, got) >= MIN_SQNR
+    assert (got.shape, got.stride(), got.is_contiguous()) == (want.shape, want.stride(), want.is_contiguous())
+
+
+def test_strides_read_in_the_graph_are_the_float_models():
+    model = ConvThen(lambda y: (y.is_contiguous(), y.stride())).eval()
+    _, qmodel = _quantize(model, (4, 3, 10, 10))
+    x = torch.randn(4, 3, 10, 10)
+    assert qmodel(x) == model(x) == (True, (800, 100, 10, 1))  # was (False, (800, 1, 80, 8))
+
+
+def test_a_1x1_output_has_the_float_models_strides(sqnr_db):
+    # (N, C, 1, 1) is contiguous in both layouts, with different strides in the size-1 dims
+    model = ConvThen(lambda y: y, kernel=10).eval()
+    _, qmodel = _quantize(model, (4, 3, 10, 10))
+    x = torch.randn(4, 3, 10, 10)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)
+    assert sqnr_db(want, got) >= MIN_SQNR
+    assert (got.shape, got.stride()) == (want.shape, want.stride()) == ((4, 8, 1, 1), (8, 1, 1, 1))
+
+
+def test_a_channels_last_model_stays_channels_last(sqnr_db):
+    model = ConvThen(torch.relu).eval()
+    torch.manual_seed(0)
+    data = [torch.randn(4, 3, 10, 10).contiguous(memory_format=torch.channels_last) for _ in range(8)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data)
+    x = torch.randn(4, 3, 10, 10).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)
+    assert sqnr_db(want, got) >= MIN_SQNR
+    assert got.stride() == want.stride() == (800, 1, 80, 8)
+    assert "contiguous_format" not in qmodel.code  # no layout change anywhere
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_an_unbatched_conv_input_is_lowered(dims, sqnr_db):
+    conv = nn.Conv1d(3, 8, 3, padding=1, padding_mode="reflect") if dims == 1 else nn.Conv2d(3, 8, 3, padding=1)
+    model = nn.Sequential(conv, nn.ReLU()).eval()
+    shape = (3, 64) if dims == 1 else (3, 16, 16)  # no batch dim: (C, L) and (C, H, W)
+    _, qmodel = _quantize(model, shape)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)  # raised before: "required rank 4 tensor to use channels_last format"
+    assert sqnr_db(want, got) >= MIN_SQNR
+    assert (got.shape, got.stride()) == (want.shape, want.stride())
+    assert qmodel.lucid_fx_convert_report.lowered == {"_1": f"conv{dims}d+relu"}
+
+
+def test_an_unbatched_residual_block_is_lowered(sqnr_db):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.conv1(x))
+            return torch.relu(self.conv2(y) + y)
+
+    model = Block().eval()
+    _, qmodel = _quantize(model, (3, 10, 10))
+    x = torch.randn(3, 10, 10)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)
+    assert sqnr_db(want, got) >= MIN_SQNR and got.stride() == want.stride()
+    assert sorted(qmodel.lucid_fx_convert_report.lowered.values()) == ["conv2d+add+relu", "conv2d+relu"]
