@@ -348,3 +348,28 @@ def test_an_unbatched_residual_block_is_lowered(sqnr_db):
         want, got = model(x), qmodel(x)
     assert sqnr_db(want, got) >= MIN_SQNR and got.stride() == want.stride()
     assert sorted(qmodel.lucid_fx_convert_report.lowered.values()) == ["conv2d+add+relu", "conv2d+relu"]
+
+
+# -- what these fixes put in a converted graph can be saved ---------------------------------------
+
+def test_converted_models_with_these_fixes_save_and_load():
+    import io
+
+    cases = [  # in place kept (mul_, getitem, view_as), F.pad on codes, unbatched (unsqueeze/squeeze), layout restore (clone)
+        (ViewMutation(), (128, 16)),
+        (OnInput(), (128, 16)),
+        (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, padding_mode="circular")), (4, 3, 12, 12)),
+        (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()), (3, 16, 16)),
+        (ConvThen(TAILS["view(n, -1)"], kernel=10), (4, 3, 10, 10)),
+        (SharedConv(), (4, 4, 10, 10)),
+    ]
+    for model, shape in cases:
+        for reference in (False, True):
+            _, qmodel = _quantize(model.eval(), shape, batches=2, reference=reference)
+            buffer = io.BytesIO()
+            lucid_fx.save(qmodel, buffer)
+            buffer.seek(0)
+            loaded = lucid_fx.load(buffer)
+            x = torch.randn(*shape)
+            with torch.no_grad():
+                assert torch.equal(loaded(x.clone()), qmodel(x.clone())), (type(model).__name__, reference)
