@@ -1,6 +1,6 @@
 """fuse_patterns: mark chains of ops that run as one quantized kernel.
 
-Reads ``node.meta[OP]``; writes ``node.meta[FUSION]`` (the pattern name) and
+Reads ``node.meta[OP]`` and ``[MUTATION]`` (an op kept in place fuses with nothing); writes ``node.meta[FUSION]`` (the pattern name) and
 ``node.meta[FUSED_INTO]`` (the name of the group's last node) on every member. Each member but
 the last must have exactly one user, so no intermediate value escapes the group.
 """

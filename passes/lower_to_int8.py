@@ -1,7 +1,9 @@
 """lower_to_int8: turn a calibrated graph into int8 kernels, by lowering table.
 
-Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and
-``[WEIGHT_OBSERVER]`` plus the observers' statistics. Builds a new graph in which observed values
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]``,
+``[WEIGHT_OBSERVER]``, ``[MUTATION]`` (an op kept in place runs as written, in float, and is never
+dropped as dead code), ``[BN_NOT_FOLDED]`` and ``["tensor_meta"]`` (the float model's layout, which
+every value leaving int8 gets back) plus the observers' statistics. Builds a new graph in which observed values
 are ``uint8``/``int8`` tensors with constant scale and zero point. Each quantized op, or fused
 group, is looked up by the tuple of its canonical ops (``("conv2d", "add", "relu")``) in the
 backend's lowering table, falling back to the generic table. A value is quantized or dequantized
