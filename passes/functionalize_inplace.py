@@ -107,15 +107,6 @@ def _may_alias(gm: fx.GraphModule, node: fx.Node, registry: Registry) -> List[fx
     return inputs  # a user's function or module: it may return its input
 
 
-def _roots(gm: fx.GraphModule, registry: Registry) -> Dict[fx.Node, Set[fx.Node]]:
-    """For every node, the nodes that own the storage its result may live in."""
-    roots: Dict[fx.Node, Set[fx.Node]] = {}
-    for node in gm.graph.nodes:
-        sources = _may_alias(gm, node, registry)
-        roots[node] = set().union(*(roots[s] for s in sources)) if sources else {node}
-    return roots
-
-
 def _out_of_place(gm: fx.GraphModule, node: fx.Node, registry: Registry) -> bool:
     """Rewrite ``node`` into its out-of-place form; False when there is none (or it is a module)."""
     if "out" in node.kwargs:
@@ -145,9 +136,9 @@ def _out_of_place(gm: fx.GraphModule, node: fx.Node, registry: Registry) -> bool
     return False
 
 
-def _who_sees(node: fx.Node, written: fx.Node, roots, live: List[fx.Node]) -> Optional[str]:
-    """Why the change ``node`` makes cannot be made out of place, or None when nothing sees it."""
-    for root in roots[written]:
+def _who_sees(written: fx.Node, roots: Set[fx.Node], live: List[fx.Node]) -> Optional[str]:
+    """Why the change to ``written`` cannot be made out of place, or None when nothing sees it."""
+    for root in sorted(roots, key=lambda n: n.name):
         if root.op == "placeholder":
             return f"changes model input {root.name!r} in place, which the caller sees"
         if root.op == "get_attr":
@@ -157,36 +148,60 @@ def _who_sees(node: fx.Node, written: fx.Node, roots, live: List[fx.Node]) -> Op
     return None
 
 
+class _Storage:
+    """Which earlier nodes may share storage, built in one sweep in graph order: a node's storage
+    "roots" are its own (a new tensor) or the roots of the inputs it may alias."""
+
+    def __init__(self, nodes: List[fx.Node]) -> None:
+        self.order: Dict[fx.Node, float] = {n: float(i) for i, n in enumerate(nodes)}
+        self.roots: Dict[fx.Node, Set[fx.Node]] = {}
+        self.views: Dict[fx.Node, bool] = {}  # whether the node's result may alias an input
+        self._members: Dict[fx.Node, List[fx.Node]] = {}
+
+    def record(self, node: fx.Node, sources: List[fx.Node]) -> None:
+        self.roots[node] = set().union(*(self.roots[s] for s in sources)) if sources else {node}
+        self.views[node] = bool(sources)
+        for root in self.roots[node]:
+            self._members.setdefault(root, []).append(node)
+
+    def family(self, node: fx.Node) -> List[fx.Node]:
+        """The recorded nodes that may share ``node``'s storage (``node`` included), in graph order."""
+        found = {m for root in self.roots[node] for m in self._members[root]}
+        return sorted(found, key=self.order.__getitem__)
+
+    def read_after(self, node: fx.Node, here: float) -> bool:
+        return any(self.order.get(u, -1.0) > here and not _reads_metadata_only(u) for u in node.users)
+
+
 def functionalize_inplace(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
     """Make the in-place ops of ``gm`` out of place where that is exact; see the module docstring."""
     module_calls: Dict[str, List[bool]] = {}  # in-place module -> whether each call may drop the "in place"
-    for node in list(gm.graph.nodes):
+    nodes = list(gm.graph.nodes)
+    storage = _Storage(nodes)
+    for node in nodes:
         written = _written(gm, node, registry)
         if written is None:
+            storage.record(node, _may_alias(gm, node, registry))
             continue
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        here = order[node]
-        roots = _roots(gm, registry)
-        family = [n for n in roots if n is not node and order[n] < here and roots[n] & roots[written]]
-        live = [
-            n for n in family if n is not written
-            and any(order[u] > here and not _reads_metadata_only(u) for u in n.users)
-        ]
-        why = _who_sees(node, written, roots, live)
-        later = [u for u in written.users if order[u] > here]
+        here = storage.order[node]
+        family = storage.family(written)
+        live = [n for n in family if n is not written and storage.read_after(n, here)]
+        why = _who_sees(written, storage.roots[written], live)
+        later = [u for u in written.users if storage.order.get(u, -1.0) > here]
         if why is None and node.op == "call_module":
             module_calls.setdefault(node.target, []).append(True)
         elif why is None and not _out_of_place(gm, node, registry):
             why = "has no out-of-place form lucid_fx knows; runs in place, in float"
+        storage.record(node, [] if why is None else [written])
         if why is not None:
             if node.op == "call_module":
                 module_calls.setdefault(node.target, []).append(False)
             node.meta[_meta.MUTATION] = why
             shares = f"shares storage with the value {node.name!r} changes in place; runs in float so the change reaches it"
             for member in family:
-                if _may_alias(gm, member, registry):
+                if storage.views[member]:
                     member.meta.setdefault(_meta.MUTATION, shares)
-            _read_after(gm, node, live, order)
+            _read_after(gm, node, live, storage)
         for user in later:
             user.replace_input_with(written, node)
     for target, calls in module_calls.items():
@@ -197,14 +212,16 @@ def functionalize_inplace(gm: fx.GraphModule, registry: Registry) -> fx.GraphMod
     return gm
 
 
-def _read_after(gm: fx.GraphModule, node: fx.Node, live: List[fx.Node], order: Dict[fx.Node, int]) -> None:
+def _read_after(gm: fx.GraphModule, node: fx.Node, live: List[fx.Node], storage: _Storage) -> None:
     """Each view in ``live`` is read after ``node`` through a ``view_as`` written after ``node``."""
-    point = node
-    for member in live:
+    point, here = node, storage.order[node]
+    for k, member in enumerate(live, 1):
         with gm.graph.inserting_after(point):
             after = gm.graph.call_method("view_as", (member, member))
         after.meta[_meta.MUTATION] = f"reads {member.name!r} after {node.name!r} changed it in place"
         for user in list(member.users):
-            if user is not after and order.get(user, -1) > order[node]:
+            if user is not after and storage.order.get(user, -1.0) > here:
                 user.replace_input_with(member, after)
+        storage.order[after] = here + k / (len(live) + 1)  # between node and the next node
+        storage.record(after, [member])
         point = after
