@@ -22,6 +22,10 @@ TENSOR_META = "tensor_meta"
 WEIGHT_OBSERVER = "lucid_fx.weight_observer"
 #: bool: the node's weight absorbed a batch norm at convert, so qparams a QAT weight trained with no longer fit (fold_batchnorm).
 BN_FOLDED = "lucid_fx.bn_folded"
+#: str: why a batch norm was not folded into the layer before it (so a group ending in it runs in float) (fold_batchnorm).
+BN_NOT_FOLDED = "lucid_fx.bn_not_folded"
+#: str: why an in-place op, or a view of the value it changes, stays as written and runs in float: the change is seen outside the graph or through another view (functionalize_inplace).
+MUTATION = "lucid_fx.mutation"
 
 # Written by convert on the nodes of the converted graph, read by to_networkx and compare:
 #: str: name of the prepared-graph node whose value a converted node computes (lower_to_int8).

@@ -1,6 +1,6 @@
 """prepare / prepare_qat: the prepare pipeline, a straight list of named passes.
 
-    trace_model -> propagate_shapes -> canonicalize_ops -> fuse_patterns -> analyze_ranges
+    trace_model -> functionalize_inplace -> propagate_shapes -> canonicalize_ops -> fuse_patterns -> analyze_ranges
                 -> choose_observers -> insert_observers
 
 Modules that cannot be traced stay float; prepare descends into them and quantizes the
@@ -24,6 +24,7 @@ from lucid_fx._validate import model_device, require_float32, require_module
 from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
+from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.propagate_shapes import propagate_shapes
@@ -126,6 +127,7 @@ def _prepare_one(
             sub = gm.get_submodule(path)
             _set_submodule(gm, path, _prepare_one(sub, mapping, captured.get(full), registry, options, report, full))
     gm.meta[_meta.TRACE] = how  # compare traces the float model the same way
+    functionalize_inplace(gm, registry)
     if example_inputs is not None:
         propagate_shapes(gm, example_inputs)
     canonicalize_ops(gm, registry)

@@ -19,7 +19,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
-from lucid_fx.passes.lower_to_int8 import _group
+from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.passes.lowering_context import _tag_type, quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -114,7 +114,7 @@ def insert_qdq(
             codes, scales = quantize_weight(module.weight, observer, weight_range)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

@@ -1,7 +1,9 @@
 """lower_to_int8: turn a calibrated graph into int8 kernels, by lowering table.
 
-Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and
-``[WEIGHT_OBSERVER]`` plus the observers' statistics. Builds a new graph in which observed values
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]``,
+``[WEIGHT_OBSERVER]``, ``[MUTATION]`` (an op kept in place runs as written, in float, and is never
+dropped as dead code), ``[BN_NOT_FOLDED]`` and ``["tensor_meta"]`` (the float model's layout, which
+every value leaving int8 gets back) plus the observers' statistics. Builds a new graph in which observed values
 are ``uint8``/``int8`` tensors with constant scale and zero point. Each quantized op, or fused
 group, is looked up by the tuple of its canonical ops (``("conv2d", "add", "relu")``) in the
 backend's lowering table, falling back to the generic table. A value is quantized or dequantized
@@ -18,6 +20,7 @@ and compared with the float one (compare) by node name. Carries ``gm.meta[TRACE]
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -68,6 +71,22 @@ def _reads_only_shape(node: fx.Node) -> bool:
     if node.op == "call_function" and getattr(node.target, "__name__", "") == "getattr":
         return len(node.args) > 1 and node.args[1] in ("shape", "ndim")
     return node.op == "call_method" and node.target in ("size", "dim")
+
+
+def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolve) -> bool:
+    """Whether every int8 input of a lowered group is laid out as in the float model: kernels keep
+    their input's layout (an elementwise table on channels-last codes gives channels-last codes)."""
+    for member in members:
+        for source in member.meta[_meta.OP].tensor_inputs():
+            q = ctx._quant.get(resolve(source))
+            if q is not None and resolve(source) not in members and q.float_layout is False:
+                return False
+    return True
+
+
+def _keeps_effect(node: fx.Node) -> bool:
+    """Dead-code elimination keeps an in-place op left in place: its change is the point."""
+    return node.is_impure() or _meta.MUTATION in node.meta
 
 
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
@@ -140,9 +159,9 @@ def lower_to_int8(
         return ctx.float_of(resolve(n))
 
     def arg_shape(n):
-        # Shape queries read the codes already there: no dequantize just to learn a shape.
+        # Shape queries read the codes already there, in any layout: no dequantize to learn a shape.
         n = resolve(n)
-        if n not in ctx._float and n in ctx._quant and not ctx._quant[n].channels_last:
+        if n not in ctx._float and n in ctx._quant:
             return ctx._quant[n].node
         return ctx.float_of(n)
 
@@ -167,12 +186,15 @@ def lower_to_int8(
             continue  # emitted with the last node of its group
         members = _group(node, nodes)
         key = _key(members, kind)
-        rule = table.get(key) if kind in _LOWERABLE else None
+        # An op kept in place must run as written, on float storage that its views share.
+        rule = table.get(key) if kind in _LOWERABLE and _meta.MUTATION not in node.meta else None
         lowered = None
         tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:
             lowered = rule(ctx, members, resolve)
         if lowered is not None:
+            if lowered.float_layout is None:
+                lowered = replace(lowered, float_layout=_inputs_in_float_layout(ctx, members, resolve))
             ctx.set_quant(node, lowered)
             _tag_lowered(ctx, node, lowered, "+".join(key))
             _tag_new_nodes(ctx.graph, tail, node)
@@ -186,13 +208,16 @@ def lower_to_int8(
                 ctx.set_float(member, new)
             declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
             placement = _stays_float(kind, decision, key, rule, declined)
-            placement = Placement(placement.runs, placement.why, _names(members))
+            why = node.meta.get(_meta.MUTATION) or next(
+                (m.meta[_meta.BN_NOT_FOLDED] for m in members if _meta.BN_NOT_FOLDED in m.meta), placement.why
+            )
+            placement = Placement(placement.runs, why, _names(members))
         report.placements.update((name, placement) for name in placement.members)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
     _tag_placements(gm, nodes, report.placements)
     if _meta.TRACE in prepared.meta:
         gm.meta[_meta.TRACE] = prepared.meta[_meta.TRACE]
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()
