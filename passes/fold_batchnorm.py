@@ -22,6 +22,7 @@ from lucid_fx import _meta
 __all__ = ["fold_batchnorm", "fold_bn_into"]
 
 _FOLDABLE = ("conv1d", "conv2d", "conv3d", "linear")
+_NOT_AFTER_A_LAYER = "its input is not a conv or linear module"
 
 
 def fold_bn_into(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
@@ -71,9 +72,9 @@ def _own_copy(gm: fx.GraphModule, layer_node: fx.Node, bn_node: fx.Node, folded:
 def _why_not(gm: fx.GraphModule, bn_node: fx.Node, layer_node) -> str:
     """Why a batch norm is not folded into the layer before it, or "" when it can be."""
     if not (isinstance(layer_node, fx.Node) and layer_node.op == "call_module"):
-        return "its input is not a conv or linear module"
+        return _NOT_AFTER_A_LAYER
     if layer_node.meta.get(_meta.OP) is None or layer_node.meta[_meta.OP].op not in _FOLDABLE:
-        return "its input is not a conv or linear module"
+        return _NOT_AFTER_A_LAYER
     if len(layer_node.users) != 1:
         return f"{layer_node.name}'s output is also read without the batch norm"
     bn = gm.get_submodule(bn_node.target)
@@ -99,7 +100,8 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
         layer_node = bn_node.args[0]
         why = _why_not(gm, bn_node, layer_node)
         if why:
-            bn_node.meta[_meta.BN_NOT_FOLDED] = f"batch norm not folded: {why}; runs in float"
+            if why != _NOT_AFTER_A_LAYER:  # a standalone batch norm was never meant to fold
+                bn_node.meta[_meta.BN_NOT_FOLDED] = f"batch norm not folded: {why}; runs in float"
             continue
         folded = fold_bn_into(gm.get_submodule(layer_node.target), gm.get_submodule(bn_node.target))
         if _reached_elsewhere(gm, layer_node):
