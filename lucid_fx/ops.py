@@ -144,6 +144,9 @@ OP_DEFS: List[OpDef] = [
     OpDef("maximum", ("input", "other")),
     OpDef("matmul", ("input", "other"), aliases=("bmm", "mm")),
     OpDef("mean", ("input", "dim", "keepdim")),
+    # attention: the mask arguments are named so rules can find them (lucid_fx/rules/masks.py)
+    OpDef("masked_fill", ("input", "mask", "value")),
+    OpDef("scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")),
     # layers
     OpDef("linear", ("input", "weight", "bias"), modules={nn.Linear: _none}),
     OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}),
