@@ -1,4 +1,4 @@
-"""CPU kernels computed in float32 on the codes (add, mul, matmul, softmax) and table lookups.
+"""CPU kernels computed in float32 on the codes (add, mul, matmul, softmax, masked softmax) and table lookups.
 
 Each is the reference computation with fewer passes over memory: scales are folded into one
 multiply, a zero point of 0 adds nothing, and softmax skips the zero point it is invariant to.
@@ -9,6 +9,7 @@ tests in ``tests/kernels/test_ops.py`` bound how often. Table lookups read two c
 
 import torch
 
+from lucid_fx.kernels import attention
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
 
@@ -66,6 +67,13 @@ def softmax(q, scale, zp, dim, out_scale, out_zp):
     return _requantize(y.mul_(1.0 / out_scale), out_zp, "none", q.dtype)
 
 
+def masked_softmax(q, scale, zp, mask, fill, dim, out_scale, out_zp):
+    """:func:`softmax` with the mask applied in float32 first (lucid_fx/kernels/attention.py)."""
+    attention.check_mask(mask, fill)
+    y = torch.softmax(attention.apply_mask(_centered(q, zp).mul_(scale), mask, fill), dim)
+    return _requantize(y.nan_to_num_(nan=0.0).mul_(1.0 / out_scale), out_zp, "none", q.dtype)
+
+
 def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
     """``pairs[b0 + 256 * b1] = table[c(b0)] + 256 * table[c(b1)]`` as int16 bit patterns, where
     ``c(b)`` is the table index of the code whose byte is ``b`` (``b ^ 128`` for int8 codes)."""
@@ -97,4 +105,5 @@ register_kernel("add", "cpu", add)
 register_kernel("mul", "cpu", mul)
 register_kernel("matmul", "cpu", matmul)
 register_kernel("softmax", "cpu", softmax)
+register_kernel("masked_softmax", "cpu", masked_softmax)
 register_kernel("lut", "cpu", lut)

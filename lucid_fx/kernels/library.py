@@ -23,6 +23,7 @@ from typing import Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from lucid_fx.kernels import attention
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["OPS", "LIB", "WeightCache", "register_kernel", "conv_output_shape"]
@@ -146,7 +147,8 @@ _DEFINITIONS = [
     (ref.mul, _fake_binary),
     (ref.matmul, _fake_matmul),
     (ref.lut, _fake_lut),
-    (ref.softmax, lambda q, scale, zp, dim, out_scale, out_zp: torch.empty_like(q)),
+    (ref.softmax, lambda q, scale, zp, dim, out_scale, out_zp: _empty(q.shape, q, q.dtype)),  # contiguous, as torch.softmax
+    (attention.masked_softmax, attention.fake_masked_softmax),
     (ref.cat, _fake_cat),
     (ref.avg_pool2d, _fake_avg_pool2d),
     (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),
