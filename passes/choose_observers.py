@@ -9,7 +9,7 @@ a float input (a graph input, or the output of an op left float) gets a statisti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
@@ -17,6 +17,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from lucid_fx import _meta
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
+from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.observers import ANY, Decision
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
@@ -42,6 +43,7 @@ class RuleContext:
         self._plain.module_name_regex_qconfigs = mapping.module_name_regex_qconfigs
         self._plain.object_type_qconfigs = self._types
         self._groups: Optional[Dict[str, List[fx.Node]]] = None
+        self._mask_only: Optional[Set[fx.Node]] = None
 
     def op_name(self, node: fx.Node) -> str:
         return node.meta[_meta.OP].op
@@ -69,6 +71,12 @@ class RuleContext:
         members = self._groups.get(end, [node])
         qconfigs = [self._own_qconfig(member) for member in members]
         return None if any(q is None for q in qconfigs) else qconfigs[0]
+
+    def feeds_only_masks(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value reaches only mask inputs (rules/masks.py), so it stays float."""
+        if self._mask_only is None:
+            self._mask_only = mask_only_nodes(self.gm.graph)
+        return node in self._mask_only
 
     def interval(self, node: fx.Node):
         return node.meta.get(_meta.INTERVAL)
@@ -110,11 +118,12 @@ def _decide(node: fx.Node, ctx: RuleContext) -> Decision:
 
 def _activation_inputs(node: fx.Node):
     call = node.meta[_meta.OP]
+    mask = mask_input(node)  # read in float, exactly: never quantized
     for name, value in call.args.items():
         if name in _WEIGHT_ARGS:
             continue
         for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, fx.Node):
+            if isinstance(item, fx.Node) and item is not mask:
                 yield item
 
 

@@ -1,7 +1,8 @@
 """Fusion patterns: chains of canonical ops that run as one quantized kernel, so only the last
 node's output is observed. A pattern lists ops in data-flow order; each op may be a tuple of
 alternatives. Conv + batch-norm groups are folded into the conv
-at convert (passes/fold_batchnorm.py); at prepare the group is observed only at its end.
+at convert (passes/fold_batchnorm.py); at prepare the group is observed only at its end. A masked
+softmax observes its unmasked scores (the group's input) and reads its mask in float.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import List, Tuple, Union
 
 from lucid_fx._where import caller_location
+from lucid_fx.rules.masks import MASKED_SOFTMAX
 
 __all__ = ["FusionRule", "FUSION_RULES"]
 
@@ -44,4 +46,5 @@ FUSION_RULES: List[FusionRule] = [
     fusion("linear_relu", "linear", "relu"),  # relu(linear(x))
     fusion("add_relu", "add", "relu"),  # relu(x + y)
     fusion("mul_relu", "mul", "relu"),  # relu(x * y)
+    fusion(MASKED_SOFTMAX, ("masked_fill", "add"), "softmax"),  # softmax(s.masked_fill(m, v) or s + m), m in float
 ]

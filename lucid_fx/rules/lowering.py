@@ -20,6 +20,7 @@ from lucid_fx.kernels import make_lut
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.quantization.observers import FixedQParamsObserver
+from lucid_fx.rules.lowering_attention import HOLDS_MASK, holds_mask_values, lower_masked_softmax
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -122,6 +123,9 @@ def _binary(kernel):
             )
         qa, qb = _qin(ctx, a), _qin(ctx, b)
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
+            return None
+        if kernel is _ops.add and holds_mask_values(ctx, members[-1]):  # scores + mask, not fused with its softmax
+            ctx.declined[members[-1].name] = "its output " + HOLDS_MASK
             return None
         scale, zp, _ = ctx.qparams_of(members[-1])
         out = ctx.call(kernel, qa.node, qa.scale, qa.zero_point, qb.node, qb.scale, qb.zero_point, scale, zp, _post_op(members))
@@ -250,6 +254,9 @@ def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
     dim = call.args.get("dim")
     if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
         return None
+    if holds_mask_values(ctx, resolve(call.args.get("input"))):  # a mask not fused with it (docs/policies.md)
+        ctx.declined[members[0].name] = "its input " + HOLDS_MASK
+        return None
     scale, zp, _ = ctx.qparams_of(members[0])
     return ctx.output_qvalue(members[0], ctx.call(_ops.softmax, x.node, x.scale, x.zero_point, dim, scale, zp))
 
@@ -312,6 +319,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("mul", "relu"): _mul,  # relu(a * b) -> lucid_fx.mul(post_op="relu")
     ("matmul",): lower_matmul,  # a @ b -> lucid_fx.matmul
     ("softmax",): lower_softmax,  # softmax(x) -> lucid_fx.softmax
+    **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(s masked by m) -> lucid_fx.masked_softmax
     ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat
     ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean

@@ -85,6 +85,12 @@ def _user_float(node, ctx) -> Optional[Decision]:
     return None
 
 
+def _attention_mask(node, ctx) -> Optional[Decision]:
+    if node.op in ("placeholder", "get_attr") or not ctx.feeds_only_masks(node):
+        return None
+    return Decision("float", "attention mask: read exactly, in float, by the masked op (docs/policies.md)", qconfig=ctx.qconfig(node))
+
+
 def _fused(node, ctx) -> Optional[Decision]:
     if ctx.fused_into(node) not in (None, node.name):
         # The qconfig still matters inside a group: it says how the group's weight is observed
@@ -138,6 +144,7 @@ OBSERVER_RULES: List[ObserverRule] = [
     observer_rule(ANY, _qconfig_none),  # QConfig None -> float
     observer_rule(ANY, _user_float),  # registered float op -> float
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
+    observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule(QUANTIZED_OPS, _statistics),  # linear/conv/add/... -> QConfig activation observer

@@ -1,0 +1,73 @@
+"""Lowering rules for attention's masked softmax (the table entries are in rules/lowering.py).
+
+``softmax(s.masked_fill(m, v))`` and ``softmax(s + m)``, fused at prepare as ``masked_softmax``
+(rules/fusions.py), become ``lucid_fx.masked_softmax``: the scores ``s`` as int8 codes on the grid
+their own observer chose from the unmasked values, the mask ``m`` in float exactly as the float
+model reads it (rules/masks.py says which operand it is). docs/policies.md, "Attention masks".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.passes.lowering_context import QValue
+from lucid_fx.rules.masks import mask_input, scores_input
+
+__all__ = ["lower_masked_softmax", "holds_mask_values", "MASK_THRESHOLD", "HOLDS_MASK"]
+
+_ops = torch.ops.lucid_fx
+
+
+#: Activation values at or below this are mask values (BERT's -10000.0, -1e9, finfo.min), as are
+#: -inf and NaN: an 8-bit grid that holds one of them has no room left for the scores beside it.
+MASK_THRESHOLD = -1e4
+HOLDS_MASK = "held mask values (-inf, or <= -1e4) at calibration, which int8 codes cannot hold: runs in float, exactly"
+
+
+def holds_mask_values(ctx, node: Any) -> bool:
+    """Whether the observer of ``node`` saw -inf/NaN (which it skipped) or values <= MASK_THRESHOLD: a
+    mask that was not fused with its softmax (its masked_fill or add has other users)."""
+    observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
+    observer = getattr(observer, "activation_post_process", observer)  # a FakeQuantize's observer
+    low = getattr(observer, "min_val", None)
+    if int(getattr(observer, "nonfinite_count", 0)) > 0:
+        return True
+    return isinstance(low, torch.Tensor) and low.numel() > 0 and bool((low <= MASK_THRESHOLD).any())
+
+
+def _codes(ctx, node: Any) -> Optional[QValue]:
+    return ctx.quant_of(node) if isinstance(node, fx.Node) and ctx.has_quant(node) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lucid_fx.masked_softmax
+    masked, soft = members
+    call, dim = masked.meta[_meta.OP], soft.meta[_meta.OP].args.get("dim")
+    scores, mask = resolve(scores_input(masked)), resolve(mask_input(masked))
+    if isinstance(scores, fx.Node) and holds_mask_values(ctx, scores):  # masked before: s + a + b, where(c, s, -1e9) + a
+        ctx.declined[soft.name] = "its scores " + HOLDS_MASK
+        return None
+    x = _codes(ctx, scores)
+    if x is None or not isinstance(dim, int) or ctx.qparams_of(soft) is None or call.args.get("alpha", 1) != 1:
+        return None
+    scale, zp, _ = ctx.qparams_of(soft)
+    if call.op == "add" and mask is None:  # s + c, c a number: softmax ignores a constant shift
+        c = call.args.get("other") if isinstance(call.args.get("input"), fx.Node) else call.args.get("input")
+        if not (_number(c) and math.isfinite(c)):
+            return None
+        return ctx.output_qvalue(soft, ctx.call(_ops.softmax, x.node, x.scale, x.zero_point, dim, scale, zp))
+    fill = call.args.get("value") if call.op == "masked_fill" else None
+    if mask is None or (call.op == "masked_fill" and not _number(fill)):
+        return None  # a fill value computed in the graph: the group runs in float
+    fill = None if fill is None else float(fill)
+    out = ctx.call(_ops.masked_softmax, x.node, x.scale, x.zero_point, ctx.float_of(mask), fill, dim, scale, zp)
+    return ctx.output_qvalue(soft, out)
+
