@@ -1,7 +1,8 @@
 """predict_placement: where lower_to_int8 will run each node of a prepared graph, and why.
 
 Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and ``["tensor_meta"]``
-and the observers' qparams where the answer depends on them; writes nothing. Looks each node or
+and the observers' qparams (or statistics: an attention mask that reached a softmax unfused)
+where the answer depends on them; writes nothing. Looks each node or
 fused group up in the lowering table as :mod:`lower_to_int8` does (a batch norm that convert will
 fold is no part of the key), and tells from the rule what it will emit. A rule may still decline
 at convert time (an int32 accumulator that could overflow, geometry computed in the graph); the
@@ -23,6 +24,8 @@ from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
 from lucid_fx.passes.lowering_context import _is_observer_call
 from lucid_fx.placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
+from lucid_fx.rules.lowering_attention import unfused_mask
+from lucid_fx.rules.masks import mask_input
 
 __all__ = ["predict_placement"]
 
@@ -66,9 +69,12 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
 
 
 def _inputs_have_codes(node: fx.Node) -> bool:
-    """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes."""
+    """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes
+    (an attention mask is read in float: rules/masks.py)."""
     for source in node.meta[_meta.OP].tensor_inputs():
         source = source.args[0] if _is_observer_call(source) else source
+        if source is mask_input(node):
+            continue
         tensor_meta, decision = source.meta.get(_meta.TENSOR_META), source.meta.get(_meta.DECISION)
         is_float = getattr(tensor_meta, "dtype", torch.float32).is_floating_point
         if source.op == "get_attr" or not is_float or (decision is not None and decision.kind == "none" and source.op != "placeholder"):
@@ -82,6 +88,7 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
     """Where :func:`lower_to_int8` will run each node of a prepared graph, looked up in ``table`` as
     the pass does, by prepared-node name; a rule may still decline at convert time."""
     nodes = list(prepared.graph.nodes)
+    observers = getattr(prepared, OBSERVERS, {})
     found: Dict[str, Placement] = {}
     for node in nodes:
         if node.op in ("placeholder", "get_attr", "output") or _is_observer_call(node) or _meta.OP not in node.meta:
@@ -97,6 +104,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = _stays_float(kind, decision, key, rule, "")
         elif not _inputs_have_codes(members[0]):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
+        elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
+            placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))
         else:
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))

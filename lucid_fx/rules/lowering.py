@@ -20,7 +20,7 @@ from lucid_fx.kernels import make_lut
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.quantization.observers import FixedQParamsObserver
-from lucid_fx.rules.lowering_attention import HOLDS_MASK, holds_mask_values, lower_masked_softmax
+from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -124,8 +124,9 @@ def _binary(kernel):
         qa, qb = _qin(ctx, a), _qin(ctx, b)
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
             return None
-        if kernel is _ops.add and holds_mask_values(ctx, members[-1]):  # scores + mask, not fused with its softmax
-            ctx.declined[members[-1].name] = "its output " + HOLDS_MASK
+        unfused = unfused_mask(ctx.observers, members)  # scores + mask, not fused with its softmax (docs/policies.md)
+        if unfused:
+            ctx.declined[members[-1].name] = unfused
             return None
         scale, zp, _ = ctx.qparams_of(members[-1])
         out = ctx.call(kernel, qa.node, qa.scale, qa.zero_point, qb.node, qb.scale, qb.zero_point, scale, zp, _post_op(members))
@@ -254,8 +255,9 @@ def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
     dim = call.args.get("dim")
     if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
         return None
-    if holds_mask_values(ctx, resolve(call.args.get("input"))):  # a mask not fused with it (docs/policies.md)
-        ctx.declined[members[0].name] = "its input " + HOLDS_MASK
+    unfused = unfused_mask(ctx.observers, members)  # its input holds a mask not fused with it (docs/policies.md)
+    if unfused:
+        ctx.declined[members[0].name] = unfused
         return None
     scale, zp, _ = ctx.qparams_of(members[0])
     return ctx.output_qvalue(members[0], ctx.call(_ops.softmax, x.node, x.scale, x.zero_point, dim, scale, zp))

@@ -9,16 +9,16 @@ model reads it (rules/masks.py says which operand it is). docs/policies.md, "Att
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.passes.lowering_context import QValue
-from lucid_fx.rules.masks import mask_input, scores_input
+from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
 
-__all__ = ["lower_masked_softmax", "holds_mask_values", "MASK_THRESHOLD", "HOLDS_MASK"]
+__all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD"]
 
 _ops = torch.ops.lucid_fx
 
@@ -29,15 +29,32 @@ MASK_THRESHOLD = -1e4
 HOLDS_MASK = "held mask values (-inf, or <= -1e4) at calibration, which int8 codes cannot hold: runs in float, exactly"
 
 
-def holds_mask_values(ctx, node: Any) -> bool:
-    """Whether the observer of ``node`` saw -inf/NaN (which it skipped) or values <= MASK_THRESHOLD: a
-    mask that was not fused with its softmax (its masked_fill or add has other users)."""
-    observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
+def holds_mask_values(observers: Any, node: Any) -> bool:
+    """Whether the observer of ``node`` (in ``observers``, the prepared model's ``lucid_fx_observers``)
+    saw -inf/NaN, which it skipped, or values <= MASK_THRESHOLD."""
+    key = node.meta.get(_meta.OBSERVER) if isinstance(node, fx.Node) else None
+    observer = observers[key] if key is not None and key in observers else None
     observer = getattr(observer, "activation_post_process", observer)  # a FakeQuantize's observer
     low = getattr(observer, "min_val", None)
     if int(getattr(observer, "nonfinite_count", 0)) > 0:
         return True
     return isinstance(low, torch.Tensor) and low.numel() > 0 and bool((low <= MASK_THRESHOLD).any())
+
+
+def unfused_mask(observers: Any, members: List[fx.Node]) -> Optional[str]:
+    """Why a softmax, an add of two tensors or a masked softmax group runs in float because a mask
+    reached it unfused (its masked_fill or add has other users, or it was masked twice), or None.
+    Read by their lowering rules and by passes/predict_placement.py."""
+    ops = tuple(m.meta[_meta.OP].op for m in members)
+    call = members[0].meta[_meta.OP]
+    if ops == ("softmax",) and holds_mask_values(observers, call.args.get("input")):
+        return "its input " + HOLDS_MASK
+    if members[0].meta.get(_meta.FUSION) == MASKED_SOFTMAX and holds_mask_values(observers, scores_input(members[0])):
+        return "its scores " + HOLDS_MASK  # masked before: s + a + b, GPT-2's where(c, s, finfo.min) + a
+    two_tensors = all(isinstance(call.args.get(k), fx.Node) for k in ("input", "other"))
+    if ops[0] == "add" and two_tensors and holds_mask_values(observers, members[-1]):
+        return "its output " + HOLDS_MASK
+    return None
 
 
 def _codes(ctx, node: Any) -> Optional[QValue]:
@@ -52,8 +69,9 @@ def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lu
     masked, soft = members
     call, dim = masked.meta[_meta.OP], soft.meta[_meta.OP].args.get("dim")
     scores, mask = resolve(scores_input(masked)), resolve(mask_input(masked))
-    if isinstance(scores, fx.Node) and holds_mask_values(ctx, scores):  # masked before: s + a + b, where(c, s, -1e9) + a
-        ctx.declined[soft.name] = "its scores " + HOLDS_MASK
+    unfused = unfused_mask(ctx.observers, members)
+    if unfused:
+        ctx.declined[soft.name] = unfused
         return None
     x = _codes(ctx, scores)
     if x is None or not isinstance(dim, int) or ctx.qparams_of(soft) is None or call.args.get("alpha", 1) != 1:
