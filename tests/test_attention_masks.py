@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
-from lucid_fx.kernels import cpu as cpu_kernels
+from lucid_fx.placement import placements
 
 B, H, T, DH = 4, 2, 12, 16
 D = H * DH
@@ -74,11 +74,13 @@ def _masked(keep):
     return ((keep[:, None, None, :] < 0.5) | torch.ones(T, T, dtype=torch.bool).triu(1)).expand(B, H, T, T)
 
 
-@pytest.fixture(params=["native grid", "[-64, 63] grid"])
-def weight_grid(request, monkeypatch):
-    if request.param != "native grid":
-        monkeypatch.setattr(cpu_kernels, "_cpu_has_vnni", lambda: False)  # the grid and kernels of CPUs without VNNI
-    return request.param
+def _where(model):
+    return {name: str(placement) for name, placement in placements(model).items()}
+
+
+def _not_mask(float_ops):
+    """The ops of a convert report that run in float for another reason than being (part of) a mask."""
+    return {name for name, why in float_ops.items() if not why.startswith("attention mask")}
 
 
 def _calibrate(model, seed=0):
@@ -93,7 +95,7 @@ def _calibrate(model, seed=0):
 
 @functools.lru_cache(maxsize=None)
 def _calibrated(cls, *args):
-    """(float model, calibrated prepared model), once per model: the weight grid matters only at convert."""
+    """(float model, calibrated prepared model), once per model: tests convert their own copy."""
     torch.manual_seed(0)
     model = cls(*args).eval()
     return model, _calibrate(model)
@@ -107,7 +109,7 @@ SPELLINGS = [
 
 
 @pytest.mark.parametrize("spelling,fill", SPELLINGS, ids=[f"{s}-{f:g}" for s, f in SPELLINGS])
-def test_masked_positions_get_exactly_zero_probability(spelling, fill, weight_grid, sqnr_db):
+def test_masked_positions_get_exactly_zero_probability(spelling, fill, sqnr_db):
     model, prepared = _calibrated(Attention, spelling, fill)
     qmodel = lucid_fx.convert(prepared)
     x, keep = _batches(3, seed=99)[2]
@@ -120,7 +122,8 @@ def test_masked_positions_get_exactly_zero_probability(spelling, fill, weight_gr
     assert sqnr_db(ref_p, p) >= 30.0
     kernels = [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
     assert kernels.count("masked_softmax") == 1 and "softmax" not in kernels
-    assert qmodel.lucid_fx_convert_report.float_ops == {}
+    assert _not_mask(qmodel.lucid_fx_convert_report.float_ops) == set()  # only the mask's own ops are float
+    assert _where(prepared) == _where(qmodel)  # explain predicted it
 
 
 def test_the_scores_are_observed_before_the_mask():
@@ -134,7 +137,7 @@ def test_the_scores_are_observed_before_the_mask():
     assert all(lo > -100.0 for lo, _ in ranges.values())
 
 
-def test_an_additive_bias_is_exact_and_its_mask_chain_stays_float(weight_grid, sqnr_db):
+def test_an_additive_bias_is_exact_and_its_mask_chain_stays_float(sqnr_db):
     # ALiBi-like biases (-0.25 per token of distance) plus a -1e4 padding mask, built from the input:
     # on one 8-bit grid from -1e4 to 0 every bias would be 0 or -39; read in float they are exact.
     class Biased(Attention):
@@ -214,10 +217,10 @@ class Unfused(Attention):
         return (p @ v).transpose(1, 2).reshape(v.shape[0], T, D), p, also
 
 
-UNFUSED = [  # spelling, fill, what runs in float, whether an observer skips -inf (with a warning)
-    ("method", NEG_INF, {"masked_fill", "softmax"}, True),
-    ("additive", FMIN, {"float_1", "add", "softmax"}, False),  # float_1: (~m).float(), no int8 kernel
-    ("additive", -10000.0, {"float_1", "add", "softmax"}, False),
+UNFUSED = [  # spelling, fill, what runs in float (amax: the other reader), whether an observer skips -inf
+    ("method", NEG_INF, {"masked_fill", "softmax", "amax"}, True),
+    ("additive", FMIN, {"float_1", "add", "softmax", "amax"}, False),  # float_1: (~m).float(), no int8 kernel
+    ("additive", -10000.0, {"float_1", "add", "softmax", "amax"}, False),
     ("twice", -10000.0, {"add", "softmax"}, False),  # (s + a) + b: the group's scores s + a hold -1e4
     ("where", FMIN, {"where", "softmax"}, False),  # GPT-2: where(causal, s, finfo.min) + padding mask
 ]
@@ -237,8 +240,9 @@ def test_a_mask_that_is_not_fused_keeps_the_masked_ops_float(spelling, fill, flo
     assert any("non-finite" in str(w.message) for w in caught) == warns
     qmodel = lucid_fx.convert(prepared)
     report = qmodel.lucid_fx_convert_report.float_ops
-    assert set(report) == float_ops
+    assert _not_mask(report) == float_ops
     assert "held mask values" in report["softmax"]
+    assert _where(prepared) == _where(qmodel)  # explain predicted it from the calibration
     x, keep = _batches(3, seed=99)[2]
     (out, p, _), (ref_out, ref_p, _) = qmodel(x, keep), model(x, keep)
     masked = _masked(keep)
@@ -266,13 +270,14 @@ class SDPA(nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive", "is_causal"])
-def test_scaled_dot_product_attention_stays_float_with_its_mask_exact(kind, weight_grid, sqnr_db):
+def test_scaled_dot_product_attention_stays_float_with_its_mask_exact(kind, sqnr_db):
     model, prepared = _calibrated(SDPA, kind)
     qmodel = lucid_fx.convert(prepared)
     x, keep = _batches(3, seed=99)[2]
     assert sqnr_db(model(x, keep), qmodel(x, keep)) >= 30.0
     report = qmodel.lucid_fx_convert_report
-    assert "no int8 kernel yet" in report.float_ops["scaled_dot_product_attention"]
+    assert _not_mask(report.float_ops) == {"scaled_dot_product_attention"}
+    assert "scaled_dot_product_attention" in report.float_ops["scaled_dot_product_attention"]  # no lowering rule for it
     sdpa = next(n for n in qmodel.graph.nodes if n.target is F.scaled_dot_product_attention)
     mask = sdpa.kwargs.get("attn_mask")
     names = {getattr(n.target, "__name__", "") for n in ([mask] if mask is not None else [])}
