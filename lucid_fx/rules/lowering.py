@@ -321,7 +321,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("mul", "relu"): _mul,  # relu(a * b) -> lucid_fx.mul(post_op="relu")
     ("matmul",): lower_matmul,  # a @ b -> lucid_fx.matmul
     ("softmax",): lower_softmax,  # softmax(x) -> lucid_fx.softmax
-    **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(s masked by m) -> lucid_fx.masked_softmax
+    **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(masked s) -> lucid_fx.masked_softmax
     ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat
     ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean

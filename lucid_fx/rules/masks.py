@@ -78,8 +78,10 @@ def scores_input(node: fx.Node) -> Optional[fx.Node]:
 
 
 def _reads_only_as_mask(user: fx.Node, node: fx.Node) -> bool:
-    values = [v for value in user.meta[_meta.OP].args.values() for v in (value if isinstance(value, (list, tuple)) else (value,))]
-    return mask_input(user) is node and sum(v is node for v in values) == 1
+    """Whether ``user`` reads ``node`` as its mask and in no other argument."""
+    args = user.meta[_meta.OP].args.values()
+    uses = sum(v is node for value in args for v in (value if isinstance(value, (list, tuple)) else (value,)))
+    return mask_input(user) is node and uses == 1
 
 
 def mask_only_nodes(graph: fx.Graph) -> Set[fx.Node]:

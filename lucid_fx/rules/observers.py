@@ -88,7 +88,8 @@ def _user_float(node, ctx) -> Optional[Decision]:
 def _attention_mask(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr") or not ctx.feeds_only_masks(node):
         return None
-    return Decision("float", "attention mask: read exactly, in float, by the masked op (docs/policies.md)", qconfig=ctx.qconfig(node))
+    reason = "attention mask: read exactly, in float, by the masked op (docs/policies.md)"
+    return Decision("float", reason, qconfig=ctx.qconfig(node))
 
 
 def _fused(node, ctx) -> Optional[Decision]:
