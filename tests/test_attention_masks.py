@@ -126,6 +126,38 @@ def test_masked_positions_get_exactly_zero_probability(spelling, fill, sqnr_db):
     assert _where(prepared) == _where(qmodel)  # explain predicted it
 
 
+class InputMask(Attention):
+    """transformers' eager attention: the 4-d additive mask is an input, -inf or finfo.min on masked keys."""
+
+    def forward(self, x, mask):
+        q, k, v = _split(self.q(x)), _split(self.k(x)), _split(self.v(x))
+        p = torch.softmax(q @ k.transpose(-2, -1) * DH ** -0.5 + mask, -1)
+        return (p @ v).transpose(1, 2).reshape(x.shape[0], T, D), p
+
+
+@pytest.mark.parametrize("fill", [NEG_INF, FMIN])
+def test_an_input_mask_is_read_exactly_and_never_observed(fill, sqnr_db):
+    def batch(x, keep):
+        return x, torch.zeros(B, 1, T, T).masked_fill(_masked(keep)[:, :1], fill)
+
+    torch.manual_seed(0)
+    model = InputMask("input", fill).eval()
+    calibration = [batch(*b) for b in _batches(8, seed=1)]
+    prepared = lucid_fx.prepare(model, example_inputs=calibration[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the mask input has no observer to skip its -inf
+        lucid_fx.calibrate(prepared, calibration, progress=False)
+    assert "mask" not in prepared.lucid_fx_observers
+    qmodel = lucid_fx.convert(prepared)
+    x, mask = batch(*_batches(3, seed=99)[2])
+    (out, p), (ref_out, ref_p) = qmodel(x, mask), model(x, mask)
+    masked = (mask < -1e4).expand(B, H, T, T)
+    assert torch.equal(p[masked], torch.zeros_like(p[masked]))
+    assert sqnr_db(ref_out, out) >= 30.0 and sqnr_db(ref_p, p) >= 30.0
+    masked_softmax = next(n for n in qmodel.graph.nodes if getattr(n.target, "__name__", "") == "masked_softmax")
+    assert masked_softmax.args[3].op == "placeholder"  # the input itself, not a dequantized copy
+
+
 def test_the_scores_are_observed_before_the_mask():
     # The grid of the scores comes from the unmasked values: not stretched by -1e9, not a skipped -inf.
     _, prepared = _calibrated(Attention, "method", -1e9)

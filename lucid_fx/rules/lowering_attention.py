@@ -88,4 +88,3 @@ def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lu
     fill = None if fill is None else float(fill)
     out = ctx.call(_ops.masked_softmax, x.node, x.scale, x.zero_point, ctx.float_of(mask), fill, dim, scale, zp)
     return ctx.output_qvalue(soft, out)
-
