@@ -48,6 +48,8 @@ class Attention(nn.Module):
             s = torch.masked_fill(s, masked, self.fill)
         elif self.spelling == "inplace":
             s = s.masked_fill_(masked, self.fill)
+        elif self.spelling == "bare":  # used only through mutation: made out of place at prepare
+            s.masked_fill_(masked, self.fill)
         elif self.spelling == "additive":  # transformers: (1.0 - mask) * finfo.min, from the input
             s = s + (1.0 - (~masked).float()) * self.fill
         elif self.spelling == "additive_first":
@@ -103,7 +105,7 @@ def _calibrated(cls, *args):
 
 SPELLINGS = [
     ("method", NEG_INF), ("method", -1e9), ("method", -10000.0), ("method", FMIN), ("function", NEG_INF),
-    ("function", -1e9), ("inplace", NEG_INF), ("additive", FMIN), ("additive", -10000.0), ("additive_first", FMIN),
+    ("function", -1e9), ("inplace", NEG_INF), ("bare", NEG_INF), ("additive", FMIN), ("additive", -10000.0), ("additive_first", FMIN),
     ("additive_where", NEG_INF), ("additive_where", -1e9),
 ]
 
