@@ -13,37 +13,29 @@ rebuilt on the first call.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import keyword
+import functools
 import os
-import re
 from typing import Any, Dict, Iterable, Tuple, Union
 
 import torch
 from torch import fx, nn
 
-from lucid_fx import _meta, _parametrized
-from lucid_fx._codec import Codec, NotSerializable, check_tensor_method
+from lucid_fx import _allowlist, _meta, _parametrized
+from lucid_fx import _load_modules as M
+from lucid_fx._codec import Codec, NotSerializable
+from lucid_fx._load_graph import check_runs, decode_graph
+from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS, conforms
 from lucid_fx.passes.insert_observers import OBSERVERS
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "lucid_fx.save"
 FORMAT_VERSION = 1
-_MODULE_STATE = frozenset(nn.Module().__dict__)
-_GRAPH_MODULE_STATE = frozenset(fx.GraphModule(nn.Module(), fx.Graph()).__dict__)
-_META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
+MAX_MODULE_DEPTH = 100  # module nesting; real models nest about 10 deep
 _INSPECTION_KEYS = (
     _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
     _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META,
 )
-# What getattr may read in a loaded graph: torch.Tensor's data attributes (x.shape, x.dtype, ...).
-_TENSOR_ATTRIBUTES = frozenset(
-    n for n in dir(torch.Tensor) if not n.startswith("_") and not callable(getattr(torch.Tensor, n, None)) and n != "grad_fn"
-)
-_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
-_ATTR = re.compile(r"[A-Za-z0-9_]+")  # Sequential children are named "0", "1", ...
-_PLACEHOLDER = re.compile(r"\*{0,2}[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _where(path: str) -> str:
@@ -76,15 +68,15 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
     # A prepared graph keeps every key (convert reads them); a converted one what to_networkx,
     # visualize and `lucid-fx show` read: sources, grids, lowerings, decisions, shapes.
     prepared = hasattr(gm, OBSERVERS)
-    keys = _META_KEYS if prepared else _INSPECTION_KEYS
+    keys = META_KEYS if prepared else _INSPECTION_KEYS
     nodes = []
     for node in gm.graph.nodes:
         where = f"node {node.name!r} ({node.op}) in {_where(path)}"
         target: Any = node.target
         if node.op == "call_function":
             target = {"$": "fn", "v": codec.fn_name(node.target, where)}
-        elif node.op == "call_method":
-            check_tensor_method(node.target, where)
+        elif node.op == "call_method" and node.target not in _allowlist.TENSOR_METHODS:
+            raise NotSerializable(f"{where}: method {node.target!r} is not a public torch.Tensor method on the allowlist")
         record = {
             "name": node.name, "op": node.op, "target": target,
             "args": codec.encode(node.args, where, node_ok=True),
@@ -92,6 +84,9 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
             "tensor_type": node.type is torch.Tensor,
         }
         record["meta"] = _encode_meta(node, codec, where, keys, strict=prepared)
+        value = functools.reduce(getattr, node.target.split("."), gm) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor):  # load checks the tensor it finds against this
+            record["value_type"] = [list(value.shape), str(value.dtype)]
         nodes.append(record)
     return {"nodes": nodes}
 
@@ -106,7 +101,7 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
             raise NotSerializable(f"{where} ({type(module).__name__}) has {key} registered; hooks are code, which "
                                   "lucid_fx.save does not write: remove them before saving and add them again after loading")
     is_graph = isinstance(module, fx.GraphModule)
-    state = _GRAPH_MODULE_STATE if is_graph else _MODULE_STATE
+    state = M.GRAPH_MODULE_STATE if is_graph else M.MODULE_STATE
     record: Dict[str, Any] = {"kind": "graph" if is_graph else "module", "training": module.training}
     if is_graph:
         record["class_name"] = type(module).__name__
@@ -165,113 +160,88 @@ def save(model: nn.Module, path: Union[str, os.PathLike, Any], *, allow: Iterabl
 
 
 # -- reading ---------------------------------------------------------------------------------
-def _check_path(gm: nn.Module, target: Any, op: str, where: str) -> None:
-    """A get_attr/call_module target walks only the module tree: submodules, parameters, buffers
-    and tensor attributes, never a method, a class or a function's globals."""
-    if not (isinstance(target, str) and all(_ATTR.fullmatch(p) and not p.startswith("__") for p in target.split("."))):
-        raise ValueError(f"{where}: malformed {op} target {target!r}")
-    value: Any = gm
-    for part in target.split("."):
-        found = None
-        if isinstance(value, nn.Module):
-            for table in (value._modules, value._parameters, value._buffers):
-                if part in table:
-                    found = table[part]
-                    break
-            else:
-                plain = value.__dict__.get(part)
-                found = plain if isinstance(plain, (torch.Tensor, nn.Module)) else None
-        if found is None:
-            raise ValueError(f"{where}: {op} target {target!r} is not a submodule, parameter, buffer or tensor of the loaded module")
-        value = found
-    if op == "call_module" and not isinstance(value, nn.Module):
-        raise ValueError(f"{where}: call_module target {target!r} is not a module")
+def _tensors(record: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """The record's parameters and buffers (and parametrized originals, as written), checked."""
+    params, grads, buffers = record["params"], record["requires_grad"], record["buffers"]
+    if set(grads) != {k for k, p in params.items() if p is not None} or not all(isinstance(g, bool) for g in grads.values()):
+        raise ValueError(f"{where}: requires_grad does not match the parameters")
+    if set(params) & set(buffers) or not set(record["non_persistent"]) <= set(buffers):
+        raise ValueError(f"{where}: a name is both a parameter and a buffer, or a non-persistent name is no buffer")
+    for name, tensor in [*params.items(), *buffers.items()]:
+        if tensor is not None:
+            M.check_tensor(tensor, f"{where}, tensor {name!r:.60}")
+            if grads.get(name) and not (tensor.is_floating_point() or tensor.is_complex()):
+                raise ValueError(f"{where}: tensor {name!r} requires grad but is {tensor.dtype}")
+    originals = {k: r.get("original") for k, r in record.get("parametrized", {}).items() if isinstance(r, dict)}
+    return {**params, **buffers, **originals}
 
 
-def _decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: str) -> fx.Graph:
-    graph, nodes = fx.Graph(), {}
-    for record in data["nodes"]:
-        op, target, name = record.get("op"), record.get("target"), record.get("name")
-        where = f"node {name!r} ({op}) in {_where(path)}"
-        if op not in _OPS or not isinstance(name, str):
-            raise ValueError(f"{where}: unknown node kind {op!r}")
-        if op == "call_function":
-            if not (isinstance(target, dict) and target.get("$") == "fn"):
-                raise ValueError(f"{where}: a call_function target must be a function on the allowlist, got {target!r:.80}")
-            target = codec.decode(target, where)
-        elif op == "call_method":
-            check_tensor_method(target, where)
-        elif op in ("get_attr", "call_module"):
-            _check_path(gm, target, op, where)
-        elif op == "placeholder" and not (isinstance(target, str) and _PLACEHOLDER.fullmatch(target)):
-            raise ValueError(f"{where}: malformed placeholder name {target!r}")
-        elif op == "output" and target != "output":
-            raise ValueError(f"{where}: malformed output node")
-        args, kwargs = codec.decode(record["args"], where, nodes), codec.decode(record["kwargs"], where, nodes)
-        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
-            raise ValueError(f"{where}: malformed arguments")
-        if any(not (isinstance(k, str) and k.isidentifier()) or keyword.iskeyword(k) for k in kwargs):
-            raise ValueError(f"{where}: keyword argument names must be identifiers, got {list(kwargs)!r:.80}")
-        if target is getattr and not (len(args) == 2 and args[1] in _TENSOR_ATTRIBUTES):
-            raise ValueError(f"{where}: getattr is allowed only for tensor attributes (shape, dtype, ...), got {args[1:]!r}")
-        if op == "call_function" and kwargs and getattr(target, "__module__", None) == "builtins" and target is not getattr:
-            raise ValueError(f"{where}: {target.__name__}() takes no keyword arguments from a file")
-        node = graph.create_node(op, target, args, kwargs, name=name, type_expr=torch.Tensor if record.get("tensor_type") else None)
-        nodes[name] = node
-    for record, node in zip(data["nodes"], graph.nodes):
-        for key, value in record.get("meta", {}).items():
-            if key in _META_KEYS:
-                node.meta[key] = codec.decode(value, f"node {node.name!r}, meta {key!r}", nodes)
-    graph.lint()
-    return graph
+def _check_own_attributes(attrs: Dict[str, Any], codec: Codec, graph: bool, where: str) -> Dict[str, Any]:
+    """Checks the attributes lucid_fx sets on the modules it returns (reports, and fx's tensor
+    constants on a GraphModule); returns the others, which the module's class must keep."""
+    rest = {}
+    for key, value in attrs.items():
+        hint = LUCID_FX_ATTRIBUTES().get(key)
+        problem = conforms(value, hint, codec.allowed) if hint is not None else None
+        if problem:
+            raise ValueError(f"{where}: attribute {key!r} is {problem}")
+        if hint is None and graph and isinstance(key, str) and M.TENSOR_CONSTANT.fullmatch(key):
+            M.check_tensor(value, f"{where}, attribute {key!r}")
+        elif hint is None and graph:
+            raise ValueError(f"{where}: attribute {key!r:.60} may not be set from a file (lucid_fx does not set it on a GraphModule)")
+        elif hint is None:
+            rest[key] = value
+    return rest
 
 
-def _shadows_code(cls: type, key: str) -> bool:
-    """An instance attribute that would stand in for code: a dunder, a method or property of the
-    class, or a hook torch calls by name (a parametrization's ``right_inverse``)."""
-    if key.startswith("__") or key in ("right_inverse",):
-        return True
-    static = inspect.getattr_static(cls, key, None)
-    return callable(static) or isinstance(static, (property, staticmethod, classmethod))
-
-
-def _decode_module(record: Dict[str, Any], path: str, codec: Codec, built: Dict[str, nn.Module]) -> nn.Module:
+def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Module], depth: int = 0) -> nn.Module:
     where = _where(path)
-    kind = record.get("kind")
-    if kind == "alias":
-        return built[record["path"]]
+    if depth > MAX_MODULE_DEPTH:
+        raise ValueError(f"{where}: modules nested more than {MAX_MODULE_DEPTH} deep")
+    kind = M.check_record(record, where)
+    if kind == "alias":  # a module met earlier, never one of its own ancestors (a cycle)
+        target = record["path"]
+        if target not in built or target == "" or path.startswith(target + "."):
+            raise ValueError(f"{where}: alias of {target!r:.60}, which is not a module loaded before it")
+        return built[target]
     if kind == "graph":
-        class_name = record.get("class_name")
-        if not (isinstance(class_name, str) and class_name.isidentifier()):
-            raise ValueError(f"{where}: malformed GraphModule class name {class_name!r}")
-        module: nn.Module = fx.GraphModule(nn.Module(), fx.Graph(), class_name=class_name)
-        state = _GRAPH_MODULE_STATE
-    elif kind == "module":
-        cls = codec.cls(record.get("class"), where)
-        if not issubclass(cls, nn.Module) or issubclass(cls, fx.GraphModule):
-            raise ValueError(f"{where}: {record.get('class')} is not a module class")
+        if not record["class_name"].isidentifier():
+            raise ValueError(f"{where}: malformed GraphModule class name {record['class_name']!r:.60}")
+        cls: type = fx.GraphModule
+        module: nn.Module = fx.GraphModule(nn.Module(), fx.Graph(), class_name=record["class_name"])
+    else:
+        cls = codec.cls(record["class"], where)
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        state = _MODULE_STATE
-    else:
-        raise ValueError(f"{where}: unknown record kind {kind!r}")
+    where = f"{where} ({record['class_name'] if kind == 'graph' else cls.__name__})"
     built[path] = module
-    module.training = bool(record["training"])
-    for name, child in record["children"]:
+    module.training = record["training"]
+    for pair in record["children"]:
+        if not (isinstance(pair, list) and len(pair) == 2) or pair[0] == _parametrized.CONTAINER:
+            raise ValueError(f"{where}: malformed child entry {pair!r:.60}")
+        name = M.check_name(pair[0], where, "child", cls)
         child_path = f"{path}.{name}" if path else name
-        module._modules[name] = None if child is None else _decode_module(child, child_path, codec, built)
+        module._modules[name] = None if pair[1] is None else _decode_module(pair[1], child_path, codec, built, depth + 1)
+    tensors = _tensors(record, where)
     for name, tensor in record["params"].items():
+        M.check_name(name, where, "parameter", cls)
         module._parameters[name] = None if tensor is None else nn.Parameter(tensor, requires_grad=record["requires_grad"][name])
-    module._buffers.update(record["buffers"])
+    for name, tensor in record["buffers"].items():
+        module._buffers[M.check_name(name, where, "buffer", cls)] = tensor
     module._non_persistent_buffers_set.update(record["non_persistent"])
-    for key, value in record["attrs"].items():
-        if not (isinstance(key, str) and key.isidentifier()) or key in state or _shadows_code(type(module), key):
-            raise ValueError(f"{where}: attribute {key!r} may not be set from a file")
-        module.__dict__[key] = codec.decode(value, f"{where}, attribute {key!r}")
-    if kind == "module" and "parametrized" in record:
-        _parametrized.decode(module, record["parametrized"], path, lambda r, p: _decode_module(r, p, codec, built))
+    attrs = {k: codec.decode(v, f"{where}, attribute {k!r:.60}") for k, v in record["attrs"].items()}
+    rest, twin = _check_own_attributes(attrs, codec, kind == "graph", where), None
+    if kind == "module":
+        twin = M.build_twin(cls, rest, tensors, where)
+        M.check_attribute_names(cls, rest, twin, M.MODULE_STATE, where)
+        M.check_attribute_values(cls, rest, twin, where)
+    module.__dict__.update(attrs)
+    if "parametrized" in record:
+        _parametrized.decode(module, record["parametrized"], path, lambda r, p: _decode_module(r, p, codec, built, depth + 1))
+        tensors.update({name: chain.original for name, chain in module.parametrizations.items()})
+    M.check_state(module, twin, tensors, where)
     if kind == "graph":
-        module.graph = _decode_graph(record["graph"], module, codec, path)
+        module.graph = decode_graph(record["graph"], module, codec, path)
     return module
 
 
@@ -306,4 +276,11 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
         raise ValueError(f"lucid_fx.load: {name} was not written by lucid_fx.save (expected {expected})")
     if payload.get("version") != FORMAT_VERSION:
         raise ValueError(f"lucid_fx.load: {name} has format version {payload.get('version')!r}; this lucid_fx reads version {FORMAT_VERSION}")
-    return _decode_module(payload["model"], "", Codec(allow), {})
+    for key, typ in (("torch", str), ("model", dict)):
+        if not isinstance(payload.get(key), typ) or set(payload) != {"format", "version", "torch", "model"}:
+            raise ValueError(f"lucid_fx.load: {name} is malformed: expected the keys format, version, torch and model")
+    model = _decode_module(payload["model"], "", Codec(allow), {})
+    for path, module in model.named_modules():
+        if isinstance(module, fx.GraphModule):
+            check_runs(module, _where(path))
+    return model

@@ -1,0 +1,145 @@
+"""What a decoded value may be, by where it sits in a file: node arguments, node.meta, attributes.
+
+Node arguments are data: numbers, strings, tensors' dtypes and devices, slices, containers and
+references to earlier nodes; never a function or class (unless the caller allowed it). A
+``node.meta`` value must have the type its key is documented with in :mod:`lucid_fx._meta`, and
+a dataclass (a Decision, a report) the types its fields are annotated with, so that convert,
+explain and the viewer read what they expect.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+from lucid_fx import _allowlist as A
+from lucid_fx import _meta
+
+__all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "META_KEYS", "META_TYPES"]
+
+# Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py.
+META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
+
+_SCALARS = (type(None), bool, int, float, str)
+_TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _meta_types() -> Dict[str, Any]:
+    from lucid_fx.ops import CanonicalCall
+    from lucid_fx.rules.observers import Decision
+
+    return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
+        _meta.OP: CanonicalCall,
+        _meta.INTERVAL: Tuple[float, float],  # (lo, hi)
+        _meta.INTERVAL_RULE: str,
+        _meta.FUSION: str,
+        _meta.FUSED_INTO: str,
+        _meta.DECISION: Decision,
+        _meta.MODULE_PATH: str,
+        _meta.OBSERVER: str,
+        _meta.TENSOR_META: Union[TensorMetadata, tuple, list, dict],  # ShapeProp nests it for several outputs
+        _meta.WEIGHT_OBSERVER: str,
+        _meta.BN_FOLDED: bool,
+        _meta.SOURCE: str,
+        _meta.QPARAMS: Tuple[float, int, str],  # (scale, zero_point, grid name)
+        _meta.LOWERING: str,
+        _meta.OBSERVER_KIND: str,
+        _meta.VALUE_TYPE: Tuple[Tuple[int, ...], torch.dtype],  # (shape, dtype)
+    }
+
+
+def _lucid_fx_attributes() -> Dict[str, Any]:
+    from lucid_fx.passes.lowering_context import ConvertReport
+    from lucid_fx.prepare import PrepareReport
+
+    return {  # what lucid_fx sets on the model it returns, besides submodules and buffers
+        "lucid_fx_report": PrepareReport,  # prepare
+        "lucid_fx_convert_report": Union[ConvertReport, Dict[str, ConvertReport]],  # convert (one per graph)
+    }
+
+
+META_TYPES: Callable[[], Dict[str, Any]] = functools.lru_cache(maxsize=None)(_meta_types)
+LUCID_FX_ATTRIBUTES: Callable[[], Dict[str, Any]] = functools.lru_cache(maxsize=None)(_lucid_fx_attributes)
+
+
+def check_data(value: Any, where: str, allowed: Callable[[Any], bool]) -> None:
+    """A node argument: data and node references only (``allowed`` vouches for the caller's objects)."""
+    if isinstance(value, (_SCALARS, _TORCH_DATA, fx.Node, torch.Size)) or value is Ellipsis:
+        return
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            check_data(item, where, allowed)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_data(key, where, allowed)
+            check_data(item, where, allowed)
+    elif isinstance(value, slice):
+        check_data((value.start, value.stop, value.step), where, allowed)
+    elif not allowed(value):
+        raise ValueError(f"{where}: an argument may only be data or a node, got {type(value).__name__} {value!r:.60}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_factory(value: Any, allowed: Callable[[Any], bool]) -> bool:
+    """A zero-argument factory as a QConfig holds one: an observer or fake-quant class, or such a
+    class with arguments (``with_args``), or a function the caller allowed."""
+    if isinstance(value, functools.partial):
+        value = value.func
+    return A.is_factory_class(value) or allowed(value)
+
+
+def conforms(value: Any, hint: Any, allowed: Callable[[Any], bool]) -> Optional[str]:
+    """None if ``value`` has the annotated type ``hint``; else what it is instead."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:  # a dataclass is still held to its own annotations
+        return conforms(value, type(value), allowed) if dataclasses.is_dataclass(value) and not isinstance(value, type) else None
+    if hint is None or hint is type(None):
+        return None if value is None else f"{type(value).__name__} where None belongs"
+    if origin in (Union, types.UnionType):
+        found = [conforms(value, arm, allowed) for arm in args]
+        return None if None in found else f"{type(value).__name__} where {hint} belongs"
+    if origin is collections.abc.Callable:
+        return None if _is_factory(value, allowed) else f"{value!r:.60} where an observer factory belongs"
+    if origin in (tuple, list, set, frozenset):
+        if not isinstance(value, origin):
+            return f"{type(value).__name__} where a {origin.__name__} belongs"
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                return f"a {len(value)}-tuple where a {len(args)}-tuple belongs"
+            return next((p for p in map(conforms, value, args, [allowed] * len(args)) if p), None)
+        return next((p for p in (conforms(v, args[0], allowed) for v in value) if p), None) if args else None
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, dict):
+            return f"{type(value).__name__} where a dict belongs"
+        key, item = args or (Any, Any)
+        return next((p for k, v in value.items() for p in (conforms(k, key, allowed), conforms(v, item, allowed)) if p), None)
+    if not isinstance(hint, type):
+        return None  # a TypeVar or a string annotation that did not resolve: no constraint
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return None  # an int stands for a float
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        return f"{type(value).__name__} where {hint.__name__} belongs"
+    if dataclasses.is_dataclass(hint) or (issubclass(hint, tuple) and hasattr(hint, "_fields")):
+        for name, field_hint in _hints(type(value)).items():
+            problem = conforms(getattr(value, name), field_hint, allowed)
+            if problem:
+                return f"{type(value).__name__}.{name}: {problem}"
+    return None
+
+
+def check_meta(key: str, value: Any, where: str, allowed: Callable[[Any], bool]) -> None:
+    problem = conforms(value, META_TYPES().get(key, Any), allowed)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
