@@ -88,6 +88,12 @@ def _target(record: Dict[str, Any], gm: nn.Module, codec: Codec, where: str, pla
     return target
 
 
+def _has_node(value: Any) -> bool:
+    found: List[fx.Node] = []
+    fx.node.map_arg(value, found.append)
+    return bool(found)
+
+
 def _check_arguments(op: str, target: Any, args: Any, kwargs: Any, where: str, codec: Codec) -> None:
     if not isinstance(args, tuple) or not isinstance(kwargs, dict):
         raise ValueError(f"{where}: malformed arguments")
@@ -97,6 +103,8 @@ def _check_arguments(op: str, target: Any, args: Any, kwargs: Any, where: str, c
     arity = {"placeholder": (0, 1), "get_attr": (0, 0), "output": (1, 1)}.get(op)
     if arity and not (arity[0] <= len(args) <= arity[1] and not kwargs):
         raise ValueError(f"{where}: a {op} node takes {arity[1]} argument(s), the file gives {len(args)} and {len(kwargs)} by keyword")
+    if op == "placeholder" and _has_node(args):
+        raise ValueError(f"{where}: a placeholder's default must be data, not a node")
     if op == "call_method" and not (args and isinstance(args[0], fx.Node)):
         raise ValueError(f"{where}: method {target!r} must be called on a graph value")
     if target is getattr and not (len(args) == 2 and isinstance(args[0], fx.Node) and args[1] in A.TENSOR_ATTRIBUTES):
@@ -113,15 +121,16 @@ def decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: s
     records: List[Dict[str, Any]] = data["nodes"]
     for i, record in enumerate(records):
         name = record.get("name") if isinstance(record, dict) else None
-        where = f"node {name!r:.60} ({record.get('op') if isinstance(record, dict) else '?'!s:.20}) in {owner}"
-        if not (isinstance(record, dict) and all(isinstance(record.get(k), t) for k, t in _NODE.items())
+        op = record.get("op") if isinstance(record, dict) else None
+        where = f"node {name!r:.60} ({op!s:.20}) in {owner}" if isinstance(name, str) else f"node #{i} in {owner}"
+        if not (isinstance(record, dict) and set(_NODE) <= set(record) and all(isinstance(record[k], t) for k, t in _NODE.items())
                 and set(record) <= set(_NODE) | set(_OPTIONAL) and all(isinstance(record.get(k, []), t) for k, t in _OPTIONAL.items())):
             raise ValueError(f"{where}: malformed node record (keys {sorted(map(str, record)) if isinstance(record, dict) else '-'})")
         op = record["op"]
         if op not in _KINDS or not name.isidentifier() or name in nodes:
             raise ValueError(f"{where}: {'duplicate node name' if name in nodes else 'unknown node kind or malformed name'}")
-        if (op == "output") != (i == len(records) - 1):
-            raise ValueError(f"{where}: the output node must come last, and only once")
+        if (op == "output") != (i == len(records) - 1) or (op == "placeholder" and any(n.op != "placeholder" for n in nodes.values())):
+            raise ValueError(f"{where}: placeholders must come first, the output node last and only once")
         target = _target(record, gm, codec, where, placeholders)
         args, kwargs = codec.decode(record["args"], where, nodes), codec.decode(record["kwargs"], where, nodes)
         _check_arguments(op, target, args, kwargs, where, codec)
@@ -170,8 +179,10 @@ class _Checker(fx.Interpreter):
             raise ValueError(f"{where}: the graph does not run on the input shapes the file records "
                              f"({type(err).__name__}: {first:.200})") from None
         expected = _expected(n)
-        if expected is not None and isinstance(out, torch.Tensor) and (list(out.shape), out.dtype) != expected:
-            raise ValueError(f"{where}: computes {out.dtype} {list(out.shape)}, but the file records {expected[1]} {expected[0]}")
+        got = (list(out.shape), out.dtype) if isinstance(out, torch.Tensor) else None
+        if expected is not None and got != expected:
+            what = f"{got[1]} {got[0]}" if got else f"a {type(out).__name__}"
+            raise ValueError(f"{where}: computes {what}, but the file records {expected[1]} {expected[0]}")
         return out
 
 
@@ -205,9 +216,24 @@ def check_runs(gm: fx.GraphModule, owner: str) -> None:
     placeholders' recorded ``tensor_meta``: every node must run, and produce the shape and dtype
     the file records for it. Observers and fake quants (identities in shape and dtype, with
     data-dependent statistics) are swapped for nn.Identity while it runs; everything is put back."""
-    metas = [n.meta.get(_meta.TENSOR_META) for n in gm.graph.nodes if n.op == "placeholder"]
-    if not metas or not all(isinstance(m, TensorMetadata) for m in metas):
+    inputs = []  # (placeholder, its recorded tensor_meta)
+    for node in gm.graph.nodes:
+        meta = node.meta.get(_meta.TENSOR_META)
+        if node.op != "placeholder":
+            continue
+        if node.target.startswith("*"):
+            return  # forward(*args): which input is which is not recorded
+        if not isinstance(meta, TensorMetadata) and node.args:
+            break  # an input with a default (a number, None): the inputs before it are enough
+        inputs.append((node, meta))
+    known = [n.name for n, m in inputs if isinstance(m, TensorMetadata)]
+    if not known:
         return  # a graph saved without shapes (not made by prepare): nothing to check against
+    missing = [n.name for n, m in inputs if not isinstance(m, TensorMetadata)]
+    if missing:
+        raise ValueError(f"node {missing[0]!r} (placeholder) in {owner}: the file records no shape for this input, "
+                         f"but does for {known[0]!r}")
+    metas = [m for _, m in inputs]
     swaps = [(parent._modules, name, child) for parent, name, child in _quant_identities(gm)]
     try:
         for table, name, _ in swaps:

@@ -4,7 +4,7 @@ A file may set on a module only what lucid_fx itself writes there: for a torch.n
 class, the attributes, parameters, buffers and children of its *twin*, the module its own
 constructor builds (on the meta device: no memory, no computation) from the file's attribute
 values; for a GraphModule, the reports lucid_fx sets and fx's tensor constants. Attributes keep
-their twin's types, tensors their twin's kind of dtype and shape. A class the caller allows
+their twin's types, tensors their twin's dtype and shape. A class the caller allows
 (``allow=``) has no twin: its attributes are limited to the names its own code assigns.
 """
 
@@ -23,8 +23,8 @@ from torch import fx, nn
 
 from lucid_fx import _allowlist as A
 
-__all__ = ["MODULE_STATE", "GRAPH_MODULE_STATE", "check_record", "check_name", "check_tensor", "build_twin",
-           "check_attribute_names", "check_attribute_values", "check_state"]
+__all__ = ["MODULE_STATE", "GRAPH_MODULE_STATE", "check_record", "check_name", "check_tensor", "check_tensors_in", "build_twin",
+           "check_attribute_names", "check_attribute_values", "check_state", "own_resizable_state"]
 
 MODULE_STATE = frozenset(nn.Module().__dict__)
 GRAPH_MODULE_STATE = frozenset(fx.GraphModule(nn.Module(), fx.Graph()).__dict__)
@@ -43,7 +43,7 @@ TENSOR_CONSTANT = re.compile(r"_tensor_constant\d+")  # what fx names a tensor a
 def check_record(record: Any, where: str) -> str:
     """The record's kind, once its keys and their types are what save writes."""
     kind = record.get("kind") if isinstance(record, dict) else None
-    if kind not in _RECORDS:
+    if not isinstance(kind, str) or kind not in _RECORDS:
         raise ValueError(f"{where}: malformed module record (kind {kind!r:.40})")
     required, optional = _RECORDS[kind]
     for key in record:
@@ -65,6 +65,14 @@ def check_name(name: Any, where: str, what: str, cls: type) -> str:
     if inspect.getattr_static(cls, name, None) is not None or name in MODULE_STATE:
         raise ValueError(f"{where}: {what} name {name!r} would hide {cls.__name__}.{name}")
     return name
+
+
+def check_tensors_in(value: Any, where: str) -> None:
+    """Every tensor inside an attribute value, as :func:`check_tensor`."""
+    if isinstance(value, torch.Tensor):
+        check_tensor(value, where)
+    for item in value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ():
+        check_tensors_in(item, where)
 
 
 def check_tensor(value: Any, where: str) -> torch.Tensor:
@@ -181,6 +189,21 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
+def _resizable(ref: torch.Tensor) -> bool:
+    """State sized by the data it sees (per-tensor or per-channel qparams, per-channel ranges):
+    the class resizes it in place."""
+    return ref.numel() == 0 or ref.shape == (1,)
+
+
+def own_resizable_state(module: nn.Module, twin: Optional[nn.Module]) -> None:
+    """Give the buffers the class resizes storage of their own: a tensor read from a file cannot
+    grow (measured: a QAT model saved before its first step failed its first step after load)."""
+    for name, ref in (twin._buffers.items() if twin is not None else ()):
+        got = module._buffers.get(name)
+        if ref is not None and got is not None and _resizable(ref):
+            module._buffers[name] = got.clone()
+
+
 def check_state(module: nn.Module, twin: Optional[nn.Module], tensors: Dict[str, Optional[torch.Tensor]], where: str) -> None:
     """The module's tensors (parameters, buffers, parametrized originals) and children against the twin's."""
     if twin is None:
@@ -196,11 +219,13 @@ def check_state(module: nn.Module, twin: Optional[nn.Module], tensors: Dict[str,
             continue
         if (name in twin._parameters) != (name in module._parameters or name in getattr(module, "parametrizations", {})):
             raise ValueError(f"{where}: {name!r} is a {'parameter' if name in twin._parameters else 'buffer'} of {type(twin).__name__}")
-        same_kind = got.dtype == ref.dtype or (got.is_floating_point() and ref.is_floating_point())
-        resizable = ref.numel() == 0 or (ref.shape == (1,) and got.dim() <= 1)  # sized by the data (per-tensor or per-channel)
-        if not same_kind or not (resizable or got.shape == ref.shape):
+        resizable = _resizable(ref) and got.dim() <= 1
+        if got.dtype != ref.dtype or not (resizable or got.shape == ref.shape):
             raise ValueError(f"{where}: tensor {name!r} is {got.dtype} {list(got.shape)}; {type(twin).__name__} holds "
                              f"{ref.dtype} {list(ref.shape)} there")
+    grown = {name: tuple(tensors[name].shape) for name, ref in twin._buffers.items() if ref is not None and _resizable(ref)}
+    if len(set(grown.values())) > 1:  # sized by the same data, together (a scale and its zero point)
+        raise ValueError(f"{where}: tensors {sorted(grown)} must have one shape, got {sorted(grown.items())}")
     for name, ref_child in twin._modules.items():
         child = module._modules.get(name)
         common = set(type(ref_child).__mro__) & set(type(child).__mro__) - set(nn.Module.__mro__)

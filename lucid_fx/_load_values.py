@@ -17,13 +17,13 @@ import typing
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _allowlist as A
 from lucid_fx import _meta
 
-__all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "META_KEYS", "META_TYPES"]
+__all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES"]
 
 # Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py.
 META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
@@ -66,6 +66,16 @@ def _lucid_fx_attributes() -> Dict[str, Any]:
     }
 
 
+def _lucid_fx_children() -> Dict[str, type]:
+    from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+
+    return {  # the containers lucid_fx adds to a prepared model: convert reads them as dicts
+        OBSERVERS: nn.ModuleDict,
+        WEIGHT_OBSERVERS: nn.ModuleDict,
+    }
+
+
+LUCID_FX_CHILDREN: Callable[[], Dict[str, type]] = functools.lru_cache(maxsize=None)(_lucid_fx_children)
 META_TYPES: Callable[[], Dict[str, Any]] = functools.lru_cache(maxsize=None)(_meta_types)
 LUCID_FX_ATTRIBUTES: Callable[[], Dict[str, Any]] = functools.lru_cache(maxsize=None)(_lucid_fx_attributes)
 
@@ -103,8 +113,13 @@ def _is_factory(value: Any, allowed: Callable[[Any], bool]) -> bool:
 def conforms(value: Any, hint: Any, allowed: Callable[[Any], bool]) -> Optional[str]:
     """None if ``value`` has the annotated type ``hint``; else what it is instead."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is object:  # a dataclass is still held to its own annotations
-        return conforms(value, type(value), allowed) if dataclasses.is_dataclass(value) and not isinstance(value, type) else None
+    record = (dataclasses.is_dataclass(value) and not isinstance(value, type)) or (isinstance(value, tuple) and hasattr(value, "_fields"))
+    if record and hint is not type(value):  # a dataclass or named tuple is held to its own annotations wherever it is
+        problem = conforms(value, type(value), allowed)
+        if problem:
+            return problem
+    if hint is Any or hint is object:
+        return None
     if hint is None or hint is type(None):
         return None if value is None else f"{type(value).__name__} where None belongs"
     if origin in (Union, types.UnionType):

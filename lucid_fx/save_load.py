@@ -24,7 +24,7 @@ from lucid_fx import _allowlist, _meta, _parametrized
 from lucid_fx import _load_modules as M
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs, decode_graph
-from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS, conforms
+from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, LUCID_FX_CHILDREN, META_KEYS, conforms
 from lucid_fx.passes.insert_observers import OBSERVERS
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
@@ -165,7 +165,7 @@ def _tensors(record: Dict[str, Any], where: str) -> Dict[str, Any]:
     params, grads, buffers = record["params"], record["requires_grad"], record["buffers"]
     if set(grads) != {k for k, p in params.items() if p is not None} or not all(isinstance(g, bool) for g in grads.values()):
         raise ValueError(f"{where}: requires_grad does not match the parameters")
-    if set(params) & set(buffers) or not set(record["non_persistent"]) <= set(buffers):
+    if set(params) & set(buffers) or not all(isinstance(n, str) and n in buffers for n in record["non_persistent"]):
         raise ValueError(f"{where}: a name is both a parameter and a buffer, or a non-persistent name is no buffer")
     for name, tensor in [*params.items(), *buffers.items()]:
         if tensor is not None:
@@ -173,6 +173,8 @@ def _tensors(record: Dict[str, Any], where: str) -> Dict[str, Any]:
             if grads.get(name) and not (tensor.is_floating_point() or tensor.is_complex()):
                 raise ValueError(f"{where}: tensor {name!r} requires grad but is {tensor.dtype}")
     originals = {k: r.get("original") for k, r in record.get("parametrized", {}).items() if isinstance(r, dict)}
+    for name, tensor in originals.items():
+        M.check_tensor(tensor, f"{where}, parametrized tensor {name!r:.60}")
     return {**params, **buffers, **originals}
 
 
@@ -221,7 +223,10 @@ def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Mod
             raise ValueError(f"{where}: malformed child entry {pair!r:.60}")
         name = M.check_name(pair[0], where, "child", cls)
         child_path = f"{path}.{name}" if path else name
-        module._modules[name] = None if pair[1] is None else _decode_module(pair[1], child_path, codec, built, depth + 1)
+        child = None if pair[1] is None else _decode_module(pair[1], child_path, codec, built, depth + 1)
+        if name in LUCID_FX_CHILDREN() and type(child) is not LUCID_FX_CHILDREN()[name]:
+            raise ValueError(f"{where}: child {name!r} is a {type(child).__name__}; lucid_fx makes it a {LUCID_FX_CHILDREN()[name].__name__}")
+        module._modules[name] = child
     tensors = _tensors(record, where)
     for name, tensor in record["params"].items():
         M.check_name(name, where, "parameter", cls)
@@ -230,6 +235,7 @@ def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Mod
         module._buffers[M.check_name(name, where, "buffer", cls)] = tensor
     module._non_persistent_buffers_set.update(record["non_persistent"])
     attrs = {k: codec.decode(v, f"{where}, attribute {k!r:.60}") for k, v in record["attrs"].items()}
+    M.check_tensors_in(list(attrs.values()), f"{where}, an attribute")
     rest, twin = _check_own_attributes(attrs, codec, kind == "graph", where), None
     if kind == "module":
         twin = M.build_twin(cls, rest, tensors, where)
@@ -238,8 +244,9 @@ def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Mod
     module.__dict__.update(attrs)
     if "parametrized" in record:
         _parametrized.decode(module, record["parametrized"], path, lambda r, p: _decode_module(r, p, codec, built, depth + 1))
-        tensors.update({name: chain.original for name, chain in module.parametrizations.items()})
+        tensors.update({name: chain.original for name, chain in getattr(module, _parametrized.CONTAINER, {}).items()})
     M.check_state(module, twin, tensors, where)
+    M.own_resizable_state(module, twin)
     if kind == "graph":
         module.graph = decode_graph(record["graph"], module, codec, path)
     return module

@@ -32,7 +32,7 @@ settings.register_profile(
 )
 _EXAMPLES = int(os.environ.get("LUCID_FX_LOAD_FUZZ_EXAMPLES", "0")) or 110  # per kind: 550 files a run
 _KINDS = ("mlp", "cnn", "bounded", "qat", "prepared")
-_LOCATION = re.compile(r"^(lucid_fx\.load: |module '[^']*'|the root module|node '[^']*')")
+_LOCATION = re.compile(r"^(lucid_fx\.load: |module '[^']*'|the root module|node ('[^']*'|#\d+))")
 
 # -- what a mutation may put in a file -------------------------------------------------------------
 _FN = lambda name: {"$": "fn", "v": name}  # noqa: E731
@@ -43,6 +43,7 @@ _OTHER_FUNCTIONS = ["torch.relu", "torch.sigmoid", "torch.cat", "torch.flatten",
                     "torch.nonzero", "operator.add", "operator.getitem", "builtins.getattr", "builtins.max", "builtins.len",
                     "torch.nn.functional.softmax", "torch.nn.functional.linear", "torch.ops.lucid_fx.linear",
                     "torch.ops.lucid_fx.quantize_per_tensor", "torch.ops.lucid_fx.lut", "math.sqrt"]
+_SWAPS = ["torch.relu", "torch.sigmoid", "torch.tanh", "torch.nn.functional.relu", "torch.abs", "torch.neg"]
 _PATHS = ["fc", "conv", "conv.weight", "bn.running_var", "0", "0.weight", "lucid_fx_observers", "__class__",
           "fc.forward", "fc.__dict__", "_lucid_fc_qweight", "lucid_fx_report", "", "a..b", "fc.weight.data"]
 _METHODS = ["relu", "add", "contiguous", "view", "__reduce__", "apply_", "register_hook", "backward", "item", "tolist"]
@@ -80,65 +81,81 @@ def _records(entries, key):
     return [v for _, _, v in entries if isinstance(v, dict) and key in v]
 
 
-def _mutate(tree, pick, integer):
-    """Apply one mutation to ``tree`` in place, choosing with ``pick(options)`` and
-    ``integer(lo, hi)``; returns what it did."""
-    entries = _entries(tree)
-    kind = pick(["delete", "add", "retype", "nest", "target", "op", "attribute", "rename",
-                 "class", "dtype", "shape", "device", "not-a-tensor", "reference"])
-    if kind in ("delete", "add", "retype", "nest"):
-        parent, key, value = pick([e for e in entries if not (kind == "add" and not isinstance(e[2], dict))])
-        if kind == "delete" and isinstance(parent, dict):
-            del parent[key]
-        elif kind == "delete":
-            parent.pop(key)
-        elif kind == "add":
-            value[pick(["extra", "$", "v", "kind", "meta"])] = pick(_VALUES)
-        elif kind == "retype":
-            parent[key] = pick(_VALUES)
-        else:
-            depth = integer(30, 300)
-            for _ in range(depth):
-                value = pick([[value], {"$": "tuple", "v": [value]}]) if depth < 100 else [value]
-            parent[key] = value
-        return f"{kind} at key {key!r}"
-    if kind in ("target", "op", "reference"):
-        node = pick(_records(entries, "op"))
-        if kind == "op":
-            node["op"] = pick(["placeholder", "get_attr", "call_function", "call_method", "call_module", "output", "eval"])
-        elif kind == "reference":
-            refs = [v for _, _, v in _entries(node) if isinstance(v, dict) and v.get("$") == "node"] or [{}]
-            pick(refs).update({"$": "node", "name": pick(["nowhere", node.get("name"), "output", 3])})
-        else:
-            node["target"] = pick([_FN(pick(_CANARY_FUNCTIONS)), _FN(pick(_OTHER_FUNCTIONS)), pick(_PATHS), pick(_METHODS),
-                                   {"$": "class", "v": "subprocess.Popen"}, 3, None])
-        return f"{kind} of node {node.get('name')!r}: {node.get('op')} {node.get('target')!r:.60}"
-    modules = [r for r in _records(entries, "kind") if r.get("kind") in ("module", "graph")]
-    module = pick(modules)
+def _generic(kind, entries, pick, integer):
+    parent, key, value = pick(entries)
+    if kind == "delete":
+        del parent[key]
+    elif kind == "add" and isinstance(value, dict):
+        value[pick(["extra", "$", "v", "kind", "meta", "name"])] = pick(_VALUES)
+    elif kind == "retype":
+        parent[key] = pick(_VALUES)
+    elif kind == "nest":
+        depth = integer(30, 300)
+        for _ in range(depth):
+            value = pick([[value], {"$": "tuple", "v": [value]}]) if depth < 100 else [value]
+        parent[key] = value
+    return f"{kind} at key {key!r:.40}"
+
+
+def _node(kind, node, pick):
+    if kind == "op":
+        node["op"] = pick(["placeholder", "get_attr", "call_function", "call_method", "call_module", "output", "eval"])
+    elif kind == "reference":
+        refs = [v for _, _, v in _entries(node) if isinstance(v, dict) and v.get("$") == "node"] or [{}]
+        pick(refs).update({"$": "node", "name": pick(["nowhere", node.get("name"), "output", 3])})
+    elif kind == "swap" and isinstance(node.get("target"), dict) and node["target"].get("v") in _SWAPS:
+        node["target"] = _FN(pick(_SWAPS))  # another elementwise op: still a valid model
+    else:
+        node["target"] = pick([_FN(pick(_CANARY_FUNCTIONS)), _FN(pick(_OTHER_FUNCTIONS)), pick(_PATHS), pick(_METHODS),
+                               {"$": "class", "v": "subprocess.Popen"}, 3, None])
+    return f"{kind} of node {node.get('name')!r:.40}: {node.get('op')!r:.20} {node.get('target')!r:.60}"
+
+
+def _module(kind, module, pick):
     if not isinstance(module.get("attrs"), dict):  # an earlier mutation replaced it
         module["attrs"] = {}
     if kind == "attribute":
         module["attrs"][pick(_ATTR_NAMES)] = pick(_VALUES)
     elif kind == "rename" and module["attrs"]:
-        old = pick(sorted(module["attrs"]))
-        module["attrs"][pick(_ATTR_NAMES)] = module["attrs"].pop(old)
+        module["attrs"][pick(_ATTR_NAMES)] = module["attrs"].pop(pick(sorted(module["attrs"])))
     elif kind == "class":
         module["class"] = pick(_CLASSES)
+    return f"{kind} on a {module.get('class', module.get('class_name'))!r:.60}"
+
+
+def _tensor(kind, entry, pick):
+    parent, key, tensor = entry
+    if kind == "dtype":
+        parent[key] = (tensor.real if tensor.is_complex() else tensor).to(pick(_DTYPES))
+    elif kind == "shape":
+        parent[key] = pick([tensor.reshape(1, *tensor.shape), tensor.reshape(-1)[1:], tensor.new_zeros(()), tensor.new_zeros((0,)),
+                            tensor.new_zeros((*tensor.shape[:-1], tensor.shape[-1] + 1)) if tensor.dim() else tensor.new_zeros(3)])
+    elif kind == "device":
+        parent[key] = tensor.to("meta")
     else:
-        tensors = [(p, k, v) for p, k, v in entries if isinstance(v, torch.Tensor)]
-        parent, key, tensor = pick(tensors)
-        if kind == "dtype":
-            parent[key] = tensor.to(pick(_DTYPES))
-        elif kind == "shape":
-            parent[key] = pick([tensor.reshape(1, *tensor.shape), tensor.reshape(-1)[1:], tensor.new_zeros(()),
-                                tensor.new_zeros((0,)), tensor.new_zeros((*tensor.shape[:-1], tensor.shape[-1] + 1))
-                                if tensor.dim() else tensor.new_zeros(3)])
-        elif kind == "device":
-            parent[key] = tensor.to("meta")
-        else:
-            parent[key] = pick(["a string", 1.0, [1, 2], None])
-        return f"{kind} of a tensor under key {key!r}"
-    return f"{kind} on a {module.get('class', module.get('class_name'))}"
+        parent[key] = pick(["a string", 1.0, [1, 2], None])
+    return f"{kind} of the tensor under key {key!r:.40}"
+
+
+def _mutate(tree, pick, integer):
+    """Apply one mutation to ``tree`` in place, choosing with ``pick(options)`` and
+    ``integer(lo, hi)``; returns what it did."""
+    entries = _entries(tree)
+    nodes = _records(entries, "op")
+    modules = [r for r in _records(entries, "kind") if r.get("kind") in ("module", "graph")]
+    tensors = [e for e in entries if isinstance(e[2], torch.Tensor)]
+    kinds = ["delete", "add", "retype", "nest"] * bool(entries) + ["target", "swap", "op", "reference"] * bool(nodes) \
+        + ["attribute", "rename", "class"] * bool(modules) + ["dtype", "shape", "device", "not-a-tensor"] * bool(tensors)
+    if not kinds:
+        return "nothing left to mutate"
+    kind = pick(kinds)
+    if kind in ("delete", "add", "retype", "nest"):
+        return _generic(kind, entries, pick, integer)
+    if kind in ("target", "swap", "op", "reference"):
+        return _node(kind, pick(nodes), pick)
+    if kind in ("attribute", "rename", "class"):
+        return _module(kind, pick(modules), pick)
+    return _tensor(kind, pick(tensors), pick)
 
 
 @pytest.fixture(scope="module")

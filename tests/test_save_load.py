@@ -264,6 +264,20 @@ def test_qat_model_round_trips_mid_training():
     assert torch.equal(qloaded(x), qmodel(x)) and torch.equal(saved_layer.weight, layer.weight)
 
 
+def test_a_qat_model_saved_before_its_first_step_trains_after_load():
+    # Its fake quants still hold a one-element scale that the first step grows to one per channel;
+    # a tensor read from a file cannot grow ("Trying to resize storage that is not resizable").
+    torch.manual_seed(0)
+    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
+    loaded = _round_trip(qat)
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    _qat_step(qat, x, target)
+    _qat_step(loaded, x, target)
+    _assert_same_state(qat, loaded)
+    assert loaded.get_submodule("0").parametrizations.weight[0].scale.shape == (16,)
+
+
 def test_a_fake_quant_shared_with_the_layers_own_subtree_loads():
     # The file writes a parametrized module's children before its parametrizations, as load
     # reads them, so a module found in both places is built once and aliased.
