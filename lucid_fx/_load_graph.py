@@ -135,13 +135,15 @@ def decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: s
         args, kwargs = codec.decode(record["args"], where, nodes), codec.decode(record["kwargs"], where, nodes)
         _check_arguments(op, target, args, kwargs, where, codec)
         nodes[name] = graph.create_node(op, target, args, kwargs, name=name, type_expr=torch.Tensor if record["tensor_type"] else None)
-    for record, node in zip(records, graph.nodes):  # meta may name any node of the graph
+    earlier: Dict[str, fx.Node] = {}
+    for record, node in zip(records, graph.nodes):  # meta names nodes before its own (a call's inputs)
         for key, value in record["meta"].items():
             where = f"node {record['name']!r}, meta {key!r:.60} in {owner}"
             if key not in META_KEYS:
                 raise ValueError(f"{where}: not a key lucid_fx writes")
-            node.meta[key] = codec.decode(value, where, nodes)
+            node.meta[key] = codec.decode(value, where, earlier)
             check_meta(key, node.meta[key], where, codec.allowed)
+        earlier[record["name"]] = node
     try:
         graph.lint()
     except RuntimeError as err:

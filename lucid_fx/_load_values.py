@@ -23,7 +23,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from lucid_fx import _allowlist as A
 from lucid_fx import _meta
 
-__all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES"]
+__all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES", "check_prepared_meta"]
 
 # Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py.
 META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
@@ -158,3 +158,24 @@ def check_meta(key: str, value: Any, where: str, allowed: Callable[[Any], bool])
     problem = conforms(value, META_TYPES().get(key, Any), allowed)
     if problem:
         raise ValueError(f"{where}: {problem}")
+
+
+def check_prepared_meta(gm: fx.GraphModule, owner: str) -> None:
+    """What convert reads in a prepared graph (one with observers) is there and points where it should."""
+    from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+
+    names = {n.name: n for n in gm.graph.nodes}
+    observers, weight_observers = (getattr(gm, OBSERVERS, {}), getattr(gm, WEIGHT_OBSERVERS, {}))
+    for node in gm.graph.nodes:
+        where, meta = f"node {node.name!r} ({node.op}) in {owner}: meta", node.meta
+        observer_call = node.op == "call_module" and node.target.startswith(OBSERVERS + ".")
+        if not observer_call and _meta.OP not in meta:  # canonicalize_ops gives every other node its op
+            raise ValueError(f"{where} lacks {_meta.OP!r}")
+        if (_meta.FUSION in meta) != (_meta.FUSED_INTO in meta):  # a fused group's members carry both
+            raise ValueError(f"{where} has only one of {_meta.FUSION!r} and {_meta.FUSED_INTO!r}")
+        end = names.get(meta.get(_meta.FUSED_INTO, node.name))
+        if end is None or end.meta.get(_meta.FUSED_INTO, end.name) != end.name:  # the group ends at a node of its own
+            raise ValueError(f"{where} {_meta.FUSED_INTO!r} names {meta[_meta.FUSED_INTO]!r}, which ends no fused group")
+        for key, table in ((_meta.OBSERVER, observers), (_meta.WEIGHT_OBSERVER, weight_observers)):
+            if key in meta and meta[key] not in table:
+                raise ValueError(f"{where} {key!r} names {meta[key]!r}, which is not among the model's observers")

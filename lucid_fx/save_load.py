@@ -24,7 +24,7 @@ from lucid_fx import _allowlist, _meta, _parametrized
 from lucid_fx import _load_modules as M
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs, decode_graph
-from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, LUCID_FX_CHILDREN, META_KEYS, conforms
+from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, LUCID_FX_CHILDREN, META_KEYS, check_prepared_meta, conforms
 from lucid_fx.passes.insert_observers import OBSERVERS
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
@@ -249,6 +249,8 @@ def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Mod
     M.own_resizable_state(module, twin)
     if kind == "graph":
         module.graph = decode_graph(record["graph"], module, codec, path)
+        if OBSERVERS in module._modules:
+            check_prepared_meta(module, _where(path))
     return module
 
 
@@ -279,9 +281,9 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
         first = next((line for line in lines if "Unsupported" in line or "WeightsUnpickler" in line), lines[0])
         raise ValueError(f"lucid_fx.load: {name} is not {expected} written by lucid_fx.save; "
                          f"torch.load(weights_only=True) refused it: {first}") from None
-    if not (isinstance(payload, dict) and payload.get("format") == FORMAT):
+    if not (isinstance(payload, dict) and isinstance(payload.get("format"), str) and payload["format"] == FORMAT):
         raise ValueError(f"lucid_fx.load: {name} was not written by lucid_fx.save (expected {expected})")
-    if payload.get("version") != FORMAT_VERSION:
+    if type(payload.get("version")) is not int or payload["version"] != FORMAT_VERSION:
         raise ValueError(f"lucid_fx.load: {name} has format version {payload.get('version')!r}; this lucid_fx reads version {FORMAT_VERSION}")
     for key, typ in (("torch", str), ("model", dict)):
         if not isinstance(payload.get(key), typ) or set(payload) != {"format", "version", "torch", "model"}:

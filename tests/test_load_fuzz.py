@@ -14,6 +14,7 @@ Derandomized: the same files on every run. More cases locally:
 ``LUCID_FX_LOAD_FUZZ_EXAMPLES=5000 python -m pytest tests/test_load_fuzz.py``.
 """
 
+import copy
 import math
 import os
 import re
@@ -65,6 +66,11 @@ _VALUES = [None, 0, -1, 7, 1.5, math.nan, math.inf, True, "x", "", [], {}, [1, 2
             "kw": {"$": "dict", "v": []}}]
 
 
+def _fresh(value):
+    """A copy: a value put in one file must not be shared with the next (or with itself)."""
+    return copy.deepcopy(value)
+
+
 def _entries(tree):
     """Every (container, key, value) in the file's data."""
     found, todo = [], [tree]
@@ -86,9 +92,9 @@ def _generic(kind, entries, pick, integer):
     if kind == "delete":
         del parent[key]
     elif kind == "add" and isinstance(value, dict):
-        value[pick(["extra", "$", "v", "kind", "meta", "name"])] = pick(_VALUES)
+        value[pick(["extra", "$", "v", "kind", "meta", "name"])] = _fresh(pick(_VALUES))
     elif kind == "retype":
-        parent[key] = pick(_VALUES)
+        parent[key] = _fresh(pick(_VALUES))
     elif kind == "nest":
         depth = integer(30, 300)
         for _ in range(depth):
@@ -103,8 +109,10 @@ def _node(kind, node, pick):
     elif kind == "reference":
         refs = [v for _, _, v in _entries(node) if isinstance(v, dict) and v.get("$") == "node"] or [{}]
         pick(refs).update({"$": "node", "name": pick(["nowhere", node.get("name"), "output", 3])})
-    elif kind == "swap" and isinstance(node.get("target"), dict) and node["target"].get("v") in _SWAPS:
+    elif kind == "swap":
         node["target"] = _FN(pick(_SWAPS))  # another elementwise op: still a valid model
+    elif kind == "drop-meta" and isinstance(node.get("meta"), dict) and node["meta"]:
+        del node["meta"][pick(sorted(node["meta"]))]  # what only inspection reads: often still valid
     else:
         node["target"] = pick([_FN(pick(_CANARY_FUNCTIONS)), _FN(pick(_OTHER_FUNCTIONS)), pick(_PATHS), pick(_METHODS),
                                {"$": "class", "v": "subprocess.Popen"}, 3, None])
@@ -115,7 +123,7 @@ def _module(kind, module, pick):
     if not isinstance(module.get("attrs"), dict):  # an earlier mutation replaced it
         module["attrs"] = {}
     if kind == "attribute":
-        module["attrs"][pick(_ATTR_NAMES)] = pick(_VALUES)
+        module["attrs"][pick(_ATTR_NAMES)] = _fresh(pick(_VALUES))
     elif kind == "rename" and module["attrs"]:
         module["attrs"][pick(_ATTR_NAMES)] = module["attrs"].pop(pick(sorted(module["attrs"])))
     elif kind == "class":
@@ -144,14 +152,17 @@ def _mutate(tree, pick, integer):
     nodes = _records(entries, "op")
     modules = [r for r in _records(entries, "kind") if r.get("kind") in ("module", "graph")]
     tensors = [e for e in entries if isinstance(e[2], torch.Tensor)]
-    kinds = ["delete", "add", "retype", "nest"] * bool(entries) + ["target", "swap", "op", "reference"] * bool(nodes) \
+    kinds = ["delete", "add", "retype", "nest"] * bool(entries) + ["target", "swap", "op", "reference", "drop-meta"] * bool(nodes) \
         + ["attribute", "rename", "class"] * bool(modules) + ["dtype", "shape", "device", "not-a-tensor"] * bool(tensors)
     if not kinds:
         return "nothing left to mutate"
     kind = pick(kinds)
     if kind in ("delete", "add", "retype", "nest"):
         return _generic(kind, entries, pick, integer)
-    if kind in ("target", "swap", "op", "reference"):
+    if kind == "swap":
+        swappable = [n for n in nodes if isinstance(n.get("target"), dict) and n["target"].get("v") in _SWAPS]
+        return _node(kind, pick(swappable), pick) if swappable else "nothing to swap"
+    if kind in ("target", "op", "reference", "drop-meta"):
         return _node(kind, pick(nodes), pick)
     if kind in ("attribute", "rename", "class"):
         return _module(kind, pick(modules), pick)
@@ -184,6 +195,8 @@ def _check_runs(model, kind, expected):
 
 @pytest.mark.parametrize("kind", _KINDS)
 def test_a_mutated_file_is_refused_by_name_or_loads_a_model_that_runs(kind, expected_shapes):
+    outcomes = []
+
     @settings(settings.get_profile("lucid_fx_load_fuzz"), max_examples=_EXAMPLES)
     @given(st.data())
     def run(data):
@@ -197,9 +210,14 @@ def test_a_mutated_file_is_refused_by_name_or_loads_a_model_that_runs(kind, expe
             model = lucid_fx.load(S.write(tree))
         except ValueError as err:
             assert _LOCATION.match(str(err)), f"the message does not say where: {err}"
+            outcomes.append("refused")
         else:
             _check_runs(model, kind, expected_shapes[kind])
+            outcomes.append("ran")
         finally:
             assert not S.canary_fired(), "code from the file ran"
 
     run()
+    # Both ends are exercised: most mutations break the file, some leave a model that must run.
+    assert len(outcomes) >= _EXAMPLES and outcomes.count("ran") >= 1 and outcomes.count("refused") >= _EXAMPLES // 2, \
+        {o: outcomes.count(o) for o in set(outcomes)}
