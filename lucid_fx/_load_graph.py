@@ -105,6 +105,8 @@ def _check_arguments(op: str, target: Any, args: Any, kwargs: Any, where: str, c
         raise ValueError(f"{where}: a {op} node takes {arity[1]} argument(s), the file gives {len(args)} and {len(kwargs)} by keyword")
     if op == "placeholder" and _has_node(args):
         raise ValueError(f"{where}: a placeholder's default must be data, not a node")
+    if op == "output" and not _has_node(args):
+        raise ValueError(f"{where}: the graph must return values it computes, not only constants")
     if op == "call_method" and not (args and isinstance(args[0], fx.Node)):
         raise ValueError(f"{where}: method {target!r} must be called on a graph value")
     if target is getattr and not (len(args) == 2 and isinstance(args[0], fx.Node) and args[1] in A.TENSOR_ATTRIBUTES):

@@ -1,13 +1,20 @@
-"""save / load: prepared and converted models as data, loaded without running pickled code.
+"""save / load: prepared and converted models as data; a file chooses values, never code.
 
 The file is one ``torch.save`` of plain containers and tensors, so ``torch.load(weights_only=True)``
 reads it. A module is written as its class's qualified name (torch.nn and lucid_fx classes, or
 ones the caller allows), its plain attributes (what ``nn.Module.__setstate__`` would restore),
 its parameters and buffers, and its children. A ``GraphModule`` is written as its graph: a node
-list of op kind, target (a function by qualified name, resolved on load against an allowlist),
-and arguments with node references; for a prepared graph, also the ``node.meta`` entries that
-calibrating and converting read, for a converted one those that inspection reads. Caches (oneDNN-packed weights) are not module state: they are
-rebuilt on the first call.
+list of op kind, target (a function by qualified name) and arguments with node references; for
+a prepared graph, also the ``node.meta`` entries that calibrating and converting read, for a
+converted one those that inspection reads. Caches (oneDNN-packed weights) are not module state:
+they are rebuilt on the first call.
+
+Load takes from a file only what save writes (docs/policies.md, "The save format's threat
+model"): names resolve against closed lists (:mod:`lucid_fx._allowlist`), each module is held
+to what its class's constructor makes of the file's attributes (:mod:`lucid_fx._load_modules`),
+every node of every kind to a closed list of targets and data arguments, and each graph must run
+on the meta device to the shapes it records (:mod:`lucid_fx._load_graph`). Anything else is a
+``ValueError`` naming the module, node or key.
 """
 
 from __future__ import annotations
@@ -23,23 +30,19 @@ from torch import fx, nn
 from lucid_fx import _allowlist, _meta, _parametrized
 from lucid_fx import _load_modules as M
 from lucid_fx._codec import Codec, NotSerializable
-from lucid_fx._load_graph import check_runs, decode_graph
-from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, LUCID_FX_CHILDREN, META_KEYS, check_prepared_meta, conforms
+from lucid_fx._load_graph import check_runs
+from lucid_fx._load_tree import decode_module, where_is
+from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS
 from lucid_fx.passes.insert_observers import OBSERVERS
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "lucid_fx.save"
 FORMAT_VERSION = 1
-MAX_MODULE_DEPTH = 100  # module nesting; real models nest about 10 deep
 _INSPECTION_KEYS = (
     _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
     _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META,
 )
-
-
-def _where(path: str) -> str:
-    return f"module {path!r}" if path else "the root module"
 
 
 # -- writing ---------------------------------------------------------------------------------
@@ -64,14 +67,14 @@ def _encode_meta(node: fx.Node, codec: Codec, where: str, keys: Tuple[str, ...],
 
 def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]:
     if type(gm.graph._codegen) is not fx.graph.CodeGen:
-        raise NotSerializable(f"{_where(path)}: its graph has a {type(gm.graph._codegen).__name__} (pytree inputs/outputs), which lucid_fx.save cannot write")
+        raise NotSerializable(f"{where_is(path)}: its graph has a {type(gm.graph._codegen).__name__} (pytree inputs/outputs), which lucid_fx.save cannot write")
     # A prepared graph keeps every key (convert reads them); a converted one what to_networkx,
     # visualize and `lucid-fx show` read: sources, grids, lowerings, decisions, shapes.
     prepared = hasattr(gm, OBSERVERS)
     keys = META_KEYS if prepared else _INSPECTION_KEYS
     nodes = []
     for node in gm.graph.nodes:
-        where = f"node {node.name!r} ({node.op}) in {_where(path)}"
+        where = f"node {node.name!r} ({node.op}) in {where_is(path)}"
         target: Any = node.target
         if node.op == "call_function":
             target = {"$": "fn", "v": codec.fn_name(node.target, where)}
@@ -91,15 +94,37 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
     return {"nodes": nodes}
 
 
+def _check_attributes_load_takes(module: nn.Module, where: str) -> None:
+    """Save writes only the attributes load takes back: those lucid_fx sets, and those the class keeps."""
+    own = set(LUCID_FX_ATTRIBUTES())
+    if isinstance(module, fx.GraphModule):
+        extra = [k for k in module.__dict__ if k not in M.GRAPH_MODULE_STATE and k not in own and not M.TENSOR_CONSTANT.fullmatch(k)]
+        problem = f"attribute {extra[0]!r} may not be set from a file (lucid_fx does not set it on a GraphModule)" if extra else None
+    else:
+        cls = _parametrized.base_class(module)
+        attrs = {k: v for k, v in module.__dict__.items() if k not in M.MODULE_STATE and k not in own}
+        originals = {k: c.original for k, c in getattr(module, _parametrized.CONTAINER, {}).items()} if cls is not type(module) else {}
+        try:
+            twin = M.build_twin(cls, attrs, {**module._parameters, **module._buffers, **originals}, where)
+            M.check_attribute_names(cls, attrs, twin, M.MODULE_STATE, where)
+            problem = None
+        except ValueError as err:
+            problem = str(err).removeprefix(f"{where}: ")
+    if problem:
+        raise NotSerializable(f"{where} ({type(module).__name__}): {problem}; lucid_fx.load would refuse it, so save does "
+                              "too: keep such data in a buffer (register_buffer) or delete it before saving")
+
+
 def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, str]) -> Dict[str, Any]:
     if id(module) in seen:
         return {"kind": "alias", "path": seen[id(module)]}
     seen[id(module)] = path
-    where = _where(path)
+    where = where_is(path)
     for key, value in module.__dict__.items():
         if "hook" in key and isinstance(value, (dict, list)) and value:
             raise NotSerializable(f"{where} ({type(module).__name__}) has {key} registered; hooks are code, which "
                                   "lucid_fx.save does not write: remove them before saving and add them again after loading")
+    _check_attributes_load_takes(module, where)
     is_graph = isinstance(module, fx.GraphModule)
     state = M.GRAPH_MODULE_STATE if is_graph else M.MODULE_STATE
     record: Dict[str, Any] = {"kind": "graph" if is_graph else "module", "training": module.training}
@@ -159,109 +184,19 @@ def save(model: nn.Module, path: Union[str, os.PathLike, Any], *, allow: Iterabl
     torch.save(payload, path)
 
 
-# -- reading ---------------------------------------------------------------------------------
-def _tensors(record: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """The record's parameters and buffers (and parametrized originals, as written), checked."""
-    params, grads, buffers = record["params"], record["requires_grad"], record["buffers"]
-    if set(grads) != {k for k, p in params.items() if p is not None} or not all(isinstance(g, bool) for g in grads.values()):
-        raise ValueError(f"{where}: requires_grad does not match the parameters")
-    if set(params) & set(buffers) or not all(isinstance(n, str) and n in buffers for n in record["non_persistent"]):
-        raise ValueError(f"{where}: a name is both a parameter and a buffer, or a non-persistent name is no buffer")
-    for name, tensor in [*params.items(), *buffers.items()]:
-        if tensor is not None:
-            M.check_tensor(tensor, f"{where}, tensor {name!r:.60}")
-            if grads.get(name) and not (tensor.is_floating_point() or tensor.is_complex()):
-                raise ValueError(f"{where}: tensor {name!r} requires grad but is {tensor.dtype}")
-    originals = {k: r.get("original") for k, r in record.get("parametrized", {}).items() if isinstance(r, dict)}
-    for name, tensor in originals.items():
-        M.check_tensor(tensor, f"{where}, parametrized tensor {name!r:.60}")
-    return {**params, **buffers, **originals}
-
-
-def _check_own_attributes(attrs: Dict[str, Any], codec: Codec, graph: bool, where: str) -> Dict[str, Any]:
-    """Checks the attributes lucid_fx sets on the modules it returns (reports, and fx's tensor
-    constants on a GraphModule); returns the others, which the module's class must keep."""
-    rest = {}
-    for key, value in attrs.items():
-        hint = LUCID_FX_ATTRIBUTES().get(key)
-        problem = conforms(value, hint, codec.allowed) if hint is not None else None
-        if problem:
-            raise ValueError(f"{where}: attribute {key!r} is {problem}")
-        if hint is None and graph and isinstance(key, str) and M.TENSOR_CONSTANT.fullmatch(key):
-            M.check_tensor(value, f"{where}, attribute {key!r}")
-        elif hint is None and graph:
-            raise ValueError(f"{where}: attribute {key!r:.60} may not be set from a file (lucid_fx does not set it on a GraphModule)")
-        elif hint is None:
-            rest[key] = value
-    return rest
-
-
-def _decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Module], depth: int = 0) -> nn.Module:
-    where = _where(path)
-    if depth > MAX_MODULE_DEPTH:
-        raise ValueError(f"{where}: modules nested more than {MAX_MODULE_DEPTH} deep")
-    kind = M.check_record(record, where)
-    if kind == "alias":  # a module met earlier, never one of its own ancestors (a cycle)
-        target = record["path"]
-        if target not in built or target == "" or path.startswith(target + "."):
-            raise ValueError(f"{where}: alias of {target!r:.60}, which is not a module loaded before it")
-        return built[target]
-    if kind == "graph":
-        if not record["class_name"].isidentifier():
-            raise ValueError(f"{where}: malformed GraphModule class name {record['class_name']!r:.60}")
-        cls: type = fx.GraphModule
-        module: nn.Module = fx.GraphModule(nn.Module(), fx.Graph(), class_name=record["class_name"])
-    else:
-        cls = codec.cls(record["class"], where)
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-    where = f"{where} ({record['class_name'] if kind == 'graph' else cls.__name__})"
-    built[path] = module
-    module.training = record["training"]
-    for pair in record["children"]:
-        if not (isinstance(pair, list) and len(pair) == 2) or pair[0] == _parametrized.CONTAINER:
-            raise ValueError(f"{where}: malformed child entry {pair!r:.60}")
-        name = M.check_name(pair[0], where, "child", cls)
-        child_path = f"{path}.{name}" if path else name
-        child = None if pair[1] is None else _decode_module(pair[1], child_path, codec, built, depth + 1)
-        if name in LUCID_FX_CHILDREN() and type(child) is not LUCID_FX_CHILDREN()[name]:
-            raise ValueError(f"{where}: child {name!r} is a {type(child).__name__}; lucid_fx makes it a {LUCID_FX_CHILDREN()[name].__name__}")
-        module._modules[name] = child
-    tensors = _tensors(record, where)
-    for name, tensor in record["params"].items():
-        M.check_name(name, where, "parameter", cls)
-        module._parameters[name] = None if tensor is None else nn.Parameter(tensor, requires_grad=record["requires_grad"][name])
-    for name, tensor in record["buffers"].items():
-        module._buffers[M.check_name(name, where, "buffer", cls)] = tensor
-    module._non_persistent_buffers_set.update(record["non_persistent"])
-    attrs = {k: codec.decode(v, f"{where}, attribute {k!r:.60}") for k, v in record["attrs"].items()}
-    M.check_tensors_in(list(attrs.values()), f"{where}, an attribute")
-    rest, twin = _check_own_attributes(attrs, codec, kind == "graph", where), None
-    if kind == "module":
-        twin = M.build_twin(cls, rest, tensors, where)
-        M.check_attribute_names(cls, rest, twin, M.MODULE_STATE, where)
-        M.check_attribute_values(cls, rest, twin, where)
-    module.__dict__.update(attrs)
-    if "parametrized" in record:
-        _parametrized.decode(module, record["parametrized"], path, lambda r, p: _decode_module(r, p, codec, built, depth + 1))
-        tensors.update({name: chain.original for name, chain in getattr(module, _parametrized.CONTAINER, {}).items()})
-    M.check_state(module, twin, tensors, where)
-    M.own_resizable_state(module, twin)
-    if kind == "graph":
-        module.graph = decode_graph(record["graph"], module, codec, path)
-        if OBSERVERS in module._modules:
-            check_prepared_meta(module, _where(path))
-    return module
-
-
 def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow: Iterable[Any] = ()) -> nn.Module:
-    """Read a model written by :func:`save`; no pickled code runs (``torch.load(weights_only=True)``),
-    and classes and functions resolve only against the allowlist and ``allow``.
+    """Read a model written by :func:`save`: no pickled code runs (``torch.load(weights_only=True)``),
+    classes and functions resolve only against the allowlist and ``allow``, and the model is
+    checked to be one save could have written and to run on the input shapes it records.
 
     Args:
         path: a file name or a readable binary file object.
         map_location: as for ``torch.load`` (``"cpu"``, ``"cuda"``, a device, ...).
-        allow: the extra classes and functions given to :func:`save`, if any.
+        allow: the extra classes and functions given to :func:`save`, if any: these are trusted.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is not one save writes, naming the module, node or key that is wrong.
 
     Example:
         >>> import lucid_fx
@@ -288,8 +223,8 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
     for key, typ in (("torch", str), ("model", dict)):
         if not isinstance(payload.get(key), typ) or set(payload) != {"format", "version", "torch", "model"}:
             raise ValueError(f"lucid_fx.load: {name} is malformed: expected the keys format, version, torch and model")
-    model = _decode_module(payload["model"], "", Codec(allow), {})
+    model = decode_module(payload["model"], "", Codec(allow), {})
     for path, module in model.named_modules():
         if isinstance(module, fx.GraphModule):
-            check_runs(module, _where(path))
+            check_runs(module, where_is(path))
     return model
