@@ -173,8 +173,8 @@ def check_prepared_meta(gm: fx.GraphModule, owner: str) -> None:
             raise ValueError(f"{where} lacks {_meta.OP!r}")
         if (_meta.FUSION in meta) != (_meta.FUSED_INTO in meta):  # a fused group's members carry both
             raise ValueError(f"{where} has only one of {_meta.FUSION!r} and {_meta.FUSED_INTO!r}")
-        end = names.get(meta.get(_meta.FUSED_INTO, node.name))
-        if end is None or end.meta.get(_meta.FUSED_INTO, end.name) != end.name:  # the group ends at a node of its own
+        end = names.get(meta[_meta.FUSED_INTO]) if _meta.FUSED_INTO in meta else None
+        if _meta.FUSED_INTO in meta and (end is None or end.meta.get(_meta.FUSED_INTO) != end.name):  # the group's last member
             raise ValueError(f"{where} {_meta.FUSED_INTO!r} names {meta[_meta.FUSED_INTO]!r}, which ends no fused group")
         for key, table in ((_meta.OBSERVER, observers), (_meta.WEIGHT_OBSERVER, weight_observers)):
             if key in meta and meta[key] not in table:

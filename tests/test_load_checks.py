@@ -1,12 +1,18 @@
 """Crafted files: load refuses each with a ValueError naming what is wrong, before anything runs."""
 
+import io
 import re
 
 import pytest
 import torch
+import torch.fx.passes.shape_prop  # noqa: F401 - ShapeProp, as prepare records shapes
 
 import lucid_fx
 from _saved_files import CANARY_CODE, canary_fired, node_record, nodes, raw, reset_canary, write
+from lucid_fx import _meta
+from lucid_fx._allowlist import value_class_names
+from lucid_fx._codec import NotSerializable
+from lucid_fx._load_values import META_KEYS, META_TYPES
 
 
 @pytest.fixture(autouse=True)
@@ -231,3 +237,235 @@ def test_a_parametrized_record_with_a_bad_tensor_name_is_refused():
 
     with pytest.raises(ValueError, match=re.escape("module '0': parametrized tensor name '__class__' may not be set from a file")):
         lucid_fx.load(_qat_layer(edit))
+
+
+# -- a file that would load a model that then fails or returns garbage ---------------------------
+def _set_tensor(kind, module_name, table, name, value):
+    data = raw(kind)
+    record = data["model"] if module_name is None else _children(data)[module_name]
+    record[table][name] = value(record[table][name])
+    return write(data)
+
+
+BROKEN_STATE = {
+    "weight-shape-disagrees-with-the-module": (
+        ("prepared", "fc", "params", "weight", lambda w: w[:, :127].clone()),
+        "module 'fc' (Linear): tensor 'weight' is torch.float32 [6, 127]; Linear holds torch.float32 [6, 128] there",
+    ),
+    "weight-of-another-dtype": (
+        ("prepared", "conv", "params", "weight", lambda w: w.half()),
+        "module 'conv' (Conv2d): tensor 'weight' is torch.float16 [8, 3, 3, 3]; Conv2d holds torch.float32 [8, 3, 3, 3] there",
+    ),
+    "weight-on-meta": (
+        ("prepared", "fc", "params", "weight", lambda w: w.to("meta")),
+        "module 'fc' (Linear), tensor 'weight': a torch.strided torch.float32 tensor on meta; save writes dense tensors",
+    ),
+    "buffer-stored-as-a-string": (
+        ("mlp", None, "buffers", "_lucid_0_qweight", lambda w: "a string"),
+        "the root module (QuantizedModule), tensor '_lucid_0_qweight': expected a tensor, got str",
+    ),
+    "int8-weight-widened": (
+        ("mlp", None, "buffers", "_lucid_0_qweight", lambda w: w.int()),
+        "node '_lucid_0_qweight' (get_attr) in the root module: tensor '_lucid_0_qweight' is torch.int32 [16, 8]; "
+        "the graph was built for torch.int8 [16, 8]",
+    ),
+    "batch-norm-statistics-of-another-length": (
+        ("prepared", "bn", "buffers", "running_var", lambda v: v[:7].clone()),
+        "module 'bn' (BatchNorm2d): tensor 'running_var' is torch.float32 [7]; BatchNorm2d holds torch.float32 [8] there",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_STATE))
+def test_tensors_are_held_to_what_the_module_and_graph_expect(case):
+    where, message = BROKEN_STATE[case]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lucid_fx.load(_set_tensor(*where))
+
+
+def test_attributes_are_held_to_what_the_constructor_keeps():
+    data = raw("prepared")
+    _children(data)["conv"]["attrs"]["stride"] = "ab"
+    with pytest.raises(ValueError, match=re.escape("module 'conv' (Conv2d): attribute 'stride' is str where tuple belongs")):
+        lucid_fx.load(write(data))
+    data = raw("prepared")
+    _children(data)["conv"]["attrs"]["groups"] = 2  # 3 input channels cannot split in 2 groups
+    with pytest.raises(ValueError, match=re.escape("module 'conv' (Conv2d): its attributes do not make a Conv2d: in_channels must be divisible by groups")):
+        lucid_fx.load(write(data))
+    data = raw("prepared")
+    del _children(data)["fc"]["attrs"]["out_features"]
+    with pytest.raises(ValueError, match=re.escape("module 'fc' (Linear): the file lacks attribute 'out_features', which Linear is built from")):
+        lucid_fx.load(write(data))
+
+
+def test_a_graph_that_does_not_run_on_its_recorded_shapes_is_refused():
+    data = raw("prepared")
+    flatten = next(n for n in nodes(data) if n["name"] == "flatten")
+    flatten.update(target=_fn("torch.relu"), args={"$": "tuple", "v": flatten["args"]["v"][:1]})  # an allowlisted op, the wrong one
+    with pytest.raises(ValueError, match=re.escape("node 'flatten' (call_function) in the root module: computes torch.float32 "
+                                                   "[4, 8, 4, 4], but the file records torch.float32 [4, 128]")):
+        lucid_fx.load(write(data))
+    data = raw("cnn")
+    conv = next(n for n in nodes(data) if n["name"] == "conv2d")
+    conv["args"]["v"][6] = [2, 2]  # stride 2: the int8 conv no longer makes what the pooling after it was built for
+    with pytest.raises(ValueError, match=re.escape("node 'conv2d' (call_function) in the root module: computes torch.uint8 [4, 8, 4, 4], "
+                                                   "but the file records torch.uint8 [4, 8, 8, 8]")):
+        lucid_fx.load(write(data))
+
+
+# -- malformed structure -------------------------------------------------------------------------
+def _nest(value, depth):
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _node_named(data, name):
+    return next(n for n in nodes(data) if n["name"] == name)
+
+
+def _first_fake_quant(data):
+    return _children(data)["lucid_fx_observers"]["children"][0][1]
+
+
+STRUCTURE = {
+    "record-lacks-a-key": (lambda d: _children(d)["fc"].pop("params"), "module 'fc': the module record lacks 'params'"),
+    "record-with-an-unknown-key": (lambda d: _children(d)["fc"].update(extra=1), "module 'fc': unexpected key 'extra' in a module record"),
+    "value-nested-too-deep": (
+        lambda d: _node_named(d, "fc")["args"]["v"].append(_nest(1, 200)),
+        "node 'fc' (call_module) in the root module: a value nested more than 32 deep",
+    ),
+    "modules-nested-too-deep": (
+        lambda d: _children(d)["fc"]["children"].append(["deep", _nest_modules(120)]),
+        "modules nested more than 100 deep",
+    ),
+    "alias-of-an-ancestor": (
+        lambda d: _children(d)["fc"]["children"].append(["loop", {"kind": "alias", "path": ""}]),
+        "module 'fc.loop': alias of '', which is not a module loaded before it",
+    ),
+    "duplicate-node-name": (
+        lambda d: _node_named(d, "flatten").update(name="relu"), "node 'relu' (call_function) in the root module: duplicate node name",
+    ),
+    "output-not-last": (
+        lambda d: nodes(d).append(dict(nodes(d)[-1], name="output_2")),
+        "node 'output' (output) in the root module: placeholders must come first, the output node last and only once",
+    ),
+    "placeholder-named-by-a-keyword": (
+        lambda d: nodes(d)[0].update(target="lambda"), "node 'x' (placeholder) in the root module: malformed placeholder name 'lambda'",
+    ),
+    "output-of-constants": (
+        lambda d: nodes(d)[-1].update(args={"$": "tuple", "v": [-1]}),
+        "node 'output' (output) in the root module: the graph must return values it computes",
+    ),
+    "meta-of-the-wrong-type": (
+        lambda d: _node_named(d, "relu")["meta"].update({"lucid_fx.decision": "int8"}),
+        "node 'relu', meta 'lucid_fx.decision' in the root module: str where Decision belongs",
+    ),
+    "dataclass-field-of-the-wrong-type": (
+        lambda d: _node_named(d, "relu")["meta"]["lucid_fx.decision"]["v"].update(kind=3),
+        "node 'relu', meta 'lucid_fx.decision' in the root module: Decision.kind: int where str belongs",
+    ),
+    "meta-key-lucid_fx-never-writes": (
+        lambda d: _node_named(d, "relu")["meta"].update(nn_module_stack=1), "node 'relu', meta 'nn_module_stack' in the root module: not a key lucid_fx writes",
+    ),
+    "meta-naming-a-later-node": (
+        lambda d: _node_named(d, "relu")["meta"]["lucid_fx.op"]["v"]["args"]["v"][0][1].update(name="fc"),
+        "node 'relu', meta 'lucid_fx.op' in the root module: reference to unknown node 'fc'",
+    ),
+    "prepared-node-without-its-op": (
+        lambda d: _node_named(d, "relu")["meta"].pop("lucid_fx.op"),
+        "node 'relu' (call_function) in the root module: meta lacks 'lucid_fx.op'",
+    ),
+    "fused-group-without-its-end": (
+        lambda d: _node_named(d, "conv")["meta"].update({"lucid_fx.fused_into": "pool"}),
+        "node 'conv' (call_module) in the root module: meta 'lucid_fx.fused_into' names 'pool', which ends no fused group",
+    ),
+    "observer-container-of-another-class": (
+        lambda d: _children(d)["lucid_fx_observers"].update({"class": "torch.nn.modules.container.Sequential"}),
+        "the root module (CNN): child 'lucid_fx_observers' is a Sequential; lucid_fx makes it a ModuleDict",
+    ),
+}
+
+
+def _nest_modules(depth):
+    record = _module("torch.nn.modules.linear.Identity")
+    for _ in range(depth):
+        outer = _module("torch.nn.modules.container.Sequential")
+        outer["children"] = [["0", record]]
+        record = outer
+    return record
+
+
+@pytest.mark.parametrize("case", sorted(STRUCTURE))
+def test_malformed_structure_is_named(case):
+    edit, message = STRUCTURE[case]
+    data = raw("prepared")
+    edit(data)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lucid_fx.load(write(data))
+
+
+# -- what stays loadable ---------------------------------------------------------------------------
+def test_buffers_anyone_registers_stay_loadable():
+    # Converted models may carry more state as plain buffers (activation qparams, masks): a file
+    # may hold a buffer its class does not, but never lack one the class has.
+    converted = lucid_fx.load(write(raw("mlp")))
+    converted.register_buffer("activation_qparams", torch.tensor([[0.05, 108.0]]))
+    prepared = lucid_fx.load(write(raw("prepared")))
+    prepared.fc.register_buffer("mask", torch.ones(6, dtype=torch.bool))
+    x = torch.randn(4, 8)
+    for model, shape in ((converted, (4, 8)), (prepared, (4, 3, 8, 8))):
+        buffer = io.BytesIO()
+        lucid_fx.save(model, buffer)
+        buffer.seek(0)
+        loaded = lucid_fx.load(buffer)
+        assert [(k, v.dtype, list(v.shape)) for k, v in loaded.state_dict().items()] == \
+            [(k, v.dtype, list(v.shape)) for k, v in model.state_dict().items()]
+        x = torch.randn(shape)
+        assert torch.equal(loaded(x), model(x))
+    data = raw("prepared")
+    del _children(data)["bn"]["buffers"]["running_var"]
+    with pytest.raises(ValueError, match=re.escape("module 'bn' (BatchNorm2d): lacks tensor 'running_var' of BatchNorm2d")):
+        lucid_fx.load(write(data))
+
+
+def test_save_refuses_an_attribute_load_would_refuse():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model[0].note = "calibrated on day 3"
+    with pytest.raises(NotSerializable, match=re.escape("module '0' (Linear): attribute 'note' may not be set from a file (Linear does "
+                                                        "not keep it); lucid_fx.load would refuse it, so save does too")):
+        lucid_fx.save(model, io.BytesIO())
+
+
+def test_the_value_classes_are_those_lucid_fx_writes():
+    # Derived from lucid_fx's meta values and reports and the classes their fields are annotated with.
+    assert value_class_names() == {
+        "lucid_fx.quantization.dtypes.QDtype", "lucid_fx.quantization.dtypes.QScheme", "lucid_fx.quantization.dtypes.QParams",
+        "lucid_fx.quantization.qconfig.QConfig", "lucid_fx.rules.observers.Decision", "lucid_fx.ops.CanonicalCall",
+        "lucid_fx.prepare.PrepareReport", "lucid_fx.passes.trace_model.Untraceable",
+        "lucid_fx.passes.lowering_context.ConvertReport", "torch.fx.passes.shape_prop.TensorMetadata",
+    }
+    written = set()
+    for kind in ("mlp", "cnn", "bounded", "qat", "prepared", "prepared_bounded"):
+        text = repr(raw(kind))
+        written |= set(re.findall(r"'cls': '([\w.]+)'", text))
+    assert written <= value_class_names() and "lucid_fx.ops.CanonicalCall" in written
+
+
+def test_every_meta_key_has_a_type_to_check():
+    keys = [v for k, v in vars(_meta).items() if k.isupper() and isinstance(v, str)]
+    assert sorted(META_KEYS) == sorted(keys) and set(keys) <= set(META_TYPES())
+
+
+def test_a_graph_with_a_data_dependent_op_is_checked_up_to_it():
+    class Nonzero(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).nonzero().float().sum() + x
+
+    gm = torch.fx.symbolic_trace(Nonzero())
+    torch.fx.passes.shape_prop.ShapeProp(gm).propagate(torch.randn(3, 4))  # records shapes, as prepare does
+    buffer = io.BytesIO()
+    lucid_fx.save(gm, buffer)
+    buffer.seek(0)
+    x = torch.randn(3, 4)
+    assert torch.equal(lucid_fx.load(buffer)(x), gm(x))
