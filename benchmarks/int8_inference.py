@@ -1,12 +1,18 @@
-"""int8 inference benchmark: fp32 eager vs torch.ao FX int8 (x86 and onednn engines) vs lucid_fx.
+"""int8 inference benchmark: fp32 eager vs torch.ao FX int8 (x86 and onednn engines) vs PT2E +
+inductor vs lucid_fx.
 
-    python benchmarks/int8_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...] [--quick]
+    python benchmarks/int8_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...] [--no-pt2e]
 
 Every figure is a same-run median of ``--rounds`` timed rounds (each round runs each model
 enough times to take ~0.2 s, the variants taking turns within the round) after a warm-up.
-Speedups are ratios to fp32 eager measured in the same run. SQNR is against the fp32 output on a held-out batch. Size is the serialized
-``state_dict``. torch.ao is deprecated but still runs on torch 2.13; it is a peer here, never a
-dependency of lucid_fx.
+Speedups are ratios to fp32 eager measured in the same run; the last column is lucid_fx's time
+over the fastest peer's (> 1: lucid_fx is faster). SQNR is against the fp32 output on a held-out
+batch. Size is the serialized ``state_dict``. The CPU's int8 features head the table.
+
+Peers, never dependencies of lucid_fx: torch.ao (deprecated, still runs on torch 2.13), and PT2E
+through torchao's X86InductorQuantizer plus ``torch.compile`` with freezing, which needs
+``pip install --no-deps torchao==0.18.0`` in the benchmark's environment (skipped, saying so,
+without it).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import lucid_fx  # noqa: E402
 
 
 def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    noise = (ref - out).float().pow(2).mean().clamp_min(1e-20)
-    return float(10 * torch.log10(ref.float().pow(2).mean() / noise))
+    ref, out = ref.detach().float(), out.detach().float()
+    noise = (ref - out).pow(2).mean().clamp_min(1e-20)
+    return float(10 * torch.log10(ref.pow(2).mean() / noise))
 
 
 def size_mb(model: torch.nn.Module) -> float:
@@ -88,17 +95,72 @@ def torch_ao_int8(model, example, batches, engine: str):
         return convert_fx(prepared)
 
 
+def pt2e_inductor_int8(model, example, batches):
+    """PT2E: torch.export, torchao's X86InductorQuantizer, then inductor with freezing."""
+    import torch._inductor.config as inductor_config
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantizer = xiq.X86InductorQuantizer()
+        quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+        prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (example,)).module(), quantizer)
+        with torch.no_grad():
+            for b in batches:
+                prepared(b)
+        converted = convert_pt2e(prepared)
+        inductor_config.freezing = True
+        compiled = torch.compile(converted)
+        with torch.no_grad():
+            compiled(example)  # compiles here, not in the timed rounds
+        return compiled
+
+
+def cpu_line() -> str:
+    """The CPU and its int8 features, printed with every table."""
+    from lucid_fx.kernels import cpu_features
+
+    name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    flags = cpu_features()
+    return (f"{name}: int8 kind {flags.name} (VNNI {flags.vnni}, AMX {flags.amx}), "
+            f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}")
+
+
+def _peers(model, example, batches, pt2e: bool) -> dict:
+    peers = {}
+    for engine in ("x86", "onednn"):
+        try:
+            peers[f"torch.ao {engine}"] = torch_ao_int8(model, example, batches, engine)
+        except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported as such
+            print(f"  torch.ao {engine} failed: {type(exc).__name__}: {str(exc)[:80]}")
+    if pt2e:
+        try:
+            peers["PT2E+inductor"] = pt2e_inductor_int8(model, example, batches)
+        except ImportError:
+            print("  PT2E+inductor skipped: pip install --no-deps torchao==0.18.0 to measure it")
+        except Exception as exc:  # noqa: BLE001
+            print(f"  PT2E+inductor failed: {type(exc).__name__}: {str(exc)[:80]}")
+    return peers
+
+
 def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--calib", type=int, default=8, help="calibration batches")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-pt2e", action="store_true", help="leave out PT2E + inductor (compiling is slow)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds; "
-          f"VNNI: {torch.cpu._is_vnni_supported()}")
-    header = f"{'model':<10} {'variant':<16} {'ms':>9} {'speedup':>8} {'SQNR dB':>8} {'MB':>7}"
+    print(cpu_line())
+    print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds")
+    header = f"{'model':<12} {'variant':<16} {'ms':>9} {'speedup':>8} {'SQNR dB':>8} {'MB':>7} {'vs best':>8}"
     print(header)
     print("-" * len(header))
     rows = []
@@ -108,22 +170,20 @@ def main(argv=None) -> list:
         held_out = make_batch(1000)
         with torch.no_grad():
             reference = model(held_out)
-        variants = {"fp32 eager": model}
-        for engine in ("x86", "onednn"):
-            try:
-                variants[f"torch.ao {engine}"] = torch_ao_int8(model, example, batches, engine)
-            except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported as such
-                print(f"{name:<10} torch.ao {engine:<7} failed: {type(exc).__name__}: {str(exc)[:80]}")
+        variants = {"fp32 eager": model, **_peers(model, example, batches, not args.no_pt2e)}
         variants["lucid_fx int8"] = lucid_fx.quantize(model, (example,), batches)
         seconds = timed({variant: _engine_set(variant, m) for variant, m in variants.items()}, example, args.rounds)
         base = seconds["fp32 eager"]
+        best_peer = min((t for v, t in seconds.items() if v not in ("fp32 eager", "lucid_fx int8")), default=None)
         for variant, m in variants.items():
             with torch.no_grad():
                 out = _engine_set(variant, m)(held_out)
+            versus = best_peer / seconds[variant] if best_peer and variant == "lucid_fx int8" else None
             row = (name, variant, seconds[variant] * 1e3, base / seconds[variant],
-                   sqnr(reference, out) if m is not model else float("inf"), size_mb(m))
+                   sqnr(reference, out) if m is not model else float("inf"), size_mb(m), versus)
             rows.append(row)
-            print(f"{row[0]:<10} {row[1]:<16} {row[2]:>9.2f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>7.1f}")
+            print(f"{row[0]:<12} {row[1]:<16} {row[2]:>9.2f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>7.1f}"
+                  + (f" {versus:>7.2f}x" if versus else ""))
     return rows
 
 

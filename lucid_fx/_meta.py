@@ -22,6 +22,10 @@ TENSOR_META = "tensor_meta"
 WEIGHT_OBSERVER = "lucid_fx.weight_observer"
 #: bool: the node's weight absorbed a batch norm at convert, so qparams a QAT weight trained with no longer fit (fold_batchnorm).
 BN_FOLDED = "lucid_fx.bn_folded"
+#: str: why a batch norm was not folded into the layer before it (so a group ending in it runs in float) (fold_batchnorm).
+BN_NOT_FOLDED = "lucid_fx.bn_not_folded"
+#: str: why an in-place op, or a view of the value it changes, stays as written and runs in float: the change is seen outside the graph or through another view (functionalize_inplace).
+MUTATION = "lucid_fx.mutation"
 
 # Written by convert on the nodes of the converted graph, read by to_networkx and compare:
 #: str: name of the prepared-graph node whose value a converted node computes (lower_to_int8).
@@ -34,3 +38,15 @@ LOWERING = "lucid_fx.lowering"
 OBSERVER_KIND = "lucid_fx.observer_kind"
 #: (shape, dtype): the shape and dtype a converted node outputs, known at lowering (lower_to_int8).
 VALUE_TYPE = "lucid_fx.value_type"
+#: Placement: where the prepared node whose value this converted node computes runs (int8 kernel,
+#: table lookup, shared codes, float) and why: the lowering rule key or the reason it stayed float (lower_to_int8).
+PLACEMENT = "lucid_fx.placement"
+
+# Written by convert's fold on the prepared graph's nodes:
+#: str: name of the batch-norm node folded into this conv/linear, whose value the node now outputs (fold_batchnorm).
+FOLDED_BN = "lucid_fx.folded_bn"
+
+# A GraphModule.meta key (``gm.meta``, kept by deepcopy), not a node.meta one:
+#: TraceOptions: how prepare traced this graph (leaf modules, concrete_args, leaf functions), so that
+#: compare traces the float model the same way (prepare; carried to the converted graph by lower_to_int8).
+TRACE = "lucid_fx.trace"

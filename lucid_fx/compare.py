@@ -1,9 +1,11 @@
 """compare: where a quantized model loses accuracy, node by node.
 
-The float model is traced the way prepare traced it, both models run on the same inputs, and
-every node of the quantized graph that computes the value of a float node (``node.meta[SOURCE]``,
-written by convert) is compared with it: SQNR and the largest absolute error, worst first.
-Integer codes are dequantized with the grid they carry (``node.meta[QPARAMS]``).
+The float model is traced the way prepare traced it (``gm.meta[TRACE]``: its leaf modules,
+concrete_args and leaf functions), both models run on the same inputs, and every node of the
+quantized graph that computes the value of a float node (``node.meta[SOURCE]``, written by convert)
+is compared with it: SQNR and the largest absolute error, worst first. Integer codes are
+dequantized with the grid they carry (``node.meta[QPARAMS]``). Where each node ran comes from
+:func:`lucid_fx.placement.placements`, as in every other report.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from torch.utils._pytree import tree_flatten
 
 from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
-from lucid_fx.passes.trace_model import trace_model
+from lucid_fx.passes.trace_model import TraceOptions, trace_model
+from lucid_fx.placement import INT8_RUNS, Placement, placements
 
 __all__ = ["compare", "Comparison", "NodeError"]
 
@@ -30,11 +33,12 @@ class NodeError:
     node: str  # the float graph's node name (qualified with the submodule path for nested graphs)
     measured: str  # the quantized graph's node whose output was measured
     op: str
-    domain: str  # "int8", "fixed" or "float" (a node that ran in float on quantized inputs)
+    domain: str  # "int8" or "fixed" (integer codes on a calibrated or fixed grid) or "float" (ran in float)
     sqnr_db: float  # 10*log10(sum f^2 / sum (f - q)^2); inf when exact
     max_abs: float
     scale: Optional[float]  # the grid step of the quantized value, when it is integer codes
     numel: int
+    runs: str = ""  # where the node ran (a lucid_fx.placement.Runs value; "" for graph inputs)
 
     @property
     def max_steps(self) -> Optional[float]:
@@ -122,14 +126,16 @@ class _Recorder(fx.Interpreter):
     def run_node(self, node: fx.Node) -> Any:
         out = super().run_node(node)
         if node.name in self.wanted and isinstance(out, torch.Tensor):
-            self.values[node.name] = out
+            # A copy: a later in-place op (relu_, +=, ReLU(inplace=True)) would change the value seen.
+            self.values[node.name] = out.detach().clone()
         return out
 
 
 def _measured_nodes(gm: fx.GraphModule) -> Dict[str, Tuple[fx.Node, Optional[Tuple[float, int]]]]:
     """For each float-node name, the quantized-graph node holding its value and its grid (if codes).
 
-    The integer codes a node was given are preferred over a float copy of the same value."""
+    The integer codes a node was given are preferred over a float copy of the same value; a float
+    copy is the node convert copied from the prepared graph (it carries the canonical op)."""
     chosen: Dict[str, Tuple[fx.Node, Optional[Tuple[float, int]]]] = {}
     for node in gm.graph.nodes:
         source = node.meta.get(_meta.SOURCE)
@@ -139,7 +145,7 @@ def _measured_nodes(gm: fx.GraphModule) -> Dict[str, Tuple[fx.Node, Optional[Tup
             if source not in chosen or chosen[source][1] is None:
                 scale, zero_point, _ = node.meta[_meta.QPARAMS]
                 chosen[source] = (node, (scale, zero_point))
-        elif source not in chosen and node.name == source:  # ran in float: the node copied from the float graph
+        elif source not in chosen and (node.name == source or _meta.OP in node.meta):  # ran in float
             chosen[source] = (node, None)
     return chosen
 
@@ -154,8 +160,8 @@ def _source_ops(gm: fx.GraphModule) -> Dict[str, str]:
     return ops
 
 
-def _domain(node: fx.Node, grid: Optional[Tuple[float, int]]) -> str:
-    if grid is None:
+def _domain(node: fx.Node, grid: Optional[Tuple[float, int]], placement: Optional[Placement]) -> str:
+    if grid is None or (placement is not None and placement.runs not in INT8_RUNS):
         return "float"
     decision = node.meta.get(_meta.DECISION)
     fixed = (decision is not None and decision.kind == "fixed") or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
@@ -186,8 +192,8 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     >>> data = [torch.randn(16, 8) for _ in range(4)]
     >>> q = lucid_fx.quantize(m, (data[0],), data, progress=False)
     >>> result = lucid_fx.compare(m, q, data)
-    >>> [row.node for row in result.rows], [row.domain for row in result.rows]
-    (['_2', '_1', 'input_1'], ['int8', 'int8', 'int8'])
+    >>> sorted((row.node, row.domain) for row in result.rows)  # result.rows is worst first
+    [('_1', 'int8'), ('_2', 'int8'), ('input_1', 'int8')]
     >>> all(row.sqnr_db > 30 for row in result.rows), result.output_sqnr_db > 30
     (True, True)
     """
@@ -202,16 +208,25 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     floats: Dict[str, fx.GraphModule] = {}
     for path, gm in parts:
         float_sub = float_model.get_submodule(path) if path else float_model
+        how = gm.meta.get(_meta.TRACE, TraceOptions())
         leaves = [n.target for n in gm.graph.nodes if n.op == "call_module" and isinstance(n.target, str)]
-        traced = trace_model(float_sub, leaf_modules=[t for t in leaves if _has_submodule(float_sub, t)]).graph_module
+        leaves = [t for t in leaves if _has_submodule(float_sub, t)] + list(how.leaf_modules)
+        traced = trace_model(
+            float_sub, leaf_modules=leaves, concrete_args=how.concrete_args, autowrap_functions=how.autowrap_functions
+        ).graph_module
         if traced is None:
-            raise ValueError(f"compare: cannot trace the float module at {path or '<root>'!r} the way prepare did")
+            raise ValueError(
+                f"compare: cannot trace the float module at {path or '<root>'!r} the way prepare did (a model "
+                "loaded from a file no longer knows prepare's leaf_modules and concrete_args); compare the "
+                "model that convert returned"
+            )
         floats[path] = traced
     totals: Dict[str, List[float]] = {}
-    meta: Dict[str, Tuple[str, str, str, Optional[float]]] = {}
+    meta: Dict[str, Tuple[str, str, str, Optional[float], str]] = {}
     out_signal = out_noise = 0.0
     batches = _batches(inputs)
     paths = [path for path, _ in parts]
+    placed = placements(quantized_model)
     for args in batches:
         float_out, float_args = _capture(float_model, paths, args)
         quant_out, quant_args = _capture(quantized_model, paths, args)
@@ -244,9 +259,11 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
                 acc[3] += diff.numel()
                 measured_name = f"{path}.{node.name}" if path else node.name
                 op = ops.get(name) or _op_name(f_nodes[name]) if name in f_nodes else str(node.target)
-                meta[key] = (measured_name, op, _domain(node, grid), grid[0] if grid is not None else None)
+                where = placed.get(key)
+                runs = where.runs.value if where is not None else ""
+                meta[key] = (measured_name, op, _domain(node, grid, where), grid[0] if grid is not None else None, runs)
     rows = [
-        NodeError(key, meta[key][0], meta[key][1], meta[key][2], _sqnr(s, n), m, meta[key][3], int(c))
+        NodeError(key, meta[key][0], meta[key][1], meta[key][2], _sqnr(s, n), m, meta[key][3], int(c), meta[key][4])
         for key, (s, n, m, c) in totals.items()
     ]
     rows.sort(key=lambda r: (r.sqnr_db, -r.max_abs))

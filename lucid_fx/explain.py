@@ -1,4 +1,4 @@
-"""explain: which rule chose which observer for each node, and why."""
+"""explain: which rule chose which observer for each node, why, and where convert will run it."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx.placement import placements
 
 __all__ = ["explain", "Explanation"]
 
-_COLUMNS = ("node", "op", "spelling", "kind", "observer", "qparams", "rule", "reason")
+_COLUMNS = ("node", "op", "spelling", "kind", "observer", "qparams", "runs", "rule", "reason")
 
 
 @dataclass
 class Explanation:
-    """Rows of (node, canonical op, spelling, decision, observer, qparams/interval, rule, reason)."""
+    """Rows of (node, canonical op, spelling, decision, observer, qparams/interval, where it will
+    run (``runs``, and ``runs_why``: the lowering rule or why it stays float), rule, reason)."""
 
     rows: List[Dict[str, str]]
     report: str = ""
@@ -26,10 +28,11 @@ class Explanation:
         return {row["node"]: row for row in self.rows}
 
     def __str__(self) -> str:
-        widths = {c: max([len(c)] + [len(r[c]) for r in self.rows]) for c in _COLUMNS if c != "reason"}
+        cell = lambda r, c: f"{r['runs']} ({r['runs_why']})" if c == "runs" and r["runs"] else r[c]  # noqa: E731
+        widths = {c: max([len(c)] + [len(cell(r, c)) for r in self.rows]) for c in _COLUMNS if c != "reason"}
         lines = ["  ".join(c.ljust(widths[c]) for c in widths) + "  reason"]
         for r in self.rows:
-            lines.append("  ".join(r[c].ljust(widths[c]) for c in widths) + "  " + r["reason"])
+            lines.append("  ".join(cell(r, c).ljust(widths[c]) for c in widths) + "  " + r["reason"])
         if self.report:
             lines.append(self.report)
         return "\n".join(lines)
@@ -63,17 +66,19 @@ def _graph_modules(model: nn.Module, prefix: str = ""):
         yield from _graph_modules(child, f"{prefix}.{name}" if prefix else name)
 
 
-def explain(prepared: nn.Module) -> Explanation:
+def explain(prepared: nn.Module, *, registry=None) -> Explanation:
     """A table of every node of a prepared model: canonical op, observer, qparams or interval,
-    and the rule (file:line) that decided it.
+    where convert will run it (predicted from the lowering tables of ``registry``, default the
+    current one; :func:`lucid_fx.placement.placements`), and the rule (file:line) that decided it.
 
     >>> import torch, lucid_fx
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()).eval()
     >>> row = lucid_fx.explain(lucid_fx.prepare(m, example_inputs=(torch.randn(1, 2),))).by_node()["_1"]
-    >>> row["op"], row["kind"], row["observer"], row["qparams"]
-    ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128')
+    >>> row["op"], row["kind"], row["observer"], row["qparams"], row["runs"]
+    ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128', 'table lookup')
     """
     rows: List[Dict[str, str]] = []
+    placed = placements(prepared, registry=registry)
     for prefix, gm in _graph_modules(prepared):
         observers = getattr(gm, OBSERVERS)
         for node in gm.graph.nodes:
@@ -86,14 +91,18 @@ def explain(prepared: nn.Module) -> Explanation:
             rule = decision.rule
             if decision.kind == "fixed" and node.meta.get(_meta.INTERVAL_RULE):
                 rule = f"{rule} via {node.meta[_meta.INTERVAL_RULE]}"
+            name = f"{prefix}.{node.name}" if prefix else node.name
+            where = placed.get(name)
             rows.append(
                 {
-                    "node": f"{prefix}.{node.name}" if prefix else node.name,
+                    "node": name,
                     "op": call.op,
                     "spelling": call.spelling,
                     "kind": decision.kind,
                     "observer": type(observer).__name__ if observer is not None else "-",
                     "qparams": _qparams_text(observer, decision) if observer is not None else "",
+                    "runs": where.runs.value if where is not None else "",
+                    "runs_why": where.why if where is not None else "",
                     "rule": rule,
                     "reason": decision.reason,
                 }

@@ -18,6 +18,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.placement import INT8_RUNS, Placement, placements
 
 __all__ = ["to_networkx", "DOMAINS"]
 
@@ -126,7 +127,7 @@ def _observer_attrs(observer: nn.Module, decision: Any) -> Dict[str, Any]:
     return attrs
 
 
-def _domain(node: fx.Node, attrs: Dict[str, Any]) -> str:
+def _domain(node: fx.Node, attrs: Dict[str, Any], placement: Optional[Placement]) -> str:
     if node.op in ("placeholder", "output"):
         return "io"
     if node.op == "get_attr":
@@ -135,16 +136,14 @@ def _domain(node: fx.Node, attrs: Dict[str, Any]) -> str:
         return "boundary"
     decision = node.meta.get(_meta.DECISION)
     fixed = (decision is not None and decision.kind == "fixed") or attrs.get("observer") == "FixedQParamsObserver"
-    if _meta.QPARAMS in node.meta:  # a converted node that outputs integer codes
+    if placement is not None:  # prepared or converted: where the node runs (lucid_fx.placement)
+        return ("fixed" if fixed else "int8") if placement.runs in INT8_RUNS else "float"
+    if _meta.QPARAMS in node.meta:  # a reference graph's quantize pair: integer codes
         return "fixed" if fixed else "int8"
-    if decision is not None and _meta.LOWERING not in node.meta and "observer" in attrs:
-        return "fixed" if fixed else ("int8" if decision.kind in ("statistics", "shared") else "float")
-    if decision is not None and decision.kind == "fused":
-        return "int8"
-    return "float"
+    return "int8" if decision is not None and decision.kind == "fused" else "float"
 
 
-def _node_attrs(node: fx.Node, gm: fx.GraphModule, name: str, fake, observers, weight_observers) -> Dict[str, Any]:
+def _node_attrs(node: fx.Node, name: str, fake, observers, weight_observers, placement) -> Dict[str, Any]:
     attrs: Dict[str, Any] = {"name": name, "fx_op": node.op, "target": _target_text(node), "op": _op_name(node)}
     attrs["shape"], attrs["dtype"] = _shape_dtype(node, fake)
     for key, attr in ((_meta.MODULE_PATH, "module_path"), (_meta.SOURCE, "source"), (_meta.LOWERING, "lowering")):
@@ -171,7 +170,9 @@ def _node_attrs(node: fx.Node, gm: fx.GraphModule, name: str, fake, observers, w
         attrs["qparams"] = f"scale={float(scale):.6g} zp={int(zero_point)}"
     if node.meta.get(_meta.OBSERVER_KIND):
         attrs["observer"] = node.meta[_meta.OBSERVER_KIND]
-    attrs["domain"] = _domain(node, attrs)
+    if placement is not None:
+        attrs["runs"], attrs["runs_why"] = placement.runs.value, placement.why
+    attrs["domain"] = _domain(node, attrs, placement)
     return attrs
 
 
@@ -186,8 +187,10 @@ def to_networkx(model: nn.Module, *, comparison: Optional[Any] = None, constants
     in parts). Attributes: ``name``, ``fx_op``, ``op`` (canonical op), ``target``, ``shape``,
     ``dtype``, ``domain`` (a key of :data:`DOMAINS`), and where known ``observer``, ``qparams``,
     ``scale``, ``zero_point``, ``qdtype``, ``interval``, ``decision``, ``rule``, ``reason``,
-    ``lowering``, ``module_path`` and, given a :func:`lucid_fx.compare` result, ``sqnr_db`` and
-    ``max_abs``. With ``constants=True`` weights and buffers are nodes too.
+    ``lowering``, ``module_path``, ``runs`` and ``runs_why`` (where the node runs and why, from
+    :func:`lucid_fx.placement.placements`; the domain follows it) and, given a
+    :func:`lucid_fx.compare` result, ``sqnr_db`` and ``max_abs``. With ``constants=True`` weights
+    and buffers are nodes too.
 
     >>> import torch, lucid_fx
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid()).eval()
@@ -207,6 +210,7 @@ def to_networkx(model: nn.Module, *, comparison: Optional[Any] = None, constants
         )
     rows = comparison.by_node() if comparison is not None else {}
     measured = {row.measured: row for row in rows.values()}
+    placed = placements(model)
     graph = nx.DiGraph()
     for prefix, gm in parts:
         observers = getattr(gm, OBSERVERS, {})
@@ -226,7 +230,8 @@ def to_networkx(model: nn.Module, *, comparison: Optional[Any] = None, constants
                 for user in node.users:
                     folded.setdefault(user, []).append(str(node.target))
                 continue
-            attrs = _node_attrs(node, gm, qualified(node.name), fake, observers, weight_observers)
+            where = node.meta.get(_meta.PLACEMENT) if _meta.SOURCE in node.meta else placed.get(qualified(node.name))
+            attrs = _node_attrs(node, qualified(node.name), fake, observers, weight_observers, where)
             if prefix:
                 attrs["graph"] = prefix
             if node in folded:

@@ -20,7 +20,10 @@ from torch import fx, nn
 
 from lucid_fx._where import caller_location
 
-__all__ = ["OpDef", "Spelling", "CanonicalCall", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings"]
+__all__ = [
+    "OpDef", "Spelling", "CanonicalCall", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "VIEW_OPS", "VIEW_SPELLINGS",
+    "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS",
+]
 
 ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
 
@@ -229,3 +232,37 @@ def derive_spellings(op: OpDef) -> Iterator[Spelling]:
                     yield Spelling("call_method", name + suffix, op.name, op.params, {}, None, inplace, where)
     for cls, consts in op.modules.items():
         yield Spelling("call_module", cls, op.name, ("input",), {}, consts, False, where)
+
+
+# Aliasing, for passes/functionalize_inplace.py: which results may share storage with an input.
+# Canonical ops whose result may be a view of their input, or the input itself (dropout in eval,
+# nn.Identity, contiguous on a contiguous tensor, reshape where a view is possible).
+VIEW_OPS = frozenset(
+    {
+        "reshape", "permute", "transpose", "flatten", "contiguous", "squeeze", "unsqueeze", "expand",
+        "getitem", "chunk", "dropout", "identity",
+    }
+)
+# Tensor methods and torch functions outside the canonical table that may return a view or their
+# input (torch's "Tensor Views" page, plus the conversions that return self when nothing changes).
+VIEW_SPELLINGS = frozenset(
+    {
+        "view_as", "reshape_as", "expand_as", "as_strided", "detach", "diagonal", "movedim", "moveaxis", "narrow",
+        "select", "t", "unflatten", "unfold", "unbind", "split", "split_with_sizes", "tensor_split", "hsplit",
+        "vsplit", "dsplit", "swapaxes", "swapdims", "real", "imag", "view_as_real", "view_as_complex", "adjoint",
+        "alias", "to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda", "align_as",
+        "align_to", "refine_names", "rename", "indices", "values",
+    }
+)
+# ``getattr(x, name)`` results that are not tensors, so never share x's storage (``x.T`` does).
+METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "layout", "is_quantized"})
+# ``a += b`` and friends -> the operator that returns a new tensor.
+OUT_OF_PLACE_OPERATORS = {
+    operator.iadd: operator.add,  # a += b -> a + b
+    operator.isub: operator.sub,  # a -= b -> a - b
+    operator.imul: operator.mul,  # a *= b -> a * b
+    operator.itruediv: operator.truediv,  # a /= b -> a / b
+    operator.ifloordiv: operator.floordiv,  # a //= b -> a // b
+    operator.imatmul: operator.matmul,  # a @= b -> a @ b
+    operator.ipow: operator.pow,  # a **= b -> a ** b
+}

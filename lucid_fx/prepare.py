@@ -1,6 +1,6 @@
 """prepare / prepare_qat: the prepare pipeline, a straight list of named passes.
 
-    trace_model -> propagate_shapes -> canonicalize_ops -> fuse_patterns -> analyze_ranges
+    trace_model -> functionalize_inplace -> propagate_shapes -> canonicalize_ops -> fuse_patterns -> analyze_ranges
                 -> choose_observers -> insert_observers
 
 Modules that cannot be traced stay float; prepare descends into them and quantizes the
@@ -18,15 +18,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import fx, nn
 
+from lucid_fx import _meta
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx._validate import model_device, require_float32, require_module
 from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
+from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.propagate_shapes import propagate_shapes
-from lucid_fx.passes.trace_model import Untraceable, trace_model
+from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
 from lucid_fx.quantization.qconfig import QConfigMapping, get_default_qat_qconfig_mapping, get_default_qconfig_mapping
 from lucid_fx.registry import Registry, current_registry
 
@@ -89,11 +91,16 @@ def _prepare_one(
     report: PrepareReport,
     prefix: str,
 ) -> nn.Module:
+    how = TraceOptions(
+        tuple(options["leaf_modules"]) + tuple(registry.leaf_modules),
+        options["concrete_args"] if not prefix else None,
+        tuple(registry.leaf_functions),
+    )
     result = trace_model(
         model,
-        leaf_modules=tuple(options["leaf_modules"]) + tuple(registry.leaf_modules),
-        concrete_args=options["concrete_args"] if not prefix else None,
-        autowrap_functions=registry.leaf_functions,
+        leaf_modules=how.leaf_modules,
+        concrete_args=how.concrete_args,
+        autowrap_functions=how.autowrap_functions,
         strict=options["strict"],
         path_prefix=prefix,
     )
@@ -119,6 +126,8 @@ def _prepare_one(
             full = f"{prefix}.{path}" if prefix else path
             sub = gm.get_submodule(path)
             _set_submodule(gm, path, _prepare_one(sub, mapping, captured.get(full), registry, options, report, full))
+    gm.meta[_meta.TRACE] = how  # compare traces the float model the same way
+    functionalize_inplace(gm, registry)
     if example_inputs is not None:
         propagate_shapes(gm, example_inputs)
     canonicalize_ops(gm, registry)

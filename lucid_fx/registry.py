@@ -237,8 +237,8 @@ def register_observer_rule(ops: Union[str, Sequence[str]], action: Union[str, Ca
         action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k}", qconfig=ctx.qconfig(node))  # noqa: E731
     ops_set = frozenset([ops] if isinstance(ops, str) else ops)
     rule = ObserverRule(ops_set, action, where)
-    # After the guards (not-a-tensor, QConfig None, float ops, fused), before the op rules.
-    reg.observer_rules.insert(4, rule)
+    # After the guards (not-a-tensor, mutation, QConfig None, float ops, fused), before the op rules.
+    reg.observer_rules.insert(5, rule)
     return rule
 
 

@@ -1,6 +1,6 @@
 """fuse_patterns: mark chains of ops that run as one quantized kernel.
 
-Reads ``node.meta[OP]``; writes ``node.meta[FUSION]`` (the pattern name) and
+Reads ``node.meta[OP]`` and ``[MUTATION]`` (an op kept in place fuses with nothing); writes ``node.meta[FUSION]`` (the pattern name) and
 ``node.meta[FUSED_INTO]`` (the name of the group's last node) on every member. Each member but
 the last must have exactly one user, so no intermediate value escapes the group.
 """
@@ -22,7 +22,7 @@ def _match(node: fx.Node, rule: FusionRule) -> Optional[List[fx.Node]]:
     chain = [node]
     for step_index, step in enumerate(rule.pattern):
         current = chain[-1]
-        if current.meta[_meta.OP].op not in step or _meta.FUSED_INTO in current.meta:
+        if current.meta[_meta.OP].op not in step or _meta.FUSED_INTO in current.meta or _meta.MUTATION in current.meta:
             return None
         if step_index == len(rule.pattern) - 1:
             return chain

@@ -1,6 +1,6 @@
 """insert_qdq: the reference (simulated) model: every observer becomes quantize -> dequantize.
 
-Reads the observers' statistics and ``node.meta[WEIGHT_OBSERVER]``; replaces each observer call
+Reads the observers' statistics, ``node.meta[WEIGHT_OBSERVER]`` and ``[FOLDED_BN]``; replaces each observer call
 with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
 linear/conv weight with its quantize -> dequantize image on the kernel's weight grid (a module's
 weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantize_per_channel ->
@@ -19,7 +19,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
-from lucid_fx.passes.lower_to_int8 import _group
+from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.passes.lowering_context import _tag_type, quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -91,7 +91,8 @@ def insert_qdq(
                 q = gm.graph.call_function(_ops.quantize_per_tensor, args)
                 dq = gm.graph.call_function(_ops.dequantize_per_tensor, (q, float(scale), int(zp)))
             source = node.args[0]
-            q.meta[_meta.SOURCE] = dq.meta[_meta.SOURCE] = source.name
+            # A conv that absorbed a batch norm outputs the batch norm's value.
+            q.meta[_meta.SOURCE] = dq.meta[_meta.SOURCE] = source.meta.get(_meta.FOLDED_BN, source.name)
             q.meta[_meta.QPARAMS] = (float(scale), int(zp), qdtype.name)
             q.meta[_meta.OBSERVER_KIND] = type(observer).__name__
             _tag_type(q, source, qdtype.storage)
@@ -113,7 +114,7 @@ def insert_qdq(
             codes, scales = quantize_weight(module.weight, observer, weight_range)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

@@ -1,26 +1,33 @@
 """lower_to_int8: turn a calibrated graph into int8 kernels, by lowering table.
 
-Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and
-``[WEIGHT_OBSERVER]`` plus the observers' statistics. Builds a new graph in which observed values
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]``,
+``[WEIGHT_OBSERVER]``, ``[MUTATION]`` (an op kept in place runs as written, in float, and is never
+dropped as dead code), ``[BN_NOT_FOLDED]`` and ``["tensor_meta"]`` (the float model's layout, which
+every value leaving int8 gets back) plus the observers' statistics. Builds a new graph in which observed values
 are ``uint8``/``int8`` tensors with constant scale and zero point. Each quantized op, or fused
 group, is looked up by the tuple of its canonical ops (``("conv2d", "add", "relu")``) in the
 backend's lowering table, falling back to the generic table. A value is quantized or dequantized
 only where a consumer needs the other form, and only once. Ops with no lowering run in float
 between a dequantize and a quantize, and are listed in the returned report.
 
-Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes),
-``[QPARAMS]`` on every node that outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``,
-``[DECISION]`` and ``[INTERVAL]`` on the node that ends each lowered group, so that the converted
-graph can be inspected (to_networkx) and compared with the float one (compare) by node name.
+Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes:
+for a conv or linear that absorbed a batch norm, ``[FOLDED_BN]``, the batch norm's), ``[PLACEMENT]``
+(where that node runs and why, :mod:`lucid_fx.placement`), ``[QPARAMS]`` on every node that
+outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``, ``[DECISION]`` and ``[INTERVAL]`` on
+the node that ends each lowered group, so that the converted graph can be inspected (to_networkx)
+and compared with the float one (compare) by node name. Carries ``gm.meta[TRACE]`` over.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.placement import Placement, Runs
 from lucid_fx.passes.lowering_context import (
     ConvertReport,
     LoweringContext,
@@ -30,6 +37,7 @@ from lucid_fx.passes.lowering_context import (
 )
 
 __all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+_LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
 
 
 def lowering_table(lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str) -> Dict[Tuple[str, ...], Any]:
@@ -65,11 +73,64 @@ def _reads_only_shape(node: fx.Node) -> bool:
     return node.op == "call_method" and node.target in ("size", "dim")
 
 
+def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolve) -> bool:
+    """Whether every int8 input of a lowered group is laid out as in the float model: kernels keep
+    their input's layout (an elementwise table on channels-last codes gives channels-last codes)."""
+    for member in members:
+        for source in member.meta[_meta.OP].tensor_inputs():
+            q = ctx._quant.get(resolve(source))
+            if q is not None and resolve(source) not in members and q.float_layout is False:
+                return False
+    return True
+
+
+def _keeps_effect(node: fx.Node) -> bool:
+    """Dead-code elimination keeps an in-place op left in place: its change is the point."""
+    return node.is_impure() or _meta.MUTATION in node.meta
+
+
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:
     end = node.meta.get(_meta.FUSED_INTO)
     if end is None:
         return [node]
     return [n for n in graph_nodes if n.meta.get(_meta.FUSED_INTO) == end]
+
+
+def _names(members: List[fx.Node]) -> Tuple[str, ...]:
+    """The prepared nodes a group computes, batch norms folded into its conv or linear included."""
+    return tuple(name for m in members for name in (m.name, m.meta.get(_meta.FOLDED_BN)) if name)
+
+
+def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
+    return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
+
+
+def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
+    if kind == "none":
+        return Placement(Runs.NOT_TENSOR, decision.reason, ())
+    if kind not in _LOWERABLE:  # kept float by the QConfig, a registered float op, or no observer rule
+        return Placement(Runs.FLOAT, decision.reason if decision is not None else "no observer decision", ())
+    return Placement(Runs.FLOAT, "no lowering rule for " + "+".join(key) if rule is None else declined, ())
+
+
+def _lowered_runs(value: QValue, key: Tuple[str, ...]) -> Runs:
+    """What a rule emitted: a table lookup, the input's codes (as they are or on a rescaled grid), or a kernel."""
+    target = value.node.target
+    if key == ("shared",) or (value.node.op == "call_method" and target == "view_as"):
+        return Runs.SHARED
+    return Runs.TABLE if target in (torch.ops.lucid_fx.lut, torch.ops.lucid_fx.lut.default) else Runs.KERNEL
+
+
+def _tag_placements(gm: fx.GraphModule, prepared_nodes: List[fx.Node], placed: Dict[str, Placement]) -> None:
+    """Every converted node gets the placement of the prepared node it computes; a node computing
+    a conv or linear that absorbed a batch norm computes the batch norm's value, so it names that."""
+    folded = {n.name: n.meta[_meta.FOLDED_BN] for n in prepared_nodes if _meta.FOLDED_BN in n.meta}
+    for node in gm.graph.nodes:
+        source = node.meta.get(_meta.SOURCE)
+        if source in folded:
+            node.meta[_meta.SOURCE] = source = folded[source]
+        if source in placed:
+            node.meta[_meta.PLACEMENT] = placed[source]
 
 
 def _copy_float(ctx: LoweringContext, node: fx.Node) -> fx.Node:
@@ -98,9 +159,9 @@ def lower_to_int8(
         return ctx.float_of(resolve(n))
 
     def arg_shape(n):
-        # Shape queries read the codes already there: no dequantize just to learn a shape.
+        # Shape queries read the codes already there, in any layout: no dequantize to learn a shape.
         n = resolve(n)
-        if n not in ctx._float and n in ctx._quant and not ctx._quant[n].channels_last:
+        if n not in ctx._float and n in ctx._quant:
             return ctx._quant[n].node
         return ctx.float_of(n)
 
@@ -124,32 +185,39 @@ def lower_to_int8(
         if kind == "fused":
             continue  # emitted with the last node of its group
         members = _group(node, nodes)
-        key = tuple(m.meta[_meta.OP].op for m in members)
-        if kind == "shared":
-            key = ("shared",)
-        rule = table.get(key) if kind in ("fixed", "statistics", "shared") else None
+        key = _key(members, kind)
+        # An op kept in place must run as written, on float storage that its views share.
+        rule = table.get(key) if kind in _LOWERABLE and _meta.MUTATION not in node.meta else None
         lowered = None
         tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:
             lowered = rule(ctx, members, resolve)
         if lowered is not None:
+            if lowered.float_layout is None:
+                lowered = replace(lowered, float_layout=_inputs_in_float_layout(ctx, members, resolve))
             ctx.set_quant(node, lowered)
             _tag_lowered(ctx, node, lowered, "+".join(key))
             _tag_new_nodes(ctx.graph, tail, node)
-            report.lowered[node.name] = "+".join(key)
-            continue
-        # No int8 kernel: the group runs in float on dequantized inputs.
-        for member in members:
-            read = arg_shape if _reads_only_shape(member) else arg_float
-            new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
-            new.meta[_meta.SOURCE] = member.name
-            ctx.set_float(member, new)
-        if kind in ("fixed", "statistics", "shared") or len(members) > 1:
+            placement = Placement(_lowered_runs(lowered, key), "+".join(key), _names(members))
+        else:
+            # No int8 kernel: the group runs in float on dequantized inputs.
+            for member in members:
+                read = arg_shape if _reads_only_shape(member) else arg_float
+                new = ctx.graph.node_copy(member, lambda n, read=read: read(n))
+                new.meta[_meta.SOURCE] = member.name
+                ctx.set_float(member, new)
             declined = next((ctx.declined[m.name] for m in members if m.name in ctx.declined), "lowering declined")
-            why = "no lowering rule for " + "+".join(key) if rule is None else declined
-            report.float_ops[node.name] = why
+            placement = _stays_float(kind, decision, key, rule, declined)
+            why = node.meta.get(_meta.MUTATION) or next(
+                (m.meta[_meta.BN_NOT_FOLDED] for m in members if _meta.BN_NOT_FOLDED in m.meta), placement.why
+            )
+            placement = Placement(placement.runs, why, _names(members))
+        report.placements.update((name, placement) for name in placement.members)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
-    gm.graph.eliminate_dead_code()
+    _tag_placements(gm, nodes, report.placements)
+    if _meta.TRACE in prepared.meta:
+        gm.meta[_meta.TRACE] = prepared.meta[_meta.TRACE]
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()

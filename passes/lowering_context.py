@@ -16,13 +16,14 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.placement import INT8_RUNS, Placement, Runs
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize
 from lucid_fx.quantization.qparams import calculate_qparams
 
-__all__ = ["QValue", "ConvertReport", "LoweringContext", "quantize_weight"]
+__all__ = ["QValue", "ConvertReport", "LoweringContext", "quantize_weight", "float_memory_format"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -37,20 +38,42 @@ class QValue:
     zero_point: int
     qdtype: QDtype
     channels_last: bool = False  # codes laid out NHWC (what oneDNN convolutions compute in)
+    # Whether the codes are laid out as the float model's value is (True), may not be (False:
+    # channels-last codes the float model has as NCHW, or computed from such), or unknown (None:
+    # lower_to_int8 infers it from the inputs of the rule that made them).
+    float_layout: Optional[bool] = None
 
 
 @dataclass
 class ConvertReport:
-    """What convert did: which nodes became int8 kernels and which ran in float."""
+    """What convert did: where each prepared node runs and why (:class:`lucid_fx.placement.Placement`),
+    and, read from that, which nodes became int8 (a fused group by its last node) and which ran in float."""
 
     backend: str
-    lowered: Dict[str, str] = field(default_factory=dict)  # node -> rule key
-    float_ops: Dict[str, str] = field(default_factory=dict)  # node -> why it stayed float
+    placements: Dict[str, Placement] = field(default_factory=dict)  # prepared node -> where it runs, why
+
+    def _groups(self) -> Dict[str, Placement]:
+        return {p.value: p for p in self.placements.values()}
+
+    @property
+    def lowered(self) -> Dict[str, str]:
+        """Node (a group's last) -> the lowering rule key, for every int8 kernel, table or shared op."""
+        return {name: p.why for name, p in self._groups().items() if p.runs in INT8_RUNS}
+
+    @property
+    def float_ops(self) -> Dict[str, str]:
+        """Node (a group's last) -> why it runs in float: no rule, a rule that declined, or the QConfig."""
+        return {name: p.why for name, p in self._groups().items() if p.runs is Runs.FLOAT}
 
     def __str__(self) -> str:
-        lines = [f"backend {self.backend}: {len(self.lowered)} int8 kernels, {len(self.float_ops)} ops in float"]
-        lines += [f"  float: {name} ({why})" for name, why in self.float_ops.items()]
+        kernels, floats = len(self.lowered), self.float_ops
+        lines = [f"backend {self.backend}: {_count(kernels, 'int8 kernel')}, {_count(len(floats), 'op')} in float"]
+        lines += [f"  float: {name} ({why})" for name, why in floats.items()]
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _is_observer_call(node: fx.Node) -> bool:
@@ -69,6 +92,7 @@ class LoweringContext:
         self._float: Dict[fx.Node, fx.Node] = {}
         self._quant: Dict[fx.Node, QValue] = {}
         self._qparams: Dict[str, Tuple[float, int, QDtype]] = {}
+        self._laid_out: Dict[fx.Node, QValue] = {}  # codes restored to the float model's layout
         self._constants = 0
         self.declined: Dict[str, str] = {}  # node name -> why its lowering rule had to decline
 
@@ -105,7 +129,7 @@ class LoweringContext:
         if not isinstance(node, fx.Node):
             return node
         if node not in self._float:
-            q = self._quant[node]
+            q = self._in_float_layout(node, self._quant[node])  # float code sees the float model's strides
             self._float[node] = self.call(_ops.dequantize_per_tensor, q.node, q.scale, q.zero_point)
             self._float[node].meta[_meta.SOURCE] = node.name
             _tag_type(self._float[node], node, torch.float32)
@@ -121,7 +145,7 @@ class LoweringContext:
             q = self.call(
                 _ops.quantize_per_tensor, self.float_of(node), scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage
             )
-            self.set_quant(node, QValue(q, scale, zp, qdtype))
+            self.set_quant(node, QValue(q, scale, zp, qdtype, float_layout=True))
         return self._quant[node]
 
     def channels_last_of(self, node: fx.Node) -> QValue:
@@ -130,9 +154,26 @@ class LoweringContext:
         q = self.quant_of(node)
         if not q.channels_last:
             nhwc = self.graph.call_method("contiguous", (q.node,), {"memory_format": torch.channels_last})
-            q = QValue(nhwc, q.scale, q.zero_point, q.qdtype, True)
+            q = QValue(nhwc, q.scale, q.zero_point, q.qdtype, True, float_memory_format(node)[0] == torch.channels_last)
             self.set_quant(node, q)
         return q
+
+    def float_layout_of(self, node: fx.Node) -> QValue:
+        """``node``'s codes laid out as the float model's value is there, restored once if needed:
+        code that reads strides (``view``, float ops, the model's outputs) must see the float model's."""
+        return self._in_float_layout(node, self.quant_of(node))
+
+    def _in_float_layout(self, node: fx.Node, q: QValue) -> QValue:
+        if q.float_layout is not False:
+            return q
+        if node not in self._laid_out:
+            memory_format, exact = float_memory_format(node)
+            # clone gives the canonical strides in size-1 dims too, where contiguous keeps the old ones
+            method = "clone" if exact else "contiguous"
+            codes = self.graph.call_method(method, (q.node,), {"memory_format": memory_format})
+            self._laid_out[node] = QValue(codes, q.scale, q.zero_point, q.qdtype, memory_format == torch.channels_last, True)
+            _tag_codes(self._laid_out[node], node)
+        return self._laid_out[node]
 
     def map_float(self, args: Any) -> Any:
         return fx.node.map_arg(args, self.float_of)
@@ -152,7 +193,8 @@ class LoweringContext:
 
     def output_qvalue(self, node: fx.Node, out: fx.Node, channels_last: bool = False) -> QValue:
         scale, zp, qdtype = self.qparams_of(node)
-        return QValue(out, scale, zp, qdtype, channels_last)
+        float_layout = float_memory_format(node)[0] == torch.channels_last if channels_last else None
+        return QValue(out, scale, zp, qdtype, channels_last, float_layout)
 
     # -- weights ------------------------------------------------------------------------------
     def _may_overflow(self, node: fx.Node, codes: torch.Tensor) -> bool:
@@ -242,6 +284,16 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
         lo, hi = flat.amin(1), flat.amax(1)
     scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
+
+
+def float_memory_format(node: fx.Node) -> Tuple[torch.memory_format, bool]:
+    """The memory format of ``node``'s value in the float model (from the shapes prepare recorded;
+    contiguous when unknown), and whether its shape is ambiguous there: a 4-D value with a size-1
+    channel or spatial dim is contiguous in both formats, with different strides."""
+    meta = node.meta.get(_meta.TENSOR_META)
+    shape = tuple(getattr(meta, "shape", ()))
+    memory_format = getattr(meta, "memory_format", None) or torch.contiguous_format
+    return memory_format, len(shape) == 4 and 1 in shape[1:]
 
 
 def _tag_type(new: fx.Node, source: fx.Node, dtype: Optional[torch.dtype] = None) -> None:

@@ -15,7 +15,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 
-__all__ = ["TraceResult", "Untraceable", "TraceFailure", "trace_model"]
+__all__ = ["TraceResult", "TraceOptions", "Untraceable", "TraceFailure", "trace_model"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,16 @@ class Untraceable:
     def describe(self) -> str:
         where = self.path or "<root>"
         return f"{where} ({self.type_name}) at {self.source_line}: {self.error}"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How a graph was traced, kept on it as ``gm.meta[TRACE]`` by prepare so that compare traces
+    the float model into the same nodes with the same names."""
+
+    leaf_modules: Tuple[Any, ...] = ()
+    concrete_args: Optional[Dict[str, Any]] = None
+    autowrap_functions: Tuple[Callable, ...] = ()
 
 
 class TraceFailure(ValueError):

@@ -183,9 +183,9 @@ def test_show_refuses_files_it_did_not_write(models, capsys):
 def test_explain_prints_the_table(models, capsys):
     assert main(["explain", "cli_models:make", "--input-shape", "1,3,16,16"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["node", "op", "spelling", "kind", "observer", "qparams", "rule", "reason"]
+    assert lines[0].split() == ["node", "op", "spelling", "kind", "observer", "qparams", "runs", "rule", "reason"]
     sigmoid = next(line for line in lines if line.startswith("sigmoid"))
-    assert "fixed" in sigmoid and "[0, 1] scale=0.00390625 zp=0" in sigmoid
+    assert "fixed" in sigmoid and "[0, 1] scale=0.00390625 zp=0" in sigmoid and "table lookup (sigmoid)" in sigmoid
     assert lines[-1] == "summary: fixed: 1, fused: 2, statistics: 4"
 
 

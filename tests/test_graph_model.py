@@ -110,3 +110,22 @@ def test_bad_input_is_named():
         lucid_fx.to_networkx(torch.zeros(1))
     with pytest.raises(ValueError, match="Linear holds no torch.fx GraphModule: pass the result of lucid_fx.prepare"):
         lucid_fx.to_networkx(nn.Linear(2, 2))
+
+
+def test_layer_norm_is_float_in_every_view(calibrated, tmp_path):
+    # Before: the prepared graph called ln "int8" (it has an observer: int8 mul reads it) and so
+    # did compare; the converted graph and the convert report called it float.
+    model, prepared, data = calibrated
+    q = lucid_fx.convert(prepared)
+    before, after = lucid_fx.to_networkx(prepared), lucid_fx.to_networkx(q)
+    expected = ("float", "float", "no lowering rule for layer_norm")
+    assert tuple(before.nodes["ln"][k] for k in ("domain", "runs", "runs_why")) == expected
+    ln = [a for a in after.nodes.values() if a.get("source") == "ln" and a["fx_op"] == "call_module"][0]
+    assert tuple(ln[k] for k in ("domain", "runs", "runs_why")) == expected
+    assert q.lucid_fx_convert_report.float_ops == {"ln": "no lowering rule for layer_norm"}
+    row = lucid_fx.compare(model, q, data).by_node()["ln"]
+    assert (row.domain, row.runs) == ("float", "float") and row.sqnr_db > 30
+    # The tanh table and the x / 2 that only rescales the grid are int8 in every view too.
+    assert (before.nodes["tanh"]["runs"], before.nodes["truediv"]["runs"]) == ("table lookup", "shared codes")
+    page = lucid_fx.visualize(q, tmp_path / "q.html", layout="layered").read_text()
+    assert '"runs": "table lookup", "runs_why": "tanh"' in page and '"runs_why": "no lowering rule for layer_norm"' in page

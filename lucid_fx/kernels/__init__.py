@@ -19,7 +19,11 @@ from lucid_fx.kernels import cuda  # noqa: F401  (registers CUDA kernels)
 from lucid_fx.kernels import cpu  # noqa: F401  (registers CPU kernels)
 from lucid_fx.kernels import cpu_float  # noqa: F401  (registers CPU kernels computed in float32)
 from lucid_fx.kernels.cpu import onednn_available, use_onednn, weight_quant_range
+from lucid_fx.kernels.cpu_features import cpu_features, force_cpu_features
 from lucid_fx.kernels.library import WeightCache
 from lucid_fx.kernels.reference import make_lut
 
-__all__ = ["weight_quant_range", "make_lut", "use_onednn", "onednn_available", "WeightCache"]
+__all__ = [
+    "weight_quant_range", "make_lut", "use_onednn", "onednn_available", "WeightCache", "cpu_features",
+    "force_cpu_features",
+]

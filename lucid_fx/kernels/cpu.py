@@ -29,13 +29,13 @@ exact on the device (``[-64, 63]`` on such CPUs); a weight outside it is run thr
 """
 
 import contextlib
-import functools
 import warnings
 from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.cpu_features import cpu_features, detected_cpu_features
 from lucid_fx.kernels.cuda import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
 
@@ -82,30 +82,31 @@ def use_onednn(enabled: bool) -> Iterator[None]:
         _state["onednn"] = previous
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_has_vnni() -> bool:
-    is_vnni = getattr(torch.cpu, "_is_vnni_supported", None)  # private; absent means "assume not"
-    return bool(is_vnni()) if is_vnni is not None else False
+NARROW_GRID = (-64, 63)
 
 
 def weight_quant_range(device: Union[torch.device, str]) -> Tuple[int, int]:
     """The int8 weight grid ``(qmin, qmax)`` whose products the device's int8 kernels compute exactly.
 
     ``(-64, 63)`` on a CPU without VNNI (oneDNN's int16 pair sums saturate beyond it),
-    ``(-128, 127)`` on CPUs with VNNI and on CUDA (``torch._int_mm`` accumulates in int32).
+    ``(-128, 127)`` on CPUs with VNNI and on CUDA (``torch._int_mm`` accumulates in int32). On
+    the CPU this follows :func:`~lucid_fx.kernels.cpu_features.cpu_features`, so it can be forced.
     """
     device = torch.device(device)
-    if device.type == "cpu" and not _cpu_has_vnni():
-        return (-64, 63)
+    if device.type == "cpu" and not cpu_features().vnni:
+        return NARROW_GRID
     return (-128, 127)
 
 
 def _exact_on_onednn(qw: torch.Tensor) -> bool:
-    if _cpu_has_vnni():
+    """Whether oneDNN computes ``qw``'s products exactly on this machine's real CPU."""
+    if detected_cpu_features().vnni:
         return True
-    qmin, qmax = weight_quant_range("cpu")
+    qmin, qmax = NARROW_GRID
     if int(qw.min()) >= qmin and int(qw.max()) <= qmax:
         return True
+    if cpu_features().vnni:
+        return False  # a richer CPU is forced (tests): its full-grid weights take the exact fallback
     warnings.warn(
         f"int8 weight {tuple(qw.shape)} has codes outside {(qmin, qmax)}; oneDNN would saturate on this CPU "
         "(no VNNI), so it runs on the slower _int_mm path. Quantize weights to weight_quant_range('cpu').",
@@ -183,7 +184,15 @@ def _linear_as_conv() -> bool:
     # codes 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us
     # at 64, 8.2 vs 9.5 ms at 1024). With VNNI the linear primitive was measured at 91% of peak, so
     # it is kept there.
-    return not _cpu_has_vnni()
+    return not cpu_features().vnni
+
+
+def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
+    """Whether oneDNN's linear subtracts a zero point left to it exactly. On an AMX CPU (Xeon with
+    AVX512-VNNI and AMX, torch 2.13) its compensation was measured 2 codes off on 164 of 256
+    outputs once the raw accumulator passed 2^24, where float32 stops being exact; such a linear
+    (a wide layer with an asymmetric input) runs on the exact ``_int_mm`` path there."""
+    return x_zp == 0 or not cpu_features().amx or _weight_sums(qw) is not None
 
 
 def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor, as_conv: bool):
@@ -208,7 +217,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
     # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
     as_conv = _linear_as_conv() and zp_u8 == 0
-    packed = _linear_pack(qw, w_scale, as_conv)
+    packed = _linear_pack(qw, w_scale, as_conv) if _zero_point_exact_on_onednn(qw, zp_u8) else None
     if packed is None:
         return int8_linear(*args, pad=False)
     weight, zeros = packed

@@ -20,8 +20,13 @@ would be slower.
 >>> a_p, b_p, m, n = pad_for_int_mm(a, b)
 >>> tuple(a_p.shape), tuple(b_p.shape), m, n
 ((17, 16), (16, 8), 5, 7)
->>> torch.equal(torch._int_mm(a_p, b_p)[:m, :n], (a.long() @ b.long()).int())
+>>> torch.equal(int_mm_padded(a, b), (a.long() @ b.long()).int())
 True
+
+On a CPU without VNNI, oneDNN's ``torch._int_mm`` adds pairs of products in int16 with saturation
+(measured with ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``AVX512_CORE``: wrong for a right operand beyond
+``[-64, 64]``, exact within it), so there a wider right operand is split into two halves within
+that range (:func:`split_for_int16_pairs`) and multiplied twice: exact, at twice the cost.
 """
 
 from dataclasses import dataclass
@@ -31,9 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache, register_kernel
 
-__all__ = ["int_mm_padding", "pad_for_int_mm", "int_mm_padded", "int8_linear", "int8_conv", "PREPARED"]
+__all__ = [
+    "int_mm_padding", "pad_for_int_mm", "int_mm_padded", "split_for_int16_pairs", "int8_linear", "int8_conv",
+    "PREPARED",
+]
+# The widest right operand oneDNN's int16 pair sums hold on CPUs without VNNI: 2 * 255 * 64 <= 32767.
+PAIR_SAFE = 64
 
 # Weights in GEMM form (column-major, maybe padded) with their row sums, once per weight.
 PREPARED = WeightCache()
@@ -75,10 +86,32 @@ def pad_for_int_mm(a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torc
     return a_p, _pad_columns_major(b, pk, pn), m, n
 
 
+def split_for_int16_pairs(b: torch.Tensor) -> Optional[torch.Tensor]:
+    """``(hi, lo)`` stacked, with ``hi + lo == b`` and both within ``[-64, 64]``, where ``_int_mm`` on
+    this CPU would saturate on ``b`` (a CPU without VNNI and a wider ``b``); None where it is exact."""
+    if b.device.type != "cpu" or detected_cpu_features().vnni or b.numel() == 0:
+        return None
+    if int(b.min()) >= -PAIR_SAFE and int(b.max()) <= PAIR_SAFE:
+        return None
+    hi = torch.div(b, 2, rounding_mode="floor")  # [-64, 63]; b - hi is then within [-64, 64]
+    return torch.stack([hi, b - hi])
+
+
+def _int_mm(a: torch.Tensor, b: torch.Tensor, halves: Optional[torch.Tensor]) -> torch.Tensor:
+    if halves is None:
+        return torch._int_mm(a, b)
+    return torch._int_mm(a, halves[0]).add_(torch._int_mm(a, halves[1]))
+
+
 def int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` in int32 for int8 matrices of any shape, through padded ``torch._int_mm``."""
+    """``a @ b`` in int32 for int8 matrices of any shape, through padded ``torch._int_mm`` (exact on every CPU)."""
     a_p, b_p, m, n = pad_for_int_mm(a, b)
-    return torch._int_mm(a_p, b_p)[:m, :n]
+    halves = split_for_int16_pairs(b_p)
+    return _int_mm(a_p, b_p, None if halves is None else _column_major(halves))[:m, :n]
+
+
+def _column_major(halves: torch.Tensor) -> torch.Tensor:
+    return halves.transpose(1, 2).contiguous().transpose(1, 2)  # keep each (K, N) half column-major
 
 
 @dataclass(frozen=True)
@@ -86,6 +119,7 @@ class _GemmWeight:
     b: torch.Tensor  # (K', N') int8, column-major, zero-padded when pad
     row_sums: torch.Tensor  # (N,) int32
     n: int
+    halves: Optional[torch.Tensor] = None  # b split for a CPU without VNNI (split_for_int16_pairs)
 
 
 def _gemm_weight(w2d: torch.Tensor, pad: bool) -> _GemmWeight:
@@ -97,7 +131,8 @@ def _gemm_weight(w2d: torch.Tensor, pad: bool) -> _GemmWeight:
     if pad:
         _, pk, pn = int_mm_padding(17, k, n)
         b = _pad_columns_major(b, pk, pn)
-    return _GemmWeight(b, w2d.sum(1, dtype=torch.int32), n)
+    halves = split_for_int16_pairs(b)
+    return _GemmWeight(b, w2d.sum(1, dtype=torch.int32), n, None if halves is None else _column_major(halves))
 
 
 def _as_int8(q: torch.Tensor, zp: int) -> Tuple[torch.Tensor, int]:
@@ -110,7 +145,7 @@ def _as_int8(q: torch.Tensor, zp: int) -> Tuple[torch.Tensor, int]:
 
 
 def _gemm(a: torch.Tensor, correction: int, weight: _GemmWeight, pad: bool) -> torch.Tensor:
-    acc = int_mm_padded(a, weight.b) if pad else torch._int_mm(a, weight.b)
+    acc = int_mm_padded(a, weight.b) if pad else _int_mm(a, weight.b, weight.halves)
     acc = acc[:, : weight.n] if acc.shape[1] != weight.n else acc
     return acc + correction * weight.row_sums
 

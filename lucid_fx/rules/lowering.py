@@ -18,6 +18,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
+from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.quantization.observers import FixedQParamsObserver
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
@@ -66,56 +67,6 @@ def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
     scale, zp, _ = ctx.qparams_of(members[-1])
     out = ctx.call(_ops.linear, x.node, x.scale, x.zero_point, w, s, b, scale, zp, _post_op(members), None)
     return ctx.output_qvalue(members[-1], out)
-
-
-def _conv_geometry(ctx, node):
-    """(stride, padding, dilation, groups) of a conv module or F.conv call, or None."""
-    if node.op == "call_module":
-        m = ctx.prepared.get_submodule(node.target)
-        stride, padding, dilation, groups = m.stride, m.padding, m.dilation, m.groups
-    else:
-        args = node.meta[_meta.OP].args
-        stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
-    if isinstance(padding, str) or not isinstance(groups, int):
-        return None  # "same"/"valid" padding, or geometry computed in the graph: leave to float
-    dims = 2 if node.meta[_meta.OP].op == "conv2d" else 1
-    as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
-    return as_list(stride), as_list(padding), as_list(dilation), groups
-
-
-def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2d
-    first = members[0]
-    call = first.meta[_meta.OP]
-    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(first)
-    geometry = _conv_geometry(ctx, first)
-    if x is None or weight is None or geometry is None or ctx.qparams_of(members[-1]) is None:
-        return None
-    w, s, b = weight
-    scale, zp, _ = ctx.qparams_of(members[-1])
-    is_2d = call.op == "conv2d"
-    if is_2d:
-        x = ctx.channels_last_of(_input(call, resolve))
-    kernel = _ops.conv2d if is_2d else _ops.conv1d
-    out = ctx.call(kernel, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
-    return ctx.output_qvalue(members[-1], out, channels_last=is_2d)
-
-
-def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
-    conv, add = members[0], members[1]
-    other_node = next((resolve(a) for a in add.meta[_meta.OP].tensor_inputs() if resolve(a) is not conv), None)
-    x, other = _qin(ctx, _input(conv.meta[_meta.OP], resolve)), _qin(ctx, other_node)
-    weight = ctx.quantized_weight(conv)
-    geometry = _conv_geometry(ctx, conv)
-    if None in (x, other, weight, geometry) or conv.meta[_meta.OP].op != "conv2d" or ctx.qparams_of(members[-1]) is None:
-        return None
-    w, s, b = weight
-    scale, zp, _ = ctx.qparams_of(members[-1])
-    x = ctx.channels_last_of(_input(conv.meta[_meta.OP], resolve))
-    out = ctx.call(
-        _ops.conv2d_add, x.node, x.scale, x.zero_point, w, s, b, *geometry,
-        other.node, other.scale, other.zero_point, scale, zp, _post_op(members), None,
-    )
-    return ctx.output_qvalue(members[-1], out, channels_last=True)
 
 
 def _positive_number(value: Any) -> Optional[float]:
@@ -248,9 +199,11 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
         pooled = _max_pool(ctx, node, x)
         if pooled is not None or node.meta[_meta.OP].op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
     keeps_layout = node.meta[_meta.OP].op in ("dropout", "identity")
-    return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout)
+    if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
+        x = ctx.float_layout_of(tensors[0])
+    new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
+    return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)
 
 
 def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional
 
+from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
+from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 
 __all__ = ["Decision", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
@@ -64,6 +66,11 @@ def _not_float_tensor(node, ctx) -> Optional[Decision]:
     return None
 
 
+def _mutation(node, ctx) -> Optional[Decision]:
+    why = node.meta.get(_MUTATION)
+    return Decision("float", why) if why is not None else None
+
+
 def _qconfig_none(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr", "output"):
         return None
@@ -103,23 +110,37 @@ def _shared(node, ctx) -> Optional[Decision]:
 
 
 def _statistics(node, ctx) -> Optional[Decision]:
-    reason = "int8 kernel" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
+    reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
     return Decision("statistics", reason, qconfig=ctx.qconfig(node))
+
+
+def _folded_group_end(node, ctx) -> Optional[Decision]:
+    """A conv/linear + batch norm group is one int8 kernel once convert folds the batch norm; a
+    linear whose output is known not to be 2-D cannot fold (the norm is over dim 1), so declines."""
+    if ctx.fused_into(node) != node.name:
+        return None
+    layer = node.meta[_OP].args.get("input")
+    shape = getattr(getattr(layer, "meta", {}).get(_TENSOR_META), "shape", None)
+    if layer is not None and layer.meta[_OP].op == "linear" and shape is not None and len(shape) != 2:
+        return None
+    return _statistics(node, ctx)
 
 
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
         return Decision("none", "graph input (observed only if a quantized op reads it)")
-    return Decision("float", "no int8 kernel: runs in float")
+    return Decision("float", "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
 OBSERVER_RULES: List[ObserverRule] = [
     observer_rule(ANY, _not_float_tensor),  # ints, shapes, masks -> none
+    observer_rule(ANY, _mutation),  # in place, and something else sees the change -> float (functionalize_inplace)
     observer_rule(ANY, _qconfig_none),  # QConfig None -> float
     observer_rule(ANY, _user_float),  # registered float op -> float
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule(QUANTIZED_OPS, _statistics),  # linear/conv/add/... -> QConfig activation observer
+    observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
     observer_rule(ANY, _leave_float),  # anything else -> float
 ]

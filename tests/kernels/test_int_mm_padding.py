@@ -29,8 +29,18 @@ def test_padded_int_mm_equals_the_exact_product(m, k, n, column_major):
     assert torch.equal(a_p[:m, :k], a) and torch.equal(b_p[:k, :n], b)
     assert a_p[m:].abs().sum() == 0 and a_p[:, k:].abs().sum() == 0 and b_p[k:].abs().sum() == 0
     exact = (a.long() @ b.long()).int()
-    assert torch.equal(torch._int_mm(a_p, b_p)[:rows, :cols], exact)
+    assert torch.equal((a_p.long() @ b_p.long())[:rows, :cols].int(), exact)  # the padding adds nothing
     assert torch.equal(cuda.int_mm_padded(a, b), exact)
+
+
+def test_int_mm_is_exact_for_wide_right_operands_on_every_cpu():
+    # oneDNN's _int_mm on a CPU without VNNI sums pairs of products in int16 with saturation; the
+    # halves of split_for_int16_pairs stay within [-64, 64], where it is exact.
+    a, b = torch.full((3, 64), 127, dtype=torch.int8), torch.full((64, 5), -128, dtype=torch.int8)
+    halves = cuda.split_for_int16_pairs(b)
+    if halves is not None:
+        assert torch.equal(halves.sum(0), b) and int(halves.abs().max()) <= 64
+    assert torch.equal(cuda.int_mm_padded(a, b), torch.full((3, 5), 127 * -128 * 64, dtype=torch.int32))
 
 
 def test_valid_shapes_are_not_copied():
@@ -44,7 +54,7 @@ def test_pre_padded_weight_pads_only_the_activation():
     b_pre = cuda.pad_for_int_mm(_int8(17, 13), w.t())[1]  # (16, 8), as the weight cache holds it
     a_p, b_p, m, n = cuda.pad_for_int_mm(a, b_pre)
     assert b_p is b_pre and a_p.shape == (17, 16)
-    assert torch.equal(torch._int_mm(a_p, b_p)[:m, :7], (a.long() @ w.long().t()).int())
+    assert torch.equal(cuda.int_mm_padded(a, b_pre)[:m, :7], (a.long() @ w.long().t()).int())
     with pytest.raises(ValueError, match="columns"):
         cuda.pad_for_int_mm(_int8(5, 20), b_pre)
 

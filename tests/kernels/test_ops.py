@@ -1,6 +1,8 @@
 """lucid_fx::* int8 ops against dequantize -> float op -> quantize oracles, written here with
 lucid_fx.quantization; distances are in output codes (one step = one code)."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ import torch.nn.functional as F
 import lucid_fx.kernels as K
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu
+from lucid_fx.kernels.cpu_features import detected_cpu_features
 
 ops = torch.ops.lucid_fx
 W_RANGE = K.weight_quant_range("cpu")
@@ -122,23 +125,29 @@ def test_linear_int8_activations_without_bias(linear_backend, out_dtype):
     assert_close(ops.linear(qx, xs, xz, qw, ws, None, 0.03, -5, "relu", out_dtype), expected)
 
 
-def test_full_range_weight_is_exact_on_every_cpu():
-    """A weight outside weight_quant_range (possible by hand) must not hit oneDNN's saturation."""
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "int_mm"])
+def test_full_range_weight_is_exact_on_every_cpu(onednn):
+    """A weight outside weight_quant_range (possible by hand, or made for another CPU) must not hit
+    oneDNN's int16 saturation, on the oneDNN path or the _int_mm one."""
     qx, xs, xz = act((16, 256), scale=0.02)
     qw, ws = weight((32, 256), qrange=(-128, 127), seed=3)
     expected = F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws))
-    if torch.cpu._is_vnni_supported():
+    # Only a CPU that is, and is treated as, without VNNI says it falls back.
+    warns = onednn and not detected_cpu_features().vnni and not K.cpu_features().vnni
+    with K.use_onednn(onednn), pytest.warns(RuntimeWarning, match="outside") if warns else contextlib.nullcontext():
         out = ops.linear(qx, xs, xz, qw, ws, None, 1.0, 0, "none", torch.float32)
-    else:
-        with pytest.warns(RuntimeWarning, match="outside"):
-            out = ops.linear(qx, xs, xz, qw, ws, None, 1.0, 0, "none", torch.float32)
     assert_close(out, expected)
 
 
-def test_weight_quant_range():
-    narrow = not torch.cpu._is_vnni_supported()
-    assert K.weight_quant_range(torch.device("cpu")) == ((-64, 63) if narrow else (-128, 127))
-    assert K.weight_quant_range("cuda") == (-128, 127)
+@pytest.mark.parametrize("kind, grid", [("avx2", (-64, 63)), ("avx512_vnni", (-128, 127)), ("amx", (-128, 127))])
+def test_weight_quant_range_follows_the_cpu_kind(kind, grid):
+    with K.force_cpu_features(kind):
+        assert K.weight_quant_range(torch.device("cpu")) == grid
+        assert K.weight_quant_range("cuda") == (-128, 127)
+
+
+def test_weight_quant_range_of_this_cpu():
+    assert K.weight_quant_range("cpu") == ((-128, 127) if K.cpu_features().vnni else (-64, 63))
 
 
 # ---- packed-weight cache ----
@@ -201,7 +210,8 @@ def test_folded_biases_stay_bounded_and_follow_replaced_tensors():
         assert cpu.FOLDED_BIASES.count(qw, lambda k: k[0] == "zero point in bias") == cpu.FOLDED_GRIDS
 
 
-def test_no_fold_where_the_accumulator_could_round_in_float32():
+@pytest.mark.parametrize("kind", ["avx2", "avx512_vnni", "amx"])
+def test_no_fold_where_the_accumulator_could_round_in_float32(kind):
     # 255 * sum|w| >= 2^24: the raw accumulator would lose bits in float32, so the zero point stays
     # with oneDNN, which subtracts it in int32; codes then equal the exact integer result.
     k = 4096
@@ -210,22 +220,25 @@ def test_no_fold_where_the_accumulator_could_round_in_float32():
     ws = torch.full((2,), 1.0)
     qx = torch.full((1, k), 254, dtype=torch.uint8)
     qx[0, :64] = 255
-    with K.use_onednn(True):
+    with K.use_onednn(True), K.force_cpu_features(kind):
         before = cpu.FOLDED_BIASES.count(qw, lambda key: key[0] == "zero point in bias")
         out = ops.linear(qx, 1.0, 254, qw, ws, None, 1.0, 0, "none", torch.float32)
         assert cpu.FOLDED_BIASES.count(qw, lambda key: key[0] == "zero point in bias") == before == 0
     exact = ((qx.long() - 254) * qw.long()).sum(1).double()
     assert torch.equal(out[0].double(), exact)
     # One output code per accumulator unit: oneDNN's convolution would round its zero-point
-    # compensation here (2 codes off, measured), so such a linear runs on oneDNN's linear.
+    # compensation here (2 codes off, measured), so such a linear runs on oneDNN's linear; on AMX
+    # CPUs that linear was measured 2 codes off too, so there it takes the exact _int_mm path.
     qw = torch.full((4, k), 63, dtype=torch.int8)
     qw[:, -64:] = 1
     qx = torch.full((64, k), 254, dtype=torch.uint8)
     qx[:, -64:] = (torch.randint(-1, 2, (64, 64), generator=torch.Generator().manual_seed(0)) + 254).to(torch.uint8)
-    with K.use_onednn(True):
+    builds = cpu.PACKED.builds
+    with K.use_onednn(True), K.force_cpu_features(kind):
         codes = ops.linear(qx, 0.02, 254, qw, torch.full((4,), 0.01), None, 0.02 * 0.01, 128, "none", None)
     truth = (qx.int() - 254)[:, -64:].sum(1, keepdim=True) + 128
     assert torch.equal(codes.int(), truth.expand(64, 4))
+    assert cpu.PACKED.builds == builds + (0 if kind == "amx" else 1)  # AMX: not given to oneDNN at all
 
 
 def test_each_backend_runs_its_own_path():

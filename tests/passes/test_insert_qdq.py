@@ -42,7 +42,7 @@ def test_functional_weight_is_quantized_per_channel_on_the_kernel_grid():
     spy.run(batches[0])
     qmin, qmax = weight_quant_range("cpu")
     scale = model.w.detach().abs().amax(1, keepdim=True) / ((qmax - qmin) / 2)
-    expected = torch.clamp(torch.round(model.w.detach() / scale), qmin, qmax) * scale
+    expected = torch.clamp(torch.round(model.w.detach() * (1 / scale)), qmin, qmax) * scale  # the spec's rounding
     torch.testing.assert_close(spy.weight, expected, rtol=0, atol=1e-6)
     assert not torch.allclose(spy.weight, model.w, rtol=0, atol=1e-4)  # really quantized
     # The int8 model multiplies by the same codes: they agree to one output step.

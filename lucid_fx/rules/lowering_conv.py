@@ -1,0 +1,114 @@
+"""Lowering rules for convolutions: conv1d/conv2d (+relu) and conv2d + add (+relu).
+
+Part of the lowering table in :mod:`lucid_fx.rules.lowering`; here are the parts only convs need:
+channels-last codes, unbatched inputs, and padding modes other than zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.passes.lowering_context import QValue
+
+__all__ = ["lower_conv", "lower_conv_add"]
+
+_ops = torch.ops.lucid_fx
+
+
+def _post_op(members: List[fx.Node]) -> str:
+    return "relu" if members[-1].meta[_meta.OP].op == "relu" else "none"
+
+
+def _qin(ctx, node: Any) -> Optional[QValue]:
+    return ctx.quant_of(node) if isinstance(node, fx.Node) and ctx.has_quant(node) else None
+
+
+def _input(call, resolve) -> Any:
+    return resolve(call.args.get("input"))
+
+
+def _conv_geometry(ctx, node):
+    """(stride, padding, dilation, groups, padding mode) of a conv module or F.conv call, or None."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        stride, padding, dilation, groups, mode = m.stride, m.padding, m.dilation, m.groups, m.padding_mode
+    else:
+        args = node.meta[_meta.OP].args
+        stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
+        mode = "zeros"
+    if isinstance(padding, str) or not isinstance(groups, int):
+        return None  # "same"/"valid" padding, or geometry computed in the graph: leave to float
+    dims = 2 if node.meta[_meta.OP].op == "conv2d" else 1
+    as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
+    return as_list(stride), as_list(padding), as_list(dilation), groups, mode
+
+
+def _conv_input(ctx, node: fx.Node, source: fx.Node, geometry):
+    """The codes a conv kernel reads, the geometry to give it, and whether the input is unbatched.
+
+    conv2d reads channels-last codes (what oneDNN computes in). An unbatched input (C, H, W) or
+    (C, L), which torch's convs accept, gets a batch dim of 1 for the kernel. Reflect, replicate and
+    circular padding (``padding_mode``) pad the codes themselves, which is exact (it only copies
+    codes), and the kernel then pads nothing; only ``"zeros"`` padding is the kernel's own."""
+    is_2d = node.meta[_meta.OP].op == "conv2d"
+    stride, padding, dilation, groups, mode = geometry
+    meta = source.meta.get(_meta.TENSOR_META)
+    unbatched = meta is not None and len(getattr(meta, "shape", ())) == (3 if is_2d else 2)
+    x = ctx.quant_of(source) if unbatched or not is_2d else ctx.channels_last_of(source)
+    codes = ctx.graph.call_method("unsqueeze", (x.node, 0)) if unbatched else x.node
+    if unbatched and is_2d:
+        codes = ctx.graph.call_method("contiguous", (codes,), {"memory_format": torch.channels_last})
+    if mode != "zeros" and any(padding):
+        pads = [p for p in reversed(padding) for _ in range(2)]  # F.pad: last dim first, both sides
+        codes = ctx.call(F.pad, codes, pads, mode)
+        if is_2d and mode == "circular":  # torch's circular pad returns NCHW whatever it is given
+            codes = ctx.graph.call_method("contiguous", (codes,), {"memory_format": torch.channels_last})
+        padding = [0] * len(padding)
+    return replace(x, node=codes), (stride, padding, dilation, groups), unbatched
+
+
+def _conv_output(ctx, members, out: fx.Node, unbatched: bool, is_2d: bool) -> QValue:
+    if unbatched:  # back to (C, H, W): its strides are the channels-last batch's, not the float model's
+        return replace(ctx.output_qvalue(members[-1], ctx.graph.call_method("squeeze", (out, 0))), float_layout=not is_2d)
+    return ctx.output_qvalue(members[-1], out, channels_last=is_2d)
+
+
+def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2d
+    first = members[0]
+    call = first.meta[_meta.OP]
+    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(first)
+    geometry = _conv_geometry(ctx, first)
+    if x is None or weight is None or geometry is None or ctx.qparams_of(members[-1]) is None:
+        return None
+    w, s, b = weight
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    is_2d = call.op == "conv2d"
+    x, geometry, unbatched = _conv_input(ctx, first, _input(call, resolve), geometry)
+    kernel = _ops.conv2d if is_2d else _ops.conv1d
+    out = ctx.call(kernel, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
+    return _conv_output(ctx, members, out, unbatched, is_2d)
+
+
+def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
+    conv, add = members[0], members[1]
+    other_node = next((resolve(a) for a in add.meta[_meta.OP].tensor_inputs() if resolve(a) is not conv), None)
+    x, other = _qin(ctx, _input(conv.meta[_meta.OP], resolve)), _qin(ctx, other_node)
+    weight = ctx.quantized_weight(conv)
+    geometry = _conv_geometry(ctx, conv)
+    if None in (x, other, weight, geometry) or conv.meta[_meta.OP].op != "conv2d" or ctx.qparams_of(members[-1]) is None:
+        return None
+    w, s, b = weight
+    scale, zp, _ = ctx.qparams_of(members[-1])
+    x, geometry, unbatched = _conv_input(ctx, conv, _input(conv.meta[_meta.OP], resolve), geometry)
+    other_codes = ctx.graph.call_method("unsqueeze", (other.node, 0)) if unbatched else other.node
+    out = ctx.call(
+        _ops.conv2d_add, x.node, x.scale, x.zero_point, w, s, b, *geometry,
+        other_codes, other.scale, other.zero_point, scale, zp, _post_op(members), None,
+    )
+    return _conv_output(ctx, members, out, unbatched, True)

@@ -1,0 +1,104 @@
+"""predict_placement: where lower_to_int8 will run each node of a prepared graph, and why.
+
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and ``["tensor_meta"]``
+and the observers' qparams where the answer depends on them; writes nothing. Looks each node or
+fused group up in the lowering table as :mod:`lower_to_int8` does (a batch norm that convert will
+fold is no part of the key), and tells from the rule what it will emit. A rule may still decline
+at convert time (an int32 accumulator that could overflow, geometry computed in the graph); the
+converted graph's ``node.meta[PLACEMENT]`` is the answer then. Read through
+:func:`lucid_fx.placement.placements`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Tuple
+
+import torch
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
+from lucid_fx.passes.lowering_context import _is_observer_call
+from lucid_fx.placement import Placement, Runs
+from lucid_fx.rules import lowering as rules
+
+__all__ = ["predict_placement"]
+
+
+def _folds(members: List[fx.Node], i: int) -> bool:
+    """Whether convert's fold_batchnorm will fold member ``i``, a batch-norm module, into the conv
+    or linear module before it (conv2d+batch_norm+relu is looked up as conv2d+relu)."""
+    node = members[i]
+    before = members[i - 1] if i > 0 else None
+    is_bn = node.op == "call_module" and node.meta[_meta.OP].op == "batch_norm"
+    return is_bn and before is not None and before.op == "call_module" and len(before.users) == 1
+
+
+def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: Tuple[str, ...]) -> Runs:
+    """The kind ``rule`` will emit, told from the prepared graph (no qparams needed but fixed ones)."""
+    if key == ("shared",):
+        return Runs.SHARED
+    if rule is rules.lower_elementwise:
+        return Runs.TABLE
+    node, call = members[0], members[0].meta[_meta.OP]
+    binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
+    if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
+        return Runs.KERNEL
+    number = next((v for v in (call.args.get("input"), call.args.get("other")) if not isinstance(v, fx.Node)), None)
+    if call.op == "add" or rules._positive_number(number) is None or call.args.get("rounding_mode") is not None:
+        return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
+    # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
+    return Runs.TABLE if node.meta[_meta.DECISION].kind == "fixed" and not _rescale_fits(gm, node, call, number) else Runs.SHARED
+
+
+def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:
+    observers = getattr(gm, OBSERVERS, {})
+    source = call.tensor_inputs()[0]
+    source = source.args[0] if _is_observer_call(source) else source
+    watched = [observers[n.meta[_meta.OBSERVER]] for n in (source, node) if n.meta.get(_meta.OBSERVER) in observers]
+    if len(watched) != 2 or not all(getattr(o, "has_data", True) for o in watched):
+        return False  # not calibrated yet: the input's grid is unknown
+    (in_scale, in_zp), (out_scale, out_zp) = (tuple(float(v) for v in o.calculate_qparams()) for o in watched)
+    scale = in_scale * number if call.op == "mul" else in_scale / number
+    return in_zp == out_zp and math.isclose(scale, out_scale, rel_tol=1e-6)
+
+
+def _inputs_have_codes(node: fx.Node) -> bool:
+    """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes."""
+    for source in node.meta[_meta.OP].tensor_inputs():
+        source = source.args[0] if _is_observer_call(source) else source
+        tensor_meta, decision = source.meta.get(_meta.TENSOR_META), source.meta.get(_meta.DECISION)
+        is_float = getattr(tensor_meta, "dtype", torch.float32).is_floating_point
+        if source.op == "get_attr" or not is_float or (decision is not None and decision.kind == "none" and source.op != "placeholder"):
+            continue  # weights, integers, shapes
+        if _meta.OBSERVER not in source.meta:
+            return False
+    return True
+
+
+def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any]) -> Dict[str, Placement]:
+    """Where :func:`lower_to_int8` will run each node of a prepared graph, looked up in ``table`` as
+    the pass does, by prepared-node name; a rule may still decline at convert time."""
+    nodes = list(prepared.graph.nodes)
+    found: Dict[str, Placement] = {}
+    for node in nodes:
+        if node.op in ("placeholder", "get_attr", "output") or _is_observer_call(node) or _meta.OP not in node.meta:
+            continue
+        decision = node.meta.get(_meta.DECISION)
+        kind = decision.kind if decision is not None else "float"
+        if kind == "fused":
+            continue  # placed with the last node of its group
+        members = _group(node, nodes)
+        key = _key([m for i, m in enumerate(members) if not _folds(members, i)], kind)
+        rule = table.get(key) if kind in _LOWERABLE else None
+        if rule is None:
+            placement = _stays_float(kind, decision, key, rule, "")
+        elif not _inputs_have_codes(members[0]):
+            placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
+        else:
+            placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
+        placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))
+        found.update((name, placement) for name in placement.members)
+    return found
