@@ -25,8 +25,8 @@ from lucid_fx import _meta
 
 __all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES", "check_prepared_meta"]
 
-# Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py.
-META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str))
+# Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py (less the GraphModule.meta one).
+META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str) and key != "TRACE")
 
 _SCALARS = (type(None), bool, int, float, str)
 _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -34,6 +34,7 @@ _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 def _meta_types() -> Dict[str, Any]:
     from lucid_fx.ops import CanonicalCall
+    from lucid_fx.placement import Placement
     from lucid_fx.rules.observers import Decision
 
     return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
@@ -48,6 +49,10 @@ def _meta_types() -> Dict[str, Any]:
         _meta.TENSOR_META: Union[TensorMetadata, tuple, list, dict],  # ShapeProp nests it for several outputs
         _meta.WEIGHT_OBSERVER: str,
         _meta.BN_FOLDED: bool,
+        _meta.BN_NOT_FOLDED: str,
+        _meta.MUTATION: str,
+        _meta.FOLDED_BN: str,
+        _meta.PLACEMENT: Placement,
         _meta.SOURCE: str,
         _meta.QPARAMS: Tuple[float, int, str],  # (scale, zero_point, grid name)
         _meta.LOWERING: str,
