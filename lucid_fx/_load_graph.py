@@ -1,5 +1,5 @@
 """A graph read from a file: every node's target from a closed list, every argument data, and the
-whole graph run on fake tensors against the shapes and dtypes the file records.
+whole graph run on the meta device against the shapes and dtypes the file records.
 
 Per node kind (fx's six):
 
@@ -11,7 +11,7 @@ get_attr       a parameter, buffer or tensor of the module    none
 call_module    a submodule (built from allowlisted classes)   data and earlier nodes
 call_function  an allowlisted function (or one in ``allow``)  data and earlier nodes
 call_method    a public torch.Tensor method, on a node        data and earlier nodes
-output         ``"output"``, last and once                    one value
+output         ``"output"``, last and once                    one value that holds a node
 =============  =============================================  ==================================
 """
 
@@ -178,8 +178,8 @@ class _Checker(fx.Interpreter):
             out = super().run_node(n)
         except Exception as err:  # noqa: BLE001 - whatever it is, the graph does not run
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            if isinstance(err, NotImplementedError) or "meta tensor" in first:
-                raise _Unknowable from None  # data-dependent (nonzero, .item()): the shapes cannot be known here
+            if isinstance(err, NotImplementedError) or "meta tensor" in first or "expected device meta" in first:
+                raise _Unknowable from None  # data-dependent (nonzero, .item()) or pinned to a device: not knowable here
             raise ValueError(f"{where}: the graph does not run on the input shapes the file records "
                              f"({type(err).__name__}: {first:.200})") from None
         expected = _expected(n)
@@ -243,8 +243,8 @@ def check_runs(gm: fx.GraphModule, owner: str) -> None:
         for table, name, _ in swaps:
             table[name] = nn.Identity()
         swaps += _on_meta(gm)
-        with torch.no_grad():
-            _Checker(gm, owner).run(*[torch.empty(m.shape, dtype=m.dtype, device="meta") for m in metas])
+        with torch.no_grad(), torch.device("meta"):  # a tensor the graph makes is a meta one too
+            _Checker(gm, owner).run(*[torch.empty(m.shape, dtype=m.dtype) for m in metas])
     except _Unknowable:
         pass  # checked up to the first node whose output shape depends on values
     finally:

@@ -52,7 +52,7 @@ def check_record(record: Any, where: str) -> str:
     for key, typ in {**required, **optional}.items():
         if key in required and key not in record:
             raise ValueError(f"{where}: the {kind} record lacks {key!r}")
-        if key in record and not (isinstance(record[key], typ) and (typ is not int or not isinstance(record[key], bool))):
+        if key in record and not isinstance(record[key], typ):
             raise ValueError(f"{where}: {key!r} is a {type(record[key]).__name__}, expected {typ.__name__}")
     return kind
 

@@ -94,6 +94,8 @@ def decode_module(record: Any, path: str, codec: Codec, built: Dict[str, nn.Modu
             raise ValueError(f"{where}: child {name!r} is a {type(child).__name__}; lucid_fx makes it a {LUCID_FX_CHILDREN()[name].__name__}")
         module._modules[name] = child
     tensors = _tensors(record, where)
+    if set(module._modules) & set(tensors):
+        raise ValueError(f"{where}: {sorted(set(module._modules) & set(tensors))[0]!r} names both a child and a tensor")
     for name, tensor in record["params"].items():
         M.check_name(name, where, "parameter", cls)
         module._parameters[name] = None if tensor is None else nn.Parameter(tensor, requires_grad=record["requires_grad"][name])

@@ -459,12 +459,24 @@ def test_every_meta_key_has_a_type_to_check():
     assert sorted(META_KEYS) == sorted(keys) and set(keys) <= set(META_TYPES())
 
 
-def test_a_graph_with_a_data_dependent_op_is_checked_up_to_it():
-    class Nonzero(torch.nn.Module):
-        def forward(self, x):
-            return torch.relu(x).nonzero().float().sum() + x
+class _MakesTensors(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.ones(4) + torch.arange(4.0)  # tensors the graph makes: on the meta device in the check
 
-    gm = torch.fx.symbolic_trace(Nonzero())
+
+class _Nonzero(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x).nonzero().float().sum() + x  # an output shape that depends on values
+
+
+class _PinnedDevice(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.ones(4, device="cpu")
+
+
+@pytest.mark.parametrize("model", [_MakesTensors, _Nonzero, _PinnedDevice])
+def test_graphs_that_make_tensors_or_need_values_still_load(model):
+    gm = torch.fx.symbolic_trace(model())
     torch.fx.passes.shape_prop.ShapeProp(gm).propagate(torch.randn(3, 4))  # records shapes, as prepare does
     buffer = io.BytesIO()
     lucid_fx.save(gm, buffer)

@@ -345,3 +345,37 @@ def test_two_allowed_functions_under_one_name_are_refused():
     first, second = (lambda x: x), (lambda x: x + 1)
     with pytest.raises(ValueError, match="allow= holds two different objects named .*<lambda>.*give them distinct names"):
         lucid_fx.save(nn.Linear(2, 2), io.BytesIO(), allow=[first, second])
+
+
+# torch.nn layers a model may hold: load holds each to what its constructor makes (its twin), so
+# each must round trip with its attributes as the constructor keeps them.
+LAYERS = {
+    "linear": (lambda: nn.Linear(4, 3), (2, 4)),
+    "linear-no-bias": (lambda: nn.Linear(4, 3, bias=False), (2, 4)),
+    "conv1d": (lambda: nn.Conv1d(2, 3, 3, stride=2, dilation=2), (1, 2, 12)),
+    "conv2d-same-reflect": (lambda: nn.Conv2d(2, 4, 3, padding="same", padding_mode="reflect", groups=2), (1, 2, 8, 8)),
+    "conv-transpose2d": (lambda: nn.ConvTranspose2d(2, 3, 3, stride=2, output_padding=1), (1, 2, 5, 5)),
+    "batchnorm1d": (lambda: nn.BatchNorm1d(4, momentum=None).eval(), (2, 4)),
+    "layernorm": (lambda: nn.LayerNorm([3, 4], elementwise_affine=False), (2, 3, 4)),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), (2, 4, 3)),
+    "instancenorm": (lambda: nn.InstanceNorm1d(4, affine=True), (2, 4, 5)),
+    "gelu-tanh": (lambda: nn.GELU("tanh"), (2, 4)),
+    "prelu": (lambda: nn.PReLU(4), (2, 4)),
+    "softmax": (lambda: nn.Softmax(-1), (2, 4)),
+    "flatten": (lambda: nn.Flatten(0), (2, 2, 2)),
+    "upsample": (lambda: nn.Upsample(scale_factor=2, mode="bilinear"), (1, 1, 2, 2)),
+    "adaptive-avg-pool": (lambda: nn.AdaptiveAvgPool2d((2, 1)), (1, 1, 4, 4)),
+    "max-pool-ceil": (lambda: nn.MaxPool2d(3, 2, ceil_mode=True), (1, 1, 6, 6)),
+    "encoder-layer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval(), (1, 3, 8)),
+}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_common_torch_layers_round_trip(layer):
+    factory, shape = LAYERS[layer]
+    torch.manual_seed(0)
+    model = nn.Sequential(factory())
+    loaded = _round_trip(model)
+    x = torch.randn(shape)
+    _assert_same_state(loaded, model)
+    assert type(loaded[0]) is type(model[0]) and torch.equal(loaded(x), model(x))
