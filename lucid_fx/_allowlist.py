@@ -118,6 +118,7 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of the install; a name is any string, so bounded
 def _find_class(name: str) -> Optional[type]:
     """The class defined under ``name`` in torch or lucid_fx: not one reached through a module's
     imports (lucid_fx.layout.subprocess.Popen is subprocess.Popen, which is not allowed)."""

@@ -115,21 +115,23 @@ def _is_factory(value: Any, allowed: Callable[[Any], bool]) -> bool:
     return A.is_factory_class(value) or allowed(value)
 
 
+def _is_record(value: Any) -> bool:
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or (isinstance(value, tuple) and hasattr(value, "_fields"))
+
+
 def conforms(value: Any, hint: Any, allowed: Callable[[Any], bool]) -> Optional[str]:
-    """None if ``value`` has the annotated type ``hint``; else what it is instead."""
+    """None if ``value`` has the annotated type ``hint``; else what it is instead. A dataclass or
+    named tuple is also held to its own field annotations, wherever it sits."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    record = (dataclasses.is_dataclass(value) and not isinstance(value, type)) or (isinstance(value, tuple) and hasattr(value, "_fields"))
-    if record and hint is not type(value):  # a dataclass or named tuple is held to its own annotations wherever it is
-        problem = conforms(value, type(value), allowed)
-        if problem:
-            return problem
     if hint is Any or hint is object:
-        return None
+        return conforms(value, type(value), allowed) if _is_record(value) else None
     if hint is None or hint is type(None):
         return None if value is None else f"{type(value).__name__} where None belongs"
     if origin in (Union, types.UnionType):
-        found = [conforms(value, arm, allowed) for arm in args]
-        return None if None in found else f"{type(value).__name__} where {hint} belongs"
+        for arm in args:
+            if conforms(value, arm, allowed) is None:
+                return None
+        return f"{type(value).__name__} where {hint} belongs"
     if origin is collections.abc.Callable:
         return None if _is_factory(value, allowed) else f"{value!r:.60} where an observer factory belongs"
     if origin in (tuple, list, set, frozenset):
@@ -151,7 +153,7 @@ def conforms(value: Any, hint: Any, allowed: Callable[[Any], bool]) -> Optional[
         return None  # an int stands for a float
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         return f"{type(value).__name__} where {hint.__name__} belongs"
-    if dataclasses.is_dataclass(hint) or (issubclass(hint, tuple) and hasattr(hint, "_fields")):
+    if _is_record(value):
         for name, field_hint in _hints(type(value)).items():
             problem = conforms(getattr(value, name), field_hint, allowed)
             if problem:
