@@ -269,6 +269,11 @@ BROKEN_STATE = {
         "node '_lucid_0_qweight' (get_attr) in the root module: tensor '_lucid_0_qweight' is torch.int32 [16, 8]; "
         "the graph was built for torch.int8 [16, 8]",
     ),
+    "weight-scales-emptied": (  # on the loader before issue 11, calling this model crashed the interpreter in oneDNN
+        ("mlp", None, "buffers", "_lucid_2_wscale", lambda s: s[:0].clone()),
+        "node '_lucid_2_wscale' (get_attr) in the root module: tensor '_lucid_2_wscale' is torch.float32 [0]; "
+        "the graph was built for torch.float32 [4]",
+    ),
     "batch-norm-statistics-of-another-length": (
         ("prepared", "bn", "buffers", "running_var", lambda v: v[:7].clone()),
         "module 'bn' (BatchNorm2d): tensor 'running_var' is torch.float32 [7]; BatchNorm2d holds torch.float32 [8] there",
