@@ -3,8 +3,9 @@
 Tensors, ``str``/``int``/``float``/``bool``/``None`` and lists stay as they are. Everything else
 becomes a dict tagged ``"$"``: tuples, dicts, slices, torch dtypes/devices/memory formats, graph
 node references, and references to classes and functions by qualified name. A name is resolved
-on load only against the allowlist below (never by importing what a file names), plus the
-objects the caller passes as ``allow=``.
+on load only against the closed lists of :mod:`lucid_fx._allowlist` (never by importing what a
+file names), plus the objects the caller passes as ``allow=``. Decoding a malformed value raises
+``ValueError`` naming where it is; nesting deeper than ``MAX_DEPTH`` is malformed.
 """
 
 from __future__ import annotations
@@ -12,122 +13,26 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
-import operator
-import types
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
+from lucid_fx import _allowlist as A
 from lucid_fx.quantization.observers import _Factory
 
-__all__ = ["Codec", "NotSerializable"]
+__all__ = ["Codec", "NotSerializable", "MAX_DEPTH"]
+
+MAX_DEPTH = 32  # values lucid_fx writes nest 6 deep at most (a Decision's QConfig's factory's kwargs)
+_TORCH_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
 class NotSerializable(TypeError):
     """A value, function or class that lucid_fx.save cannot write as data."""
 
 
-# Functions a graph may call: pure tensor math. torch.* is limited to ATen's public tensor
-# functions (torch._C._VariableFunctions: no torch.save/load, nothing private), minus the ones
-# that read files or set global state.
-_ATEN_FUNCTIONS = frozenset(n for n in dir(torch._C._VariableFunctions) if not n.startswith("_"))
-_TORCH_DENY = frozenset({"from_file", "load", "save", "manual_seed", "seed", "set_flush_denormal"})
-
-
-def _torch_function_ok(name: str, fn: Any) -> bool:
-    if name == "_assert" or getattr(fn, "__module__", "") == "torch.functional":
-        return True
-    return _c_function(fn) and name in _ATEN_FUNCTIONS and name not in _TORCH_DENY and not name.startswith("set_")
-_OPERATORS = frozenset(
-    "add sub mul truediv floordiv mod pow matmul neg pos abs invert and_ or_ xor lshift rshift getitem "
-    "eq ne lt le gt ge not_ iadd isub imul itruediv".split()
-)
-_BUILTINS = {f.__name__: f for f in (getattr, len, min, max, abs, int, float, bool, round)}
-_TENSOR_METHOD_DENY = frozenset({"apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook"})
-
-
-def _c_function(fn: Any) -> bool:
-    return isinstance(fn, types.BuiltinFunctionType)
-
-
-# namespace -> (object, "may a graph call this attribute?")
-_NAMESPACES: Dict[str, tuple] = {
-    "torch": (torch, lambda n, f: _torch_function_ok(n, f)),
-    "torch.nn.functional": (F, lambda n, f: not n.startswith("_") and (getattr(f, "__module__", "") in ("torch.nn.functional", "torch._C._nn") or _c_function(f))),
-    "torch.special": (torch.special, lambda n, f: _c_function(f) and not n.startswith("_")),
-    "torch.linalg": (torch.linalg, lambda n, f: _c_function(f) and not n.startswith("_")),
-    "torch.fft": (torch.fft, lambda n, f: _c_function(f) and not n.startswith("_")),
-    "math": (math, lambda n, f: _c_function(f) and not n.startswith("_")),
-    "operator": (operator, lambda n, f: n in _OPERATORS),
-    "builtins": (types.SimpleNamespace(**_BUILTINS), lambda n, f: True),
-}
-_OP_NAMESPACES = ("lucid_fx",)  # torch.ops.<ns>.*: aten has from_file, _print, manual_seed
-_CLASS_PREFIXES = ("torch.nn.modules.", "lucid_fx.")  # module, dataclass and enum classes
-_EXTRA_CLASSES = {"torch.fx.passes.shape_prop.TensorMetadata"}
-
-
-def check_tensor_method(name: str, where: str) -> None:
-    if not (isinstance(name, str) and name.isidentifier() and not name.startswith("_")
-            and hasattr(torch.Tensor, name) and name not in _TENSOR_METHOD_DENY):
-        raise NotSerializable(f"{where}: method {name!r} is not a public torch.Tensor method on the allowlist")
-
-
-def _fn_name(fn: Any) -> Optional[str]:
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return "torch.ops." + fn._qualified_op_name.replace("::", ".")
-    if isinstance(fn, torch._ops.OpOverload):
-        return f"torch.ops.{fn._schema.name.replace('::', '.')}.{fn._overloadname}"
-    name = getattr(fn, "__name__", None)
-    for prefix, (space, ok) in _NAMESPACES.items():
-        if isinstance(name, str) and getattr(space, name, None) is fn and ok(name, fn):
-            return f"{prefix}.{name}"
-    return None
-
-
-def _resolve_fn(name: str) -> Any:
-    if name.startswith("torch.ops."):
-        parts = name.split(".")[2:]
-        if len(parts) in (2, 3) and parts[0] in _OP_NAMESPACES and all(p.isidentifier() for p in parts):
-            try:
-                found = getattr(getattr(torch.ops, parts[0]), parts[1])
-                return getattr(found, parts[2]) if len(parts) == 3 else found
-            except (AttributeError, RuntimeError):
-                return None
-        return None
-    prefix, _, attr = name.rpartition(".")
-    if prefix in _NAMESPACES and attr.isidentifier():
-        space, ok = _NAMESPACES[prefix]
-        fn = getattr(space, attr, None)
-        return fn if fn is not None and ok(attr, fn) else None
-    return None
-
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _resolve_class(name: str) -> Optional[type]:
-    if not (name.startswith(_CLASS_PREFIXES) or name in _EXTRA_CLASSES):
-        return None
-    import importlib
-
-    parts = name.split(".")
-    if not all(p.isidentifier() and not p.startswith("__") for p in parts):
-        return None
-    for i in range(len(parts) - 1, 0, -1):  # longest importable module prefix, then attributes
-        try:  # only lucid_fx and torch modules get here, never a module a file names freely
-            value: Any = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for part in parts[i:]:
-            value = getattr(value, part, None)
-        # Only a class defined under that name: not one reached through a module's imports
-        # (lucid_fx.layout.subprocess.Popen is subprocess.Popen, which is not allowed).
-        return value if isinstance(value, type) and _class_name(value) == name else None
-    return None
+def _is_value_class(cls: type) -> bool:
+    return A.class_name(cls) in A.value_class_names()
 
 
 class Codec:
@@ -136,19 +41,23 @@ class Codec:
     def __init__(self, allow: Iterable[Any] = ()) -> None:
         self.extra: Dict[str, Any] = {}
         for obj in allow:
-            name = _class_name(obj) if isinstance(obj, type) else f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+            name = A.class_name(obj) if isinstance(obj, type) else f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
             if name in self.extra and self.extra[name] is not obj:
                 # Files name functions by qualified name: two under one name could be swapped.
                 raise ValueError(f"allow= holds two different objects named {name!r} (lambdas or local functions?); give them distinct names")
             self.extra[name] = obj
+
+    def allowed(self, obj: Any) -> bool:
+        """Whether the caller passed ``obj`` in ``allow=``."""
+        return any(obj is v for v in self.extra.values())
 
     # -- names ------------------------------------------------------------------------------
     def fn_name(self, fn: Any, where: str) -> str:
         for name, obj in self.extra.items():
             if obj is fn:
                 return name
-        name = _fn_name(fn)
-        if name is None or _resolve_fn(name) is not fn:
+        name = A.fn_name(fn)
+        if name is None:
             raise NotSerializable(
                 f"{where}: calls {getattr(fn, '__qualname__', fn)!r}, which is not on the allowlist of functions "
                 "lucid_fx.save writes as data (torch.*, torch.nn.functional.*, torch.ops.lucid_fx.*, operator.*, math.*); "
@@ -156,27 +65,27 @@ class Codec:
             )
         return name
 
-    def fn(self, name: str, where: str) -> Any:
-        found = self.extra.get(name)
-        found = found if found is not None and not isinstance(found, type) else _resolve_fn(name)
+    def fn(self, name: Any, where: str) -> Any:
+        found = self.extra.get(name) if isinstance(name, str) else None
+        found = found if found is not None and not isinstance(found, type) else A.resolve_fn(name)
         if found is None:
-            raise NotSerializable(f"{where}: unknown function {name!r}; if you trust it, pass it as load(..., allow=[fn])")
+            raise ValueError(f"{where}: unknown function {name!r:.80}; if you trust it, pass it as load(..., allow=[fn])")
         return found
 
-    def class_name(self, cls: type, where: str) -> str:
-        name = _class_name(cls)
-        if self.extra.get(name) is cls or _resolve_class(name) is cls:
+    def class_name(self, cls: type, where: str, wanted: Callable[[type], bool] = A.is_module_class, what: str = "torch.nn and lucid_fx module classes") -> str:
+        name = A.class_name(cls)
+        if self.extra.get(name) is cls or A.resolve_class(name, wanted) is cls:
             return name
         raise NotSerializable(
-            f"{where}: class {name} is not on the allowlist (torch.nn and lucid_fx classes); if it keeps its state "
+            f"{where}: class {name} is not on the allowlist ({what}); if it keeps its state "
             "in parameters, buffers and plain attributes, pass it as save(..., allow=[cls]) and load(..., allow=[cls])"
         )
 
-    def cls(self, name: str, where: str) -> type:
-        found = self.extra.get(name)
-        found = found if isinstance(found, type) else _resolve_class(name)
+    def cls(self, name: Any, where: str, wanted: Callable[[type], bool] = A.is_module_class) -> type:
+        found = self.extra.get(name) if isinstance(name, str) else None
+        found = found if isinstance(found, type) else A.resolve_class(name, wanted)
         if found is None:
-            raise NotSerializable(f"{where}: unknown class {name!r}; if you trust it, pass it as load(..., allow=[cls])")
+            raise ValueError(f"{where}: unknown class {name!r:.80}; if you trust it, pass it as load(..., allow=[cls])")
         return found
 
     # -- values -----------------------------------------------------------------------------
@@ -192,8 +101,9 @@ class Codec:
             return {"$": "size", "v": list(value)}
         if isinstance(value, list):
             return [enc(v) for v in value]
+        data_class = lambda: self.class_name(type(value), where, _is_value_class, "lucid_fx's value classes")  # noqa: E731
         if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return {"$": "namedtuple", "cls": self.class_name(type(value), where), "v": [enc(v) for v in value]}
+            return {"$": "namedtuple", "cls": data_class(), "v": [enc(v) for v in value]}
         if isinstance(value, tuple):
             return {"$": "tuple", "v": [enc(v) for v in value]}
         if isinstance(value, dict):
@@ -204,28 +114,30 @@ class Codec:
             return {"$": "slice", "v": [enc(value.start), enc(value.stop), enc(value.step)]}
         if value is Ellipsis:
             return {"$": "ellipsis"}
-        for kind, cls in (("dtype", torch.dtype), ("memory_format", torch.memory_format), ("layout", torch.layout)):
+        for kind, cls in _TORCH_ENUMS.items():
             if isinstance(value, cls):
                 return {"$": kind, "v": str(value).rpartition(".")[2]}
         if isinstance(value, torch.device):
             return {"$": "device", "v": str(value)}
         if isinstance(value, enum.Enum):
-            return {"$": "enum", "cls": self.class_name(type(value), where), "v": enc(value.value)}
+            return {"$": "enum", "cls": data_class(), "v": enc(value.value)}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: enc(getattr(value, f.name)) for f in dataclasses.fields(value)}
-            return {"$": "dataclass", "cls": self.class_name(type(value), where), "v": fields}
+            return {"$": "dataclass", "cls": data_class(), "v": fields}
         if isinstance(value, functools.partial) and type(value) in (functools.partial, _Factory):
             return {"$": "partial", "factory": type(value) is _Factory, "fn": enc(value.func), "args": enc(value.args), "kw": enc(value.keywords)}
         if isinstance(value, torch.nn.Module):
             raise NotSerializable(f"{where}: a module held outside the module tree ({type(value).__qualname__})")
         if isinstance(value, type):
-            return {"$": "class", "v": self.class_name(value, where)}
+            return {"$": "class", "v": self.class_name(value, where, A.is_factory_class, "observer and fake-quant classes")}
         if callable(value):
             return {"$": "fn", "v": self.fn_name(value, where)}
         raise NotSerializable(f"{where}: cannot write a {type(value).__qualname__} as data ({value!r:.80})")
 
-    def decode(self, data: Any, where: str, nodes: Optional[Dict[str, fx.Node]] = None) -> Any:
-        dec = lambda v: self.decode(v, where, nodes)  # noqa: E731
+    def decode(self, data: Any, where: str, nodes: Optional[Dict[str, fx.Node]] = None, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{where}: a value nested more than {MAX_DEPTH} deep")
+        dec = lambda v: self.decode(v, where, nodes, depth + 1)  # noqa: E731
         if data is None or isinstance(data, (bool, int, float, str, torch.Tensor)):
             return data
         if isinstance(data, list):
@@ -233,42 +145,134 @@ class Codec:
         if not isinstance(data, dict) or not isinstance(data.get("$"), str):
             raise ValueError(f"{where}: malformed value in the file ({type(data).__name__})")
         tag, v = data["$"], data.get("v")
-        if tag == "node":
-            if nodes is None or data["name"] not in nodes:
-                raise ValueError(f"{where}: reference to unknown node {data.get('name')!r}")
-            return nodes[data["name"]]
-        simple = {
-            "size": lambda: torch.Size(v), "tuple": lambda: tuple(dec(x) for x in v), "ellipsis": lambda: Ellipsis,
-            "dict": lambda: {dec(k): dec(x) for k, x in v}, "set": lambda: {dec(x) for x in v},
-            "slice": lambda: slice(*(dec(x) for x in v)), "device": lambda: torch.device(v),
-            "class": lambda: self.cls(v, where), "fn": lambda: self.fn(v, where),
-        }
-        if tag in simple:
-            return simple[tag]()
-        if tag in ("dtype", "memory_format", "layout"):
-            value = getattr(torch, v, None) if isinstance(v, str) else None
-            if not isinstance(value, {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}[tag]):
-                raise ValueError(f"{where}: unknown torch {tag} {v!r}")
-            return value
-        if tag in ("enum", "namedtuple"):
-            cls = self.cls(data["cls"], where)
-            if tag == "enum" and issubclass(cls, enum.Enum):
-                return cls(dec(v))
-            if tag == "namedtuple" and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-                return cls(*dec(v))
-            raise ValueError(f"{where}: {data['cls']} is not a{'n enum' if tag == 'enum' else ' named tuple'}")
-        if tag == "dataclass":
-            cls = self.cls(data["cls"], where)
-            if not dataclasses.is_dataclass(cls):
-                raise ValueError(f"{where}: {data['cls']} is not a dataclass")
-            fields = {k: dec(x) for k, x in v.items()}
-            init = {f.name for f in dataclasses.fields(cls) if f.init}
-            obj = cls(**{k: x for k, x in fields.items() if k in init})
-            for k, x in fields.items():
-                if k not in init:
-                    object.__setattr__(obj, k, x)
-            return obj
-        if tag == "partial":
-            fn = dec(data["fn"])
-            return (_Factory if data.get("factory") else functools.partial)(fn, *dec(data["args"]), **dec(data["kw"]))
-        raise ValueError(f"{where}: unknown value tag {tag!r}")
+        decoder = _DECODERS.get(tag)
+        if decoder is None:
+            raise ValueError(f"{where}: unknown value tag {tag!r:.40}")
+        expected = _SHAPES[tag]
+        if set(data) != expected[0] or not all(isinstance(data[k], t) for k, t in expected[1].items()):
+            raise ValueError(f"{where}: malformed {tag!r} value (keys {sorted(map(str, data))})")
+        return decoder(self, data, v, dec, where, nodes)
+
+
+def _node(codec: Codec, data, v, dec, where, nodes):
+    if nodes is None or data["name"] not in nodes:
+        raise ValueError(f"{where}: reference to unknown node {data['name']!r:.80}")
+    return nodes[data["name"]]
+
+
+def _pairs(codec: Codec, data, v, dec, where, nodes):
+    if not all(isinstance(p, list) and len(p) == 2 for p in v):
+        raise ValueError(f"{where}: malformed 'dict' value: entries must be [key, value] pairs")
+    pairs = [(dec(k), dec(x)) for k, x in v]
+    if not all(isinstance(k, (str, int, float, bool, type(None), torch.dtype)) for k, _ in pairs):
+        raise ValueError(f"{where}: malformed 'dict' value: a key is not a string or number")
+    return dict(pairs)
+
+
+def _slice(codec: Codec, data, v, dec, where, nodes):
+    parts = [dec(x) for x in v]
+    if len(parts) != 3 or not all(p is None or isinstance(p, (int, fx.Node)) for p in parts):
+        raise ValueError(f"{where}: malformed 'slice' value")
+    return slice(*parts)
+
+
+def _size(codec: Codec, data, v, dec, where, nodes):
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v):
+        raise ValueError(f"{where}: malformed 'size' value {v!r:.80}")
+    return torch.Size(v)
+
+
+def _device(codec: Codec, data, v, dec, where, nodes):
+    try:
+        return torch.device(v)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{where}: unknown device {v!r:.40}") from None
+
+
+def _torch_enum(codec: Codec, data, v, dec, where, nodes):
+    value = getattr(torch, v, None) if v.isidentifier() else None
+    if not isinstance(value, _TORCH_ENUMS[data["$"]]):
+        raise ValueError(f"{where}: unknown torch {data['$']} {v!r:.40}")
+    return value
+
+
+def _construct(codec: Codec, data, v, dec, where, nodes):
+    """An enum, named tuple or dataclass of the value classes, built by its own constructor
+    (which validates it: QDtype checks its grid)."""
+    tag, name = data["$"], data["cls"]
+    cls = codec.cls(name, where, _is_value_class)
+    kind_ok = {"enum": issubclass(cls, enum.Enum), "namedtuple": issubclass(cls, tuple) and hasattr(cls, "_fields"),
+               "dataclass": dataclasses.is_dataclass(cls) and not issubclass(cls, enum.Enum)}[tag]
+    if not kind_ok:
+        raise ValueError(f"{where}: {name} is not a{'n' if tag[0] == 'e' else ''} {tag}")
+    try:
+        if tag == "enum":
+            return cls(dec(v))
+        if tag == "namedtuple":
+            return cls(*dec(v))
+        fields = {k: dec(x) for k, x in v.items()}
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        if set(fields) != set(known):
+            raise ValueError(f"fields {sorted(map(str, fields))}, expected {sorted(known)}")
+        obj = cls(**{k: x for k, x in fields.items() if known[k].init})
+        for k, x in fields.items():
+            if not known[k].init:
+                object.__setattr__(obj, k, x)
+        return obj
+    except (TypeError, ValueError) as err:
+        if str(err).startswith(where):
+            raise
+        raise ValueError(f"{where}: malformed {name.rpartition('.')[2]} {tag}: {err}") from None
+
+
+def _class(codec: Codec, data, v, dec, where, nodes):
+    return codec.cls(v, where, A.is_factory_class)
+
+
+def _partial(codec: Codec, data, v, dec, where, nodes):
+    """A factory: an observer or fake-quant class (or an allowed function) with data arguments."""
+    fn, args, kw = dec(data["fn"]), dec(data["args"]), dec(data["kw"])
+    if not (A.is_factory_class(fn) or codec.allowed(fn)):
+        raise ValueError(f"{where}: a factory must build an observer or fake quant, got {fn!r:.80}")
+    if not (isinstance(args, tuple) and isinstance(kw, dict) and all(isinstance(k, str) and k.isidentifier() for k in kw)):
+        raise ValueError(f"{where}: malformed factory arguments")
+    return (_Factory if data["factory"] else functools.partial)(fn, *args, **kw)
+
+
+_any = object
+# tag -> (its keys, the type of each typed key); then the decoder of each tag
+_SHAPES = {
+    "node": ({"$", "name"}, {"name": str}),
+    "size": ({"$", "v"}, {"v": list}),
+    "tuple": ({"$", "v"}, {"v": list}),
+    "dict": ({"$", "v"}, {"v": list}),
+    "set": ({"$", "v"}, {"v": list}),
+    "slice": ({"$", "v"}, {"v": list}),
+    "ellipsis": ({"$"}, {}),
+    "dtype": ({"$", "v"}, {"v": str}),
+    "memory_format": ({"$", "v"}, {"v": str}),
+    "layout": ({"$", "v"}, {"v": str}),
+    "device": ({"$", "v"}, {"v": str}),
+    "enum": ({"$", "cls", "v"}, {"cls": str}),
+    "namedtuple": ({"$", "cls", "v"}, {"cls": str, "v": list}),
+    "dataclass": ({"$", "cls", "v"}, {"cls": str, "v": dict}),
+    "class": ({"$", "v"}, {"v": str}),
+    "fn": ({"$", "v"}, {"v": str}),
+    "partial": ({"$", "factory", "fn", "args", "kw"}, {"factory": bool}),
+}
+
+
+def _set(codec: Codec, data, v, dec, where, nodes):
+    items = [dec(x) for x in v]
+    if not all(isinstance(x, (str, int, float, bool, type(None))) for x in items):
+        raise ValueError(f"{where}: malformed 'set' value: an element is not a string or number")
+    return set(items)
+
+
+_DECODERS = {
+    "node": _node, "size": _size, "tuple": lambda c, d, v, dec, w, n: tuple(dec(x) for x in v), "dict": _pairs,
+    "set": _set, "slice": _slice, "ellipsis": lambda *_: Ellipsis,
+    "dtype": _torch_enum, "memory_format": _torch_enum, "layout": _torch_enum, "device": _device,
+    "enum": _construct, "namedtuple": _construct, "dataclass": _construct, "class": _class,
+    "fn": lambda c, d, v, dec, w, n: c.fn(v, w), "partial": _partial,
+}

@@ -1,7 +1,6 @@
-"""save / load: round trips to identical outputs, mid-calibration resumes, no pickled code runs."""
+"""save / load: round trips to identical outputs, mid-calibration resumes (crafted files: test_load_checks.py)."""
 
 import io
-import re
 
 import pytest
 import torch
@@ -182,62 +181,6 @@ def test_file_is_plain_data_for_weights_only_loading(tmp_path):
     assert "torch.ops.lucid_fx.conv2d" in targets and "torch.ops.lucid_fx.linear" in targets
 
 
-class _Exploit:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):  # unpickling this would create the marker file
-        return (open, (self.marker, "w"))
-
-
-def test_a_file_with_pickled_code_is_refused_without_running_it(tmp_path):
-    marker = tmp_path / "pwned"
-    torch.save({"format": "lucid_fx.save", "version": FORMAT_VERSION, "model": _Exploit(str(marker))}, tmp_path / "evil.pt")
-    with pytest.raises(ValueError, match=r"evil.pt is not a 'lucid_fx.save' file, format version 1.*weights_only=True\) refused it"):
-        lucid_fx.load(tmp_path / "evil.pt")
-    assert not marker.exists()
-
-
-def _tampered(tmp_path, edit):
-    prepared, shape = _prepared("bounded")
-    lucid_fx.calibrate(prepared, _batches(shape, 2), progress=False)
-    lucid_fx.save(prepared, tmp_path / "ok.pt")
-    raw = torch.load(tmp_path / "ok.pt", weights_only=True)
-    edit(raw)
-    torch.save(raw, tmp_path / "bad.pt")
-    return tmp_path / "bad.pt"
-
-
-def _call_function_node(raw):
-    return next(n for n in raw["model"]["graph"]["nodes"] if n["op"] == "call_function")
-
-
-def test_a_file_naming_a_function_off_the_allowlist_is_refused(tmp_path):
-    path = _tampered(tmp_path, lambda raw: _call_function_node(raw)["target"].update(v="os.system"))
-    with pytest.raises(NotSerializable, match=r"node 'sigmoid' \(call_function\).*unknown function 'os.system'"):
-        lucid_fx.load(path)
-    path = _tampered(tmp_path, lambda raw: _call_function_node(raw)["target"].update(v="torch.save"))
-    with pytest.raises(NotSerializable, match="unknown function 'torch.save'"):
-        lucid_fx.load(path)
-
-
-def test_a_file_naming_a_class_off_the_allowlist_is_refused(tmp_path):
-    def edit(raw):
-        raw["model"]["children"][0][1]["class"] = "subprocess.Popen"
-
-    with pytest.raises(NotSerializable, match=r"module 'fc1': unknown class 'subprocess.Popen'"):
-        lucid_fx.load(_tampered(tmp_path, edit))
-
-
-def test_a_file_calling_a_private_method_is_refused(tmp_path):
-    def edit(raw):
-        node = _call_function_node(raw)
-        node.update(op="call_method", target="__reduce_ex__")
-
-    with pytest.raises(NotSerializable, match="method '__reduce_ex__' is not a public torch.Tensor method"):
-        lucid_fx.load(_tampered(tmp_path, edit))
-
-
 def test_missing_path_and_foreign_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="lucid_fx.load: .*nothing.pt does not exist"):
         lucid_fx.load(tmp_path / "nothing.pt")
@@ -247,9 +190,12 @@ def test_missing_path_and_foreign_files_are_named(tmp_path):
     (tmp_path / "text.pt").write_text("hello")
     with pytest.raises(ValueError, match="text.pt is not a 'lucid_fx.save' file, format version 1"):
         lucid_fx.load(tmp_path / "text.pt")
-    path = _tampered(tmp_path, lambda raw: raw.update(version=99))
+    prepared, _ = _prepared("mlp")
+    lucid_fx.save(prepared, tmp_path / "ok.pt")
+    raw = torch.load(tmp_path / "ok.pt", weights_only=True)
+    torch.save({**raw, "version": 99}, tmp_path / "v99.pt")
     with pytest.raises(ValueError, match="has format version 99; this lucid_fx reads version 1"):
-        lucid_fx.load(path)
+        lucid_fx.load(tmp_path / "v99.pt")
 
 
 def user_scale(x):
@@ -271,7 +217,7 @@ def test_a_function_off_the_allowlist_is_named_at_save_and_allow_lets_it_through
     buffer = io.BytesIO()
     lucid_fx.save(gm, buffer, allow=[user_scale])
     buffer.seek(0)
-    with pytest.raises(NotSerializable, match="unknown function 'test_save_load.user_scale'"):
+    with pytest.raises(ValueError, match="unknown function 'test_save_load.user_scale'"):
         lucid_fx.load(buffer)
     buffer.seek(0)
     loaded = lucid_fx.load(buffer, allow=[user_scale])
@@ -318,6 +264,20 @@ def test_qat_model_round_trips_mid_training():
     assert torch.equal(qloaded(x), qmodel(x)) and torch.equal(saved_layer.weight, layer.weight)
 
 
+def test_a_qat_model_saved_before_its_first_step_trains_after_load():
+    # Its fake quants still hold a one-element scale that the first step grows to one per channel;
+    # a tensor read from a file cannot grow ("Trying to resize storage that is not resizable").
+    torch.manual_seed(0)
+    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
+    loaded = _round_trip(qat)
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    _qat_step(qat, x, target)
+    _qat_step(loaded, x, target)
+    _assert_same_state(qat, loaded)
+    assert loaded.get_submodule("0").parametrizations.weight[0].scale.shape == (16,)
+
+
 def test_a_fake_quant_shared_with_the_layers_own_subtree_loads():
     # The file writes a parametrized module's children before its parametrizations, as load
     # reads them, so a module found in both places is built once and aliased.
@@ -331,60 +291,6 @@ def test_a_fake_quant_shared_with_the_layers_own_subtree_loads():
     assert loaded[0].parametrizations.weight[0] is loaded[0].inner[0]
     x = torch.randn(2, 4)
     assert torch.equal(loaded(x), model(x))
-
-
-def _crafted(mutate):
-    qat = lucid_fx.prepare_qat(_mlp().train(), example_inputs=(torch.randn(2, 8),))
-    buffer = io.BytesIO()
-    lucid_fx.save(qat, buffer)
-    buffer.seek(0)
-    data = torch.load(buffer, weights_only=True)
-    (child,) = [c for name, c in data["model"]["children"] if name == "0"]
-    mutate(child)
-    crafted = io.BytesIO()
-    torch.save(data, crafted)
-    crafted.seek(0)
-    return crafted
-
-
-def test_a_crafted_right_inverse_never_runs_at_load():
-    # register_parametrization calls a parametrization's right_inverse: a file must not set one.
-    def mutate(child):
-        child["parametrized"]["weight"]["modules"][0]["attrs"]["right_inverse"] = {"$": "fn", "v": "torch.zero_"}
-
-    with pytest.raises(ValueError, match=r"module '0.parametrizations.weight.0': attribute 'right_inverse' may not be set"):
-        lucid_fx.load(_crafted(mutate))
-
-
-def test_attributes_that_would_shadow_methods_are_refused():
-    def mutate(child):
-        child["attrs"]["forward"] = {"$": "fn", "v": "torch.zero_"}
-
-    with pytest.raises(ValueError, match=r"module '0': attribute 'forward' may not be set from a file"):
-        lucid_fx.load(_crafted(mutate))
-
-
-@pytest.mark.parametrize("broken", ["not-a-dict", "no-flag", "int-original-with-grad"])
-def test_a_malformed_parametrization_record_is_a_value_error(broken):
-    def mutate(child):
-        record = child["parametrized"]["weight"]
-        if broken == "not-a-dict":
-            child["parametrized"]["weight"] = 3
-        elif broken == "no-flag":
-            del record["is_parameter"]
-        else:
-            record["original"] = torch.zeros(16, 8, dtype=torch.int64)
-
-    with pytest.raises(ValueError, match=r"module '0': malformed parametrization record for 'weight'"):
-        lucid_fx.load(_crafted(mutate))
-
-
-def test_a_parametrized_record_with_a_bad_tensor_name_is_refused():
-    def mutate(child):
-        child["parametrized"]["__class__"] = child["parametrized"].pop("weight")
-
-    with pytest.raises(ValueError, match=r"module '0': parametrized tensor name '__class__' may not be set from a file"):
-        lucid_fx.load(_crafted(mutate))
 
 
 def test_save_leaves_the_model_as_it_was():
@@ -435,69 +341,41 @@ def test_a_loaded_converted_model_still_shows_its_grids_and_sources():
     assert after.nodes["lut"]["domain"] == "fixed" and after.nodes["linear"]["lowering"] == "linear+relu"
 
 
-def _first_get_attr_or_module(raw):
-    return next(n for n in raw["model"]["graph"]["nodes"] if n["op"] in ("get_attr", "call_module"))
-
-
-# Each edit is a way a crafted file tried to run code (found in review); each must be refused
-# at load, before anything runs.
-ATTACKS = {
-    "kwarg-name-injected-into-generated-code": (
-        lambda raw: _call_function_node(raw)["kwargs"]["v"].append(["); import os; os.getcwd(); q=dict(a", 1]),
-        "keyword argument names must be identifiers",
-    ),
-    "class-as-call-target-through-module-globals": (
-        lambda raw: _call_function_node(raw).update(target={"$": "class", "v": "lucid_fx.layout.subprocess.Popen"}),
-        "a call_function target must be a function on the allowlist",
-    ),
-    "get-attr-path-into-function-globals": (
-        lambda raw: _first_get_attr_or_module(raw).update(op="get_attr", target="fc1.__class__.forward.__globals__"),
-        "malformed get_attr target",
-    ),
-    "get-attr-path-through-a-method": (
-        lambda raw: _first_get_attr_or_module(raw).update(op="get_attr", target="fc1.forward"),
-        "is not a submodule, parameter, buffer or tensor",
-    ),
-    "aten-op-reading-a-file": (
-        lambda raw: _call_function_node(raw)["target"].update(v="torch.ops.aten.from_file"),
-        "unknown function 'torch.ops.aten.from_file'",
-    ),
-    "private-torch-function": (
-        lambda raw: _call_function_node(raw)["target"].update(v="torch._print"),
-        "unknown function 'torch._print'",
-    ),
-    "global-state-setter": (
-        lambda raw: _call_function_node(raw)["target"].update(v="torch.set_anomaly_enabled"),
-        "unknown function 'torch.set_anomaly_enabled'",
-    ),
-    "getattr-reaching-a-module-method": (
-        lambda raw: _call_function_node(raw).update(
-            target={"$": "fn", "v": "builtins.getattr"}, args={"$": "tuple", "v": [{"$": "node", "name": "x"}, "register_forward_hook"]}
-        ),
-        "getattr is allowed only for tensor attributes",
-    ),
-    "builtin-with-a-key-callback": (
-        lambda raw: _call_function_node(raw).update(
-            target={"$": "fn", "v": "builtins.max"}, kwargs={"$": "dict", "v": [["key", {"$": "fn", "v": "builtins.getattr"}]]}
-        ),
-        "max() takes no keyword arguments from a file",
-    ),
-    "class-named-through-an-import": (
-        lambda raw: raw["model"]["children"][0][1].update({"class": "lucid_fx.layout.subprocess.Popen"}),
-        "unknown class 'lucid_fx.layout.subprocess.Popen'",
-    ),
-}
-
-
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_crafted_files_are_refused_before_anything_runs(tmp_path, attack):
-    edit, message = ATTACKS[attack]
-    path = _tampered(tmp_path, edit)
-    with pytest.raises((ValueError, NotSerializable), match=re.escape(message)):
-        lucid_fx.load(path)
-
-
 def test_two_allowed_functions_under_one_name_are_refused():
     first, second = (lambda x: x), (lambda x: x + 1)
     with pytest.raises(ValueError, match="allow= holds two different objects named .*<lambda>.*give them distinct names"):
         lucid_fx.save(nn.Linear(2, 2), io.BytesIO(), allow=[first, second])
+
+
+# torch.nn layers a model may hold: load holds each to what its constructor makes (its twin), so
+# each must round trip with its attributes as the constructor keeps them.
+LAYERS = {
+    "linear": (lambda: nn.Linear(4, 3), (2, 4)),
+    "linear-no-bias": (lambda: nn.Linear(4, 3, bias=False), (2, 4)),
+    "conv1d": (lambda: nn.Conv1d(2, 3, 3, stride=2, dilation=2), (1, 2, 12)),
+    "conv2d-same-reflect": (lambda: nn.Conv2d(2, 4, 3, padding="same", padding_mode="reflect", groups=2), (1, 2, 8, 8)),
+    "conv-transpose2d": (lambda: nn.ConvTranspose2d(2, 3, 3, stride=2, output_padding=1), (1, 2, 5, 5)),
+    "batchnorm1d": (lambda: nn.BatchNorm1d(4, momentum=None).eval(), (2, 4)),
+    "layernorm": (lambda: nn.LayerNorm([3, 4], elementwise_affine=False), (2, 3, 4)),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), (2, 4, 3)),
+    "instancenorm": (lambda: nn.InstanceNorm1d(4, affine=True), (2, 4, 5)),
+    "gelu-tanh": (lambda: nn.GELU("tanh"), (2, 4)),
+    "prelu": (lambda: nn.PReLU(4), (2, 4)),
+    "softmax": (lambda: nn.Softmax(-1), (2, 4)),
+    "flatten": (lambda: nn.Flatten(0), (2, 2, 2)),
+    "upsample": (lambda: nn.Upsample(scale_factor=2, mode="bilinear"), (1, 1, 2, 2)),
+    "adaptive-avg-pool": (lambda: nn.AdaptiveAvgPool2d((2, 1)), (1, 1, 4, 4)),
+    "max-pool-ceil": (lambda: nn.MaxPool2d(3, 2, ceil_mode=True), (1, 1, 6, 6)),
+    "encoder-layer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval(), (1, 3, 8)),
+}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_common_torch_layers_round_trip(layer):
+    factory, shape = LAYERS[layer]
+    torch.manual_seed(0)
+    model = nn.Sequential(factory())
+    loaded = _round_trip(model)
+    x = torch.randn(shape)
+    _assert_same_state(loaded, model)
+    assert type(loaded[0]) is type(model[0]) and torch.equal(loaded(x), model(x))
