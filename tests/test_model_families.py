@@ -13,7 +13,7 @@ from torch import nn
 import lucid_fx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
-from tests.models import BASELINES, FAMILIES  # noqa: E402
+from tests.models.families import BASELINES, FAMILIES  # noqa: E402
 from tests.models.export_ops import aten_ops
 from tests.models.flops import graph_flops, model_flops, prepared_graphs
 from tests.models.measure import concrete_args, positional, run_lucid

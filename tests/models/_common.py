@@ -15,8 +15,8 @@ Inputs = Tuple[tuple, Dict[str, Any]]  # (positional args, keyword args) of forw
 
 
 def _load_benchmark_models():
-    # benchmarks/models.py is imported as `models` by tests/conftest.py; this package must not
-    # depend on that name (it would resolve to this package when tests/ is on sys.path first).
+    # benchmarks/ is on sys.path only under pytest (tests/conftest.py): load the file by its path,
+    # so that the scripts here run outside pytest too.
     name = "lucid_fx_benchmark_models"
     if name not in sys.modules:
         path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"

@@ -21,7 +21,7 @@ from torch import fx, nn
 
 import lucid_fx
 
-from . import BASELINES, FAMILIES, Family
+from .families import BASELINES, FAMILIES, Family
 from .measure import _data, _error, _reports, _sqnr_on
 
 

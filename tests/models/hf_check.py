@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import fx
 
-from . import Family
+from .families import Family
 from ._common import image_inputs, token_inputs
 from .export_ops import aten_ops, quantize_exported
 from .measure import _capture, _error, run_lucid

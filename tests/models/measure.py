@@ -28,7 +28,8 @@ from lucid_fx import _meta
 from lucid_fx.passes.trace_model import trace_model
 from lucid_fx.placement import INT8_RUNS
 
-from . import BASELINES, FAMILIES, Family, Inputs, as_batch
+from ._common import Inputs, as_batch
+from .families import BASELINES, FAMILIES, Family
 from .flops import graph_flops, model_flops, prepared_graphs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,9 @@ random weights and nothing downloaded. Each prepares, calibrates and converts in
 The text models are called the transformers way, with keywords (``model(**encoding)``).
 ``BASELINES`` holds the benchmark models' CNNs at a small input size, for comparison.
 
-Import it as ``tests.models`` from the repository root (``python -m tests.models.measure``):
-tests/conftest.py puts benchmarks/ on sys.path, whose models.py is the top-level ``models``.
+tests/models is a namespace package (no ``__init__.py``), imported as ``tests.models`` from the
+repository root (``python -m tests.models.measure``): as a regular package pytest would import it
+as the top-level ``models``, which is benchmarks/models.py for the rest of the suite.
 """
 
 from __future__ import annotations
