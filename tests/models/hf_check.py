@@ -1,0 +1,118 @@
+"""The real transformers classes, built from small configs (random weights, nothing downloaded):
+which capture works (torch.fx, transformers.utils.fx where this transformers has it,
+torch.export), and what today's lucid_fx does with the model and with ``ep.module()``.
+Needs ``pip install transformers``; run from the repository root:
+
+    python -m tests.models.hf_check [bert|gpt2|llama|vit ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from typing import Dict, List, Optional
+
+import torch
+from torch import fx
+
+from .families import Family
+from ._common import image_inputs, token_inputs
+from .export_ops import aten_ops, quantize_exported
+from .measure import _capture, _error, run_lucid
+
+VOCAB = 1000
+
+
+def _families() -> Dict[str, Family]:
+    import transformers as T
+
+    def text(cls, config):
+        def make():
+            torch.manual_seed(0)
+            return cls(config).eval()
+        return Family(make, *token_inputs(VOCAB, batch=2, seq=16))
+
+    example, batches = image_inputs((2, 3, 32, 32))
+    pixels = lambda inputs: ((), {"pixel_values": inputs[0][0]})  # noqa: E731 - called as model(pixel_values=...)
+
+    def vit():
+        torch.manual_seed(0)
+        config = T.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=128, num_labels=10)
+        return T.ViTForImageClassification(config).eval()
+
+    return {
+        "bert": text(T.BertModel, T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=128, vocab_size=VOCAB)),
+        "gpt2": text(T.GPT2LMHeadModel, T.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=VOCAB,
+                                                     use_cache=False)),
+        "llama": text(T.LlamaForCausalLM, T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                                        max_position_embeddings=64, use_cache=False)),
+        "vit": Family(vit, lambda: pixels(example()), lambda n=4: [pixels(b) for b in batches(n)]),
+    }
+
+
+def _try(fn) -> str:
+    start = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"fails: {_error(exc)}"
+    return f"ok ({time.perf_counter() - start:.1f}s)"
+
+
+def check(name: str, family: Family) -> List[str]:
+    import transformers
+
+    model = family.make_model()
+    args, kwargs = family.example_inputs()
+    lines = [f"## {name} ({type(model).__name__}, attention {getattr(model.config, '_attn_implementation', '?')})"]
+    lines.append(f"- torch.fx.symbolic_trace: {_try(lambda: fx.symbolic_trace(model))}")
+    try:
+        from transformers.utils.fx import symbolic_trace as hf_trace
+    except ImportError:
+        lines.append(f"- transformers.utils.fx: absent in transformers {transformers.__version__}")
+    else:
+        lines.append(f"- transformers.utils.fx.symbolic_trace: {_try(lambda: hf_trace(model, input_names=list(kwargs)))}")
+    start = time.perf_counter()
+    try:
+        ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"- torch.export(strict=False): fails: {_error(exc)}")
+        ep = None
+    else:
+        ops = aten_ops(ep.module())
+        lines.append(f"- torch.export(strict=False): ok ({time.perf_counter() - start:.1f}s), "
+                     + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
+    for concrete in (False, True):
+        r = run_lucid(family, use_concrete=concrete)
+        text = f"FAILED {r['failed']}" if "failed" in r else (
+            f"{r['kernels']} int8 kernels, {sum(r['float_ops'].values())} float ops, "
+            f"{100.0 * r['int8_flops'] / max(r['flops'], 1):.0f}% of FLOPs in int8, SQNR {r['sqnr']:.1f} dB")
+        lines.append(f"- lucid_fx.prepare ({_capture(r)}): {text}")
+        lines += [f"    float module: {d[:300]}" for d in r.get("float_modules", [])[:6]]
+    if ep is not None:
+        q = quantize_exported(family, model, ep)
+        text = f"FAILED {q['failed']}" if "failed" in q else f"{q['kernels']} int8 kernels, SQNR {q['sqnr']:.1f} dB"
+        lines.append(f"- lucid_fx.prepare(ep.module()): {q.get('as_is', 'accepted')}; with training flags cleared: {text}")
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("families", nargs="*")
+    options = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    start = time.perf_counter()
+    import transformers
+
+    print(f"transformers {transformers.__version__} (import {time.perf_counter() - start:.1f}s)")
+    families = _families()
+    for name in options.families or list(families):
+        print("\n".join(check(name, families[name])))
+
+
+if __name__ == "__main__":
+    main()
