@@ -5,7 +5,11 @@
 Lowers today's lucid_fx model with ``lowering.lower`` and tries ``torch.compile`` on it: does it compile
 (with oneDNN-packed mkldnn tensors as module attributes), are the outputs unchanged, is it faster?
 
-Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread): printed; the research-speed report quotes them.
+Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread): without freezing inductor fails
+(``assert packed_weight.get_name() in V.graph.constants`` in its qlinear lowering); with freezing the MLPs
+compile (2-4 s, identical output) and run slower than the uncompiled program (mlp_b1 252 vs 207 us,
+mlp_b64 2578 vs 2133 us); ResNet-like fails (``auto_functionalized_v2`` has no kernel: the in-place sum
+of qconv2d_pointwise.binary).
 """
 
 import argparse

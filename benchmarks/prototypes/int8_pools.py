@@ -6,8 +6,10 @@ max_pool2d 3x3/2 pad 1 over ResNet's first activation (1x64x112x112 uint8, chann
 average pooling over 1x512x7x7 and 1x576x7x7 uint8 codes, each candidate checked equal to lucid_fx's
 op (the max-pool exactly, the average within 1 code: lucid_fx rounds the float mean).
 
-Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread): printed by the run; the research-speed
-report quotes them.
+Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread, one run): max-pool lucid_fx (int16)
+482 us, taps padded 164 us (2.9x), taps without the padded copy 136 us (3.5x), via float32 655 us, torch
+uint8 NCHW 7657 us, torch uint8 channels-last rejected; all equal. Global average pool: int32 sum or
+float mean 1.3-1.8x faster than lucid_fx's op, same codes.
 """
 
 import torch

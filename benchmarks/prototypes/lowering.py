@@ -22,8 +22,15 @@ Every other node stays as it was. :func:`main` checks each lowered program's out
 lucid_fx output (in steps of the output scale) and times fp32 eager, torch.ao FX (x86, onednn),
 lucid_fx and the lowered program with ``benchmarks/overhead.py``'s profiler split.
 
-Figures here (AMD EPYC 2 cores shared, AVX512-VNNI, torch 2.13.0, 1 thread, medians of 9 rounds):
-see the research-speed report; the run prints them.
+Figures here (AMD EPYC 2 cores shared and heavily loaded, AVX512-VNNI, torch 2.13.0, 1 thread, medians
+of 7 interleaved rounds; wall us, lowered with the dequantize fused / lucid_fx today / fastest peer):
+mlp_b1 473 / 728 / 287 (torch.ao x86), mlp_b64 2506 / 2769 / 2354 (x86), resnet_1x 22646 / 25185 / 22281
+(x86), encoder 23145 / 25656 / 20275 (onednn), gated_mlp 3435 / 3920 / 3112 (onednn), mobilenet_v3
+11288 / 20184 / 9647 (onednn; fp32 13222), efficientnet 35433 / 45950 / 30049 (x86; fp32 41459).
+Outputs identical to lucid_fx's on all seven models without the dequantize fusion, within 0.5 output
+step with it. With ONEDNN_CACHE_CONTEXT_UNSAFE=1 (a separate run): mlp_b1 243 (peer 284), mlp_b64 2138
+(2404), gated_mlp 2657 (2828), encoder 18637 (19624). Under ONEDNN_MAX_CPU_ISA=AVX2 (linears keep
+lucid_fx's 1x1-conv path here): mlp_b64 4581 / 4846 (torch.ao x86 2254: fbgemm ignores the oneDNN cap).
 """
 
 from __future__ import annotations

@@ -10,7 +10,11 @@
    cost - then tanh, sigmoid, mul and one quantize), the island with tanh fused into the value linear
    (oneDNN's linear has a tanh post-op, no sigmoid), and the island compiled by inductor.
 
-Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread): printed; the research-speed report quotes them.
+Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0, 1 thread, one run): one lookup lucid_fx::lut 53 us,
+index_select int32 79, gather 82, take 155, table[q.long()] 218, float dequant/tanh/quantize 322; two
+chained lookups 107 us against one composed 53 us (same codes). Gated middle: today 193 us, float island
+eager 237, island with tanh fused into the value linear 66, inductor 181, inductor with tanh fused 76;
+the linear's tanh post-op costs 40-65 us of its ~500 us.
 """
 
 import warnings

@@ -9,8 +9,19 @@ codes from a float64 oracle ``quantize(post(dequant(x) @ dequant(w).T + bias))``
 fall: a difference of 1 on a rounding tie is float32 rounding, not a bug), or the error's first words.
 For a float output the difference is in output steps of the int8 output's scale.
 
-Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0): see the report of the research-speed helper;
-every "ok" row had max |diff| <= 1 code; the rejected rows and messages are printed.
+Figures here (AMD EPYC, AVX512-VNNI, torch 2.13.0; the same under ONEDNN_MAX_CPU_ISA=AVX2 except that
+qlinear "add" with a bf16 other fails to create a primitive there):
+- qlinear .default/.tensor: input uint8 or int8 (float32/bf16 rejected); output None (= input dtype),
+  uint8, int8, float32, bf16 (float outputs need scale 1, zero point 0); post-ops none, relu, hardtanh
+  [lo, hi], hardswish, swish, tanh, gelu (algorithm "none" or "tanh"), leaky_relu [slope]; sigmoid and
+  "silu" rejected. 0 code difference from the float64 oracle on every accepted integer/float32 row.
+- qlinear .binary "sum": other must have the output's dtype; written in place and returned (same tensor);
+  unary after it none/relu. "add": exact with a float32/bf16 other; a uint8/int8 other is accepted but
+  added raw (other_scale/zp ignored: 255-code errors).
+- qconv2d .default: input uint8 only; post-ops none, relu, hardtanh, hardswish, swish (tanh, gelu,
+  leaky_relu, sigmoid rejected); exact. .binary: "sum" only (add rejected), accum uint8/int8 and
+  channels-last, output takes the accum's dtype, the accum is written AND a copy is returned; a float32
+  accum with an integer output is accepted and wrong (no check).
 """
 
 import itertools
