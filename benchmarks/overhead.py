@@ -1,0 +1,188 @@
+"""Where a converted model's time goes: inside kernels, or outside them (Python, dispatch, allocation).
+
+    python benchmarks/overhead.py [--models mlp_b1,resnet_1x,...] [--rounds 7] [--threads 1] [--peers x86,onednn]
+
+For each model of ``benchmarks/models.py`` and each variant (fp32 eager, torch.ao FX int8, lucid_fx int8,
+and any extra variant a caller passes to :func:`main`), prints:
+
+- ``wall us``: microseconds per call, unprofiled;
+- ``kernel us``: time inside kernels per call, from ``torch.profiler``: the self time of every aten,
+  oneDNN or quantized op that does work, i.e. not a metadata op (:data:`METADATA_OPS`: views, empty
+  tensors, ...), not an op implemented in Python (:data:`PYTHON_NAMESPACES`: ``lucid_fx::*``, whose
+  self time is its Python body), and not a wrapper whose self time is under half its total (``aten::to``
+  around its copy, ``aten::linear`` around ``addmm``: their own time is dispatch);
+- ``outside us``: wall minus kernel (the median of the per-round differences), the time a
+  zero-overhead program would not spend;
+- ``ops``: top-level op calls per forward (every dispatcher call the forward makes directly, the
+  unit the issue's "overhead per op" counts), and ``kernels``, the ops counted as kernels;
+- ``outside/op``: outside time over top-level ops, the figure issue 13 bounds at 5 us.
+
+A oneDNN int8 op builds its primitive on every call, inside the op (measured with
+``benchmarks/prototypes/call_cost.py``: 23 us of a 1-row 16x16 ``qlinear_pointwise`` call, 5 us with
+``ONEDNN_CACHE_CONTEXT_UNSAFE=1``; 36 us for ``qconv2d_pointwise``): the profiler counts that as kernel
+time, so ``outside us`` is the overhead a lowering can remove without touching the op.
+
+Each figure is the median over ``--rounds`` rounds; in every round each variant is timed, then
+profiled, the variants taking turns (:func:`measure`).
+
+Measured here (AMD EPYC, AVX512-VNNI, 2 shared cores, torch 2.13.0, 1 thread, 9 rounds; outside us per
+top-level op for fp32 eager / torch.ao x86 / torch.ao onednn / lucid_fx): mlp_b1 3.4 / 11.7 / 11.9 / 24.2,
+mlp_b64 1.3 / 10.9 / 16.5 / 29.2, resnet_1x 23 / 26 / 18.5 / 84, mobilenet_v3 14.5 / 25 / 19.5 / 87,
+efficientnet 19 / 13 / 23 / 53, gated_mlp - / 27.5 / 35.6 / 113, encoder 164 / 104 / 65 / 214 (the
+encoder's and gated MLP's fp32 rows are within the noise). lucid_fx spent 2.3 of 20.5 ms outside kernels
+on resnet_1x, 9.2 of 19.4 ms on mobilenet_v3 (slower than fp32's 15.9 ms).
+
+Threads default to 1: on a shared 2-core machine, 2 OpenMP threads stall for tens of milliseconds
+whenever another process holds a core (measured: batch-1 MLP p90 36 ms at 2 threads, 0.34 ms at 1),
+so medians at 2 threads measure the neighbours. The figures are ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int8_inference import _engine_set, cpu_line, torch_ao_int8  # noqa: E402
+from models import MODELS  # noqa: E402
+
+import lucid_fx  # noqa: E402
+
+# Ops that move no data (their time is bookkeeping, counted outside kernels).
+METADATA_OPS = {
+    "empty", "empty_strided", "empty_like", "view", "_unsafe_view", "as_strided", "reshape", "_reshape_alias",
+    "expand", "permute", "t", "transpose", "unsqueeze", "squeeze", "detach", "alias", "select", "slice",
+    "resolve_conj", "resolve_neg", "lift_fresh", "result_type", "size", "stride", "numel", "item",
+    "_local_scalar_dense", "is_nonzero", "flatten", "view_as", "unflatten", "split", "chunk", "unbind",
+    "contiguous", "resize_", "set_", "q_scale", "q_zero_point", "dequantize_per_tensor_wrapper",
+}
+# Op namespaces whose kernels are Python functions: their self time is interpreter time.
+PYTHON_NAMESPACES = ("lucid_fx::",)
+MODEL_ORDER = "mlp_b1,mlp_b64,resnet_1x,encoder,gated_mlp,mobilenet_v3,efficientnet"
+
+
+def _is_kernel(event) -> bool:
+    name = event.name
+    if "::" not in name or name.startswith(PYTHON_NAMESPACES):
+        return False
+    if name.split("::", 1)[1] in METADATA_OPS:
+        return False
+    # A wrapper (aten::to around _to_copy and copy_, aten::linear around addmm) spends its own
+    # time dispatching; a kernel with helper children (onednn::qlinear_pointwise allocating its
+    # output) spends most of it computing.
+    return not event.cpu_children or event.self_cpu_time_total >= 0.5 * event.cpu_time_total
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """torch 2.13's profiler prints two "USDT: profiler_start/stop" lines to fd 2 per session."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def profile_split(fn: Callable, x, calls: int) -> Dict[str, float]:
+    """Per call: ``kernel_us`` (self time of kernel ops), ``ops`` (top-level op calls) and ``kernels``."""
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(x)
+    events = [e for e in prof.events() if "::" in e.name]
+    kernel_us = sum(e.self_cpu_time_total for e in events if _is_kernel(e))
+    top = sum(1 for e in events if e.cpu_parent is None)
+    return {"kernel_us": kernel_us / calls, "ops": top / calls, "kernels": sum(map(_is_kernel, events)) / calls}
+
+
+def measure(variants: Dict[str, Callable], x, rounds: int, profiled_calls: int) -> Dict[str, Dict[str, float]]:
+    """Median over rounds of wall us per call (unprofiled) and of the profiled split, per variant.
+
+    Every round times each variant and then profiles it, the variants taking turns, so a slow
+    spell of the shared machine lands on the wall and kernel figures of all variants alike."""
+    with torch.no_grad():
+        calls = {}
+        for name, fn in variants.items():
+            fn(x)
+            start, n = time.perf_counter(), 0
+            while time.perf_counter() - start < 0.1 or n < 3:
+                fn(x)
+                n += 1
+            calls[name] = n
+        samples = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                start = time.perf_counter()
+                for _ in range(calls[name]):
+                    fn(x)
+                wall_us = (time.perf_counter() - start) / calls[name] * 1e6
+                split = profile_split(fn, x, min(profiled_calls, calls[name]))
+                samples[name].append({"wall_us": wall_us, **split, "outside_us": wall_us - split["kernel_us"]})
+    return {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]} for name, runs in samples.items()}
+
+
+def variants_for(name: str, peers, calib: int) -> tuple:
+    """(variants, example): fp32 eager, torch.ao FX per engine in ``peers``, lucid_fx int8."""
+    model, example, make_batch = MODELS[name]()
+    batches = [make_batch(s) for s in range(calib)]
+    variants: Dict[str, Callable] = {"fp32 eager": model}
+    for engine in peers:
+        try:
+            variants[f"torch.ao {engine}"] = _engine_set(f"torch.ao {engine}",
+                                                         torch_ao_int8(model, example, batches, engine))
+        except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported as such
+            print(f"  torch.ao {engine} failed: {type(exc).__name__}: {str(exc)[:80]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        variants["lucid_fx int8"] = lucid_fx.quantize(model, (example,), batches)
+    return variants, example, model, batches
+
+
+def main(argv=None, extra: Optional[Callable] = None) -> list:
+    """Print the table; ``extra(name, model, example, batches, variants)`` may add variants per model."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=MODEL_ORDER)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calib", type=int, default=4, help="calibration batches")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--peers", default="x86", help="torch.ao engines to compare, comma-separated")
+    parser.add_argument("--profiled-calls", type=int, default=10, help="profiled calls per round")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(cpu_line())
+    print(f"torch {torch.__version__}, {args.threads} thread(s), medians of {args.rounds} interleaved rounds")
+    header = (f"{'model':<13} {'variant':<22} {'wall us':>9} {'kernel us':>9} {'outside us':>10} {'ops':>5} "
+              f"{'kernels':>7} {'outside/op':>10}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for name in args.models.split(","):
+        variants, example, model, batches = variants_for(name, [p for p in args.peers.split(",") if p], args.calib)
+        if extra is not None:
+            extra(name, model, example, batches, variants)
+        figures = measure(variants, example, args.rounds, args.profiled_calls)
+        for variant, split in figures.items():
+            wall_us, outside = split["wall_us"], split["outside_us"]
+            row = (name, variant, wall_us, split["kernel_us"], outside, split["ops"], split["kernels"],
+                   outside / max(split["ops"], 1))
+            rows.append(row)
+            print(f"{row[0]:<13} {row[1]:<22} {row[2]:>9.0f} {row[3]:>9.0f} {row[4]:>10.0f} {row[5]:>5.0f} "
+                  f"{row[6]:>7.0f} {row[7]:>10.1f}")
+        sys.stdout.flush()
+    return rows
+
+
+if __name__ == "__main__":
+    main()
