@@ -1,0 +1,237 @@
+"""Checks at the boundary of the ``lucid_fx::`` kernels: what each op can take, said before oneDNN is asked.
+
+oneDNN answers an input it cannot take with "could not create a primitive descriptor" or, worse,
+with numbers (a weight on ``meta``, a scale per channel too few). Each op here is checked on
+shapes, dtypes and devices only, never on the data, except that float values entering the int8
+grid are checked for NaN and ±inf (one ``aminmax``: the min and max are finite iff every element is).
+
+A failing check raises :class:`KernelInputError` (a ``ValueError``) naming the op, what is wrong
+and what to do, and the graph node that called the kernel when it was called from a converted
+model: :func:`calling_node` finds it from the generated ``forward``'s frame and line (fx keeps a
+line -> node map per compiled graph), so the normal path pays nothing for it.
+
+>>> torch.ops.lucid_fx.dequantize_per_tensor(torch.ones(2), 0.1, 0)
+Traceback (most recent call last):
+...
+lucid_fx.kernels.checks.KernelInputError: lucid_fx.dequantize_per_tensor: the codes are torch.float32, ...
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable, Dict, NoReturn, Optional
+
+import torch
+from torch import fx
+
+__all__ = ["KernelInputError", "calling_node", "require_finite", "CHECKS"]
+
+_CODES = (torch.uint8, torch.int8)
+_FEED_FLOAT = (
+    "a converted model takes float tensors and quantizes them itself; codes come from "
+    "lucid_fx.quantize_per_tensor (uint8 or int8, never int32 or the quint8/qint8 tensor dtypes)"
+)
+
+
+class KernelInputError(ValueError):
+    """An input a ``lucid_fx::`` kernel cannot take; the message names the op, the node and the fix."""
+
+
+def calling_node(depth: int = 24) -> Optional[fx.Node]:
+    """The graph node whose call is running, if a converted GraphModule's generated code (or an
+    ``fx.Interpreter``) is on the stack; ``None`` for a direct call. Only error paths call this."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        code, owner = frame.f_code, frame.f_locals.get("self")
+        if code.co_filename.startswith("<eval_with_key>") and isinstance(owner, fx.GraphModule):
+            # fx records, per compiled graph, which node each line of its forward belongs to.
+            index = (getattr(owner, "_lineno_map", None) or {}).get(frame.f_lineno - code.co_firstlineno)
+            nodes = list(owner.graph.nodes)
+            return nodes[index] if index is not None and index < len(nodes) else None
+        if code.co_name == "run_node" and isinstance(owner, fx.Interpreter):
+            node = frame.f_locals.get("n")
+            return node if isinstance(node, fx.Node) else None
+        frame = frame.f_back
+    return None
+
+
+def _at(node: Optional[fx.Node]) -> str:
+    if node is None:
+        return ""
+    source = node.meta.get("lucid_fx.source")  # _meta.SOURCE: the prepared node it computes
+    return f" at node {node.name!r}" + (f" (computing {source!r})" if source and source != node.name else "")
+
+
+def fail(op: str, problem: str, fix: str) -> NoReturn:
+    """Raise :class:`KernelInputError` for ``lucid_fx.<op>``, naming the calling node if any."""
+    raise KernelInputError(f"lucid_fx.{op}{_at(calling_node())}: {problem}; {fix}")
+
+
+def _on_device(tensor: torch.Tensor) -> bool:
+    """Whether checks on ``tensor`` run asynchronously (CUDA: a host sync per check would stall the stream)."""
+    return tensor.device.type == "cuda"
+
+
+def _nonfinite_message(op: str, x: torch.Tensor, count: Optional[int]) -> str:
+    node = calling_node()
+    source = node.meta.get("lucid_fx.source") if node is not None else None
+    value = f"the value of node {source!r}" if source else "the tensor"
+    at = f" (quantized by node {node.name!r} of the converted model)" if node is not None else ""
+    where = f" in {count} of its {x.numel()} elements" if count is not None else ""
+    return (
+        f"lucid_fx.{op}: {value}{at} cannot enter the int8 grid: it holds NaN or ±inf{where}, which no int8 code "
+        "represents (they would come back as finite numbers). Clean the input (e.g. torch.nan_to_num(x)), or keep "
+        "the part of the model that produces it in float (QConfigMapping().set_module_name(name, None))"
+    )
+
+
+# (op, generated code, line) -> the message of the asynchronous check, which must exist before the
+# check runs: finding the node costs ~9 us (measured, ResNet-like graph), a lookup here well under 1.
+_ASYNC_MESSAGES: Dict[tuple, str] = {}
+
+
+def _async_message(op: str, x: torch.Tensor) -> str:
+    frame = sys._getframe(2)
+    while frame is not None and not frame.f_code.co_filename.startswith("<eval_with_key>"):
+        frame = frame.f_back
+    if frame is None:
+        return _nonfinite_message(op, x, None)
+    key = (op, frame.f_code, frame.f_lineno)
+    if key not in _ASYNC_MESSAGES:
+        if len(_ASYNC_MESSAGES) >= 1024:
+            _ASYNC_MESSAGES.clear()
+        _ASYNC_MESSAGES[key] = _nonfinite_message(op, x, None)
+    return _ASYNC_MESSAGES[key]
+
+
+def require_finite(op: str, x: torch.Tensor) -> None:
+    """Raise unless every element of float ``x`` is finite: one ``aminmax`` pass (min and max are
+    both finite iff all elements are). On CUDA the test is ``torch._assert_async``: no host sync,
+    the error surfaces as a device-side assert (its message cannot carry the count)."""
+    if not x.is_floating_point() or x.numel() == 0:
+        return
+    lo, hi = torch.aminmax(x)
+    if _on_device(x):
+        torch._assert_async(torch.isfinite(lo) & torch.isfinite(hi), _async_message(op, x))
+    elif not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+        count = int(x.numel() - torch.isfinite(x).sum())
+        raise KernelInputError(_nonfinite_message(op, x, count))
+
+
+# -- per-op checks: each takes the op's own arguments ------------------------------------------
+def _codes(op: str, what: str, q: torch.Tensor) -> None:
+    if q.dtype not in _CODES:
+        fail(op, f"the {what} is {q.dtype}, and int8 kernels read uint8 or int8 codes", _FEED_FLOAT)
+
+
+def _same_device(op: str, what: str, tensor: Optional[torch.Tensor], like: torch.Tensor) -> None:
+    if tensor is None or tensor.device == like.device:
+        return
+    if tensor.device.type == "meta":
+        fail(op, f"the {what} is on the meta device (it holds no data)", "load real weights into the model and convert again")
+    fail(op, f"the {what} is on {tensor.device} and the input on {like.device}",
+         "move the model and its inputs to one device (model.to(device) moves the int8 weights too)")
+
+
+def _weights(op: str, qx: torch.Tensor, qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    _codes(op, "input", qx)
+    if qw.dtype != torch.int8:
+        fail(op, f"the weight is {qw.dtype}, not int8 codes", "pass the int8 weight convert made (lucid_fx.convert)")
+    for what, tensor in (("weight", qw), ("weight scale", w_scale), ("bias", bias)):
+        _same_device(op, what, tensor, qx)
+    if w_scale.numel() != qw.shape[0]:
+        fail(op, f"{w_scale.numel()} weight scales for {qw.shape[0]} output channels", "pass one scale per output channel")
+    if bias is not None and bias.numel() != qw.shape[0]:
+        fail(op, f"a bias of {bias.numel()} values for {qw.shape[0]} output channels", "pass one bias per output channel")
+
+
+def _linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype) -> None:
+    _weights("linear", qx, qw, w_scale, bias)
+    if qx.dim() == 0 or qw.dim() != 2 or qx.shape[-1] != qw.shape[1]:
+        fail("linear", f"the input's last dim has {qx.shape[-1] if qx.dim() else 'no'} features and the "
+             f"weight {tuple(qw.shape)} takes {qw.shape[-1]}", "feed inputs of the shape the float model takes")
+
+
+def _conv(op: str, rank: int):
+    def check(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, *rest) -> None:
+        _weights(op, qx, qw, w_scale, bias)
+        layout = "(N, C, L)" if rank == 3 else "(N, C, H, W)"
+        if qx.dim() != rank or qw.dim() != rank:
+            fail(op, f"the input has shape {tuple(qx.shape)}, and this kernel takes a batched {rank}-D {layout} input",
+                 "feed batched inputs (x.unsqueeze(0) adds a batch of one)")
+        if qx.shape[1] != qw.shape[1] * groups:
+            fail(op, f"the input has {qx.shape[1]} channels and the layer takes {qw.shape[1] * groups}",
+                 f"feed inputs laid out {layout} with the channel count the float model takes")
+        if op == "conv2d_add":
+            _codes(op, "residual input", rest[0])
+            _same_device(op, "residual input", rest[0], qx)
+
+    return check
+
+
+def _codes_only(op: str, count: int = 1, ranks: Optional[tuple] = None):
+    def check(*args) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)][:count]
+        for i, q in enumerate(tensors):
+            _codes(op, "input" if count == 1 else f"input {i}", q)
+            _same_device(op, f"input {i}", q, tensors[0])
+        if ranks is not None and tensors[0].dim() not in ranks:
+            fail(op, f"the input has shape {tuple(tensors[0].shape)}, and this kernel takes {' or '.join(map(str, ranks))}-D "
+                 "(C, H, W) or (N, C, H, W) codes", "feed inputs of the shape the float model takes")
+
+    return check
+
+
+def _cat(qs, scales, zps, dim, out_scale, out_zp) -> None:
+    for i, q in enumerate(qs):
+        _codes("cat", f"input {i}", q)
+        _same_device("cat", f"input {i}", q, qs[0])
+
+
+def _quantize(x, scale, zero_point, *rest) -> None:
+    if x.is_complex():
+        fail("quantize_per_tensor", f"the value is {x.dtype}; the int8 grid holds real numbers",
+             "pass the real part (x.real) or keep this part of the model in float")
+    require_finite("quantize_per_tensor", x)
+
+
+def _quantize_per_channel(x, scale, zero_point, axis, *rest) -> None:
+    if x.is_complex():
+        fail("quantize_per_channel", f"the value is {x.dtype}; the int8 grid holds real numbers", "pass real weights")
+    require_finite("quantize_per_channel", x)
+
+
+def _dequantize(op: str):
+    def check(q, *rest) -> None:
+        if q.is_floating_point() or q.is_complex() or q.dtype == torch.bool:
+            fail(op, f"the codes are {q.dtype}, and dequantize reads integer codes", _FEED_FLOAT)
+
+    return check
+
+
+_POOL_RANKS = (3, 4)
+
+#: op name -> check called with the op's arguments before any kernel of that op (every device).
+CHECKS: Dict[str, Callable[..., None]] = {
+    "quantize_per_tensor": _quantize,  # real values only, and finite: NaN/inf have no code
+    "quantize_per_channel": _quantize_per_channel,  # the same for a weight quantized in the graph
+    "dequantize_per_tensor": _dequantize("dequantize_per_tensor"),  # integer codes only
+    "dequantize_per_channel": _dequantize("dequantize_per_channel"),  # integer codes only
+    "linear": _linear,  # codes, int8 weight on the input's device, K matches, one scale per output
+    "conv1d": _conv("conv1d", 3),  # as linear, batched (N, C, L), C == weight channels * groups
+    "conv2d": _conv("conv2d", 4),  # as linear, batched (N, C, H, W), C == weight channels * groups
+    "conv2d_add": _conv("conv2d_add", 4),  # conv2d's checks, and the residual is codes too
+    "add": _codes_only("add", 2),  # two code tensors on one device
+    "mul": _codes_only("mul", 2),  # two code tensors on one device
+    "matmul": _codes_only("matmul", 2),  # two code tensors on one device
+    "lut": _codes_only("lut"),  # codes (the table is indexed by code)
+    "softmax": _codes_only("softmax"),  # codes
+    "cat": _cat,  # every part is codes, on one device
+    "avg_pool2d": _codes_only("avg_pool2d", ranks=_POOL_RANKS),  # codes, (C, H, W) or (N, C, H, W)
+    "adaptive_avg_pool2d": _codes_only("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
+    "mean": _codes_only("mean"),  # codes
+    "max_pool2d": _codes_only("max_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
+}
