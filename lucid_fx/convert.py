@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
+from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
@@ -90,8 +91,10 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
     fold_batchnorm(gm)
     weight_range = weight_quant_range(model_device(gm) or torch.device("cuda" if backend == "cuda" else "cpu"))
     if reference:
-        return insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend))), ConvertReport("reference")
-    return lower_to_int8(gm, registry.lowerings, backend, weight_range)
+        converted = insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend)))
+        return record_activation_qparams(converted), ConvertReport("reference")
+    converted, report = lower_to_int8(gm, registry.lowerings, backend, weight_range)
+    return record_activation_qparams(converted), report
 
 
 def _convert_tree(model: nn.Module, backend, reference, registry, reports, path="") -> nn.Module:
