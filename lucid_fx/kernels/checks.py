@@ -25,6 +25,8 @@ from typing import Callable, Dict, NoReturn, Optional
 import torch
 from torch import fx
 
+from lucid_fx import _meta
+
 __all__ = ["KernelInputError", "calling_node", "require_finite", "CHECKS"]
 
 _CODES = (torch.uint8, torch.int8)
@@ -61,7 +63,7 @@ def calling_node(depth: int = 24) -> Optional[fx.Node]:
 def _at(node: Optional[fx.Node]) -> str:
     if node is None:
         return ""
-    source = node.meta.get("lucid_fx.source")  # _meta.SOURCE: the prepared node it computes
+    source = node.meta.get(_meta.SOURCE)  # the prepared node whose value it computes
     return f" at node {node.name!r}" + (f" (computing {source!r})" if source and source != node.name else "")
 
 
@@ -77,7 +79,7 @@ def _on_device(tensor: torch.Tensor) -> bool:
 
 def _nonfinite_message(op: str, x: torch.Tensor, count: Optional[int]) -> str:
     node = calling_node()
-    source = node.meta.get("lucid_fx.source") if node is not None else None
+    source = node.meta.get(_meta.SOURCE) if node is not None else None
     value = f"the value of node {source!r}" if source else "the tensor"
     at = f" (quantized by node {node.name!r} of the converted model)" if node is not None else ""
     where = f" in {count} of its {x.numel()} elements" if count is not None else ""
@@ -140,8 +142,10 @@ def _weights(op: str, qx: torch.Tensor, qw: torch.Tensor, w_scale: torch.Tensor,
     _codes(op, "input", qx)
     if qw.dtype != torch.int8:
         fail(op, f"the weight is {qw.dtype}, not int8 codes", "pass the int8 weight convert made (lucid_fx.convert)")
-    for what, tensor in (("weight", qw), ("weight scale", w_scale), ("bias", bias)):
-        _same_device(op, what, tensor, qx)
+    device = qx.device
+    if qw.device != device or w_scale.device != device or (bias is not None and bias.device != device):
+        for what, tensor in (("weight", qw), ("weight scale", w_scale), ("bias", bias)):
+            _same_device(op, what, tensor, qx)
     if w_scale.numel() != qw.shape[0]:
         fail(op, f"{w_scale.numel()} weight scales for {qw.shape[0]} output channels", "pass one scale per output channel")
     if bias is not None and bias.numel() != qw.shape[0]:
