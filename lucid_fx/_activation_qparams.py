@@ -5,8 +5,9 @@ kernels read Python numbers, not tensors: no ``.item()`` per op). So they were i
 ``state_dict``, and loading the state of a model converted from another calibration reported
 every key matched while the int8 weights of one calibration ran with the activation grids of
 the other. Now every converted graph holds them as a buffer too, :data:`BUFFER`: one row per
-node that outputs codes, in graph order, of ``(scale, zero_point, quant_min, quant_max)`` in
-float64 (exact for both). A ``load_state_dict`` pre-hook refuses a state whose rows differ,
+node that outputs codes, in graph order, of ``(scale, zero_point, quant_min, quant_max)`` as
+int64, the scale by the bits of its float64 value (exact, and ``.half()`` or ``.to(dtype)``, which
+cast floating buffers, leave it alone). A ``load_state_dict`` pre-hook refuses a state whose rows differ,
 naming the first node that differs; the code cannot follow a loaded grid, so refusing is the
 only honest answer.
 """
@@ -22,7 +23,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.quantization.dtypes import to_qdtype
 
-__all__ = ["BUFFER", "record_activation_qparams", "attach_guard", "without_guard"]
+__all__ = ["BUFFER", "record_activation_qparams", "attach_guard", "without_guard", "scales"]
 
 BUFFER = "_lucid_activation_qparams"
 _GRID = re.compile(r".*\[(-?\d+),\s*(-?\d+)\]")  # grids made for a kernel are named "qint[-64,63]"
@@ -42,8 +43,11 @@ def _coded_nodes(gm: fx.GraphModule) -> List[fx.Node]:
 
 def record_activation_qparams(gm: fx.GraphModule) -> fx.GraphModule:
     """Register :data:`BUFFER` on converted ``gm`` from its nodes' ``[QPARAMS]`` and guard its loads."""
-    rows = [(scale, zp, *_grid(grid)) for scale, zp, grid in (n.meta[_meta.QPARAMS] for n in _coded_nodes(gm))]
-    gm.register_buffer(BUFFER, torch.tensor(rows, dtype=torch.float64).reshape(len(rows), 4))
+    qparams = [n.meta[_meta.QPARAMS] for n in _coded_nodes(gm)]
+    rows = torch.zeros(len(qparams), 4, dtype=torch.int64)
+    rows[:, 0] = torch.tensor([scale for scale, _, _ in qparams], dtype=torch.float64).view(torch.int64)
+    rows[:, 1:] = torch.tensor([(zp, *_grid(grid)) for _, zp, grid in qparams], dtype=torch.int64).reshape(-1, 3)
+    gm.register_buffer(BUFFER, rows)
     attach_guard(gm)
     return gm
 
@@ -65,9 +69,15 @@ def without_guard(hooks) -> list:
     return [hook for hook in (hooks.values() if isinstance(hooks, dict) else hooks) if not _is_guard(hook)]
 
 
+def scales(rows: torch.Tensor) -> torch.Tensor:
+    """The float64 scales of :data:`BUFFER` rows."""
+    return rows[:, 0].contiguous().view(torch.float64)
+
+
 def _describe(row: torch.Tensor) -> str:
-    scale, zp, qmin, qmax = row.tolist()
-    return f"scale {scale:.8g}, zero_point {int(zp)}, grid [{int(qmin)}, {int(qmax)}]"
+    scale = scales(row.reshape(1, 4)).item()
+    _, zp, qmin, qmax = row.tolist()
+    return f"scale {scale:.8g}, zero_point {zp}, grid [{qmin}, {qmax}]"
 
 
 def _node_label(gm: fx.GraphModule, index: int) -> str:
@@ -101,7 +111,9 @@ def _refuse_other_calibration(module, state_dict, prefix, local_metadata, strict
             f"load_state_dict: the state's {BUFFER!r}{where} has shape {shape}, this converted model "
             f"{tuple(mine.shape)}: it comes from a model converted differently. {_FIX}"
         )
-    theirs = theirs.detach().to(mine.device, mine.dtype)
+    if theirs.dtype != mine.dtype:
+        raise ValueError(f"load_state_dict: the state's {BUFFER!r}{where} is {theirs.dtype}, not {mine.dtype}. {_FIX}")
+    theirs = theirs.detach().to(mine.device)
     index = _first_difference(mine, theirs)
     if index is not None:
         raise ValueError(

@@ -10,7 +10,7 @@ import torch
 from torch import fx, nn
 
 import lucid_fx
-from lucid_fx._activation_qparams import BUFFER
+from lucid_fx._activation_qparams import BUFFER, scales
 from lucid_fx.kernels import checks
 from lucid_fx.kernels.checks import KernelInputError
 
@@ -105,8 +105,10 @@ def test_activation_qparams_are_in_the_state_dict_as_the_code_uses_them(mode):
     quantize = next(n for n in a.graph.nodes if n.target is torch.ops.lucid_fx.quantize_per_tensor)
     scale, zp, qmin, qmax, _ = quantize.args[1:]
     coded = [n for n in a.graph.nodes if "lucid_fx.qparams" in n.meta]
-    assert rows.dtype == torch.float64 and rows.shape == (len(coded), 4) and len(coded) >= 2
-    assert rows[coded.index(quantize)].tolist() == [scale, zp, qmin, qmax]  # the literal, exactly
+    assert rows.dtype == torch.int64 and rows.shape == (len(coded), 4) and len(coded) >= 2
+    row = coded.index(quantize)
+    assert scales(rows)[row].item() == scale and rows[row, 1:].tolist() == [zp, qmin, qmax]  # the literals, exactly
+    assert [scales(rows)[i].item() for i in range(len(coded))] == [n.meta["lucid_fx.qparams"][0] for n in coded]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -128,7 +130,7 @@ def test_load_state_dict_from_another_calibration_is_refused(mode):
         "load_state_dict: the state was converted from another calibration: node 'quantize_per_tensor' (the value of "
         "'input_1') has scale "
     )
-    scale_a, scale_b = a.state_dict()[BUFFER][0, 0].item(), b.state_dict()[BUFFER][0, 0].item()
+    scale_a, scale_b = scales(a.state_dict()[BUFFER])[0].item(), scales(b.state_dict()[BUFFER])[0].item()
     assert f"scale {scale_a:.8g}" in message and f"scale {scale_b:.8g}" in message and scale_a != scale_b
     assert "convert from the same calibration" in message and "lucid_fx.save / lucid_fx.load" in message
     with torch.no_grad():
@@ -160,9 +162,11 @@ def test_the_guard_survives_deepcopy_save_load_to_and_nesting():
     buffer.seek(0)
     loaded = lucid_fx.load(buffer)
     assert torch.equal(loaded(x), a(x)) and torch.equal(loaded.state_dict()[BUFFER], a.state_dict()[BUFFER])
-    for copy_of_a in (copy.deepcopy(a), loaded, copy.deepcopy(a).to("cpu")):
+    for copy_of_a in (copy.deepcopy(a), loaded, copy.deepcopy(a).to("cpu"), copy.deepcopy(a).half()):
         with pytest.raises(ValueError, match="converted from another calibration"):
             copy_of_a.load_state_dict(b.state_dict())
+    # .half() casts floating buffers: the scales, kept by their bits, are not rounded by it.
+    assert torch.equal(copy.deepcopy(a).half().state_dict()[BUFFER], a.state_dict()[BUFFER])
     outer, other = nn.Sequential(copy.deepcopy(a)), nn.Sequential(b)
     with pytest.raises(ValueError, match=r"converted from another calibration of '0': node 'quantize_per_tensor'"):
         outer.load_state_dict(other.state_dict())
