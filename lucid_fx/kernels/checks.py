@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Dict, NoReturn, Optional
+from typing import Callable, Dict, NoReturn, Optional, Tuple
 
 import torch
 from torch import fx
@@ -77,22 +77,34 @@ def _on_device(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cuda"
 
 
-def _nonfinite_message(op: str, x: torch.Tensor, count: Optional[int]) -> str:
+def _value_and_node(x: torch.Tensor) -> Tuple[str, str]:
     node = calling_node()
     source = node.meta.get(_meta.SOURCE) if node is not None else None
     value = f"the value of node {source!r}" if source else "the tensor"
-    at = f" (quantized by node {node.name!r} of the converted model)" if node is not None else ""
-    where = f" in {count} of its {x.numel()} elements" if count is not None else ""
+    return value, (f" (quantized by node {node.name!r} of the converted model)" if node is not None else "")
+
+
+def _nonfinite_message(op: str, x: torch.Tensor, count: int) -> str:
+    value, at = _value_and_node(x)
     return (
-        f"lucid_fx.{op}: {value}{at} cannot enter the int8 grid: it holds NaN or ±inf{where}, which no int8 code "
-        "represents (they would come back as finite numbers). Clean the input (e.g. torch.nan_to_num(x)), or keep "
-        "the part of the model that produces it in float (QConfigMapping().set_module_name(name, None))"
+        f"lucid_fx.{op}: {value}{at} cannot enter the int8 grid: it holds NaN or ±inf in {count} of its {x.numel()} "
+        "elements, which no int8 code represents (they would come back as finite numbers). Clean the input (e.g. "
+        "torch.nan_to_num(x)), or keep the part of the model that produces it in float "
+        "(QConfigMapping().set_module_name(name, None))"
     )
 
 
 # (op, generated code, line) -> the message of the asynchronous check, which must exist before the
 # check runs: finding the node costs ~9 us (measured, ResNet-like graph), a lookup here well under 1.
 _ASYNC_MESSAGES: Dict[tuple, str] = {}
+# CUDA's _assert_async copies its message into a fixed 256-byte buffer (and refuses a longer one).
+ASYNC_MESSAGE_BYTES = 250
+
+
+def _short_nonfinite_message(op: str, x: torch.Tensor) -> str:
+    value, at = _value_and_node(x)
+    text = f"lucid_fx.{op}: NaN or ±inf in {value}{at}; clean it (torch.nan_to_num) or keep that part float"
+    return text.encode()[:ASYNC_MESSAGE_BYTES].decode(errors="ignore")
 
 
 def _async_message(op: str, x: torch.Tensor) -> str:
@@ -100,19 +112,19 @@ def _async_message(op: str, x: torch.Tensor) -> str:
     while frame is not None and not frame.f_code.co_filename.startswith("<eval_with_key>"):
         frame = frame.f_back
     if frame is None:
-        return _nonfinite_message(op, x, None)
+        return _short_nonfinite_message(op, x)
     key = (op, frame.f_code, frame.f_lineno)
     if key not in _ASYNC_MESSAGES:
         if len(_ASYNC_MESSAGES) >= 1024:
             _ASYNC_MESSAGES.clear()
-        _ASYNC_MESSAGES[key] = _nonfinite_message(op, x, None)
+        _ASYNC_MESSAGES[key] = _short_nonfinite_message(op, x)
     return _ASYNC_MESSAGES[key]
 
 
 def require_finite(op: str, x: torch.Tensor) -> None:
     """Raise unless every element of float ``x`` is finite: one ``aminmax`` pass (min and max are
     both finite iff all elements are). On CUDA the test is ``torch._assert_async``: no host sync,
-    the error surfaces as a device-side assert (its message cannot carry the count)."""
+    the error surfaces as a device-side assert, with a shorter message and no count."""
     if not x.is_floating_point() or x.numel() == 0:
         return
     lo, hi = torch.aminmax(x)

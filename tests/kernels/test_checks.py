@@ -4,6 +4,7 @@ descriptor", or returns garbage), and float values entering the int8 grid must b
 
 import pytest
 import torch
+from torch import fx
 
 from lucid_fx.kernels import checks, use_onednn
 from lucid_fx.kernels.checks import KernelInputError
@@ -150,6 +151,17 @@ def test_the_asynchronous_path_asserts_with_the_same_message(monkeypatch):
     ops.quantize_per_tensor(torch.randn(8), 0.1, 3, 0, 255, U8)  # finite: the assert holds
     with pytest.raises(RuntimeError) as err:
         ops.quantize_per_tensor(torch.tensor([1.0, float("nan")]), 0.1, 3, 0, 255, U8)
-    assert str(err.value).startswith(
-        "lucid_fx.quantize_per_tensor: the tensor cannot enter the int8 grid: it holds NaN or ±inf, which"
+    assert str(err.value) == (
+        "lucid_fx.quantize_per_tensor: NaN or ±inf in the tensor; clean it (torch.nan_to_num) or keep that part float"
     )
+
+
+def test_the_asynchronous_message_fits_cuda_s_buffer(monkeypatch):
+    # torch's CUDA _assert_async copies the message into 256 bytes and refuses a longer one: a long
+    # node name is cut, on a character boundary.
+    node = fx.Graph().placeholder("x" * 300)
+    node.meta["lucid_fx.source"] = "é" * 300
+    monkeypatch.setattr(checks, "calling_node", lambda: node)
+    message = checks._short_nonfinite_message("quantize_per_tensor", torch.zeros(1))
+    assert message.startswith("lucid_fx.quantize_per_tensor: NaN or ±inf in the value of node 'éééé")
+    assert 240 <= len(message.encode()) <= checks.ASYNC_MESSAGE_BYTES < 256
