@@ -144,7 +144,7 @@ def test_finite_extremes_and_empty_tensors_pass():
     assert ops.quantize_per_tensor(torch.empty(0, 4), 0.1, 3, 0, 255, U8).shape == (0, 4)
 
 
-def test_the_asynchronous_path_asserts_with_the_same_message(monkeypatch):
+def test_the_asynchronous_path_asserts_without_a_host_sync(monkeypatch):
     # CUDA runs the check as torch._assert_async (no host sync); on CPU that op raises at once,
     # so the CUDA branch's logic runs here when the check believes it is on a device.
     monkeypatch.setattr(checks, "_on_device", lambda tensor: True)
