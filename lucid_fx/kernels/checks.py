@@ -27,7 +27,7 @@ from torch import fx
 
 from lucid_fx import _meta
 
-__all__ = ["KernelInputError", "calling_node", "require_finite", "CHECKS"]
+__all__ = ["KernelInputError", "calling_node", "require_finite", "refuse_nonfinite", "is_async", "CHECKS"]
 
 _CODES = (torch.uint8, torch.int8)
 _FEED_FLOAT = (
@@ -72,7 +72,7 @@ def fail(op: str, problem: str, fix: str) -> NoReturn:
     raise KernelInputError(f"lucid_fx.{op}{_at(calling_node())}: {problem}; {fix}")
 
 
-def _on_device(tensor: torch.Tensor) -> bool:
+def is_async(tensor: torch.Tensor) -> bool:
     """Whether checks on ``tensor`` run asynchronously (CUDA: a host sync per check would stall the stream)."""
     return tensor.device.type == "cuda"
 
@@ -128,10 +128,17 @@ def require_finite(op: str, x: torch.Tensor) -> None:
     if not x.is_floating_point() or x.numel() == 0:
         return
     lo, hi = torch.aminmax(x)
-    if _on_device(x):
+    if is_async(x):
         torch._assert_async(torch.isfinite(lo) & torch.isfinite(hi), _async_message(op, x))
     elif not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
-        count = int(x.numel() - torch.isfinite(x).sum())
+        refuse_nonfinite(op, x)
+
+
+def refuse_nonfinite(op: str, x: torch.Tensor) -> None:
+    """Raise, counting them, if ``x`` holds NaN or ±inf (a second pass, taken only when a cheaper
+    test has already seen something non-finite)."""
+    count = int(x.numel() - torch.isfinite(x).sum())
+    if count:
         raise KernelInputError(_nonfinite_message(op, x, count))
 
 
@@ -211,7 +218,7 @@ def _quantize(x, scale, zero_point, *rest) -> None:
     if x.is_complex():
         fail("quantize_per_tensor", f"the value is {x.dtype}; the int8 grid holds real numbers",
              "pass the real part (x.real) or keep this part of the model in float")
-    require_finite("quantize_per_tensor", x)
+    # NaN and ±inf: checked inside the kernel's own pass (lucid_fx.kernels.quantize), almost free there.
 
 
 def _quantize_per_channel(x, scale, zero_point, axis, *rest) -> None:
@@ -232,7 +239,7 @@ _POOL_RANKS = (3, 4)
 
 #: op name -> check called with the op's arguments before any kernel of that op (every device).
 CHECKS: Dict[str, Callable[..., None]] = {
-    "quantize_per_tensor": _quantize,  # real values only, and finite: NaN/inf have no code
+    "quantize_per_tensor": _quantize,  # real values only (finite ones: the kernel checks in its pass)
     "quantize_per_channel": _quantize_per_channel,  # the same for a weight quantized in the graph
     "dequantize_per_tensor": _dequantize("dequantize_per_tensor"),  # integer codes only
     "dequantize_per_channel": _dequantize("dequantize_per_channel"),  # integer codes only

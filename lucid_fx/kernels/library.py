@@ -23,7 +23,7 @@ from typing import Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention
+from lucid_fx.kernels import attention, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
@@ -165,9 +165,10 @@ def _fake_max_pool2d(q, kernel_size, stride, padding, dilation, ceil_mode):
     return _empty(shape, q, q.dtype, ref._pool_format(q))
 
 
-# (reference kernel, fake kernel) per op; the op's name is the reference function's name.
+# (reference kernel, fake kernel) per op; the op's name is the reference function's name. The
+# quantize at the float-to-int8 boundary also refuses NaN and ±inf (lucid_fx.kernels.quantize).
 _DEFINITIONS = [
-    (ref.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
+    (quantize.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_tensor, lambda q, scale, zp: torch.empty_like(q, dtype=_F32)),
     (ref.quantize_per_channel, lambda x, scale, zp, axis, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_channel, lambda q, scale, zp, axis: torch.empty_like(q, dtype=_F32)),

@@ -147,7 +147,7 @@ def test_finite_extremes_and_empty_tensors_pass():
 def test_the_asynchronous_path_asserts_without_a_host_sync(monkeypatch):
     # CUDA runs the check as torch._assert_async (no host sync); on CPU that op raises at once,
     # so the CUDA branch's logic runs here when the check believes it is on a device.
-    monkeypatch.setattr(checks, "_on_device", lambda tensor: True)
+    monkeypatch.setattr(checks, "is_async", lambda tensor: True)
     ops.quantize_per_tensor(torch.randn(8), 0.1, 3, 0, 255, U8)  # finite: the assert holds
     with pytest.raises(RuntimeError) as err:
         ops.quantize_per_tensor(torch.tensor([1.0, float("nan")]), 0.1, 3, 0, 255, U8)
