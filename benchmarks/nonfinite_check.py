@@ -1,6 +1,10 @@
 """What the NaN/±inf check at the float-to-int8 boundaries costs a converted model.
 
     python benchmarks/nonfinite_check.py [--rounds 41] [--models mlp_b64,mlp_b1,resnet_1x] [--threads N]
+                                         [--input-checks]
+
+``--input-checks`` measures the kernels' input checks (``lucid_fx.kernels.checks.CHECKS``: shapes,
+dtypes, devices) the same way instead, turned off by emptying every entry of the table.
 
 Each model is converted once and called with and without the check in the same process (the
 check turned off by replacing ``lucid_fx.kernels.quantize.codes_need_clamp`` with "always
@@ -26,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
-from lucid_fx.kernels import quantize  # noqa: E402
+from lucid_fx.kernels import checks, quantize  # noqa: E402
 
 
 def _calls_per_block(fn, x) -> int:
@@ -44,36 +48,49 @@ def _block(qmodel, x, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def measure(qmodel, x, rounds: int) -> dict:
+def _finite_check(on: bool) -> None:
+    quantize.codes_need_clamp = _REAL_CHECK if on else (lambda codes, quant_min, quant_max, value: True)
+
+
+def _input_checks(on: bool) -> None:
+    checks.CHECKS.update(_REAL_CHECKS if on else {name: (lambda *args: None) for name in _REAL_CHECKS})
+
+
+_REAL_CHECK, _REAL_CHECKS = quantize.codes_need_clamp, dict(checks.CHECKS)
+
+
+def measure(qmodel, x, rounds: int, switch=_finite_check) -> dict:
     """Median seconds per call with the check ("on") and without it ("off"); "control" is a second
-    "off" (the same function), whose difference from "off" shows what noise alone does."""
-    real = quantize.codes_need_clamp
-    unchecked = lambda codes, quant_min, quant_max, value: True  # noqa: E731
-    variants = {"on": real, "off": unchecked, "control": unchecked}
-    samples = {name: [] for name in variants}
+    "off", whose difference from "off" shows what noise alone does."""
+    samples = {name: [] for name in ("on", "off", "control")}
     with torch.no_grad():
         n = _calls_per_block(qmodel, x)
         for _ in range(rounds):
-            times = dict.fromkeys(variants, 0.0)
+            times = dict.fromkeys(samples, 0.0)
             for variant in ("on", "off", "control", "control", "off", "on"):  # same positions on average
-                quantize.codes_need_clamp = variants[variant]
+                switch(variant == "on")
                 times[variant] += _block(qmodel, x, n) / 2
             for variant, seconds in times.items():
                 samples[variant].append(seconds)
-    quantize.codes_need_clamp = real
-    codes = (x * 50).round_()  # codes of the model's input, as the kernel sees them
-    alone = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(100):
-            real(codes, 0, 255, x)
-        alone.append((time.perf_counter() - start) / 100)
+    switch(True)
 
     def paired(a: str, b: str) -> float:
         return statistics.median(x / y - 1 for x, y in zip(samples[a], samples[b]))
 
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    return {**medians, "alone": statistics.median(alone), "paired": paired("on", "off"), "noise": paired("control", "off")}
+    return {**medians, "paired": paired("on", "off"), "noise": paired("control", "off")}
+
+
+def finite_check_alone(x, rounds: int) -> float:
+    """Median seconds of the finite check by itself on the codes of ``x`` (one aminmax, two reads)."""
+    codes = (x * 50).round_()
+    alone = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(100):
+            _REAL_CHECK(codes, 0, 255, x)
+        alone.append((time.perf_counter() - start) / 100)
+    return statistics.median(alone)
 
 
 def main() -> None:
@@ -81,19 +98,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--models", default="mlp_b64,mlp_b1,resnet_1x")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--input-checks", action="store_true", help="measure the kernels' input checks instead")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # one thread is steadier on a shared machine (no spinning barriers)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
-    print("| model | with check (ms) | without (ms) | with / without | control / without | check alone (us) | check / model time |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    what = "the kernels' input checks" if args.input_checks else "the finite check"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds: {what}")
+    print("| model | with (ms) | without (ms) | with / without | control / without | check alone (us) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name in args.models.split(","):
         model, example, make_batch = MODELS[name]()
         qmodel = lucid_fx.quantize(model, (example,), [make_batch(s) for s in range(4)])
-        t = measure(qmodel, make_batch(100), args.rounds)
-        alone = t["alone"] / t["off"] * 100
-        print(f"| {name} | {t['on'] * 1e3:.3f} | {t['off'] * 1e3:.3f} | {t['paired'] * 100:+.2f}% | {t['noise'] * 100:+.2f}% "
-              f"| {t['alone'] * 1e6:.1f} | {alone:.2f}% |")
+        x = make_batch(100)
+        t = measure(qmodel, x, args.rounds, _input_checks if args.input_checks else _finite_check)
+        alone = "-" if args.input_checks else f"{finite_check_alone(x, args.rounds) * 1e6:.1f}"
+        print(f"| {name} | {t['on'] * 1e3:.3f} | {t['off'] * 1e3:.3f} | {t['paired'] * 100:+.2f}% "
+              f"| {t['noise'] * 100:+.2f}% | {alone} |")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 The codes are :func:`lucid_fx.kernels.reference.quant`'s, bit for bit: ``clamp(round(x * (1 /
 scale)) + zero_point)``. The finite check rides on that pass: one ``aminmax`` of the unclamped
 codes finds NaN or ±inf (they stay non-finite through the multiply and the round) and also says
-whether the clamp is needed at all, so a value inside the grid skips it. Measured against the
-unchecked kernel, in the same process, this costs 1.0% of the 3-layer MLP at batch 64 and 2.5% at
-batch 1, where a separate ``aminmax`` of the input cost 6.3% and 8.8% (2 shared cores, 1 thread).
+whether the clamp is needed at all, so a value inside the grid skips it. Against the unchecked
+kernel in the same process (``benchmarks/nonfinite_check.py``, 1 thread) it costs 1.5-1.8% of the
+3-layer MLP at batch 64, 2.2-2.6% at batch 1 and 0-0.4% of the ResNet-like model; a separate
+``aminmax`` of the input before the kernel measured about twice that on the MLPs.
 
 On CUDA, where reading the min and max back would stall the stream, the input is checked with
 ``torch._assert_async`` (:func:`lucid_fx.kernels.checks.require_finite`) and the clamp always runs.
