@@ -195,15 +195,21 @@ def _conv(op: str, rank: int):
     return check
 
 
-def _codes_only(op: str, count: int = 1, ranks: Optional[tuple] = None):
-    def check(*args) -> None:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)][:count]
-        for i, q in enumerate(tensors):
-            _codes(op, "input" if count == 1 else f"input {i}", q)
-            _same_device(op, f"input {i}", q, tensors[0])
-        if ranks is not None and tensors[0].dim() not in ranks:
-            fail(op, f"the input has shape {tuple(tensors[0].shape)}, and this kernel takes {' or '.join(map(str, ranks))}-D "
+def _unary(op: str, ranks: Optional[tuple] = None):
+    def check(q, *rest) -> None:
+        _codes(op, "input", q)
+        if ranks is not None and q.dim() not in ranks:
+            fail(op, f"the input has shape {tuple(q.shape)}, and this kernel takes {' or '.join(map(str, ranks))}-D "
                  "(C, H, W) or (N, C, H, W) codes", "feed inputs of the shape the float model takes")
+
+    return check
+
+
+def _binary(op: str):
+    def check(qa, a_scale, a_zp, qb, *rest) -> None:
+        _codes(op, "input 0", qa)
+        _codes(op, "input 1", qb)
+        _same_device(op, "input 1", qb, qa)
 
     return check
 
@@ -247,14 +253,14 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "conv1d": _conv("conv1d", 3),  # as linear, batched (N, C, L), C == weight channels * groups
     "conv2d": _conv("conv2d", 4),  # as linear, batched (N, C, H, W), C == weight channels * groups
     "conv2d_add": _conv("conv2d_add", 4),  # conv2d's checks, and the residual is codes too
-    "add": _codes_only("add", 2),  # two code tensors on one device
-    "mul": _codes_only("mul", 2),  # two code tensors on one device
-    "matmul": _codes_only("matmul", 2),  # two code tensors on one device
-    "lut": _codes_only("lut"),  # codes (the table is indexed by code)
-    "softmax": _codes_only("softmax"),  # codes
+    "add": _binary("add"),  # two code tensors on one device
+    "mul": _binary("mul"),  # two code tensors on one device
+    "matmul": _binary("matmul"),  # two code tensors on one device
+    "lut": _unary("lut"),  # codes (the table is indexed by code)
+    "softmax": _unary("softmax"),  # codes
     "cat": _cat,  # every part is codes, on one device
-    "avg_pool2d": _codes_only("avg_pool2d", ranks=_POOL_RANKS),  # codes, (C, H, W) or (N, C, H, W)
-    "adaptive_avg_pool2d": _codes_only("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
-    "mean": _codes_only("mean"),  # codes
-    "max_pool2d": _codes_only("max_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
+    "avg_pool2d": _unary("avg_pool2d", ranks=_POOL_RANKS),  # codes, (C, H, W) or (N, C, H, W)
+    "adaptive_avg_pool2d": _unary("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
+    "mean": _unary("mean"),  # codes
+    "max_pool2d": _unary("max_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
 }
