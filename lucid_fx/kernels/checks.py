@@ -2,8 +2,10 @@
 
 oneDNN answers an input it cannot take with "could not create a primitive descriptor" or, worse,
 with numbers (a weight on ``meta``, a scale per channel too few). Each op here is checked on
-shapes, dtypes and devices only, never on the data, except that float values entering the int8
-grid are checked for NaN and ±inf (one ``aminmax``: the min and max are finite iff every element is).
+shapes, dtypes and devices only, never on the data. Float values entering the int8 grid must also
+be finite: ``quantize_per_tensor`` checks that inside its own pass (:mod:`lucid_fx.kernels.quantize`),
+``quantize_per_channel`` and CUDA with :func:`require_finite` (one ``aminmax``: the min and max are
+finite iff every element is).
 
 A failing check raises :class:`KernelInputError` (a ``ValueError``) naming the op, what is wrong
 and what to do, and the graph node that called the kernel when it was called from a converted
