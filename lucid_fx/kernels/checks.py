@@ -216,6 +216,11 @@ def _binary(op: str):
     return check
 
 
+def _masked_softmax(q, scale, zp, mask, *rest) -> None:
+    _codes("masked_softmax", "scores tensor", q)
+    _same_device("masked_softmax", "mask", mask, q)
+
+
 def _cat(qs, scales, zps, dim, out_scale, out_zp) -> None:
     for i, q in enumerate(qs):
         _codes("cat", f"input {i}", q)
@@ -260,6 +265,7 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "matmul": _binary("matmul"),  # two code tensors on one device
     "lut": _unary("lut"),  # codes (the table is indexed by code)
     "softmax": _unary("softmax"),  # codes
+    "masked_softmax": _masked_softmax,  # the scores are codes, the (float or bool) mask on their device
     "cat": _cat,  # every part is codes, on one device
     "avg_pool2d": _unary("avg_pool2d", ranks=_POOL_RANKS),  # codes, (C, H, W) or (N, C, H, W)
     "adaptive_avg_pool2d": _unary("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
