@@ -50,7 +50,7 @@ def check_scale(value: Any, who: str = "FixedQParamsObserver") -> float:
         as_f64 = float(number)
     except OverflowError:  # a Python int beyond float64
         as_f64 = math.inf
-    as_f32 = float(torch.tensor(as_f64, dtype=torch.float32))
+    as_f32 = float(torch.tensor(as_f64, dtype=torch.float32, device="cpu"))  # on the CPU even under a device context
     if not (math.isfinite(as_f32) and as_f32 >= _F32.tiny):  # NaN fails the comparisons too
         note = f" ({as_f32:g} in float32)" if math.isfinite(as_f64) and as_f64 > 0 and as_f32 != as_f64 else ""
         raise ValueError(f"{who}: scale must be {_VALID_SCALE}, got {_shown(value)}{note}")

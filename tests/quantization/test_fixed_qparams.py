@@ -163,3 +163,12 @@ def test_fixed_fake_quantize_checks_its_own_qparams_on_load():
     with pytest.raises(ValueError, match=r"FixedQParamsObserver 'activation_post_process': zero_point must be .*got 999"):
         fq.load_state_dict(state)
     assert fq(torch.tensor([0.5])).item() == 0.5  # unchanged, still on the 1/256 grid
+
+
+def test_builds_under_a_meta_device_context():
+    # lucid_fx.load builds a twin of each module under torch.device("meta") to compare it with the file.
+    with torch.device("meta"):
+        obs = Q.FixedQParamsObserver(1 / 256, 0)
+        with pytest.raises(ValueError, match=r"got 1e\+39 \(inf in float32\)"):
+            Q.FixedQParamsObserver(1e39, 0)
+    assert obs.scale.is_meta and obs.zero_point.is_meta
