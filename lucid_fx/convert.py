@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, Iterable, Optional
 
 import torch
 from torch import fx, nn
 
+from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
@@ -31,6 +33,34 @@ def _uncalibrated(gm: fx.GraphModule):
     for name, observer in getattr(gm, OBSERVERS).items():
         if getattr(observer, "has_data", True) is False:
             yield name
+
+
+def _node_reading(model: nn.Module, name: str) -> str:
+    """`` at node 'x'`` for the graph node that reads tensor ``name`` (a get_attr of it, or a call of its module)."""
+    owner = name.rsplit(".", 1)[0] if "." in name else ""
+    for path, gm in model.named_modules():
+        if not isinstance(gm, fx.GraphModule):
+            continue
+        prefix = f"{path}." if path else ""
+        for node in gm.graph.nodes:
+            if (node.op, prefix + str(node.target)) in (("get_attr", name), ("call_module", owner)):
+                return f" (read by node {node.name!r})"
+    return ""
+
+
+def _require_data(model: nn.Module) -> None:
+    # A weight on meta has a shape and no values: quantizing it failed deep in a reduction, and a
+    # converted weight moved there later ran the kernels' shape-only meta path, returning garbage.
+    named = itertools.chain(
+        (("parameter", n, t) for n, t in model.named_parameters()), (("buffer", n, t) for n, t in model.named_buffers())
+    )
+    for kind, name, tensor in named:
+        if tensor.is_meta:
+            raise ValueError(
+                f"convert: {kind} {name!r}{_node_reading(model, name)} is on the meta device, so it holds no values to "
+                "quantize. Load the real weights first (model.to_empty(device='cpu') then model.load_state_dict(state), "
+                "or load_state_dict(state, assign=True)), calibrate, then convert"
+            )
 
 
 def _strip_qat(gm: nn.Module) -> None:
@@ -61,8 +91,10 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
     fold_batchnorm(gm)
     weight_range = weight_quant_range(model_device(gm) or torch.device("cuda" if backend == "cuda" else "cpu"))
     if reference:
-        return insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend))), ConvertReport("reference")
-    return lower_to_int8(gm, registry.lowerings, backend, weight_range)
+        converted = insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend)))
+        return record_activation_qparams(converted), ConvertReport("reference")
+    converted, report = lower_to_int8(gm, registry.lowerings, backend, weight_range)
+    return record_activation_qparams(converted), report
 
 
 def _convert_tree(model: nn.Module, backend, reference, registry, reports, path="") -> nn.Module:
@@ -118,6 +150,7 @@ def convert(
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     check_backend_device("convert", prepared, backend)
     require_float32("convert", prepared)
+    _require_data(prepared)
     work = prepared if inplace else copy.deepcopy(prepared)
     reports: dict = {}
     converted = _convert_tree(work, backend, reference, registry or current_registry(), reports)

@@ -29,6 +29,7 @@ from torch import fx, nn
 
 from lucid_fx import _allowlist, _meta, _parametrized
 from lucid_fx import _load_modules as M
+from lucid_fx._activation_qparams import attach_guard, without_guard
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
 from lucid_fx._load_tree import decode_module, where_is
@@ -121,7 +122,7 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
     seen[id(module)] = path
     where = where_is(path)
     for key, value in module.__dict__.items():
-        if "hook" in key and isinstance(value, (dict, list)) and value:
+        if "hook" in key and isinstance(value, (dict, list)) and without_guard(value):
             raise NotSerializable(f"{where} ({type(module).__name__}) has {key} registered; hooks are code, which "
                                   "lucid_fx.save does not write: remove them before saving and add them again after loading")
     _check_attributes_load_takes(module, where)
@@ -227,4 +228,5 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
     for path, module in model.named_modules():
         if isinstance(module, fx.GraphModule):
             check_runs(module, where_is(path))
+            attach_guard(module)  # the activation-qparams guard: lucid_fx's own hook, which save does not write
     return model

@@ -5,7 +5,9 @@ with per-tensor affine qparams; weights are plain ``int8`` codes with per-channe
 scales. CPU kernels use oneDNN (packed weights cached per weight), CUDA kernels
 ``torch._int_mm``; every other device runs the reference kernels (dequantize, float op,
 quantize). Each op's semantics are documented on its reference function in
-:mod:`lucid_fx.kernels.reference`; the public helpers are listed in ``__all__``.
+:mod:`lucid_fx.kernels.reference`; the public helpers are listed in ``__all__``. Inputs an op
+cannot take, and NaN/±inf entering the int8 grid, raise :class:`KernelInputError`
+(:mod:`lucid_fx.kernels.checks`).
 
 >>> import lucid_fx.kernels
 >>> x = torch.ops.lucid_fx.quantize_per_tensor(torch.rand(2, 8), 1 / 255, 0, 0, 255, torch.uint8)
@@ -18,6 +20,7 @@ from lucid_fx.kernels import library  # noqa: F401  (defines the ops)
 from lucid_fx.kernels import cuda  # noqa: F401  (registers CUDA kernels)
 from lucid_fx.kernels import cpu  # noqa: F401  (registers CPU kernels)
 from lucid_fx.kernels import cpu_float  # noqa: F401  (registers CPU kernels computed in float32)
+from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.kernels.cpu import onednn_available, use_onednn, weight_quant_range
 from lucid_fx.kernels.cpu_features import cpu_features, force_cpu_features
 from lucid_fx.kernels.library import WeightCache
@@ -25,5 +28,5 @@ from lucid_fx.kernels.reference import make_lut
 
 __all__ = [
     "weight_quant_range", "make_lut", "use_onednn", "onednn_available", "WeightCache", "cpu_features",
-    "force_cpu_features",
+    "force_cpu_features", "KernelInputError",
 ]

@@ -23,8 +23,9 @@ from typing import Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention
+from lucid_fx.kernels import attention, quantize
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.checks import CHECKS, fail
 
 __all__ = ["OPS", "LIB", "WeightCache", "register_kernel", "conv_output_shape"]
 
@@ -40,15 +41,45 @@ def _define(fn: Callable, fake: Callable) -> None:
     # Zero points, strides and sizes are graph constants: "int", not the inferred "SymInt".
     schema = torch.library.infer_schema(fn, mutates_args=()).replace("SymInt", "int")
     LIB.define(name + schema)
-    LIB.impl(name, fn, "CompositeExplicitAutograd")  # the default kernel, for every device
-    torch.library.register_fake(f"lucid_fx::{name}", fake, lib=LIB)
+    LIB.impl(name, _checked(name, fn), "CompositeExplicitAutograd")  # the default kernel, for every device
+    torch.library.register_fake(f"lucid_fx::{name}", _no_meta_mix(name, fake), lib=LIB)
     OPS[name] = getattr(torch.ops.lucid_fx, name).default
 
 
 def register_kernel(name: str, device: str, fn: Callable) -> Callable:
-    """Make ``fn`` the kernel of ``lucid_fx::name`` for ``device`` ("cpu", "cuda"); returns ``fn``."""
-    LIB.impl(name, fn, device.upper())
+    """Make ``fn`` the kernel of ``lucid_fx::name`` for ``device`` ("cpu", "cuda"); returns ``fn``.
+
+    The op's input check (:data:`lucid_fx.kernels.checks.CHECKS`) runs first, whichever kernel serves."""
+    LIB.impl(name, _checked(name, fn), device.upper())
     return fn
+
+
+def _no_meta_mix(name: str, fake: Callable) -> Callable:
+    """The fake kernel also serves real calls with a tensor on ``meta`` (the dispatcher picks the
+    meta kernel); with real tensors beside it that would return uninitialised memory as a result."""
+    def kernel(*args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] + [t for a in args if isinstance(a, list) for t in a
+                                                                     if isinstance(t, torch.Tensor)]
+        on_meta = [t.device.type == "meta" for t in tensors]
+        if any(on_meta) and not all(on_meta):
+            real = next(t.device for t in tensors if t.device.type != "meta")
+            fail(name, f"{sum(on_meta)} of its {len(tensors)} tensor inputs are on the meta device, which holds no data, "
+                 f"and the others on {real}", "load real weights into the model, on the device of its inputs, and convert again")
+        return fake(*args)
+
+    return kernel
+
+
+def _checked(name: str, fn: Callable) -> Callable:
+    if name not in CHECKS:
+        return fn
+
+    def kernel(*args):
+        CHECKS[name](*args)  # looked up per call (~50 ns), so the table can be swapped (benchmarks)
+        return fn(*args)
+
+    kernel.__name__, kernel.__qualname__, kernel.__wrapped__ = fn.__name__, fn.__qualname__, fn
+    return kernel
 
 
 def _empty(shape, like: torch.Tensor, dtype: torch.dtype, memory_format=torch.contiguous_format) -> torch.Tensor:
@@ -133,9 +164,10 @@ def _fake_max_pool2d(q, kernel_size, stride, padding, dilation, ceil_mode):
     return _empty(shape, q, q.dtype, ref._pool_format(q))
 
 
-# (reference kernel, fake kernel) per op; the op's name is the reference function's name.
+# (reference kernel, fake kernel) per op; the op's name is the reference function's name. The
+# quantize at the float-to-int8 boundary also refuses NaN and ±inf (lucid_fx.kernels.quantize).
 _DEFINITIONS = [
-    (ref.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
+    (quantize.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_tensor, lambda q, scale, zp: torch.empty_like(q, dtype=_F32)),
     (ref.quantize_per_channel, lambda x, scale, zp, axis, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_channel, lambda q, scale, zp, axis: torch.empty_like(q, dtype=_F32)),

@@ -7,13 +7,9 @@ from typing import Any, Callable, Tuple
 import torch
 from torch import nn
 
+from lucid_fx.quantization.fixed_qparams import FixedQParamsObserver, check_fixed_state
 from lucid_fx.quantization.functional import fake_quantize
-from lucid_fx.quantization.observers import (
-    FixedQParamsObserver,
-    MovingAverageMinMaxObserver,
-    ObserverBase,
-    _Factory,
-)
+from lucid_fx.quantization.observers import MovingAverageMinMaxObserver, ObserverBase, _Factory
 
 __all__ = ["FakeQuantize", "FixedQParamsFakeQuantize"]
 
@@ -118,3 +114,8 @@ class FixedQParamsFakeQuantize(FakeQuantize):
             )
         self._store_qparams(*self.activation_post_process.calculate_qparams())
         self.disable_observer()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # Its own scale and zero point are what fake_quantize uses: as checked as the observer's.
+        check_fixed_state(state_dict, prefix, self.qdtype, type(self).__name__)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)

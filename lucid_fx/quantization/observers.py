@@ -2,20 +2,20 @@
 
 Statistics live in registered buffers, so they persist through ``state_dict`` and move
 with ``.to(device)``. Non-finite values are skipped (and counted) rather than allowed to
-poison a running range.
+poison a running range. The base classes live in :mod:`~lucid_fx.quantization.observer_base`
+and :class:`FixedQParamsObserver` in :mod:`~lucid_fx.quantization.fixed_qparams`; all are
+importable from here.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import warnings
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
-from torch import nn
 
-from lucid_fx.quantization.dtypes import QDtype, QParams, QScheme, to_qdtype, to_qscheme
+from lucid_fx.quantization.dtypes import QDtype, QScheme, to_qscheme
+from lucid_fx.quantization.fixed_qparams import FixedQParamsObserver
+from lucid_fx.quantization.observer_base import ObserverBase, _Factory, _StatisticsObserver  # noqa: F401 (re-exported)
 from lucid_fx.quantization.qparams import calculate_qparams
 
 __all__ = [
@@ -28,116 +28,6 @@ __all__ = [
     "PlaceholderObserver",
     "NoopObserver",
 ]
-
-
-class _Factory(functools.partial):
-    """A zero-argument observer factory made by ``with_args``, with a readable repr."""
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.keywords.items())
-        return f"{self.func.__name__}.with_args({args})"
-
-
-class ObserverBase(nn.Module):
-    """Base of every observer: a scheme, a grid, an optional channel axis and an eps floor.
-
-    Args:
-        qscheme: a :class:`QScheme` or its name.
-        qdtype: a :class:`QDtype`, its name, or the matching torch dtype.
-        ch_axis: channel axis for per-channel schemes.
-        eps: smallest scale ever returned.
-    """
-
-    def __init__(
-        self,
-        qscheme: Union[QScheme, str] = QScheme.PER_TENSOR_AFFINE,
-        qdtype: Union[QDtype, str, torch.dtype] = "quint8",
-        ch_axis: Optional[int] = None,
-        eps: float = 1e-8,
-    ) -> None:
-        super().__init__()
-        self.qscheme = to_qscheme(qscheme)
-        self.qdtype = to_qdtype(qdtype)
-        if self.qscheme.is_per_channel and ch_axis is None:
-            raise ValueError(f"{type(self).__name__}: {self.qscheme.value} needs a ch_axis")
-        self.ch_axis = ch_axis
-        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"{type(self).__name__}: eps must be a positive finite number, got {eps!r}")
-        self.eps = float(eps)
-        # Set by prepare to the graph node this observer watches; used in messages.
-        self.observer_name = type(self).__name__
-
-    @classmethod
-    def with_args(cls, **kwargs: Any) -> Callable[[], "ObserverBase"]:
-        """A zero-argument factory that builds this observer with ``kwargs``.
-
-        >>> make = MinMaxObserver.with_args(qdtype="qint8")
-        >>> make().qdtype
-        lucid_fx.quantization.qint8
-        """
-        return _Factory(cls, **kwargs)
-
-    @property
-    def quant_min(self) -> int:
-        return self.qdtype.quant_min
-
-    @property
-    def quant_max(self) -> int:
-        return self.qdtype.quant_max
-
-    def calculate_qparams(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} does not compute qparams")
-
-    def qparams(self) -> QParams:
-        """The computed qparams as one :class:`QParams` bundle."""
-        scale, zero_point = self.calculate_qparams()
-        return QParams(scale, zero_point, self.qscheme, self.qdtype, self.ch_axis if self.qscheme.is_per_channel else None)
-
-    def extra_repr(self) -> str:
-        axis = f", ch_axis={self.ch_axis}" if self.ch_axis is not None else ""
-        return f"qscheme={self.qscheme.value}, qdtype={self.qdtype.name}{axis}"
-
-
-class _StatisticsObserver(ObserverBase):
-    """Shared machinery of observers that collect statistics: non-finite skipping and the
-    "saw no data" default."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.register_buffer("nonfinite_count", torch.tensor(0, dtype=torch.int64))
-        self._warned_nonfinite = False
-
-    def _count_nonfinite(self, x: torch.Tensor, extremes: Tuple[torch.Tensor, ...] = ()) -> Optional[torch.Tensor]:
-        """Mask of finite values, or ``None`` when all are finite; counts and warns once.
-
-        ``extremes`` are the batch's min/max: they propagate NaN and keep inf, so when they are
-        finite the data is, and the full scan (costly on large weights) is skipped."""
-        if extremes and all(bool(torch.isfinite(e).all()) for e in extremes):
-            return None
-        finite = torch.isfinite(x)
-        if bool(finite.all()):
-            return None
-        bad = int((~finite).sum())
-        self.nonfinite_count += bad
-        if not self._warned_nonfinite:
-            self._warned_nonfinite = True
-            warnings.warn(
-                f"{self.observer_name}: skipped {bad} non-finite value(s) (NaN/inf) in observed data; "
-                "they are excluded from the statistics (the running total is in .nonfinite_count)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return finite
-
-    def _uncalibrated_qparams(self, shape: Tuple[int, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
-        warnings.warn(
-            f"{self.observer_name}: saw no data; run calibration before asking for qparams. "
-            "Returning scale=1.0, zero_point=0",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        device = self.nonfinite_count.device
-        return torch.ones(shape, device=device), torch.zeros(shape, dtype=torch.int64, device=device)
 
 
 class MinMaxObserver(_StatisticsObserver):
@@ -337,71 +227,6 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         c = self.averaging_constant
         self.min_val.add_(c * (cur_min - self.min_val))
         self.max_val.add_(c * (cur_max - self.max_val))
-
-
-class FixedQParamsObserver(ObserverBase):
-    """Observer with a fixed (scale, zero_point): no statistics collected.
-
-    For ops whose output range is known a priori (sigmoid, softmax -> [0, 1]; tanh -> [-1, 1])
-    the qparams are a closed-form function of the grid; ``forward`` is a pure identity and
-    :meth:`calculate_qparams` returns the stored pair verbatim, valid right after construction.
-    ``qscheme`` and ``eps`` are metadata only.
-
-    >>> obs = FixedQParamsObserver(scale=1.0 / 256, zero_point=0)
-    >>> scale, zero_point = obs.calculate_qparams()
-    >>> round(scale.item(), 6), int(zero_point.item())
-    (0.003906, 0)
-    """
-
-    def __init__(
-        self,
-        scale: float,
-        zero_point: int,
-        qscheme: Union[QScheme, str] = QScheme.PER_TENSOR_AFFINE,
-        qdtype: Union[QDtype, str, torch.dtype] = "quint8",
-        eps: float = 1e-8,
-    ) -> None:
-        super().__init__(qscheme, qdtype, None if not to_qscheme(qscheme).is_per_channel else 0, eps)
-        try:
-            scale_f = float(scale)
-        except (TypeError, ValueError):
-            raise ValueError(f"FixedQParamsObserver: scale must be a number, got {scale!r}") from None
-        if not (math.isfinite(scale_f) and scale_f > 0):
-            raise ValueError(f"FixedQParamsObserver: scale must be positive and finite, got {scale!r}")
-        if isinstance(zero_point, torch.Tensor):
-            zero_point = zero_point.item()
-        if isinstance(zero_point, bool) or not float(zero_point).is_integer():
-            raise ValueError(f"FixedQParamsObserver: zero_point must be an integer, got {zero_point!r}")
-        zp = int(zero_point)
-        if not self.qdtype.quant_min <= zp <= self.qdtype.quant_max:
-            raise ValueError(
-                f"FixedQParamsObserver: zero_point {zp} lies outside the {self.qdtype.name} grid "
-                f"[{self.qdtype.quant_min}, {self.qdtype.quant_max}]"
-            )
-        self.register_buffer("scale", torch.tensor(scale_f, dtype=torch.float32))
-        self.register_buffer("zero_point", torch.tensor(zp, dtype=torch.int64))
-
-    @classmethod
-    def for_interval(cls, lo: float, hi: float, qdtype: Union[QDtype, str, torch.dtype] = "quint8") -> "FixedQParamsObserver":
-        """The observer for an op whose output provably lies in ``[lo, hi]``.
-
-        >>> FixedQParamsObserver.for_interval(-1.0, 1.0, "quint8").zero_point
-        tensor(128)
-        """
-        from lucid_fx.quantization.qparams import fixed_qparams_for_interval
-
-        scale, zero_point = fixed_qparams_for_interval(lo, hi, qdtype)
-        return cls(scale, zero_point, qdtype=qdtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def calculate_qparams(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.scale, self.zero_point
-
-    def extra_repr(self) -> str:
-        return f"scale={self.scale.item():.6g}, zero_point={int(self.zero_point)}, " + super().extra_repr()
-
 
 class PlaceholderObserver(ObserverBase):
     """Carries a dtype to where it is needed; collects no statistics and has no qparams."""

@@ -7,58 +7,6 @@ import torch
 import lucid_fx.quantization as Q
 
 
-# --- FixedQParamsObserver: the seed page, exactly -------------------------------------------------
-
-
-def test_fixed_signature_defaults_and_verbatim_qparams():
-    obs = Q.FixedQParamsObserver(scale=1.0 / 256, zero_point=0)
-    assert obs.qscheme is Q.per_tensor_affine and obs.qdtype is Q.quint8 and obs.eps == 1e-8
-    scale, zp = obs.calculate_qparams()
-    assert isinstance(scale, torch.Tensor) and isinstance(zp, torch.Tensor)
-    assert scale.item() == 1.0 / 256 and zp.item() == 0
-    assert (round(scale.item(), 6), int(zp.item())) == (0.003906, 0)
-
-
-def test_fixed_forward_is_identity_and_collects_nothing():
-    obs = Q.FixedQParamsObserver(scale=2.0 / 256, zero_point=128)
-    before = {k: v.clone() for k, v in obs.state_dict().items()}
-    x = torch.randn(4, 4) * 100
-    assert obs(x) is x
-    after = obs.state_dict()
-    assert before.keys() == after.keys() == {"scale", "zero_point"}
-    assert all(torch.equal(before[k], after[k]) for k in before)
-
-
-def test_fixed_qscheme_and_eps_are_metadata_only():
-    a = Q.FixedQParamsObserver(0.5, 3, qscheme=Q.per_tensor_symmetric, eps=10.0)
-    assert a.calculate_qparams()[0].item() == 0.5  # eps would have floored a derived scale
-    assert a.calculate_qparams()[1].item() == 3
-
-
-def test_fixed_buffers_move_with_to():
-    obs = Q.FixedQParamsObserver(1 / 256, 0).to(torch.float64)
-    # .to(dtype) casts floating buffers like any module; the pair is still returned verbatim.
-    assert obs.scale.dtype == torch.float64 and obs.zero_point.dtype == torch.int64
-    assert obs.calculate_qparams()[0].item() == 1 / 256
-
-
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), "big"])
-def test_fixed_bad_scale_names_the_value(scale):
-    with pytest.raises(ValueError, match="scale must be"):
-        Q.FixedQParamsObserver(scale=scale, zero_point=0)
-
-
-@pytest.mark.parametrize("qdtype, zp", [(Q.quint8, -1), (Q.quint8, 256), (Q.qint8, 128), (Q.qint8, -129)])
-def test_fixed_zero_point_off_grid(qdtype, zp):
-    with pytest.raises(ValueError, match=f"zero_point {zp} lies outside the {qdtype.name} grid"):
-        Q.FixedQParamsObserver(scale=0.1, zero_point=zp, qdtype=qdtype)
-
-
-def test_fixed_non_integer_zero_point():
-    with pytest.raises(ValueError, match="zero_point must be an integer, got 1.5"):
-        Q.FixedQParamsObserver(0.1, 1.5)
-
-
 # --- statistics observers ---------------------------------------------------------------------
 
 
