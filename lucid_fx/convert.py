@@ -16,6 +16,7 @@ from torch import fx, nn
 from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
+from lucid_fx.program import install_programs
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx.passes.canonicalize_ops import rebind_node_refs
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
@@ -94,7 +95,7 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
         converted = insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend)))
         return record_activation_qparams(converted), ConvertReport("reference")
     converted, report = lower_to_int8(gm, registry.lowerings, backend, weight_range)
-    return record_activation_qparams(converted), report
+    return install_programs(record_activation_qparams(converted)), report
 
 
 def _convert_tree(model: nn.Module, backend, reference, registry, reports, path="") -> nn.Module:

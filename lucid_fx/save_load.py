@@ -29,7 +29,9 @@ from torch import fx, nn
 
 from lucid_fx import _allowlist, _meta, _parametrized
 from lucid_fx import _load_modules as M
+from lucid_fx._activation_qparams import BUFFER as ACTIVATION_QPARAMS
 from lucid_fx._activation_qparams import attach_guard, without_guard
+from lucid_fx.program import RUNTIME_ATTRIBUTES, install_programs
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
 from lucid_fx._load_tree import decode_module, where_is
@@ -99,7 +101,8 @@ def _check_attributes_load_takes(module: nn.Module, where: str) -> None:
     """Save writes only the attributes load takes back: those lucid_fx sets, and those the class keeps."""
     own = set(LUCID_FX_ATTRIBUTES())
     if isinstance(module, fx.GraphModule):
-        extra = [k for k in module.__dict__ if k not in M.GRAPH_MODULE_STATE and k not in own and not M.TENSOR_CONSTANT.fullmatch(k)]
+        extra = [k for k in module.__dict__ if k not in M.GRAPH_MODULE_STATE and k not in own and k not in RUNTIME_ATTRIBUTES
+                 and not M.TENSOR_CONSTANT.fullmatch(k)]
         problem = f"attribute {extra[0]!r} may not be set from a file (lucid_fx does not set it on a GraphModule)" if extra else None
     else:
         cls = _parametrized.base_class(module)
@@ -133,7 +136,8 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
         record["class_name"] = type(module).__name__
     else:
         record["class"] = codec.class_name(_parametrized.base_class(module), f"{where} ({type(module).__name__})")
-    record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items() if k not in state}
+    record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items()
+                       if k not in state and k not in RUNTIME_ATTRIBUTES}
     record["params"] = {k: None if p is None else p.detach() for k, p in module._parameters.items()}
     record["requires_grad"] = {k: p.requires_grad for k, p in module._parameters.items() if p is not None}
     record["buffers"] = dict(module._buffers)
@@ -229,4 +233,6 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
         if isinstance(module, fx.GraphModule):
             check_runs(module, where_is(path))
             attach_guard(module)  # the activation-qparams guard: lucid_fx's own hook, which save does not write
+            if ACTIVATION_QPARAMS in module._buffers:  # a converted graph: programs for this machine, as it is called
+                install_programs(module)
     return model

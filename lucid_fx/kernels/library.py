@@ -27,13 +27,16 @@ from lucid_fx.kernels import attention, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
-__all__ = ["OPS", "LIB", "WeightCache", "register_kernel", "conv_output_shape"]
+__all__ = ["OPS", "LIB", "KERNELS", "WeightCache", "register_kernel", "conv_output_shape"]
 
 _F32 = torch.float32
 # Plain torch.library registration: a call costs ~10 us of dispatch, against ~45 us for a
 # torch.library.custom_op (measured), which adds up over the dozens of ops of a model.
 LIB = torch.library.Library("lucid_fx", "DEF")
 OPS: Dict[str, torch._ops.OpOverload] = {}
+# Each op's kernel functions by device ("default": the reference kernel), unchecked: a lowered
+# program calls them directly, without the dispatcher's ~10 us or the input checks.
+KERNELS: Dict[str, Dict[str, Callable]] = {}
 
 
 def _define(fn: Callable, fake: Callable) -> None:
@@ -42,6 +45,7 @@ def _define(fn: Callable, fake: Callable) -> None:
     schema = torch.library.infer_schema(fn, mutates_args=()).replace("SymInt", "int")
     LIB.define(name + schema)
     LIB.impl(name, _checked(name, fn), "CompositeExplicitAutograd")  # the default kernel, for every device
+    KERNELS[name] = {"default": fn}
     torch.library.register_fake(f"lucid_fx::{name}", _no_meta_mix(name, fake), lib=LIB)
     OPS[name] = getattr(torch.ops.lucid_fx, name).default
 
@@ -51,6 +55,7 @@ def register_kernel(name: str, device: str, fn: Callable) -> Callable:
 
     The op's input check (:data:`lucid_fx.kernels.checks.CHECKS`) runs first, whichever kernel serves."""
     LIB.impl(name, _checked(name, fn), device.upper())
+    KERNELS[name][device] = fn
     return fn
 
 

@@ -1,0 +1,126 @@
+"""Converted models run a program built for this machine; their graph stays the portable one.
+
+:func:`install_programs` gives a converted GraphModule a class that, when called on CPU tensors,
+runs the program :func:`~lucid_fx.passes.lower_to_program.lower_to_program` built for that input
+signature (shapes, strides, dtypes) and this CPU (:func:`~lucid_fx.kernels.cpu_features`): prepacked
+oneDNN weights, decisions taken once, no dispatcher between kernels. The first call with a new
+signature runs the portable graph (so bad input meets the kernels' checks and their messages) and
+builds the program for the next calls.
+
+Everything else sees the portable graph: ``model.graph``, ``print(model.code)``, ``state_dict``,
+``lucid_fx.save``, compare, explain and the viewer. Programs hold packed weights that cannot be
+copied or pickled, so they are never state: a deep copy, ``.to()``/``.half()``, ``load_state_dict``
+and ``recompile`` drop them, and the next call builds again. Calls with keyword arguments, with
+hooks on the model, or on other devices run the portable graph. A weight changed in place after
+convert is not seen by a program already built: call ``model.recompile()`` after such an edit.
+
+>>> import torch, lucid_fx
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+>>> q = lucid_fx.quantize(model, (torch.randn(4, 8),), [torch.randn(4, 8)])
+>>> first, again = q(torch.ones(4, 8)), q(torch.ones(4, 8))  # the portable graph, then the program
+>>> torch.equal(first, again), len(programs_of(q))
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import fx
+
+from lucid_fx.kernels.cpu_features import cpu_features
+from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+
+__all__ = ["install_programs", "programs_of", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
+
+# Input signatures a model keeps a program for; later signatures run the portable graph.
+MAX_SIGNATURES = 8
+_PROGRAMS = "_lucid_programs"
+#: Attributes of a converted model that are run-time caches, never state (save skips them).
+RUNTIME_ATTRIBUTES = frozenset({_PROGRAMS})
+
+
+class _Programs(dict):
+    """Programs by input signature; a copy or a pickle starts empty (packed weights cannot travel)."""
+
+    def __deepcopy__(self, memo: dict) -> "_Programs":
+        return _Programs()
+
+    def __reduce__(self):
+        return (_Programs, ())
+
+
+def _signature(args: Tuple[Any, ...]) -> Optional[tuple]:
+    key = [cpu_features().name]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "cpu" or a.requires_grad:
+                return None
+            key.append((a.shape, a.stride(), a.dtype))
+        elif isinstance(a, (int, float, bool, str, type(None))):
+            key.append(a)
+        else:
+            return None
+    return tuple(key)
+
+
+class ProgramRunner:
+    """Mixed into a converted GraphModule's class: calls run the program for their input signature."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        programs: Dict[tuple, Optional[fx.GraphModule]] = self.__dict__.get(_PROGRAMS)
+        if programs is None:
+            programs = self.__dict__[_PROGRAMS] = _Programs()
+        key = None if kwargs or self._forward_hooks or self._forward_pre_hooks else _signature(args)
+        program = programs.get(key) if key is not None else None
+        if program is not None:
+            return program(*args)
+        if key is None or key in programs or len(programs) >= MAX_SIGNATURES:
+            # The portable graph. Not super().__call__: fx's call wrapper looks itself up on the
+            # instance's class, which would come back here.
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        # A new signature: the portable graph runs (its kernels check the input and name the node),
+        # recording each value's shape and layout, and the program is built for the next calls.
+        try:
+            out, values = record_values(self, args)
+        except Exception:  # noqa: BLE001 - the plain call raises the same error, without the recorder's notes
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        programs[key] = _build(self, values)
+        return out
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__.pop(_PROGRAMS, None)
+        return super()._apply(fn, recurse)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any):
+        self.__dict__.pop(_PROGRAMS, None)
+        return super().load_state_dict(*args, **kwargs)
+
+    def recompile(self):
+        self.__dict__.pop(_PROGRAMS, None)
+        return super().recompile()
+
+
+def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphModule]:
+    try:
+        with torch.no_grad():
+            return lower_to_program(model, values, "cpu")
+    except Exception as exc:  # noqa: BLE001 - the portable graph keeps serving; say why once
+        warnings.warn(f"lucid_fx: no program for this input signature ({type(exc).__name__}: {exc}); the portable "
+                      "graph runs instead (correct, slower)", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def install_programs(model: fx.GraphModule) -> fx.GraphModule:
+    """Give converted ``model`` (in place) the class that runs programs; returns it."""
+    cls = type(model)
+    if not issubclass(cls, ProgramRunner):
+        model.__class__ = type(cls.__name__, (ProgramRunner, cls), {})
+    return model
+
+
+def programs_of(model: fx.GraphModule) -> Dict[tuple, Optional[fx.GraphModule]]:
+    """The programs ``model`` holds now, by input signature (None: building failed; the portable graph runs)."""
+    return dict(model.__dict__.get(_PROGRAMS, {}))

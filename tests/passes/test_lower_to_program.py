@@ -1,0 +1,76 @@
+"""lower_to_program rewrites the portable int8 graph into the CPU's own calls (passes/lower_to_program.py)."""
+
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+from models import ResNetLike, _init_bn
+
+ON = torch.ops.onednn
+
+
+def _lowered(model, x):
+    q = lucid_fx.quantize(model, (x,), [x, torch.randn_like(x)])
+    out, values = record_values(q, (x,))
+    program = lower_to_program(q, values, "cpu")
+    return q, out, program
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+class SigmoidTanh(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.tanh(torch.sigmoid(self.fc(x)))
+
+
+def test_table_chains_and_the_float_boundary_become_one_lookup():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    q, out, program = _lowered(SigmoidTanh().eval(), x)
+    portable = [getattr(t, "__name__", str(t)) for t in _targets(q)]
+    assert portable == ["quantize_per_tensor", "linear", "lut", "lut", "dequantize_per_tensor"]
+    lowered = _targets(program)
+    # quantize, the linear (oneDNN's linear, or a 1x1 convolution on CPUs without VNNI), one float lookup
+    assert lowered[1] in (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default) and len(lowered) == 3
+    assert [n.name for n in program.graph.nodes if n.op == "call_function"][-1] == "dequantize_per_tensor"
+    assert torch.equal(program(x), out)
+
+
+def test_residual_sum_writes_into_the_residual_codes_only_when_nothing_reads_them_later():
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    q, out, program = _lowered(_init_bn(ResNetLike(num_classes=10, width=8)).eval(), x)
+    sums = [n for n in program.graph.nodes if n.target is ON.qconv2d_pointwise.binary]
+    assert len(sums) == sum(1 for t in _targets(q) if "conv2d_add" in str(t)) > 0
+    order = {n: i for i, n in enumerate(program.graph.nodes)}
+    clones = 0
+    for node in sums:
+        accum = node.args[6]
+        if accum.op == "call_method" and accum.target == "clone":
+            clones += 1
+            continue
+        # oneDNN writes the sum into these codes: nothing may read them after it.
+        assert accum.op != "placeholder" and all(order[u] < order[node] for u in accum.users if u is not node), accum
+    assert clones < len(sums)  # the common case (a block's input read by its first conv only) needs no copy
+    assert torch.equal(program(x), out)
+    assert not any("lucid_fx::" in str(getattr(t, "_qualified_op_name", "")) for t in _targets(program))
+
+
+def test_the_portable_graph_is_not_changed_and_unknown_devices_get_direct_calls():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    q = lucid_fx.quantize(SigmoidTanh().eval(), (x,), [x])
+    before = q.code
+    out, values = record_values(q, (x,))
+    program = lower_to_program(q, values, "meta-device-without-rules")
+    assert q.code == before
+    names = [getattr(t, "__qualname__", "") for t in _targets(program)]
+    assert names == ["quantize_per_tensor", "linear", "lut", "lut", "dequantize_per_tensor"]  # reference kernels
+    assert torch.equal(program(x), out)

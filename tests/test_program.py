@@ -1,0 +1,221 @@
+"""Converted models run a program built for their input signature and CPU (lucid_fx/program.py).
+
+The program must compute what the portable graph computes, on every CPU kind, and must never be
+state: copies, ``.to()``, ``load_state_dict``, ``recompile`` and save/load drop it and build again.
+"""
+
+import copy
+import io
+import math
+import warnings
+
+import pytest
+import torch
+
+import lucid_fx
+from lucid_fx import program as program_module
+from lucid_fx.kernels import KernelInputError, force_cpu_features
+from lucid_fx.kernels.cpu_features import CPU_KINDS
+from lucid_fx.program import MAX_SIGNATURES, programs_of
+from lucid_fx.rules import program_cpu
+from models import MLP, EfficientNetLike, MobileNetV3Like, ResNetLike, _init_bn
+
+ONEDNN = {torch.ops.onednn.qlinear_pointwise.default, torch.ops.onednn.qconv2d_pointwise.default,
+          torch.ops.onednn.qconv2d_pointwise.binary}
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return MLP(width=64, layers=3).eval(), torch.randn(4, 64)
+
+
+def _resnet():
+    torch.manual_seed(0)
+    return _init_bn(ResNetLike(num_classes=10, width=16)).eval(), torch.randn(1, 3, 64, 64)
+
+
+def _mobilenet():
+    torch.manual_seed(0)
+    return _init_bn(MobileNetV3Like(num_classes=10)).eval(), torch.randn(1, 3, 32, 32)
+
+
+def _efficientnet():
+    torch.manual_seed(0)
+    return _init_bn(EfficientNetLike(num_classes=10)).eval(), torch.randn(1, 3, 32, 32)
+
+
+MODELS = {"mlp": _mlp, "resnet": _resnet, "mobilenet_v3": _mobilenet, "efficientnet": _efficientnet}
+
+
+def _quantize(model, x):
+    return lucid_fx.quantize(model, (x,), [x, torch.randn_like(x), 2 * torch.randn_like(x)])
+
+
+def _program(q):
+    (program,) = programs_of(q).values()
+    assert program is not None
+    return program
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_program_computes_the_portable_graphs_values(name):
+    # On this CPU's kind here; tests/test_every_cpu_kind.py runs it again as on each other kind.
+    model, x = MODELS[name]()
+    q = _quantize(model, x)
+    portable = q(x)  # a new signature: the portable graph runs and the program is built
+    assert len(programs_of(q)) == 1
+    program = _program(q)
+    got = q(x)
+    # Same codes: the rules take each decision the run-time kernels take, with the same helpers.
+    assert torch.equal(got, portable), (got - portable).abs().max()
+    calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert calls & ONEDNN, f"no oneDNN call in the program of {name}"
+    assert not any(getattr(t, "_qualified_op_name", "").startswith("lucid_fx::") for t in calls), \
+        "a program calls kernel functions, not the dispatcher's lucid_fx ops"
+
+
+def test_program_keeps_the_portable_nodes_names_and_meta():
+    model, x = _resnet()
+    q = _quantize(model, x)
+    q(x)
+    program = _program(q)
+    portable = {n.name: n for n in q.graph.nodes if n.op == "call_function"
+                and str(getattr(n.target, "_qualified_op_name", "")).startswith("lucid_fx::")}
+    by_name = {n.name: n for n in program.graph.nodes}
+    assert portable and set(portable) <= set(by_name)
+    for name, node in portable.items():
+        assert by_name[name].meta.get("lucid_fx.source") == node.meta.get("lucid_fx.source")
+    # The portable graph is untouched: what save, compare and the viewer read.
+    assert all(n.target not in ONEDNN for n in q.graph.nodes)
+
+
+def test_the_program_differs_by_cpu_kind_and_each_matches_the_portable_graph():
+    model, x = _mlp()
+    with force_cpu_features("avx2"):  # the narrowest weight grid, which every kind's kernels take exactly
+        q = _quantize(model, x)
+    outputs = {}
+    for kind in sorted(CPU_KINDS):
+        with force_cpu_features(kind):
+            q(x)
+            outputs[kind] = q(x)
+    assert {k[0] for k in programs_of(q)} == set(CPU_KINDS)  # one program per kind: the key holds it
+    assert all(torch.equal(out, outputs["avx512_vnni"]) for out in outputs.values())
+
+
+def test_a_program_is_built_per_input_signature_up_to_the_limit():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    for batch in range(1, MAX_SIGNATURES + 3):
+        xb = torch.randn(batch, 64)
+        first, again = q(xb), q(xb)
+        assert torch.equal(first, again)
+    assert len(programs_of(q)) == MAX_SIGNATURES
+    assert {k[1][0][0] for k in programs_of(q)} == set(range(1, MAX_SIGNATURES + 1))  # (cpu kind, (shape, ...))
+
+
+def test_copies_moves_and_state_loads_drop_programs_and_build_again():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    expected = q(x)
+    q(x)
+    assert len(programs_of(q)) == 1
+    twin = copy.deepcopy(q)
+    assert programs_of(twin) == {} and len(programs_of(q)) == 1
+    assert torch.equal(twin(x), expected) and torch.equal(twin(x), expected) and len(programs_of(twin)) == 1
+    q.to("cpu")
+    assert programs_of(q) == {}
+    q(x)
+    q.load_state_dict(twin.state_dict())
+    assert programs_of(q) == {}
+    q(x)
+    q.recompile()
+    assert programs_of(q) == {}
+
+
+def test_save_writes_no_program_and_load_runs_one():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    expected = q(x)
+    q(x)
+    buffer = io.BytesIO()
+    lucid_fx.save(q, buffer)
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer)
+    assert programs_of(loaded) == {}
+    assert torch.equal(loaded(x), expected) and torch.equal(loaded(x), expected)
+    assert _program(loaded) is not None
+
+
+def test_a_weight_edited_after_convert_reaches_the_program_after_recompile():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    q(x)
+    before = q(x)
+    weight = next(v for k, v in q.state_dict().items() if k.endswith("qweight"))
+    weight.copy_(weight.flip(0))  # other rows, the same grid
+    assert torch.equal(q(x), before), "a built program holds the packed weight (documented: recompile after an edit)"
+    q.recompile()
+    after_portable, after_program = q(x), q(x)
+    assert torch.equal(after_portable, after_program) and not torch.equal(after_program, before)
+
+
+def test_keyword_calls_and_hooks_run_the_portable_graph():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    (placeholder,) = [n.name for n in q.graph.nodes if n.op == "placeholder"]
+    q(**{placeholder: x})
+    q(**{placeholder: x})
+    assert programs_of(q) == {}
+    seen = []
+    q.register_forward_hook(lambda module, args, out: seen.append(out))
+    q(x)
+    q(x)
+    assert len(seen) == 2 and programs_of(q) == {}
+
+
+def test_bad_input_on_a_new_signature_gets_the_kernels_plain_message():
+    model, x = _resnet()
+    q = _quantize(model, x)
+    with pytest.raises(KernelInputError, match=r"the input has 4 channels and the layer takes 3") as info:
+        q(torch.randn(1, 4, 64, 64))
+    assert not getattr(info.value, "__notes__", None), "the recorder's 'While executing' notes leaked"
+    assert programs_of(q) == {}
+    q(x)
+    assert len(programs_of(q)) == 1  # a failed call leaves the signature free
+
+
+def test_non_finite_input_to_a_program_is_refused_naming_the_node():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    q(x)
+    _program(q)
+    bad = x.clone()
+    bad[1, 3] = math.nan
+    with pytest.raises(KernelInputError, match=r"NaN"):
+        q(bad)
+
+
+def test_a_program_that_cannot_be_built_warns_once_and_the_portable_graph_serves(monkeypatch):
+    model, x = _mlp()
+    q = _quantize(model, x)
+
+    def broken(b, node):
+        raise RuntimeError("planted")
+
+    monkeypatch.setitem(program_cpu.PROGRAM_RULES_CPU, "linear", broken)
+    with pytest.warns(RuntimeWarning, match=r"no program for this input signature \(RuntimeError: planted\)"):
+        expected = q(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(q(x), expected)
+    assert list(programs_of(q).values()) == [None]
+
+
+def test_install_programs_is_idempotent_and_keeps_the_class_name():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    cls = type(q)
+    assert program_module.install_programs(q) is q and type(q) is cls
+    runner, portable_class = cls.__mro__[1:3]
+    assert cls.__mro__[0] is cls and runner is program_module.ProgramRunner
+    assert cls.__name__ == portable_class.__name__ == "QuantizedModule"  # printed as before
