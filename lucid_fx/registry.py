@@ -235,11 +235,26 @@ def register_observer_rule(ops: Union[str, Sequence[str]], action: Union[str, Ca
             raise ValueError(f"register_observer_rule: action must be 'statistics', 'shared', 'float' or a function, got {action!r}")
         kind = action
         action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k}", qconfig=ctx.qconfig(node))  # noqa: E731
+    action = _user_float_stays_float(action)
     ops_set = frozenset([ops] if isinstance(ops, str) else ops)
     rule = ObserverRule(ops_set, action, where)
     # After the guards (not-a-tensor, mutation, QConfig None, float ops, fused), before the op rules.
     reg.observer_rules.insert(5, rule)
     return rule
+
+
+def _user_float_stays_float(action: Callable) -> Callable:
+    """A user rule's "float" keeps the op itself float, even when its output is observed for an int8 reader."""
+    import dataclasses
+
+    def decide(node, ctx):
+        decision = action(node, ctx)
+        if decision is not None and decision.kind == "float" and not decision.keep_float:
+            decision = dataclasses.replace(decision, keep_float=True)
+        return decision
+
+    decide.__wrapped__ = action
+    return decide
 
 
 def register_float_op(target: Any, *, registry: Optional[Registry] = None) -> str:

@@ -143,7 +143,9 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
                 qconfig = decision.qconfig or ctx.qconfig(node)
                 if qconfig is None:
                     continue
+                # The output is observed for the consumer; an op the user kept float still runs float.
                 source.meta[_meta.DECISION] = Decision(
-                    "statistics", f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig
+                    "statistics", f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig,
+                    keep_float=prior.keep_float,
                 )
     return gm

@@ -105,10 +105,17 @@ def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
     return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
 
 
+def lowerable(node: fx.Node, kind: str) -> bool:
+    """Whether a lowering rule may take ``node``: its decision quantizes it, the user did not keep the op
+    float (its output may still be observed, as a quantized op's input), and it is not kept in place."""
+    decision = node.meta.get(_meta.DECISION)
+    return kind in _LOWERABLE and not getattr(decision, "keep_float", False) and _meta.MUTATION not in node.meta
+
+
 def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
     if kind == "none":
         return Placement(Runs.NOT_TENSOR, decision.reason, ())
-    if kind not in _LOWERABLE:  # kept float by the QConfig, a registered float op, or no observer rule
+    if kind not in _LOWERABLE or getattr(decision, "keep_float", False):  # kept float by the QConfig, the registry or no rule
         return Placement(Runs.FLOAT, decision.reason if decision is not None else "no observer decision", ())
     return Placement(Runs.FLOAT, "no lowering rule for " + "+".join(key) if rule is None else declined, ())
 
@@ -187,7 +194,7 @@ def lower_to_int8(
         members = _group(node, nodes)
         key = _key(members, kind)
         # An op kept in place must run as written, on float storage that its views share.
-        rule = table.get(key) if kind in _LOWERABLE and _meta.MUTATION not in node.meta else None
+        rule = table.get(key) if lowerable(node, kind) else None
         lowered = None
         tail = next(iter(reversed(ctx.graph.nodes)), None)
         if rule is not None:

@@ -20,7 +20,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.passes.insert_observers import OBSERVERS
-from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
+from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
 from lucid_fx.passes.lowering_context import _is_observer_call
 from lucid_fx.placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
@@ -99,7 +99,7 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             continue  # placed with the last node of its group
         members = _group(node, nodes)
         key = _key([m for i, m in enumerate(members) if not _folds(members, i)], kind)
-        rule = table.get(key) if kind in _LOWERABLE else None
+        rule = table.get(key) if lowerable(node, kind) else None
         if rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
         elif not _inputs_have_codes(members[0]):

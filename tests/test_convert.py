@@ -7,6 +7,7 @@ from torch import nn
 
 import lucid_fx
 import lucid_fx.quantization as Q
+from lucid_fx.placement import Runs, placements
 from models import encoder_block, gated_mlp, mlp, resnet_like
 from test_registry import my_gate  # a user function (module-level, as users write them)
 
@@ -221,3 +222,40 @@ def test_convert_of_a_model_prepare_could_not_trace_says_why():
         lucid_fx.calibrate(prepared, [torch.randn(2, 3)], progress=False)
     with pytest.raises(ValueError, match=r"nothing was quantized: prepare could not trace"):
         lucid_fx.quantize(Untraceable().eval(), (torch.randn(2, 3),), [torch.randn(2, 3)], progress=False)
+
+
+class _ThreeLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.c(torch.sigmoid(self.b(self.a(x))))
+
+
+@pytest.mark.parametrize("keep", ["module b", "torch.sigmoid", "registered sigmoid"])
+def test_an_op_the_user_keeps_float_runs_float_even_when_an_int8_op_reads_it(keep):
+    # Its output is observed (the next op is int8 and needs codes), but the op itself must not be lowered.
+    torch.manual_seed(0)
+    model, x = _ThreeLinears().eval(), torch.randn(4, 8)
+    mapping, registry = Q.get_default_qconfig_mapping(), None
+    if keep == "module b":
+        mapping.set_module_name("b", None)
+    elif keep == "torch.sigmoid":
+        mapping.set_object_type(torch.sigmoid, None)
+    else:
+        registry = lucid_fx.current_registry().copy()
+        lucid_fx.register_float_op(torch.sigmoid, registry=registry)
+    prepared = lucid_fx.prepare(model, mapping, (x,), registry=registry) if registry else lucid_fx.prepare(model, mapping, (x,))
+    prepared(x)
+    converted = lucid_fx.convert(prepared, registry=registry) if registry else lucid_fx.convert(prepared)
+    calls = [str(n.target) for n in converted.graph.nodes if n.op in ("call_function", "call_module")]
+    if keep == "module b":
+        assert "b" in calls and calls.count("lucid_fx.linear") == 2
+    else:
+        assert "lucid_fx.lut" not in calls and any("sigmoid" in c for c in calls) and calls.count("lucid_fx.linear") == 3
+    kept = "b" if keep == "module b" else "sigmoid"
+    placement = placements(converted)[kept]
+    assert placement.runs is Runs.FLOAT, placement
+    assert "QConfig is None" in placement.why or "registered to stay float" in placement.why
+    assert placements(prepared, registry=registry)[kept].runs is Runs.FLOAT  # explain predicts it before convert

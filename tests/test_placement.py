@@ -136,9 +136,9 @@ def test_placements_survive_save_and_load(mixed, tmp_path):
     assert loaded.lucid_fx_convert_report.placements == q.lucid_fx_convert_report.placements
 
 
-def test_a_rule_that_will_find_no_codes_is_predicted_to_decline():
-    # `0` is kept float by the QConfig, but the int8 `1` reading it gets its output observed; its
-    # own input stays unobserved, so its linear rule declines at convert: the prediction says so.
+def test_an_op_kept_float_whose_output_an_int8_op_reads_is_predicted_float():
+    # `0` is kept float by the QConfig; the int8 `1` reading it gets its output observed, and `0`
+    # itself still runs float, saying why: the prediction says so too.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)).eval()
     data = [torch.randn(4, 8) for _ in range(2)]
@@ -146,7 +146,8 @@ def test_a_rule_that_will_find_no_codes_is_predicted_to_decline():
     prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],))
     lucid_fx.calibrate(prepared, data, progress=False)
     q = lucid_fx.convert(prepared)
-    assert placements(q)["_0"] == placements(prepared)["_0"] == Placement(Runs.FLOAT, "lowering declined", ("_0",))
+    why = "input of quantized _1 (QConfig is None for this module/op)"
+    assert placements(q)["_0"] == placements(prepared)["_0"] == Placement(Runs.FLOAT, why, ("_0",))
     assert placements(q)["_1"] == placements(prepared)["_1"] == Placement(Runs.KERNEL, "linear", ("_1",))
     assert lucid_fx.compare(model, q, data).by_node()["_0"].runs == "float"
 

@@ -65,6 +65,9 @@ def test_float_op_and_observer_rule_and_fusion():
     assert rows["tanh"]["kind"] == "float" and rows["tanh"]["reason"] == "registered to stay float"
     # fc runs in float, but the quantized ops reading it need its output observed
     assert rows["fc"]["reason"].startswith("input of quantized") and "registered rule: float" in rows["fc"]["reason"]
+    prepared(torch.randn(2, 4))
+    converted = lucid_fx.convert(prepared, registry=reg)
+    assert [n.target for n in converted.graph.nodes if n.op == "call_module"] == ["fc"]  # and it does run float
     assert "tanh" not in lucid_fx.current_registry().float_ops  # explicit registry: global untouched
 
     reg2 = lucid_fx.current_registry().copy()

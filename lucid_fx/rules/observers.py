@@ -29,6 +29,9 @@ class Decision:
     rule: str = ""
     interval: Any = None
     qconfig: Any = None
+    # The op itself runs float (its QConfig is None, or it is registered float) even when its output
+    # is observed as the input of a quantized op.
+    keep_float: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,13 @@ def _qconfig_none(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr", "output"):
         return None
     if ctx.qconfig(node) is None:
-        return Decision("float", "QConfig is None for this module/op")
+        return Decision("float", "QConfig is None for this module/op", keep_float=True)
     return None
 
 
 def _user_float(node, ctx) -> Optional[Decision]:
     if ctx.op_name(node) in ctx.registry.float_ops:
-        return Decision("float", "registered to stay float")
+        return Decision("float", "registered to stay float", keep_float=True)
     return None
 
 
