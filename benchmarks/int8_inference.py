@@ -49,9 +49,13 @@ def size_mb(model: torch.nn.Module) -> float:
 def timed(fns: dict, x, rounds: int) -> dict:
     """Median seconds per call of each ``fns[name](x)``. The variants take turns within every
     round, so a slow spell of this shared machine hits all of them instead of one."""
+    # Each variant gets its own copy of the input: the PT2E + inductor module writes into its input
+    # (measured: torch 2.13, torchao 0.18, freezing on), which must not reach the next variant.
+    inputs = {name: x.clone() for name in fns}
     with torch.no_grad():
         per_round = {}
         for name, fn in fns.items():
+            x = inputs[name]
             fn(x)
             start, n = time.perf_counter(), 0
             while time.perf_counter() - start < 0.2 or n < 2:
@@ -61,6 +65,7 @@ def timed(fns: dict, x, rounds: int) -> dict:
         samples = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
+                x = inputs[name]
                 start = time.perf_counter()
                 for _ in range(per_round[name]):
                     fn(x)
@@ -177,7 +182,7 @@ def main(argv=None) -> list:
         best_peer = min((t for v, t in seconds.items() if v not in ("fp32 eager", "lucid_fx int8")), default=None)
         for variant, m in variants.items():
             with torch.no_grad():
-                out = _engine_set(variant, m)(held_out)
+                out = _engine_set(variant, m)(held_out.clone())  # (see timed: PT2E writes into its input)
             versus = best_peer / seconds[variant] if best_peer and variant == "lucid_fx int8" else None
             row = (name, variant, seconds[variant] * 1e3, base / seconds[variant],
                    sqnr(reference, out) if m is not model else float("inf"), size_mb(m), versus)
