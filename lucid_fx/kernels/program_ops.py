@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import checks
 
-__all__ = ["quantize_codes", "max_pool_taps", "global_avg_pool_codes", "max_pool_taps_supported"]
+__all__ = ["quantize_codes", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+           "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
 # rounded integer in the low bits of the result's bit pattern.
@@ -50,6 +51,44 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
     if zp % 2:
         t.round_()
     return t.add_(MAGIC + zp).view(torch.int32).to(dtype)
+
+
+def requantize_codes(y: torch.Tensor, zp: int, low: int, high: int, dtype: torch.dtype) -> torch.Tensor:
+    """``clamp(round(y) + zp, low, high)`` as ``dtype``, in place on float32 ``y``, without the float32 ->
+    8-bit cast (143 against 25 us for 113k values, measured): the codes of ``cpu_float._requantize``."""
+    y = y.clamp_(low - zp, high - zp)  # integer bounds: clamping before rounding gives the same codes
+    if zp % 2:
+        y = y.round_()
+    return y.add_(MAGIC + zp).view(torch.int32).to(dtype)
+
+
+def _centered(q: torch.Tensor, zp: int) -> torch.Tensor:
+    y = q.to(torch.float32)
+    return y.sub_(zp) if zp else y
+
+
+def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: int, low: int, high: int, dtype):
+    """``cpu_float.add`` with its multipliers (``a_scale / out_scale``, ...) and clamp bounds decided once."""
+    y = torch.add(_centered(qa, a_zp).mul_(a_mult), _centered(qb, b_zp), alpha=b_mult)
+    return requantize_codes(y, zp, low, high, dtype)
+
+
+def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
+    """``cpu_float.mul`` with its multiplier (``a_scale * b_scale / out_scale``) and clamp bounds decided once."""
+    y = torch.mul(_centered(qa, a_zp), _centered(qb, b_zp))
+    return requantize_codes(y.mul_(mult), zp, low, high, dtype)
+
+
+def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
+    """``cpu_float.matmul`` with its multiplier and clamp bounds decided once."""
+    y = torch.matmul(_centered(qa, a_zp), _centered(qb, b_zp))
+    return requantize_codes(y.mul_(mult), zp, low, high, dtype)
+
+
+def softmax_codes(q, scale: float, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
+    """``cpu_float.softmax`` (the input zero point never subtracted: softmax ignores a shift) without the cast."""
+    y = torch.softmax(q.to(torch.float32).mul_(scale), dim)
+    return requantize_codes(y.mul_(inv_out_scale), zp, low, high, dtype)
 
 
 def max_pool_taps_supported(kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],

@@ -151,6 +151,56 @@ def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same c
     return b.call(b.kernel("lut"), q, b.const(t2[index].contiguous(), "lut"))
 
 
+def _grid(dtype, zp: int, post_op: str):
+    """The clamp bounds of ``cpu_float._requantize``: relu is a floor at the zero point."""
+    info = torch.iinfo(dtype)
+    return (max(zp, info.min) if post_op == "relu" else info.min), info.max
+
+
+def _binary_args(b, node):
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op = node.args
+    a, other, out = b.value(qa), b.value(qb), b.value(node)
+    if a.dtype not in (torch.uint8, torch.int8) or other.dtype != a.dtype or out.dtype != a.dtype or post_op not in (
+            "none", "relu"):
+        return None
+    return qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, _grid(a.dtype, out_zp, post_op), a.dtype
+
+
+def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multipliers once, no float32 -> 8-bit cast
+    found = _binary_args(b, node) if b.kernel("add").__module__ == "lucid_fx.kernels.cpu_float" else None
+    if found is None:
+        return None
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
+    return b.call(program_ops.add_codes, qa, a_zp, a_scale / out_scale, qb, b_zp, b_scale / out_scale, out_zp, low,
+                  high, dtype)
+
+
+def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast
+    found = _binary_args(b, node) if b.kernel("mul").__module__ == "lucid_fx.kernels.cpu_float" else None
+    if found is None:
+        return None
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
+    return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+
+
+def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp = node.args
+    dtype = b.value(node).dtype
+    if b.kernel("matmul").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
+        return None
+    low, high = _grid(dtype, out_zp, "none")
+    return b.call(program_ops.matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+
+
+def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
+    q, scale, zp, dim, out_scale, out_zp = node.args
+    dtype = b.value(node).dtype
+    if b.kernel("softmax").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
+        return None
+    low, high = _grid(dtype, out_zp, "none")
+    return b.call(program_ops.softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
+
+
 def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
     q, scale, zp = node.args
     if b.op_name(q) != "lut" or len(q.users) != 1:
@@ -168,5 +218,9 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "max_pool2d": max_pool2d,  # -> program_ops.max_pool_taps
     "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> program_ops.global_avg_pool_codes
     "lut": lut,  # lut(lut(q)) -> one composed table
+    "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
+    "mul": mul,  # -> program_ops.mul_codes (cpu_float.mul's arithmetic, the fast narrowing)
+    "matmul": matmul,  # -> program_ops.matmul_codes
+    "softmax": softmax,  # -> program_ops.softmax_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> one lookup in a float table
 }

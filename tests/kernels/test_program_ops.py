@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import KernelInputError
 from lucid_fx.kernels import reference as ref
-from lucid_fx.kernels.program_ops import (global_avg_pool_codes, max_pool_taps, max_pool_taps_supported,
-                                          quantize_codes)
+from lucid_fx.kernels.program_ops import (add_codes, global_avg_pool_codes, matmul_codes, max_pool_taps,
+                                          max_pool_taps_supported, mul_codes, quantize_codes, requantize_codes,
+                                          softmax_codes)
 
 
 @pytest.mark.parametrize("zp", [0, 3, 128, 7])
@@ -68,3 +69,41 @@ def test_global_avg_pool_codes_is_within_one_code_of_the_reference(dtype, zp, ou
     assert got.shape == expected.shape == (3, 16, 1, 1) and got.dtype == dtype
     diff = (got.int() - expected.int()).abs()
     assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.05
+
+
+@pytest.mark.parametrize("zp", [0, 7, 128])
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+def test_add_and_mul_codes_equal_the_cpu_kernels(zp, post_op):
+    from lucid_fx.kernels import cpu_float
+
+    torch.manual_seed(zp)
+    qa = torch.randint(0, 256, (2, 48, 9, 7), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    qb = torch.randint(0, 256, (2, 48, 1, 1), dtype=torch.uint8)  # squeeze-excite's broadcast
+    qc = torch.randint(0, 256, (2, 48, 9, 7), dtype=torch.uint8)
+    low = zp if post_op == "relu" else 0
+    expected = cpu_float.mul(qa, 0.1, 3, qb, 0.013, 5, 0.05, zp, post_op)
+    got = mul_codes(qa, 3, qb, 5, 0.1 * 0.013 / 0.05, zp, low, 255, torch.uint8)
+    assert torch.equal(got, expected) and got.stride() == expected.stride()
+    expected = cpu_float.add(qa, 0.1, 3, qc, 0.07, 120, 0.05, zp, post_op)
+    got = add_codes(qa, 3, 0.1 / 0.05, qc, 120, 0.07 / 0.05, zp, low, 255, torch.uint8)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("zp", [0, 3])
+def test_matmul_and_softmax_codes_equal_the_cpu_kernels(zp):
+    from lucid_fx.kernels import cpu_float
+
+    torch.manual_seed(zp)
+    qa = torch.randint(0, 256, (2, 4, 16, 8), dtype=torch.uint8)
+    qb = torch.randint(0, 256, (2, 4, 8, 16), dtype=torch.uint8)
+    expected = cpu_float.matmul(qa, 0.02, 130, qb, 0.03, 127, 0.4, zp)
+    assert torch.equal(matmul_codes(qa, 130, qb, 127, 0.02 * 0.03 / 0.4, zp, 0, 255, torch.uint8), expected)
+    expected = cpu_float.softmax(qa, 0.05, 128, -1, 1 / 256, zp)
+    assert torch.equal(softmax_codes(qa, 0.05, -1, 1.0 / (1 / 256), zp, 0, 255, torch.uint8), expected)
+
+
+def test_requantize_codes_rounds_ties_to_even_for_odd_and_even_zero_points():
+    y = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 2.4999998])
+    for zp in (0, 1, 7, 128):
+        expected = (y.round() + zp).clamp(0, 255).to(torch.uint8)
+        assert torch.equal(requantize_codes(y.clone(), zp, 0, 255, torch.uint8), expected), zp
