@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
-from lucid_fx.kernels import checks, quantize  # noqa: E402
+from lucid_fx.kernels import checks, program_ops, quantize  # noqa: E402
 
 
 def _calls_per_block(fn, x) -> int:
@@ -49,7 +49,9 @@ def _block(qmodel, x, n: int) -> float:
 
 
 def _finite_check(on: bool) -> None:
+    # The portable kernel's check, and the lowered program's (a converted model runs the program).
     quantize.codes_need_clamp = _REAL_CHECK if on else (lambda codes, quant_min, quant_max, value: True)
+    program_ops.codes_need_clamp = _REAL_PROGRAM_CHECK if on else (lambda t, low, high, x: True)
 
 
 def _input_checks(on: bool) -> None:
@@ -57,6 +59,7 @@ def _input_checks(on: bool) -> None:
 
 
 _REAL_CHECK, _REAL_CHECKS = quantize.codes_need_clamp, dict(checks.CHECKS)
+_REAL_PROGRAM_CHECK = program_ops.codes_need_clamp
 
 
 def measure(qmodel, x, rounds: int, switch=_finite_check) -> dict:

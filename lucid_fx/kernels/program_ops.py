@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import checks
 
-__all__ = ["quantize_codes", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+__all__ = ["quantize_codes", "codes_need_clamp", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
@@ -42,15 +42,21 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
     ``round(v)`` only when ``zp`` is even, so an odd zero point rounds first (measured: 0 mismatches in
     10M near-tie values either way; without the separate round an odd zp gave 1-code errors)."""
     t = torch.mul(x, inv_scale)
-    lo, hi = torch.aminmax(t)
-    lo, hi = lo.item(), hi.item()
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed x * inv_scale
-    if lo < qmin - zp or hi > qmax - zp:
+    if codes_need_clamp(t, qmin - zp, qmax - zp, x):  # looked up per call: benchmarks swap it
         t.clamp_(qmin - zp, qmax - zp)
     if zp % 2:
         t.round_()
     return t.add_(MAGIC + zp).view(torch.int32).to(dtype)
+
+
+def codes_need_clamp(t: torch.Tensor, low: float, high: float, x: torch.Tensor) -> bool:
+    """Whether ``t`` leaves ``[low, high]``; NaN and ±inf are refused (one ``aminmax``, which the clamp
+    it can skip pays for: benchmarks/nonfinite_check.py measures the difference)."""
+    lo, hi = torch.aminmax(t)
+    lo, hi = lo.item(), hi.item()
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed x * inv_scale
+    return lo < low or hi > high
 
 
 def requantize_codes(y: torch.Tensor, zp: int, low: int, high: int, dtype: torch.dtype) -> torch.Tensor:
