@@ -90,6 +90,11 @@ class ProgramRunner:
         programs[key] = _build(self, values)
         return out
 
+    def __reduce__(self):
+        # pickle / torch.save: the portable model's own reduction, with programs installed again on load.
+        rebuild, args = super().__reduce__()[:2]
+        return (_reinstall, (rebuild, args))
+
     def _apply(self, fn, recurse=True):
         self.__dict__.pop(_PROGRAMS, None)
         return super()._apply(fn, recurse)
@@ -111,6 +116,10 @@ def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphMo
         warnings.warn(f"lucid_fx: no program for this input signature ({type(exc).__name__}: {exc}); the portable "
                       "graph runs instead (correct, slower)", RuntimeWarning, stacklevel=3)
         return None
+
+
+def _reinstall(rebuild, args) -> fx.GraphModule:
+    return install_programs(rebuild(*args))
 
 
 def install_programs(model: fx.GraphModule) -> fx.GraphModule:

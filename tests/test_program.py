@@ -219,3 +219,17 @@ def test_install_programs_is_idempotent_and_keeps_the_class_name():
     runner, portable_class = cls.__mro__[1:3]
     assert cls.__mro__[0] is cls and runner is program_module.ProgramRunner
     assert cls.__name__ == portable_class.__name__ == "QuantizedModule"  # printed as before
+
+
+def test_pickle_and_torch_save_keep_the_model_running_programs():
+    model, x = _mlp()
+    q = _quantize(model, x)
+    expected = q(x)
+    q(x)
+    buffer = io.BytesIO()
+    torch.save(q, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert isinstance(loaded, program_module.ProgramRunner) and programs_of(loaded) == {}
+    assert torch.equal(loaded(x), expected) and torch.equal(loaded(x), expected)
+    assert len(programs_of(loaded)) == 1
