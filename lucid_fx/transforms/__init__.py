@@ -9,7 +9,8 @@ The user's model is copied unless ``inplace=True``. Each transform appends a
 """
 
 from lucid_fx.transforms.bias_correction import correct_bias
-from lucid_fx.transforms.equalize import ChannelClip, equalize
+from lucid_fx.transforms.equalization import ChannelClip, equalize
 from lucid_fx.transforms.report import TransformReport
+from lucid_fx.transforms.smoothing import smooth_quant
 
-__all__ = ["equalize", "correct_bias", "ChannelClip", "TransformReport"]
+__all__ = ["equalize", "correct_bias", "smooth_quant", "ChannelClip", "TransformReport"]

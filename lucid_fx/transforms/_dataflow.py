@@ -23,7 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Call", "Dataflow", "record", "call_model"]
+__all__ = ["Call", "Dataflow", "record", "call_model", "module_of", "layer_module", "LAYER_CALLS"]
 
 Key = Tuple[int, int]  # (id(tensor), tensor._version): one value
 
@@ -35,6 +35,11 @@ _METADATA = frozenset(
         "is_cuda.__get__", "element_size", "nelement", "data_ptr", "storage_offset", "is_complex", "_version.__get__",
     )
 )
+
+
+_F = "torch.nn.functional."
+# The functional calls of the layers whose weights the transforms rescale, and their modules.
+LAYER_CALLS = {_F + "conv1d": nn.Conv1d, _F + "conv2d": nn.Conv2d, _F + "conv3d": nn.Conv3d, _F + "linear": nn.Linear}
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
@@ -72,6 +77,7 @@ class Call:
     reads: List[Key]
     writes: List[Key]
     module: str
+    out: Any = None  # what it returned
 
     @property
     def alias(self) -> bool:
@@ -116,7 +122,7 @@ class _Recorder(TorchFunctionMode):
         outputs = _tensors(out)
         self.flow.kept += inputs + outputs
         name = resolve_name(func) or getattr(func, "__qualname__", repr(func))
-        call = Call(len(self.flow.calls), name, func, args, kwargs, reads, [_key(t) for t in outputs], self.stack[-1])
+        call = Call(len(self.flow.calls), name, func, args, kwargs, reads, [_key(t) for t in outputs], self.stack[-1], out)
         self.flow.calls.append(call)
         for key in dict.fromkeys(reads):
             self.flow._readers[key].append(call)
@@ -171,3 +177,17 @@ def module_of(flow: Dataflow, model: nn.Module, tensor: Optional[torch.Tensor], 
     except AttributeError:
         return None
     return owner if isinstance(module, types) else None
+
+
+def layer_module(flow: Dataflow, model: nn.Module, call: Call) -> Optional[str]:
+    """The conv/linear module whose ``forward`` made ``call``, if the module ran once and its
+    weight and bias were read by this call alone (so rescaling them changes nothing else)."""
+    cls = LAYER_CALLS.get(call.name)
+    weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("weight")
+    name = module_of(flow, model, weight, (cls,)) if cls else None
+    if name is None or call.module != name or flow.module_calls[name] != 1:
+        return None
+    module = model.get_submodule(name)
+    if type(module) is not cls or flow.tensor_readers(module.weight) != [call]:
+        return None
+    return name if module.bias is None or flow.tensor_readers(module.bias) == [call] else None

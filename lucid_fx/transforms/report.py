@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["TransformReport", "output_sqnr_db", "attach"]
+__all__ = ["TransformReport", "output_sqnr_db", "attach", "require_eval"]
 
 REPORTS_ATTR = "lucid_fx_transforms"
 
@@ -54,3 +54,12 @@ def attach(model: nn.Module, report: TransformReport) -> nn.Module:
     """Append ``report`` to ``model.lucid_fx_transforms`` (the reports of every transform applied)."""
     object.__setattr__(model, REPORTS_ATTR, list(getattr(model, REPORTS_ATTR, [])) + [report])
     return model
+
+
+def require_eval(model: nn.Module, transform: str) -> None:
+    """Raise ``ValueError`` naming the first module of ``model`` in training mode: the transforms
+    read batch-norm statistics and fold them, which a training-mode batch norm does not use."""
+    for name, module in model.named_modules():
+        if module.training:
+            where = f"module {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+            raise ValueError(f"{transform}: {where} is in training mode; call model.eval() first")

@@ -29,13 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucid_fx.quantization import fuse_modules
-from lucid_fx.transforms._dataflow import Call, Dataflow, call_model, module_of, record
-from lucid_fx.transforms.report import TransformReport, attach, output_sqnr_db
+from lucid_fx.transforms._dataflow import LAYER_CALLS, Call, Dataflow, call_model, layer_module, module_of, record
+from lucid_fx.transforms.report import TransformReport, attach, require_eval, output_sqnr_db
 
 __all__ = ["equalize", "ChannelClip"]
 
 _F = "torch.nn.functional."
-_LAYER_CALLS = {_F + "conv1d": nn.Conv1d, _F + "conv2d": nn.Conv2d, _F + "conv3d": nn.Conv3d, _F + "linear": nn.Linear}
 _BATCH_NORMS = {nn.Conv1d: nn.BatchNorm1d, nn.Conv2d: nn.BatchNorm2d, nn.Conv3d: nn.BatchNorm3d}
 # Activations with f(x / s) = f(x) / s for s > 0: the scale passes through them.
 _HOMOGENEOUS = frozenset({_F + "relu", "torch.relu", "torch.relu_", "torch.Tensor.relu", "torch.Tensor.relu_", _F + "leaky_relu"})
@@ -66,19 +65,6 @@ class _Pair:
     bn: Optional[str]  # folded into ``first`` before ranges are taken
     act: str  # "", "relu" (any homogeneous activation) or "relu6"
     act_module: Optional[str]  # the module running a ReLU6, when it is one that can be replaced
-
-
-def _layer(flow: Dataflow, model: nn.Module, call: Call) -> Optional[str]:
-    """The conv/linear module ``call`` runs, if its weights are read by this call alone."""
-    cls = _LAYER_CALLS.get(call.name)
-    weight = call.args[1] if len(call.args) > 1 else call.kwargs.get("weight")
-    name = module_of(flow, model, weight, (cls,)) if cls else None
-    if name is None or call.module != name or flow.module_calls[name] != 1:
-        return None
-    module = model.get_submodule(name)
-    if type(module) is not cls or flow.tensor_readers(module.weight) != [call]:
-        return None
-    return name if module.bias is None or flow.tensor_readers(module.bias) == [call] else None
 
 
 def _batch_norm(flow: Dataflow, model: nn.Module, call: Call, layer: nn.Module) -> Optional[str]:
@@ -117,8 +103,8 @@ def _follow(flow: Dataflow, model: nn.Module, first: Call, name: str) -> Tuple[O
             bn = _batch_norm(flow, model, nxt, model.get_submodule(name))
         elif not act and _activation(nxt):
             act, act_call = _activation(nxt), nxt
-        elif nxt.name in _LAYER_CALLS:
-            second = _layer(flow, model, nxt)
+        elif nxt.name in LAYER_CALLS:
+            second = layer_module(flow, model, nxt)
             if second is None or nxt.name != first.name:
                 return None, ""
             a, b = model.get_submodule(name), model.get_submodule(second)
@@ -138,7 +124,7 @@ def _pairs(flow: Dataflow, model: nn.Module) -> Tuple[List[_Pair], Dict[str, str
     """Every equalizable pair, and the batch norm after each layer that has one."""
     pairs, folds = [], {}
     for call in flow.calls:
-        name = _layer(flow, model, call) if call.name in _LAYER_CALLS else None
+        name = layer_module(flow, model, call) if call.name in LAYER_CALLS else None
         if name is not None:
             pair, _ = _follow(flow, model, call, name)
             if pair is not None:
@@ -211,20 +197,20 @@ def equalize(
     Example:
         >>> import torch, lucid_fx
         >>> from torch import nn
+        >>> _ = torch.manual_seed(0)
         >>> model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
         >>> with torch.no_grad():
         ...     _ = model[0].weight[:4].mul_(100)
         >>> x = torch.randn(2, 3, 5, 5)
         >>> equalized = lucid_fx.equalize(model, (x,))
         >>> print(equalized.lucid_fx_transforms[-1].changed[0])
-        0 -> 2 (relu): 8 channels, scales 0.7 to 13
+        0 -> 2 (relu): 8 channels, scales 1.1 to 14
         >>> torch.allclose(equalized(x), model(x), rtol=1e-4, atol=1e-5)
         True
     """
     if relu6 not in _RELU6_MODES:
         raise ValueError(f"equalize: relu6 must be one of {_RELU6_MODES}, got {relu6!r}")
-    if model.training:
-        raise ValueError("equalize: the model is in training mode; call model.eval() first (batch norms are folded)")
+    require_eval(model, "equalize")
     work = model if inplace else copy.deepcopy(model)
     flow = record(work, example_inputs)
     pairs, folds = _pairs(flow, work)
