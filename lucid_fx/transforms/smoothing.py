@@ -11,9 +11,9 @@ and bias, absorb ``1/s_j``) and multiplying input column ``j`` of every linear t
     s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)
 
 (``max|X_j|`` over the calibration batches, ``max|W_j|`` over the column in all those linears, so
-q/k/v projections that read one norm share one ``s``). ``alpha`` is the migration strength: 0
-leaves the activations as they are, 1 moves all of their range into the weights, whose grids are
-per output channel and so absorb it better.
+q/k/v projections that read one norm share one ``s``). ``alpha`` is the migration strength: at 1
+every activation channel's range becomes 1 and all of it moves into the weights, whose grids are
+per output channel and so absorb it better; at 0 the weights' columns are evened out instead.
 
 A norm is smoothed only when linears alone read its output (through reshapes, slices that keep
 the last dim, casts), and only when scaling its weight is seen to scale its output (a
