@@ -3,7 +3,7 @@ buy on the family models: output SQNR of ``lucid_fx.quantize`` against the origi
 on held-out batches, without and with each. The tables of docs/accuracy.md. Run from the
 repository root:
 
-    python -m tests.models.measure_transforms [cnn] [transformers]
+    python -m tests.models.measure_transforms [cnn] [relu6] [transformers] [target]
 
 Each model is quantized as ``measure.py`` does (``lucid_fx.quantize(model, example_inputs,
 calibration batches)``, default QConfigs); the Llama-like models' root does not trace, so their
@@ -106,9 +106,28 @@ def transformer_rows(alphas=(0.5,)) -> List[str]:
     return rows
 
 
+def target_rows(target: float = 25.0) -> List[str]:
+    """``quantize(..., target_sqnr_db=target)`` on each model: held-out SQNR reached, nodes kept
+    float, the share of matrix FLOPs run in float, rounds used."""
+    rows = []
+    cases = [("vit", FAMILIES["vit"], None), ("mobilenet_v2", FAMILIES["mobilenet_v2"], None),
+             ("mobilenet_v2, equalized", FAMILIES["mobilenet_v2"], "equalize"), ("convnext", FAMILIES["convnext"], None),
+             ("llama, outliers", LLAMA_OUTLIERS, None)]
+    for label, family, transform in cases:
+        s = Setup(family)
+        model = lucid_fx.equalize(s.model, s.example) if transform == "equalize" else s.model
+        held_out = [positional(s.model, (args, kwargs)) for args, kwargs in s.held_out]
+        qmodel = lucid_fx.quantize(model, s.example, s.calibration, target_sqnr_db=target, held_out_data=held_out)
+        report = qmodel.lucid_fx_target
+        plain = report.rounds[0].split("-> ")[1].split(" dB")[0]
+        rows.append(f"| {label} | {plain} | {sqnr(s.reference, s.run(qmodel)):.1f} | {len(report.float_nodes)} | "
+                    f"{100 * report.float_flops:.1f}% | {len(report.rounds)} |")
+    return rows
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("tables", nargs="*", default=["cnn", "relu6", "transformers"])
+    parser.add_argument("tables", nargs="*", default=["cnn", "relu6", "transformers", "target"])
     options = parser.parse_args(argv)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     if "cnn" in options.tables:
@@ -125,6 +144,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         print("\n| model | plain | " + " | ".join(f"smooth_quant alpha={a}" for a in alphas) + " |")
         print("|---|---|" + "---|" * len(alphas))
         print("\n".join(transformer_rows(alphas)))
+    if "target" in options.tables:
+        print("\n| model | plain (dB) | target_sqnr_db=25 (dB) | nodes float | matrix FLOPs float | rounds |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(target_rows()))
 
 
 if __name__ == "__main__":
