@@ -8,8 +8,10 @@ it inherits (a late node's SQNR is low because everything before it rounded too)
 ranked by loss per cost, the cost being the share of the model's matrix FLOPs the node would
 move to float (a LayerNorm, an add or a concat costs next to nothing), and each round keeps
 float the next best ``1, 2, 4, ...`` of them (doubling, so the budget of rounds reaches far).
-When a round meets the target, the nodes of its last step are dropped again one by one, best
-last, while the rounds allow and the target still holds, so the set is small.
+When a round meets the target, the nodes of its last step are dropped again one by one, the
+lowest-ranked first, while the rounds allow and the target still holds, so the set is small.
+A node whose fused partners (a linear before a ReLU) must follow it float counts them in the
+reported FLOPs, not in its rank: the rank sees only its own.
 """
 
 from __future__ import annotations
@@ -142,10 +144,10 @@ def quantize_to_target(
 
     if max_rounds < 1:
         raise ValueError(f"quantize: max_rounds must be at least 1, got {max_rounds!r}")
-    base = qconfig_mapping if qconfig_mapping is not None else get_default_qconfig_mapping(prepare_options.get("backend"))
+    base = qconfig_mapping if qconfig_mapping is not None else get_default_qconfig_mapping()  # as prepare does
     report, kept, step, best = TargetReport(float(target_sqnr_db)), [], 1, None
     last_step: List[str] = []
-    for round_index in range(max_rounds):
+    for _ in range(max_rounds):
         mapping = copy.copy(base)
         mapping.node_name_qconfigs = {**base.node_name_qconfigs, **{name: None for name in kept}}
         prepared = prepare(model, mapping, example_inputs, **prepare_options)
