@@ -16,6 +16,8 @@ from lucid_fx.graph_model import to_networkx
 from lucid_fx.visualize import visualize
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
 from lucid_fx.save_load import load, save
+from lucid_fx.target import TargetReport
+from lucid_fx.transforms import TransformReport, correct_bias, equalize, smooth_quant
 from lucid_fx.registry import (
     Registry,
     current_registry,
@@ -59,5 +61,10 @@ __all__ = [
     "load",
     "sync_observers",
     "register_observer_merge",
+    "equalize",
+    "correct_bias",
+    "smooth_quant",
+    "TransformReport",
+    "TargetReport",
     "__version__",
 ]

@@ -53,6 +53,9 @@ class RuleContext:
         return ".".join(p for p in (self.path_prefix, path) if p)
 
     def _own_qconfig(self, node: fx.Node) -> Optional[QConfig]:
+        key = ".".join(p for p in (self.path_prefix, node.name) if p)
+        if key in self.mapping.node_name_qconfigs:
+            return self.mapping.node_name_qconfigs[key]
         object_type = type(self.gm.get_submodule(node.target)) if node.op == "call_module" else node.target
         return self._plain.qconfig_for(self.module_path(node), object_type, also_types=(self.op_name(node),))
 

@@ -29,6 +29,8 @@ SIGNATURE_OPS = {
     "convnext": {"aten.layer_norm.default", "aten.permute.default", "aten.gelu.default", "aten.add_.Tensor"},
     "densenet": {"aten.batch_norm.default", "aten.avg_pool2d.default", "aten.cat.default", "aten.relu_.default"},
     "shufflenet": {"aten.chunk.default", "aten.transpose.int", "aten.cat.default", "aten.mean.dim"},
+    "mobilenet_v2": {"aten.conv2d.default", "aten.batch_norm.default", "aten.hardtanh_.default", "aten.add.Tensor",
+                     "aten.adaptive_avg_pool2d.default"},
 }
 
 
