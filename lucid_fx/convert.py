@@ -19,7 +19,7 @@ from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
 from lucid_fx.passes.canonicalize_ops import rebind_node_refs
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.insert_qdq import insert_qdq
 from lucid_fx.passes.lower_to_int8 import ConvertReport, lower_to_int8, lowering_table
 from lucid_fx.prepare import BACKENDS, prepare

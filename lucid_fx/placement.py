@@ -17,6 +17,7 @@ from typing import Dict, Iterator, Optional, Tuple
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._meta import OBSERVERS
 
 __all__ = ["Runs", "Placement", "placements", "INT8_RUNS"]
 
@@ -76,7 +77,6 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
     >>> [str(placements(prepared)[n]) for n in ("_0", "_1", "_3")]
     ['int8 kernel (linear)', 'table lookup (gelu)', 'float (no lowering rule for layer_norm)']
     """
-    from lucid_fx.passes.insert_observers import OBSERVERS  # passes import this module's types
     from lucid_fx.passes.lower_to_int8 import lowering_table
     from lucid_fx.passes.predict_placement import predict_placement
     from lucid_fx.registry import current_registry

@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx.placement import INT8_RUNS, Placement, Runs
-from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
 from lucid_fx.passes.lowering_context import _is_observer_call
 from lucid_fx.placement import Placement, Runs
