@@ -33,10 +33,9 @@ from lucid_fx.passes.lowering_context import (
     LoweringContext,
     QValue,
     _is_observer_call,
-    quantize_weight,
 )
 
-__all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+__all__ = ["lower_to_int8", "lowering_table"]
 _LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
 
 

@@ -7,7 +7,6 @@ int8 forms; :class:`ConvertReport` is what convert tells the user it did.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -20,10 +19,9 @@ from lucid_fx.placement import INT8_RUNS, Placement, Runs
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
-from lucid_fx.quantization.functional import quantize
-from lucid_fx.quantization.qparams import calculate_qparams
+from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "ConvertReport", "LoweringContext", "quantize_weight", "float_memory_format"]
+__all__ = ["QValue", "ConvertReport", "LoweringContext", "float_memory_format"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -249,41 +247,6 @@ class LoweringContext:
         s = self.constant(f"{base}_wscale", scale)
         b = self.constant(f"{base}_bias", bias.detach().float()) if bias is not None else None
         return w, s, b
-
-
-def _trained_scale(observer: Optional[nn.Module], weight: torch.Tensor, weight_range: Tuple[int, int]):
-    """The per-channel scale a QAT weight FakeQuantize trained with, if it is on the kernel's grid."""
-    if not isinstance(observer, FakeQuantize) or not observer.has_data or not observer.qscheme.is_symmetric:
-        return None
-    if (observer.quant_min, observer.quant_max) != tuple(weight_range) or observer.scale.numel() not in (1, weight.shape[0]):
-        return None
-    return observer.scale.detach().float().expand(weight.shape[0]).to(weight.device)
-
-
-def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range: Tuple[int, int]):
-    """Per-channel symmetric int8 codes and scales of ``weight`` on the kernel's grid.
-
-    The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
-    of the observer the QConfig chose; a per-tensor observer's range is used for every channel.
-    A QAT weight keeps the qparams it was trained with, so the int8 weight is the one training saw."""
-    weight = weight.detach()
-    qmin, qmax = weight_range
-    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
-    trained = _trained_scale(observer, weight, weight_range)
-    if trained is not None:
-        return quantize(weight, trained, torch.zeros_like(trained, dtype=torch.int64), grid, ch_axis=0), trained
-    if observer is not None and hasattr(observer, "reset_min_max_vals"):
-        observer = copy.deepcopy(observer)
-        observer.reset_min_max_vals()
-        observer(weight)
-        lo, hi = observer.min_val, observer.max_val
-        if lo.dim() == 0:
-            lo, hi = lo.expand(weight.shape[0]), hi.expand(weight.shape[0])
-    else:
-        flat = weight.reshape(weight.shape[0], -1)
-        lo, hi = flat.amin(1), flat.amax(1)
-    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
-    return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
 
 
 def float_memory_format(node: fx.Node) -> Tuple[torch.memory_format, bool]:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lucid_fx.kernels import weight_quant_range
-from lucid_fx.passes.lowering_context import quantize_weight
+from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
 from lucid_fx.quantization.qparams import calculate_qparams
