@@ -35,7 +35,7 @@ _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 def _meta_types() -> Dict[str, Any]:
     from lucid_fx.ops import CanonicalCall
-    from lucid_fx.placement import Placement
+    from lucid_fx._placement import Placement
     from lucid_fx.rules.observers import Decision
 
     return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
@@ -63,7 +63,7 @@ def _meta_types() -> Dict[str, Any]:
 
 
 def _lucid_fx_attributes() -> Dict[str, Any]:
-    from lucid_fx.passes.lowering_context import ConvertReport
+    from lucid_fx._placement import ConvertReport
     from lucid_fx.prepare import PrepareReport
 
     return {  # what lucid_fx sets on the model it returns, besides submodules and buffers

@@ -22,7 +22,7 @@ from lucid_fx.passes.fold_batchnorm import fold_batchnorm
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.insert_qdq import insert_qdq
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
-from lucid_fx.passes.lowering_context import ConvertReport
+from lucid_fx._placement import ConvertReport
 from lucid_fx.prepare import BACKENDS, prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry, current_registry

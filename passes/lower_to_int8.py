@@ -27,9 +27,8 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.placement import Placement, Runs
+from lucid_fx._placement import ConvertReport, Placement, Runs
 from lucid_fx.passes.lowering_context import (
-    ConvertReport,
     LoweringContext,
     QValue,
     _is_observer_call,

@@ -2,26 +2,25 @@
 
 What lowering rules see and emit through: :class:`LoweringContext` holds the new graph being built by :mod:`lower_to_int8`, each value in
 float and/or integer-code form (:class:`QValue`), the observers' qparams and the weights'
-int8 forms; :class:`ConvertReport` is what convert tells the user it did.
+int8 forms.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx.placement import INT8_RUNS, Placement, Runs
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "ConvertReport", "LoweringContext", "float_memory_format"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -40,38 +39,6 @@ class QValue:
     # channels-last codes the float model has as NCHW, or computed from such), or unknown (None:
     # lower_to_int8 infers it from the inputs of the rule that made them).
     float_layout: Optional[bool] = None
-
-
-@dataclass
-class ConvertReport:
-    """What convert did: where each prepared node runs and why (:class:`lucid_fx.placement.Placement`),
-    and, read from that, which nodes became int8 (a fused group by its last node) and which ran in float."""
-
-    backend: str
-    placements: Dict[str, Placement] = field(default_factory=dict)  # prepared node -> where it runs, why
-
-    def _groups(self) -> Dict[str, Placement]:
-        return {p.value: p for p in self.placements.values()}
-
-    @property
-    def lowered(self) -> Dict[str, str]:
-        """Node (a group's last) -> the lowering rule key, for every int8 kernel, table or shared op."""
-        return {name: p.why for name, p in self._groups().items() if p.runs in INT8_RUNS}
-
-    @property
-    def float_ops(self) -> Dict[str, str]:
-        """Node (a group's last) -> why it runs in float: no rule, a rule that declined, or the QConfig."""
-        return {name: p.why for name, p in self._groups().items() if p.runs is Runs.FLOAT}
-
-    def __str__(self) -> str:
-        kernels, floats = len(self.lowered), self.float_ops
-        lines = [f"backend {self.backend}: {_count(kernels, 'int8 kernel')}, {_count(len(floats), 'op')} in float"]
-        lines += [f"  float: {name} ({why})" for name, why in floats.items()]
-        return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _is_observer_call(node: fx.Node) -> bool:

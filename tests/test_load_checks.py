@@ -449,7 +449,7 @@ def test_the_value_classes_are_those_lucid_fx_writes():
     assert {
         "lucid_fx.quantization.dtypes.QDtype", "lucid_fx.quantization.dtypes.QScheme", "lucid_fx.quantization.qconfig.QConfig",
         "lucid_fx.rules.observers.Decision", "lucid_fx.ops.CanonicalCall", "lucid_fx.prepare.PrepareReport",
-        "lucid_fx.passes.trace_model.Untraceable", "lucid_fx.passes.lowering_context.ConvertReport",
+        "lucid_fx.passes.trace_model.Untraceable", "lucid_fx._placement.ConvertReport",
         "torch.fx.passes.shape_prop.TensorMetadata",
     } <= names
     assert all(n.startswith("lucid_fx.") for n in names - {"torch.fx.passes.shape_prop.TensorMetadata"})
