@@ -20,7 +20,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
-from lucid_fx.passes.lowering_context import _tag_type
+from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize

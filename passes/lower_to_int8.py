@@ -28,7 +28,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx._placement import ConvertReport, Placement, Runs
-from lucid_fx.passes.lowering_context import (
+from lucid_fx.rules.lowering_context import (
     LoweringContext,
     QValue,
     _is_observer_call,

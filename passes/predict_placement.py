@@ -21,7 +21,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
-from lucid_fx.passes.lowering_context import _is_observer_call
+from lucid_fx.rules.lowering_context import _is_observer_call
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import unfused_mask

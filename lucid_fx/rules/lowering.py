@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
-from lucid_fx.passes.lowering_context import LoweringContext, QValue
+from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask

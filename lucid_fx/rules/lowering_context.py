@@ -1,4 +1,4 @@
-"""The lowering context, support for the lower_to_int8 pass (not a pass itself).
+"""The lowering context: what lowering rules see (the rules layer; the lower_to_int8 pass builds one).
 
 What lowering rules see and emit through: :class:`LoweringContext` holds the new graph being built by :mod:`lower_to_int8`, each value in
 float and/or integer-code form (:class:`QValue`), the observers' qparams and the weights'
