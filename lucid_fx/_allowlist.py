@@ -208,6 +208,7 @@ MOVED_CLASSES = {
     "lucid_fx.passes.lowering_context.ConvertReport": "lucid_fx._placement.ConvertReport",
     "lucid_fx.placement.Placement": "lucid_fx._placement.Placement",
     "lucid_fx.placement.Runs": "lucid_fx._placement.Runs",
+    "lucid_fx.quantization.dynamic.DynamicQuantizedLinear": "lucid_fx.dynamic.DynamicQuantizedLinear",
 }
 
 
