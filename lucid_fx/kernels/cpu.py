@@ -36,7 +36,7 @@ import torch
 
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import cpu_features, detected_cpu_features
-from lucid_fx.kernels.cuda import conv_float_out, int8_conv, int8_linear
+from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
 
 __all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
