@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import lucid_fx
-from lucid_fx.prepare import BACKENDS
+from lucid_fx.kernels.target import BACKENDS
 
 __all__ = ["main", "CLIError", "load_factory", "parse_shape"]
 

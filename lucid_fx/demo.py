@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
-from lucid_fx.kernels import weight_quant_range
+from lucid_fx.kernels.target import resolve_target
 
 __all__ = ["CLASSES", "DemoConfig", "DemoResult", "DemoNet", "make_patterns", "run_demo"]
 
@@ -209,7 +209,7 @@ def state_dict_mb(model: nn.Module) -> float:
 def _cpu_note() -> str:
     # Without VNNI, oneDNN's int8 kernels run at about twice fp32's rate, not four times
     # (docs/benchmarks.md), and a model this small is dominated by per-op overhead.
-    vnni = weight_quant_range("cpu") == (-128, 127)
+    vnni = resolve_target("cpu").cpu.vnni
     return f"oneDNN int8, {torch.get_num_threads()} threads, {'VNNI' if vnni else 'no VNNI'} on this CPU"
 
 

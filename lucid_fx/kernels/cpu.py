@@ -35,9 +35,10 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 
 from lucid_fx.kernels import reference as ref
-from lucid_fx.kernels.cpu_features import cpu_features, detected_cpu_features
+from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
+from lucid_fx.kernels.target import NARROW_GRID, resolve_target
 
 __all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
 
@@ -82,20 +83,20 @@ def use_onednn(enabled: bool) -> Iterator[None]:
         _state["onednn"] = previous
 
 
-NARROW_GRID = (-64, 63)
-
-
 def weight_quant_range(device: Union[torch.device, str]) -> Tuple[int, int]:
-    """The int8 weight grid ``(qmin, qmax)`` whose products the device's int8 kernels compute exactly.
+    """The int8 weight grid ``(qmin, qmax)`` whose products the device's int8 kernels compute exactly:
+    :attr:`Target.weight_range <lucid_fx.kernels.target.Target.weight_range>` of ``device``.
 
     ``(-64, 63)`` on a CPU without VNNI (oneDNN's int16 pair sums saturate beyond it),
     ``(-128, 127)`` on CPUs with VNNI and on CUDA (``torch._int_mm`` accumulates in int32). On
     the CPU this follows :func:`~lucid_fx.kernels.cpu_features.cpu_features`, so it can be forced.
     """
-    device = torch.device(device)
-    if device.type == "cpu" and not cpu_features().vnni:
-        return NARROW_GRID
-    return (-128, 127)
+    return resolve_target(device=device).weight_range
+
+
+def _cpu_target():
+    # The kernels' choices on this CPU (issue 13's lowering will take them once, at convert or load).
+    return resolve_target("cpu")
 
 
 def _exact_on_onednn(qw: torch.Tensor) -> bool:
@@ -105,7 +106,7 @@ def _exact_on_onednn(qw: torch.Tensor) -> bool:
     qmin, qmax = NARROW_GRID
     if int(qw.min()) >= qmin and int(qw.max()) <= qmax:
         return True
-    if cpu_features().vnni:
+    if _cpu_target().cpu.vnni:
         return False  # a richer CPU is forced (tests): its full-grid weights take the exact fallback
     warnings.warn(
         f"int8 weight {tuple(qw.shape)} has codes outside {(qmin, qmax)}; oneDNN would saturate on this CPU "
@@ -183,8 +184,8 @@ def _linear_as_conv() -> bool:
     # Measured on AVX2 without VNNI: oneDNN's 1x1 convolution computes a linear layer with the same
     # codes 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us
     # at 64, 8.2 vs 9.5 ms at 1024). With VNNI the linear primitive was measured at 91% of peak, so
-    # it is kept there.
-    return not cpu_features().vnni
+    # it is kept there (Target.linear_as_conv).
+    return _cpu_target().linear_as_conv
 
 
 def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
@@ -192,7 +193,7 @@ def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
     AVX512-VNNI and AMX, torch 2.13) its compensation was measured 2 codes off on 164 of 256
     outputs once the raw accumulator passed 2^24, where float32 stops being exact; such a linear
     (a wide layer with an asymmetric input) runs on the exact ``_int_mm`` path there."""
-    return x_zp == 0 or not cpu_features().amx or _weight_sums(qw) is not None
+    return x_zp == 0 or not _cpu_target().amx_zero_point_check or _weight_sums(qw) is not None
 
 
 def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor, as_conv: bool):
@@ -269,7 +270,7 @@ def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
 
 def _folded_zero_point(qw, w_scale, bias, x_scale, x_zp) -> Tuple[int, Optional[torch.Tensor]]:
     """(zero point, bias) to give oneDNN: the zero point folded into the bias where that is exact."""
-    folded = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else None
+    folded = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp and _cpu_target().fold_zero_point else None
     return (0, folded) if folded is not None else (x_zp, _float(bias))
 
 

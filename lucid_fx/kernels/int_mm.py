@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache
+from lucid_fx.kernels.target import resolve_target
 
 __all__ = [
     "int_mm_padding", "pad_for_int_mm", "int_mm_padded", "split_for_int16_pairs", "int8_linear", "int8_conv",
@@ -89,8 +90,12 @@ def pad_for_int_mm(a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 def split_for_int16_pairs(b: torch.Tensor) -> Optional[torch.Tensor]:
     """``(hi, lo)`` stacked, with ``hi + lo == b`` and both within ``[-64, 64]``, where ``_int_mm`` on
-    this CPU would saturate on ``b`` (a CPU without VNNI and a wider ``b``); None where it is exact."""
-    if b.device.type != "cpu" or detected_cpu_features().vnni or b.numel() == 0:
+    this CPU would saturate on ``b`` (a CPU without VNNI and a wider ``b``); None where it is exact.
+    The Target decides (:attr:`~lucid_fx.kernels.target.Target.split_int_mm`); the real CPU is
+    checked too, so a forced richer CPU never gets an unsplit weight it would saturate on."""
+    if b.device.type != "cpu" or b.numel() == 0:
+        return None
+    if not resolve_target("cpu").split_int_mm and detected_cpu_features().vnni:
         return None
     if int(b.min()) >= -PAIR_SAFE and int(b.max()) <= PAIR_SAFE:
         return None

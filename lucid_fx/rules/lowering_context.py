@@ -16,6 +16,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.kernels.target import Target
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
@@ -48,9 +49,9 @@ def _is_observer_call(node: fx.Node) -> bool:
 class LoweringContext:
     """What a lowering rule may use: the new graph, values in either form, weights, qparams."""
 
-    def __init__(self, prepared: fx.GraphModule, root: nn.Module, backend: str, weight_range: Tuple[int, int]) -> None:
-        self.prepared, self.root, self.backend = prepared, root, backend
-        self.weight_range = weight_range
+    def __init__(self, prepared: fx.GraphModule, root: nn.Module, target: Target) -> None:
+        self.prepared, self.root, self.target = prepared, root, target  # target: the hardware convert lowers for
+        self.backend, self.weight_range = target.backend, target.weight_range
         self.graph = fx.Graph()
         self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
         self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
