@@ -118,3 +118,10 @@ def test_an_upward_import_is_reported_with_file_line_and_both_layers(tmp_path, m
     tree = ast.parse("import torch\n\ndef f():\n    from lucid_fx.passes import insert_qdq\n")
     monkeypatch.setattr(ast, "parse", lambda text, *a, _real=ast.parse: tree if text == bad.read_text() else _real(text, *a))
     assert upward_imports() == ["lucid_fx/quantization/observers.py:4 (numerics) imports lucid_fx.passes.insert_qdq (passes)"]
+
+
+def test_every_pass_has_its_test_module():
+    # Tests mirror the source tree: passes/verb_noun.py is tested in tests/passes/test_verb_noun.py.
+    passes = {p.stem for p in ROOT.joinpath("passes").glob("*.py") if p.stem != "__init__"}
+    missing = sorted(p for p in passes if not ROOT.joinpath("tests", "passes", f"test_{p}.py").exists())
+    assert missing == [] and len(passes) >= 13
