@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 from lucid_fx._validate import model_device, require_float32, require_module
 from lucid_fx.kernels.target import resolve_target
