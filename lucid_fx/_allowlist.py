@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "resolve_fn", "fn_name", "resolve_class", "class_name", "is_module_class", "is_factory_class",
-    "value_class_names", "TENSOR_METHODS", "TENSOR_ATTRIBUTES", "BUILTINS",
+    "value_class_names", "MOVED_CLASSES", "TENSOR_METHODS", "TENSOR_ATTRIBUTES", "BUILTINS",
 ]
 
 # -- functions a graph may call ----------------------------------------------------------------
@@ -163,7 +163,7 @@ _VALUE_ROOTS = (
     "lucid_fx.rules.observers.Decision",  # node.meta[DECISION]
     "lucid_fx.ops.CanonicalCall",  # node.meta[OP]
     "lucid_fx.prepare.PrepareReport",  # the prepared root's lucid_fx_report
-    "lucid_fx.passes.lowering_context.ConvertReport",  # the converted root's lucid_fx_convert_report
+    "lucid_fx._placement.ConvertReport",  # the converted root's lucid_fx_convert_report
     "torch.fx.passes.shape_prop.TensorMetadata",  # node.meta["tensor_meta"]
 )
 
@@ -201,7 +201,19 @@ def value_class_names() -> FrozenSet[str]:
     return _value_classes()
 
 
+# Classes that moved since files were written: a file names a class where it was defined when it
+# was saved, so load looks an old name up where the class lives now (issue 12 moved these into
+# their layers). Only moves within lucid_fx, from one fixed name to another.
+MOVED_CLASSES = {
+    "lucid_fx.passes.lowering_context.ConvertReport": "lucid_fx._placement.ConvertReport",
+    "lucid_fx.placement.Placement": "lucid_fx._placement.Placement",
+    "lucid_fx.placement.Runs": "lucid_fx._placement.Runs",
+    "lucid_fx.quantization.dynamic.DynamicQuantizedLinear": "lucid_fx.dynamic.DynamicQuantizedLinear",
+}
+
+
 def resolve_class(name: str, wanted: Callable[[type], bool]) -> Optional[type]:
-    """The class called ``name`` if ``wanted(cls)``: module classes, factory classes or value classes."""
-    cls = _find_class(name)
+    """The class called ``name`` (or once called so: :data:`MOVED_CLASSES`) if ``wanted(cls)``:
+    module classes, factory classes or value classes."""
+    cls = _find_class(MOVED_CLASSES.get(name, name) if isinstance(name, str) else name)
     return cls if cls is not None and wanted(cls) else None

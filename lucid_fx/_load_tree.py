@@ -15,7 +15,7 @@ from lucid_fx import _parametrized
 from lucid_fx._codec import Codec
 from lucid_fx._load_graph import decode_graph
 from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, LUCID_FX_CHILDREN, check_prepared_meta, conforms
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 
 __all__ = ["decode_module", "where_is", "MAX_MODULE_DEPTH"]
 

@@ -22,11 +22,12 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _allowlist as A
 from lucid_fx import _meta
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 
 __all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES", "check_prepared_meta"]
 
 # Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py (less the GraphModule.meta one).
-META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str) and key != "TRACE")
+META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str) and key not in _meta.NOT_NODE_KEYS)
 
 _SCALARS = (type(None), bool, int, float, str)
 _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -34,7 +35,7 @@ _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 def _meta_types() -> Dict[str, Any]:
     from lucid_fx.ops import CanonicalCall
-    from lucid_fx.placement import Placement
+    from lucid_fx._placement import Placement
     from lucid_fx.rules.observers import Decision
 
     return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
@@ -62,7 +63,7 @@ def _meta_types() -> Dict[str, Any]:
 
 
 def _lucid_fx_attributes() -> Dict[str, Any]:
-    from lucid_fx.passes.lowering_context import ConvertReport
+    from lucid_fx._placement import ConvertReport
     from lucid_fx.prepare import PrepareReport
 
     return {  # what lucid_fx sets on the model it returns, besides submodules and buffers
@@ -72,8 +73,6 @@ def _lucid_fx_attributes() -> Dict[str, Any]:
 
 
 def _lucid_fx_children() -> Dict[str, type]:
-    from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
-
     return {  # the containers lucid_fx adds to a prepared model: convert reads them as dicts
         OBSERVERS: nn.ModuleDict,
         WEIGHT_OBSERVERS: nn.ModuleDict,
@@ -169,8 +168,6 @@ def check_meta(key: str, value: Any, where: str, allowed: Callable[[Any], bool])
 
 def check_prepared_meta(gm: fx.GraphModule, owner: str) -> None:
     """What convert reads in a prepared graph (one with observers) is there and points where it should."""
-    from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
-
     names = {n.name: n for n in gm.graph.nodes}
     observers, weight_observers = (getattr(gm, OBSERVERS, {}), getattr(gm, WEIGHT_OBSERVERS, {}))
     for node in gm.graph.nodes:

@@ -1,4 +1,5 @@
-"""The ``node.meta`` keys through which passes talk. Every key lucid_fx writes is named here."""
+"""The ``node.meta`` keys through which passes talk. Every key lucid_fx writes is named here, and
+the names of what prepare adds to a GraphModule beside its graph (observer containers, gm.meta)."""
 
 #: CanonicalCall: the canonical op of a node and its normalised arguments (canonicalize_ops).
 OP = "lucid_fx.op"
@@ -50,3 +51,12 @@ FOLDED_BN = "lucid_fx.folded_bn"
 #: TraceOptions: how prepare traced this graph (leaf modules, concrete_args, leaf functions), so that
 #: compare traces the float model the same way (prepare; carried to the converted graph by lower_to_int8).
 TRACE = "lucid_fx.trace"
+
+# Submodules prepare adds to a GraphModule (attributes, not node.meta keys), read by every later verb:
+#: nn.ModuleDict: the activation observers (and a functional weight's), by node name (insert_observers).
+OBSERVERS = "lucid_fx_observers"
+#: nn.ModuleDict: the weight observers of conv/linear modules, by module path (insert_observers).
+WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
+
+#: The names above that are not node.meta keys.
+NOT_NODE_KEYS = ("TRACE", "OBSERVERS", "WEIGHT_OBSERVERS")

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import fx, nn
 
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 
 __all__ = ["require_module", "require_prepared", "require_float32", "model_device", "check_backend_device"]
 

@@ -1,29 +1,26 @@
-"""convert / quantize: calibrated graphs become int8 kernels (or their simulated reference).
+"""convert / quantize: calibrated graphs become int8 kernels (or their simulated reference), through
+the convert pipeline (lucid_fx.pipeline.CONVERT_PASSES) on each graph.
 
-    rebind_node_refs -> fold_batchnorm -> lower_to_int8   (backend "cpu" or "cuda")
-    rebind_node_refs -> fold_batchnorm -> insert_qdq      (reference=True)
+    rebind_node_refs -> fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> record_activation_qparams
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import replace
 from typing import Any, Iterable, Optional
 
 import torch
 from torch import fx, nn
 
-from lucid_fx._activation_qparams import record_activation_qparams
+from lucid_fx._meta import OBSERVERS
+from lucid_fx._placement import ConvertReport
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
-from lucid_fx.program import install_programs
-from lucid_fx.kernels import weight_quant_range
-from lucid_fx.passes.canonicalize_ops import rebind_node_refs
-from lucid_fx.passes.fold_batchnorm import fold_batchnorm
-from lucid_fx.passes.insert_observers import OBSERVERS
-from lucid_fx.passes.insert_qdq import insert_qdq
-from lucid_fx.passes.lower_to_int8 import ConvertReport, lower_to_int8, lowering_table
-from lucid_fx.prepare import BACKENDS, prepare
+from lucid_fx.kernels.target import check_backend, resolve_target
+from lucid_fx.pipeline import CONVERT_PASSES, ConvertContext, run_passes
+from lucid_fx.prepare import prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry, current_registry
 
@@ -78,39 +75,29 @@ def _strip_qat(gm: nn.Module) -> None:
             torch.nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
 
 
-def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: Registry, path: str):
+def _convert_graph(gm: fx.GraphModule, ctx: ConvertContext) -> fx.GraphModule:
     missing = list(_uncalibrated(gm))
     if missing:
-        where = f" in {path}" if path else ""
+        where = f" in {ctx.path}" if ctx.path else ""
         raise ValueError(
             f"convert: the observers of node(s) {', '.join(missing)}{where} saw no data; run "
             "lucid_fx.calibrate(prepared, batches) before convert"
         )
     _strip_qat(gm)
     gm.eval()
-    rebind_node_refs(gm)
-    fold_batchnorm(gm)
-    weight_range = weight_quant_range(model_device(gm) or torch.device("cuda" if backend == "cuda" else "cpu"))
-    if reference:
-        converted = insert_qdq(gm, weight_range, set(lowering_table(registry.lowerings, backend)))
-        return record_activation_qparams(converted), ConvertReport("reference")
-    converted, report = lower_to_int8(gm, registry.lowerings, backend, weight_range)
-    return install_programs(record_activation_qparams(converted)), report
+    return run_passes(gm, ctx, CONVERT_PASSES)
 
 
-def _convert_tree(model: nn.Module, backend, reference, registry, reports, path="") -> nn.Module:
+def _convert_tree(model: nn.Module, ctx: ConvertContext) -> nn.Module:
     # Children first: an untraceable module kept float may hold prepared graphs inside.
     for name, child in list(model.named_children()):
         if name == OBSERVERS:
             continue
-        full = f"{path}.{name}" if path else name
-        new = _convert_tree(child, backend, reference, registry, reports, full)
+        new = _convert_tree(child, replace(ctx, path=f"{ctx.path}.{name}" if ctx.path else name))
         if new is not child:
             setattr(model, name, new)
     if isinstance(model, fx.GraphModule) and hasattr(model, OBSERVERS):
-        converted, report = _convert_graph(model, backend, reference, registry, path)
-        reports[path] = report
-        return converted
+        return _convert_graph(model, ctx)
     return model
 
 
@@ -146,15 +133,14 @@ def convert(
     """
     require_prepared("convert", prepared)
     report = getattr(prepared, "lucid_fx_report", None)
-    backend = backend or (report.backend if report is not None else "cpu")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    backend = check_backend(backend or (report.backend if report is not None else "cpu"))
     check_backend_device("convert", prepared, backend)
     require_float32("convert", prepared)
     _require_data(prepared)
+    ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
     work = prepared if inplace else copy.deepcopy(prepared)
-    reports: dict = {}
-    converted = _convert_tree(work, backend, reference, registry or current_registry(), reports)
+    converted = _convert_tree(work, ctx)
+    reports = ctx.reports
     converted.lucid_fx_convert_report = reports[""] if set(reports) == {""} else reports
     return converted
 

@@ -8,7 +8,7 @@ from typing import Dict, List
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 from lucid_fx.placement import placements
 
 __all__ = ["explain", "Explanation"]

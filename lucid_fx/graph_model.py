@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.placement import INT8_RUNS, Placement, placements
 
 __all__ = ["to_networkx", "DOMAINS"]

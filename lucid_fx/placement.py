@@ -10,47 +10,18 @@ time, for instance where an int32 accumulator could overflow; the convert report
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
 
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._meta import OBSERVERS
+from lucid_fx._placement import INT8_RUNS, Placement, Runs
+from lucid_fx.passes.lower_to_int8 import lowering_table
+from lucid_fx.passes.predict_placement import predict_placement
+from lucid_fx.registry import current_registry
 
 __all__ = ["Runs", "Placement", "placements", "INT8_RUNS"]
-
-
-class Runs(enum.Enum):
-    """Where a prepared node's value is computed after convert."""
-
-    KERNEL = "int8 kernel"  # an int8 kernel on codes: lucid_fx.linear, conv2d, add, softmax, ...
-    TABLE = "table lookup"  # a 256-entry table from the input's codes to the output's (lucid_fx.lut)
-    SHARED = "shared codes"  # the input's codes as they are (reshape, max_pool), or on a rescaled grid (x / 2)
-    FLOAT = "float"  # a float op, between dequantize and quantize where its neighbours are int8
-    NOT_TENSOR = "not a float tensor"  # shapes, integers, masks: nothing to quantize
-
-
-#: The kinds whose output is integer codes.
-INT8_RUNS = frozenset({Runs.KERNEL, Runs.TABLE, Runs.SHARED})
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a prepared node runs and why: the lowering rule key (``"conv2d+relu"``) for int8 kinds,
-    the reason it stayed float otherwise. ``members`` are the prepared nodes computed together (a
-    fused group, with any batch norm folded into it), the last one the node whose value comes out."""
-
-    runs: Runs
-    why: str
-    members: Tuple[str, ...]
-
-    @property
-    def value(self) -> str:
-        return self.members[-1]
-
-    def __str__(self) -> str:
-        return f"{self.runs.value} ({self.why})"
 
 
 def _graph_modules(model: nn.Module, prefix: str = "") -> Iterator[Tuple[str, fx.GraphModule]]:
@@ -76,11 +47,6 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
     >>> [str(placements(prepared)[n]) for n in ("_0", "_1", "_3")]
     ['int8 kernel (linear)', 'table lookup (gelu)', 'float (no lowering rule for layer_norm)']
     """
-    from lucid_fx.passes.insert_observers import OBSERVERS  # passes import this module's types
-    from lucid_fx.passes.lower_to_int8 import lowering_table
-    from lucid_fx.passes.predict_placement import predict_placement
-    from lucid_fx.registry import current_registry
-
     report = getattr(model, "lucid_fx_report", None)
     backend = backend or getattr(report, "backend", None) or "cpu"
     found: Dict[str, Placement] = {}

@@ -1,7 +1,7 @@
-"""prepare / prepare_qat: the prepare pipeline, a straight list of named passes.
+"""prepare / prepare_qat: trace, then run the prepare pipeline (lucid_fx.pipeline.PREPARE_PASSES) on each graph.
 
-    trace_model -> functionalize_inplace -> propagate_shapes -> canonicalize_ops -> fuse_patterns -> analyze_ranges
-                -> choose_observers -> insert_observers
+    trace_model -> record_trace -> functionalize_inplace -> propagate_shapes -> canonicalize_ops -> fuse_patterns
+                -> analyze_ranges -> choose_observers -> insert_observers
 
 Modules that cannot be traced stay float; prepare descends into them and quantizes the
 children that do trace, and reports them in ``prepared.lucid_fx_report``.
@@ -12,29 +12,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from torch import fx, nn
+from torch import nn
 
-from lucid_fx import _meta
-from lucid_fx.kernels import weight_quant_range
 from lucid_fx._validate import model_device, require_float32, require_module
-from lucid_fx.passes.analyze_ranges import analyze_ranges
-from lucid_fx.passes.canonicalize_ops import canonicalize_ops
-from lucid_fx.passes.choose_observers import choose_observers
-from lucid_fx.passes.functionalize_inplace import functionalize_inplace
-from lucid_fx.passes.fuse_patterns import fuse_patterns
-from lucid_fx.passes.insert_observers import insert_observers
-from lucid_fx.passes.propagate_shapes import propagate_shapes
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
+from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
 from lucid_fx.quantization.qconfig import QConfigMapping, get_default_qat_qconfig_mapping, get_default_qconfig_mapping
 from lucid_fx.registry import Registry, current_registry
 
 __all__ = ["prepare", "prepare_qat", "PrepareReport"]
-
-BACKENDS = ("cpu", "cuda")
 
 
 @dataclass
@@ -53,27 +44,32 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def _capture_inputs(options: Dict[str, Any], paths: Sequence[str]) -> Dict[str, tuple]:
-    """The positional inputs each module at ``paths`` (qualified from the root) received when the
-    whole float model ran on the user's example inputs, so nested parts get shapes too.
+class _Capture:
+    """The positional inputs each module (by path from the root) received when the whole float
+    model ran on the user's example inputs, so nested parts get shapes too.
 
     The model runs once, the first time this is needed: before prepare has changed anything, so
     no observer sees the example inputs."""
-    if options["root_inputs"] is None:
-        return {}
-    if options.get("captured") is None:
-        model, seen, hooks = options["root"], {}, []
-        for path, module in model.named_modules():
-            if path:
-                hooks.append(module.register_forward_pre_hook(lambda mod, args, _p=path: seen.setdefault(_p, tuple(args))))
-        try:
-            with torch.no_grad():
-                model(*options["root_inputs"])
-        finally:
-            for h in hooks:
-                h.remove()
-        options["captured"] = seen
-    return {path: options["captured"][path] for path in paths if path in options["captured"]}
+
+    def __init__(self, root: nn.Module, root_inputs: Optional[tuple]) -> None:
+        self.root, self.root_inputs, self.seen = root, root_inputs, None
+
+    def inputs(self, paths: Sequence[str]) -> Dict[str, tuple]:
+        if self.root_inputs is None:
+            return {}
+        if self.seen is None:
+            seen, hooks = {}, []
+            for path, module in self.root.named_modules():
+                if path:
+                    hooks.append(module.register_forward_pre_hook(lambda mod, args, _p=path: seen.setdefault(_p, tuple(args))))
+            try:
+                with torch.no_grad():
+                    self.root(*self.root_inputs)
+            finally:
+                for h in hooks:
+                    h.remove()
+            self.seen = seen
+        return {path: self.seen[path] for path in paths if path in self.seen}
 
 
 def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
@@ -82,27 +78,27 @@ def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 
-def _prepare_one(
-    model: nn.Module,
-    mapping: QConfigMapping,
-    example_inputs: Optional[tuple],
-    registry: Registry,
-    options: Dict[str, Any],
-    report: PrepareReport,
-    prefix: str,
-) -> nn.Module:
-    how = TraceOptions(
-        tuple(options["leaf_modules"]) + tuple(registry.leaf_modules),
-        options["concrete_args"] if not prefix else None,
-        tuple(registry.leaf_functions),
-    )
+def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> None:
+    """The recursion over what could not be traced: prepare each submodule of ``owner`` at
+    ``paths`` (relative to it) as a graph of its own, with the inputs it received."""
+    if not paths:
+        return
+    full = {path: f"{ctx.path}.{path}" if ctx.path else path for path in paths}
+    captured = capture.inputs(list(full.values()))
+    for path in paths:
+        part = replace(ctx, path=full[path], example_inputs=captured.get(full[path]))
+        _set_submodule(owner, path, _prepare_one(owner.get_submodule(path), part, capture, report))
+
+
+def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> nn.Module:
+    how = ctx.trace
     result = trace_model(
         model,
         leaf_modules=how.leaf_modules,
-        concrete_args=how.concrete_args,
+        concrete_args=how.concrete_args if not ctx.path else None,
         autowrap_functions=how.autowrap_functions,
-        strict=options["strict"],
-        path_prefix=prefix,
+        strict=ctx.strict,
+        path_prefix=ctx.path,
     )
     known = {u.path for u in report.float_modules}
     report.float_modules.extend(u for u in result.untraceable if u.path not in known)
@@ -110,32 +106,17 @@ def _prepare_one(
     if gm is None:
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
-        captured = _capture_inputs(options, [f"{prefix}.{name}" if prefix else name for name in children])
-        for name in children:
-            child = model.get_submodule(name)
-            if not any(True for _ in child.parameters()) and not list(child.children()):
-                continue  # parameter-free leaves (activations) gain nothing alone
-            path = f"{prefix}.{name}" if prefix else name
-            _set_submodule(model, name, _prepare_one(child, mapping, captured.get(path), registry, options, report, path))
+        capture.inputs([f"{ctx.path}.{name}" if ctx.path else name for name in children])
+        # parameter-free leaves (activations) gain nothing alone
+        kept = [name for name in children if any(True for _ in model.get_submodule(name).parameters())
+                or list(model.get_submodule(name).children())]
+        _prepare_parts(model, kept, ctx, capture, report)
         return model
     # Untraceable submodules became leaves: descend into each.
+    prefix = ctx.path
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
-    if inner:
-        captured = _capture_inputs(options, [f"{prefix}.{path}" if prefix else path for path in inner])
-        for path in inner:
-            full = f"{prefix}.{path}" if prefix else path
-            sub = gm.get_submodule(path)
-            _set_submodule(gm, path, _prepare_one(sub, mapping, captured.get(full), registry, options, report, full))
-    gm.meta[_meta.TRACE] = how  # compare traces the float model the same way
-    functionalize_inplace(gm, registry)
-    if example_inputs is not None:
-        propagate_shapes(gm, example_inputs)
-    canonicalize_ops(gm, registry)
-    fuse_patterns(gm, registry)
-    analyze_ranges(gm, registry)
-    choose_observers(gm, registry, mapping, prefix)
-    insert_observers(gm, qat=options["qat"], weight_range=options["weight_range"])
-    return gm
+    _prepare_parts(gm, inner, ctx, capture, report)
+    return run_passes(gm, ctx, PREPARE_PASSES)
 
 
 @contextlib.contextmanager
@@ -152,14 +133,14 @@ def _gc_paused():
             gc.enable()
 
 
-def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, registry, leaf_modules, concrete_args, strict):
+def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict) -> PrepareContext:
+    """Check the user's arguments against ``model`` and gather them into the pipeline's context."""
     verb = "prepare_qat" if qat else "prepare"
     require_module(verb, model)
     if backend is None:
         device = model_device(model)
         backend = "cuda" if device is not None and device.type == "cuda" else "cpu"
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    target = resolve_target(backend)
     if qat and not model.training:
         raise ValueError("prepare_qat: the model is in eval mode; call model.train() first (or use prepare for post-training quantization)")
     training = next((name or type(model).__name__ for name, m in model.named_modules() if m.training), None)
@@ -176,18 +157,18 @@ def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, regi
         qconfig_mapping = get_default_qat_qconfig_mapping() if qat else get_default_qconfig_mapping()
     if not isinstance(qconfig_mapping, QConfigMapping):
         raise TypeError(f"qconfig_mapping must be a QConfigMapping, got {type(qconfig_mapping).__name__}")
+    registry = registry or current_registry()
+    trace = TraceOptions(tuple(leaf_modules) + tuple(registry.leaf_modules), concrete_args, tuple(registry.leaf_functions))
+    return PrepareContext(registry, qconfig_mapping, target, qat, example_inputs, trace, strict)
+
+
+def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy.deepcopy(model)
-    report = PrepareReport(backend=backend, qat=qat)
-    options = {
-        "leaf_modules": leaf_modules, "concrete_args": concrete_args, "strict": strict, "qat": qat,
-        "root": work, "root_inputs": example_inputs,
-        # QAT trains weights on the grid the backend's int8 kernels compute exactly.
-        "weight_range": weight_quant_range("cuda" if backend == "cuda" else "cpu"),
-    }
+    report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
-        prepared = _prepare_one(work, qconfig_mapping, example_inputs, registry or current_registry(), options, report, "")
+        prepared = _prepare_one(work, ctx, _Capture(work, ctx.example_inputs), report)
     prepared.lucid_fx_report = report
-    if qat:
+    if ctx.qat:
         prepared.train()
     return prepared
 
@@ -233,7 +214,8 @@ def prepare(
         >>> type(prepared.lucid_fx_observers["_1"]).__name__
         'FixedQParamsObserver'
     """
-    return _prepare(model, qconfig_mapping, example_inputs, backend, inplace, False, registry, leaf_modules, concrete_args, strict)
+    ctx = _context(model, False, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict)
+    return _prepare(model, inplace, ctx)
 
 
 def prepare_qat(
@@ -251,4 +233,5 @@ def prepare_qat(
     """Like :func:`prepare` for quantization-aware training: FakeQuantize modules (and
     FixedQParamsFakeQuantize on range-bounded outputs), and fake-quantized weights, on a
     training-mode model."""
-    return _prepare(model, qconfig_mapping, example_inputs, backend, inplace, True, registry, leaf_modules, concrete_args, strict)
+    ctx = _context(model, True, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict)
+    return _prepare(model, inplace, ctx)

@@ -2,7 +2,7 @@
 
 :func:`install_programs` gives a converted GraphModule a class that, when called on CPU tensors,
 runs the program :func:`~lucid_fx.passes.lower_to_program.lower_to_program` built for that input
-signature (shapes, strides, dtypes) and this CPU (:func:`~lucid_fx.kernels.cpu_features`): prepacked
+signature (shapes, strides, dtypes) and this CPU's kind (the :class:`~lucid_fx.kernels.target.Target`): prepacked
 oneDNN weights, decisions taken once, no dispatcher between kernels. The first call with a new
 signature runs the portable graph (so bad input meets the kernels' checks and their messages) and
 builds the program for the next calls.
@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx
 
-from lucid_fx.kernels.cpu_features import cpu_features
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
 __all__ = ["install_programs", "programs_of", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
@@ -53,7 +53,7 @@ class _Programs(dict):
 
 
 def _signature(args: Tuple[Any, ...]) -> Optional[tuple]:
-    key = [cpu_features().name]
+    key = [resolve_target("cpu").cpu.name]  # the CPU kind: forced kinds get programs of their own
     for a in args:
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu" or a.requires_grad:

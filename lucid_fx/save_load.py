@@ -28,6 +28,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _allowlist, _meta, _parametrized
+from lucid_fx._meta import OBSERVERS
 from lucid_fx import _load_modules as M
 from lucid_fx._activation_qparams import BUFFER as ACTIVATION_QPARAMS
 from lucid_fx._activation_qparams import attach_guard, without_guard
@@ -36,7 +37,6 @@ from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
 from lucid_fx._load_tree import decode_module, where_is
 from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS
-from lucid_fx.passes.insert_observers import OBSERVERS
 
 __all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
 

@@ -12,33 +12,15 @@ to be 2-D. Works on the graph it is given.
 
 from __future__ import annotations
 
-import copy
-
-import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.quantization.fold_bn import fold_bn_into
 
-__all__ = ["fold_batchnorm", "fold_bn_into"]
+__all__ = ["fold_batchnorm"]
 
 _FOLDABLE = ("conv1d", "conv2d", "conv3d", "linear")
 _NOT_AFTER_A_LAYER = "its input is not a conv or linear module"
-
-
-def fold_bn_into(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
-    """A copy of ``layer`` whose output equals ``bn(layer(x))`` for an eval-mode ``bn``."""
-    fused = copy.deepcopy(layer)
-    with torch.no_grad():
-        inv_std = torch.rsqrt(bn.running_var + bn.eps)
-        gamma = bn.weight if bn.affine else torch.ones_like(inv_std)
-        beta = bn.bias if bn.affine else torch.zeros_like(inv_std)
-        factor = gamma * inv_std
-        shape = [-1] + [1] * (fused.weight.dim() - 1)
-        fused.weight.copy_(fused.weight * factor.reshape(shape))
-        bias = fused.bias if fused.bias is not None else torch.zeros_like(bn.running_mean)
-        new_bias = (bias - bn.running_mean) * factor + beta
-        fused.bias = nn.Parameter(new_bias)
-    return fused
 
 
 def _rank(node: fx.Node) -> int:

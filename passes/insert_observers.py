@@ -15,16 +15,15 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.quantization.dtypes import QDtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQuantize
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 
-__all__ = ["insert_observers", "OBSERVERS", "WEIGHT_OBSERVERS"]
+__all__ = ["insert_observers"]
 
-OBSERVERS = "lucid_fx_observers"
-WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
 _WEIGHTED = ("linear", "conv1d", "conv2d", "conv3d")
 
 

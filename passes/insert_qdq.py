@@ -18,9 +18,10 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
-from lucid_fx.passes.lowering_context import _tag_type, quantize_weight
+from lucid_fx.rules.lowering_context import _tag_type
+from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 
@@ -30,7 +31,7 @@ _ops = torch.ops.lucid_fx
 
 
 def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, weight_range: Tuple[int, int]) -> None:
-    # The kernel multiplies by per-channel codes on weight_range (lowering_context.quantize_weight),
+    # The kernel multiplies by per-channel codes on weight_range (quantization.weight.quantize_weight),
     # not by the observer's own grid: give the reference exactly those codes.
     weight = gm
     for part in node.args[0].target.split("."):

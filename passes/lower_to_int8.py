@@ -27,16 +27,15 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.placement import Placement, Runs
-from lucid_fx.passes.lowering_context import (
-    ConvertReport,
+from lucid_fx._placement import ConvertReport, Placement, Runs
+from lucid_fx.kernels.target import Target
+from lucid_fx.rules.lowering_context import (
     LoweringContext,
     QValue,
     _is_observer_call,
-    quantize_weight,
 )
 
-__all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
+__all__ = ["lower_to_int8", "lowering_table"]
 _LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
 
 
@@ -147,11 +146,13 @@ def _copy_float(ctx: LoweringContext, node: fx.Node) -> fx.Node:
 
 
 def lower_to_int8(
-    prepared: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str, weight_range: Tuple[int, int]
+    prepared: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target
 ) -> Tuple[fx.GraphModule, ConvertReport]:
-    """Lower a calibrated (and batch-norm folded) prepared graph; returns the new module and a report."""
+    """Lower a calibrated (and batch-norm folded) prepared graph for ``target`` (its backend's
+    lowering table, its weight grid); returns the new module and a report."""
     root = prepared  # buffers for packed weights go on the prepared module, which becomes the root
-    ctx = LoweringContext(prepared, root, backend, weight_range)
+    ctx = LoweringContext(prepared, root, target)
+    backend = target.backend
     report = ConvertReport(backend)
     nodes = list(prepared.graph.nodes)
     # Observer calls are aliases of the value they watch.

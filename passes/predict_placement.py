@@ -19,12 +19,13 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.insert_observers import OBSERVERS
+from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
-from lucid_fx.passes.lowering_context import _is_observer_call
-from lucid_fx.placement import Placement, Runs
+from lucid_fx.rules.lowering_context import _is_observer_call
+from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import unfused_mask
+from lucid_fx.rules.lowering_elementwise import _positive_number
 from lucid_fx.rules.masks import mask_input
 
 __all__ = ["predict_placement"]
@@ -50,7 +51,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
         return Runs.KERNEL
     number = next((v for v in (call.args.get("input"), call.args.get("other")) if not isinstance(v, fx.Node)), None)
-    if call.op == "add" or rules._positive_number(number) is None or call.args.get("rounding_mode") is not None:
+    if call.op == "add" or _positive_number(number) is None or call.args.get("rounding_mode") is not None:
         return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
     # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
     return Runs.TABLE if node.meta[_meta.DECISION].kind == "fixed" and not _rescale_fits(gm, node, call, number) else Runs.SHARED

@@ -449,7 +449,7 @@ def test_the_value_classes_are_those_lucid_fx_writes():
     assert {
         "lucid_fx.quantization.dtypes.QDtype", "lucid_fx.quantization.dtypes.QScheme", "lucid_fx.quantization.qconfig.QConfig",
         "lucid_fx.rules.observers.Decision", "lucid_fx.ops.CanonicalCall", "lucid_fx.prepare.PrepareReport",
-        "lucid_fx.passes.trace_model.Untraceable", "lucid_fx.passes.lowering_context.ConvertReport",
+        "lucid_fx.passes.trace_model.Untraceable", "lucid_fx._placement.ConvertReport",
         "torch.fx.passes.shape_prop.TensorMetadata",
     } <= names
     assert all(n.startswith("lucid_fx.") for n in names - {"torch.fx.passes.shape_prop.TensorMetadata"})
@@ -460,7 +460,7 @@ def test_the_value_classes_are_those_lucid_fx_writes():
 
 
 def test_every_meta_key_has_a_type_to_check():
-    keys = [v for k, v in vars(_meta).items() if k.isupper() and isinstance(v, str) and k != "TRACE"]  # TRACE: gm.meta
+    keys = [v for k, v in vars(_meta).items() if k.isupper() and isinstance(v, str) and k not in _meta.NOT_NODE_KEYS]  # TRACE: gm.meta; containers
     assert sorted(META_KEYS) == sorted(keys) and set(keys) <= set(META_TYPES())
 
 

@@ -100,6 +100,7 @@ def test_explain_names_rule_and_reason():
     row = table.by_node()["truediv"]
     assert row["op"] == "div" and row["spelling"] == "operator.truediv"
     assert row["qparams"] == "[0, 1] scale=0.00390625 zp=0"
+    assert row["kind"] == "fixed" and row["reason"] == "output proven in [0, 1]"  # the interval that chose the grid
     assert "lucid_fx/rules/observers.py:" in row["rule"] and "lucid_fx/rules/ranges.py:" in row["rule"]
     text = str(table)
     assert text.splitlines()[0].split()[:4] == ["node", "op", "spelling", "kind"]

@@ -379,3 +379,39 @@ def test_common_torch_layers_round_trip(layer):
     x = torch.randn(shape)
     _assert_same_state(loaded, model)
     assert type(loaded[0]) is type(model[0]) and torch.equal(loaded(x), model(x))
+
+
+def _renamed(value, old_of):
+    """``value`` (a saved file's data) with every class name string replaced by its old name."""
+    if isinstance(value, str):
+        return old_of.get(value, value)
+    if isinstance(value, dict):
+        return {_renamed(k, old_of): _renamed(v, old_of) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(v, old_of) for v in value)
+    return value
+
+
+def test_a_file_naming_classes_where_they_were_before_they_moved_still_loads():
+    # Files saved before issue 12 name ConvertReport, Placement and Runs at their old homes.
+    from _saved_files import raw, write
+    from lucid_fx._allowlist import MOVED_CLASSES
+
+    old_of = {new: old for old, new in MOVED_CLASSES.items()}
+    data = raw("mlp")
+    old = _renamed(data, old_of)
+    text = repr(old)
+    assert all(name in text for name in MOVED_CLASSES if "Dynamic" not in name) and not any(new in text for new in old_of)
+    loaded, fresh = lucid_fx.load(write(old)), lucid_fx.load(write(data))
+    assert loaded.lucid_fx_convert_report == fresh.lucid_fx_convert_report
+    assert lucid_fx.placement.placements(loaded) == lucid_fx.placement.placements(fresh) != {}
+    x = torch.randn(4, 8)
+    assert torch.equal(loaded(x), fresh(x))
+    # quantize_dynamic's layer moved to the verbs layer (lucid_fx/dynamic.py)
+    dynamic = Q.quantize_dynamic(nn.Sequential(nn.Linear(8, 4)))
+    buffer = io.BytesIO()
+    lucid_fx.save(dynamic, buffer)
+    old = _renamed(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), old_of)
+    assert "lucid_fx.quantization.dynamic.DynamicQuantizedLinear" in repr(old)
+    loaded = lucid_fx.load(write(old))
+    assert type(loaded[0]) is Q.DynamicQuantizedLinear and torch.equal(loaded(x), dynamic(x))

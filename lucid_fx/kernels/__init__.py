@@ -25,8 +25,9 @@ from lucid_fx.kernels.cpu import onednn_available, use_onednn, weight_quant_rang
 from lucid_fx.kernels.cpu_features import cpu_features, force_cpu_features
 from lucid_fx.kernels.library import WeightCache
 from lucid_fx.kernels.reference import make_lut
+from lucid_fx.kernels.target import Target, resolve_target
 
 __all__ = [
     "weight_quant_range", "make_lut", "use_onednn", "onednn_available", "WeightCache", "cpu_features",
-    "force_cpu_features", "KernelInputError",
+    "force_cpu_features", "KernelInputError", "Target", "resolve_target",
 ]

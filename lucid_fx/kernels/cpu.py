@@ -9,7 +9,7 @@ How oneDNN is called matters as much as which op, measured without VNNI: a linea
 1x1 convolution over a channels-last view of its rows (1.1-2.2x faster than oneDNN's linear,
 same codes); the activation zero point goes into the bias wherever every output sums the whole
 weight window and the raw accumulator is exact in float32 (linears, unpadded convolutions;
-10-45% faster, ties aside the same codes; see :func:`_zero_point_in_bias`); convolution weights are
+10-45% faster, ties aside the same codes; see :mod:`lucid_fx.kernels.zero_point`); convolution weights are
 packed for the input shape they meet (up to :data:`SHAPED_PACKS` shapes; 0.83 against 1.29 ms
 for 512 channels 3x3 on 7x7); int8 activations enter as uint8 (s8 measured 5x slower).
 
@@ -35,17 +35,18 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 
 from lucid_fx.kernels import reference as ref
-from lucid_fx.kernels.cpu_features import cpu_features, detected_cpu_features
-from lucid_fx.kernels.cuda import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.library import WeightCache, _version_of, conv_output_shape, register_kernel
+from lucid_fx.kernels.cpu_features import detected_cpu_features
+from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
+from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
+from lucid_fx.kernels.target import NARROW_GRID, resolve_target
+from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
+    FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums,
+)
 
 __all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
 
 # oneDNN-packed weights (or None: run the fallback), once per weight and geometry.
 PACKED = WeightCache()
-# Biases with the activation zero point folded in (and each weight's sums), per weight and input grid.
-FOLDED_BIASES = WeightCache()
-FOLDED_GRIDS = 4
 _state = {"onednn": None}
 
 
@@ -82,20 +83,20 @@ def use_onednn(enabled: bool) -> Iterator[None]:
         _state["onednn"] = previous
 
 
-NARROW_GRID = (-64, 63)
-
-
 def weight_quant_range(device: Union[torch.device, str]) -> Tuple[int, int]:
-    """The int8 weight grid ``(qmin, qmax)`` whose products the device's int8 kernels compute exactly.
+    """The int8 weight grid ``(qmin, qmax)`` whose products the device's int8 kernels compute exactly:
+    :attr:`Target.weight_range <lucid_fx.kernels.target.Target.weight_range>` of ``device``.
 
     ``(-64, 63)`` on a CPU without VNNI (oneDNN's int16 pair sums saturate beyond it),
     ``(-128, 127)`` on CPUs with VNNI and on CUDA (``torch._int_mm`` accumulates in int32). On
     the CPU this follows :func:`~lucid_fx.kernels.cpu_features.cpu_features`, so it can be forced.
     """
-    device = torch.device(device)
-    if device.type == "cpu" and not cpu_features().vnni:
-        return NARROW_GRID
-    return (-128, 127)
+    return resolve_target(device=device).weight_range
+
+
+def _cpu_target():
+    # The kernels' choices on this CPU (issue 13's lowering will take them once, at convert or load).
+    return resolve_target("cpu")
 
 
 def _exact_on_onednn(qw: torch.Tensor) -> bool:
@@ -105,7 +106,7 @@ def _exact_on_onednn(qw: torch.Tensor) -> bool:
     qmin, qmax = NARROW_GRID
     if int(qw.min()) >= qmin and int(qw.max()) <= qmax:
         return True
-    if cpu_features().vnni:
+    if _cpu_target().cpu.vnni:
         return False  # a richer CPU is forced (tests): its full-grid weights take the exact fallback
     warnings.warn(
         f"int8 weight {tuple(qw.shape)} has codes outside {(qmin, qmax)}; oneDNN would saturate on this CPU "
@@ -139,52 +140,12 @@ def _from_uint8(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (out ^ 128).view(torch.int8) if dtype == torch.int8 else out
 
 
-def _weight_sums(qw: torch.Tensor) -> Optional[torch.Tensor]:
-    """Per-output sums of ``qw`` (float64), once per weight; None when folding could round: the raw
-    accumulator (activation codes up to 255 against the weight) must stay exact in float32."""
-    def build():
-        flat = qw.reshape(qw.shape[0], -1)
-        if 255 * int(flat.abs().sum(1, dtype=torch.int64).max()) >= 2**24:
-            return None
-        return flat.sum(1, dtype=torch.int64).double()
-
-    return FOLDED_BIASES.get(qw, "weight sums", build)
-
-
-def _zero_point_in_bias(qw, w_scale, bias, x_scale: float, x_zp: int) -> Optional[torch.Tensor]:
-    """``bias - x_scale * w_scale * x_zp * sum(qw[o])``, or None where folding could round.
-
-    With it oneDNN runs with an activation zero point of 0, which measured 10-15% faster for a
-    linear (Linear(1024): 201 vs 237 us at batch 1, 1.08 vs 1.19 ms at batch 64) and 10-45% for
-    unpadded convolutions. Valid only where every output sums the whole weight window (linears,
-    convolutions without padding: a padded tap reads no zero point), and only while the raw
-    accumulator is exact in float32; codes then match the unfolded call except where float32
-    rounding moves a tie. Kept for up to FOLDED_GRIDS input grids per weight (each entry holds the
-    scale and bias tensors it was built from, and is rebuilt when either is replaced or changed);
-    further grids, as dynamic quantization makes one per batch, are folded per call."""
-    sums = _weight_sums(qw)
-    if sums is None:
-        return None
-    key = ("zero point in bias", x_scale, x_zp)
-    stamp = (w_scale, _version_of(w_scale), bias, None if bias is None else _version_of(bias))
-    entry = FOLDED_BIASES.peek(qw, key)
-    if entry is not None:
-        (scale_then, scale_version, bias_then, bias_version), folded = entry
-        if scale_then is w_scale and bias_then is bias and (scale_version, bias_version) == stamp[1::2]:
-            return folded
-    folded = -(x_scale * x_zp) * w_scale.double() * sums
-    folded = (folded if bias is None else folded + bias.double()).to(torch.float32)
-    if entry is not None or FOLDED_BIASES.count(qw, lambda k: k[0] == "zero point in bias") < FOLDED_GRIDS:
-        FOLDED_BIASES.put(qw, key, (stamp, folded))
-    return folded
-
-
 def _linear_as_conv() -> bool:
     # Measured on AVX2 without VNNI: oneDNN's 1x1 convolution computes a linear layer with the same
     # codes 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us
     # at 64, 8.2 vs 9.5 ms at 1024). With VNNI the linear primitive was measured at 91% of peak, so
-    # it is kept there.
-    return not cpu_features().vnni
+    # it is kept there (Target.linear_as_conv).
+    return _cpu_target().linear_as_conv
 
 
 def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
@@ -192,7 +153,7 @@ def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
     AVX512-VNNI and AMX, torch 2.13) its compensation was measured 2 codes off on 164 of 256
     outputs once the raw accumulator passed 2^24, where float32 stops being exact; such a linear
     (a wide layer with an asymmetric input) runs on the exact ``_int_mm`` path there."""
-    return x_zp == 0 or not cpu_features().amx or _weight_sums(qw) is not None
+    return x_zp == 0 or not _cpu_target().amx_zero_point_check or _weight_sums(qw) is not None
 
 
 def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor, as_conv: bool):
@@ -241,10 +202,6 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     return out.view(*qx.shape[:-1], qw.shape[0])
 
 
-def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return t if t is None or t.dtype == torch.float32 else t.to(torch.float32)  # a no-op .to() costs ~2 us
-
-
 # Input shapes a convolution weight is packed for, at most; further shapes share a generic pack.
 SHAPED_PACKS = 4
 
@@ -265,17 +222,6 @@ def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
         None if x_shape is None else list(x_shape),
     )
     return _pack(qw, key, build)
-
-
-def _folded_zero_point(qw, w_scale, bias, x_scale, x_zp) -> Tuple[int, Optional[torch.Tensor]]:
-    """(zero point, bias) to give oneDNN: the zero point folded into the bias where that is exact."""
-    folded = _zero_point_in_bias(qw, w_scale, bias, x_scale, x_zp) if x_zp else None
-    return (0, folded) if folded is not None else (x_zp, _float(bias))
-
-
-def _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding) -> Tuple[int, Optional[torch.Tensor]]:
-    """Convolutions fold the zero point only when nothing is padded."""
-    return (x_zp, _float(bias)) if any(padding) else _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
 
 
 def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,

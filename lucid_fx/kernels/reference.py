@@ -9,17 +9,21 @@ Output codes keep the integer dtype of the (first) input unless ``out_dtype`` sa
 ``uint8`` in, ``uint8`` out.
 
 Per-tensor quantize and dequantize are written with in-place ops (:func:`dequant`,
-:func:`quant`): the same float32 arithmetic as :func:`lucid_fx.quantization.quantize` /
-``dequantize``, so codes agree to the bit, at 2-10x their speed (fewer temporaries).
+:func:`quant`, in :mod:`lucid_fx.kernels.codes`): the same float32 arithmetic as
+:func:`lucid_fx.quantization.quantize` / ``dequantize``, so codes agree to the bit, at 2-10x
+their speed (fewer temporaries).
 """
 
-import functools
 from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.quantization.dtypes import QDtype, to_qdtype
+from lucid_fx.kernels.codes import (  # noqa: F401  (re-exported: the fast kernels read them as ref.*)
+    POST_OPS, _check_range, _narrowed, check_post_op, conv2d_memory_format, dense_strides, dequant, f32, f32_reciprocal,
+    finish, out_storage, quant, to_layout,
+)
+from lucid_fx.quantization.dtypes import to_qdtype
 from lucid_fx.quantization.functional import dequantize, quantize
 
 __all__ = [
@@ -27,89 +31,6 @@ __all__ = [
     "linear", "conv1d", "conv2d", "conv2d_add", "add", "mul", "matmul", "lut", "softmax", "cat",
     "avg_pool2d", "adaptive_avg_pool2d", "mean", "make_lut",
 ]
-
-POST_OPS = ("none", "relu")
-
-
-def check_post_op(post_op: str) -> None:
-    """Raise ValueError for a post-op the kernels do not fuse."""
-    if post_op not in POST_OPS:
-        raise ValueError(f"post_op must be one of {POST_OPS}, got {post_op!r}")
-
-
-def out_storage(q: torch.Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
-    """The dtype of an op's result: ``out_dtype``, or the codes' own integer dtype when None."""
-    if out_dtype is None:
-        return q.dtype
-    if out_dtype not in (torch.uint8, torch.int8, torch.float32):
-        raise ValueError(f"out_dtype must be None, torch.uint8, torch.int8 or torch.float32, got {out_dtype}")
-    return out_dtype
-
-
-@functools.lru_cache(maxsize=4096)
-def f32(scale: float) -> float:
-    """``scale`` rounded to float32, the value ``dequantize`` multiplies by (as a Python float)."""
-    return float(torch.tensor(scale, dtype=torch.float32))
-
-
-@functools.lru_cache(maxsize=4096)
-def f32_reciprocal(scale: float) -> float:
-    """``1 / scale`` taken in float32 exactly as ``quantize`` takes it; cached, as a small tensor
-    division costs ~10 us, more than the rest of a small kernel."""
-    return float(1.0 / torch.tensor(scale, dtype=torch.float32))
-
-
-def dequant(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    """Float32 ``(q - zero_point) * scale`` for per-tensor 8-bit codes, bit-identical to ``dequantize``."""
-    if q.dtype not in (torch.uint8, torch.int8):
-        return dequantize(q, scale, zero_point)  # int32 codes: q - zp must be taken in int32
-    # A Python float that is exactly a float32 value multiplies in float32 like a float32 tensor.
-    y = q.to(torch.float32)
-    return (y.sub_(zero_point) if zero_point else y).mul_(f32(scale))
-
-
-def quant(
-    y: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype,
-    overwrite: bool = False,
-) -> torch.Tensor:
-    """Codes ``clamp(round(y * (1 / scale)) + zero_point)`` in ``dtype``, bit-identical to ``quantize``.
-
-    ``overwrite`` lets a float32 ``y`` that is a temporary of the caller hold the intermediates.
-    """
-    inv = f32_reciprocal(scale)
-    y32 = y.to(torch.float32)
-    codes = (y32.mul_(inv) if (overwrite or y32 is not y) else y32 * inv).round_()
-    return (codes.add_(zero_point) if zero_point else codes).clamp_(quant_min, quant_max).to(dtype)
-
-
-def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: torch.dtype) -> torch.Tensor:
-    """Apply the post-op to float ``y`` and quantize it to ``dtype`` (float32: no quantization).
-
-    ``y`` is a temporary of the caller and is overwritten.
-    """
-    if post_op == "relu":
-        y = y.relu_()
-    if dtype == torch.float32:
-        return y
-    info = torch.iinfo(dtype)
-    return quant(y, out_scale, out_zp, info.min, info.max, dtype, overwrite=True)
-
-
-def _check_range(quant_min: int, quant_max: int, dtype: torch.dtype) -> None:
-    grid: QDtype = to_qdtype(dtype)
-    if quant_min < grid.quant_min or quant_max > grid.quant_max or quant_min >= quant_max:
-        raise ValueError(f"range [{quant_min}, {quant_max}] does not fit in {dtype}")
-
-
-def _narrowed(q: torch.Tensor, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
-    # quantize() clamps to the full grid of the storage dtype; clamping again to a sub-range is the
-    # same as clamping once to it, so codes stay bit-identical to quantize() for every range.
-    _check_range(quant_min, quant_max, dtype)
-    grid: QDtype = to_qdtype(dtype)
-    if (quant_min, quant_max) != (grid.quant_min, grid.quant_max):
-        q = q.clamp_(quant_min, quant_max)
-    return q
-
 
 def quantize_per_tensor(
     x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype
@@ -202,41 +123,6 @@ def conv2d_add(
     y = _conv(F.conv2d, qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups)
     y = y + dequant(qother, other_scale, other_zp)
     return to_layout(finish(y, post_op, out_scale, out_zp, out_storage(qx, out_dtype)), conv2d_memory_format(qx))
-
-
-def dense_strides(shape: torch.Size, memory_format: torch.memory_format) -> List[int]:
-    """Strides of a dense tensor of ``shape`` in ``memory_format``, as ``torch.empty`` gives them."""
-    order = [0, 2, 3, 1] if memory_format == torch.channels_last else list(range(len(shape)))
-    strides, step = [0] * len(shape), 1
-    for dim in reversed(order):
-        strides[dim] = step
-        step *= max(shape[dim], 1)
-    return strides
-
-
-def to_layout(out: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-    """``out`` with exactly the strides a fake tensor of the op gets (copied only when needed).
-
-    ``contiguous()`` ignores the strides of size-1 dims; graphs compiled from the fake kernels
-    compare them too, so those are set by a free ``as_strided`` view of the same memory.
-    """
-    want = dense_strides(out.shape, memory_format)
-    if list(out.stride()) == want:
-        return out
-    out = out.contiguous(memory_format=memory_format)
-    return out if list(out.stride()) == want else out.as_strided(out.shape, want)
-
-
-def conv2d_memory_format(qx: torch.Tensor) -> torch.memory_format:
-    """Layout of a conv2d result: channels-last when ``qx`` is unambiguously channels-last.
-
-    oneDNN computes in channels-last; a model whose input is converted once with
-    ``x.contiguous(memory_format=torch.channels_last)`` then never pays a layout copy, while
-    an NCHW input gets an NCHW result, as ``torch.nn.functional.conv2d`` would give.
-    """
-    if qx.dim() == 4 and qx.is_contiguous(memory_format=torch.channels_last) and not qx.is_contiguous():
-        return torch.channels_last
-    return torch.contiguous_format
 
 
 def add(

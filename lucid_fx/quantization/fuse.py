@@ -14,7 +14,7 @@ from typing import List, Sequence, Tuple, Union
 
 from torch import nn
 
-from lucid_fx.passes.fold_batchnorm import fold_bn_into
+from lucid_fx.quantization.fold_bn import fold_bn_into
 
 __all__ = ["fuse_modules", "ConvReLU1d", "ConvReLU2d", "ConvReLU3d", "LinearReLU"]
 

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.lowering_context import QValue
+from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
 
 __all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD"]

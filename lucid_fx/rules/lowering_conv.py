@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.passes.lowering_context import QValue
+from lucid_fx.rules.lowering_context import QValue
 
 __all__ = ["lower_conv", "lower_conv_add"]
 

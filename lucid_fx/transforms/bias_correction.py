@@ -12,7 +12,7 @@ itself, so zero padding at the borders counts as it does in the model). The data
 every layer; the data is at hand anyway where ``quantize`` is called.
 
 ``W_q`` is the weight as ``convert`` quantizes it: the QConfig's weight observer on the weight,
-per-channel symmetric codes on the device's kernel grid (``lucid_fx.kernels.weight_quant_range``).
+per-channel symmetric codes on the device's kernel grid (the Target's ``weight_range``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lucid_fx.kernels import weight_quant_range
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.quantization import QConfigMapping, QDtype, calculate_qparams, dequantize, get_default_qconfig_mapping, quantize
 from lucid_fx.transforms._dataflow import call_model
 from lucid_fx.transforms.report import TransformReport, attach, require_eval, output_sqnr_db
@@ -103,7 +103,7 @@ def correct_bias(
     work = model if inplace else copy.deepcopy(model)
     first = next(work.parameters(), None)
     device = torch.device("cuda") if backend == "cuda" else (first.device if first is not None else torch.device("cpu"))
-    weight_range = weight_quant_range(device)
+    weight_range = resolve_target(backend, device).weight_range
     errors: Dict[str, torch.Tensor] = {}
     for name, layer in work.named_modules():
         qconfig = mapping.qconfig_for(name, type(layer)) if isinstance(layer, _LAYERS) else None

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import lucid_fx.kernels as K
 import lucid_fx.quantization as Q
-from lucid_fx.kernels import cuda
+from lucid_fx.kernels import int_mm
 
 pytestmark = [
     pytest.mark.cuda,
@@ -61,10 +61,10 @@ def test_linear(shape, post_op):
 def test_linear_prepares_each_weight_once():
     qx, xs, xz = cu(*act((20, 32)))
     qw, ws = cu(*weight((16, 32)))
-    before = cuda.PREPARED.builds
+    before = int_mm.PREPARED.builds
     for _ in range(3):
         ops.linear(qx, xs, xz, qw, ws, None, 0.05, 100, "none", None)
-    assert cuda.PREPARED.builds == before + 1
+    assert int_mm.PREPARED.builds == before + 1
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def test_fallback_weights_leave_the_caches_when_they_die():
     # The _int_mm form of a weight (a column-major view of its storage) must not keep the weight
     # alive, or its cache entries would never go.
     import lucid_fx.kernels as K
-    from lucid_fx.kernels import cuda
+    from lucid_fx.kernels import int_mm
 
     with K.use_onednn(False):
         weights = [torch.randint(-64, 64, (8, 16), dtype=torch.int8) for _ in range(5)]
@@ -51,7 +51,7 @@ def test_fallback_weights_leave_the_caches_when_they_die():
                 for w in weights]
         expected = [((x.float() - 128) * 0.1) @ (w.float() * 0.01).t() for w in weights]
         assert all(torch.allclose(o, e, atol=1e-4) for o, e in zip(outs, expected))
-        held = len(cuda.PREPARED)
+        held = len(int_mm.PREPARED)
         del weights, outs
         gc.collect()
-        assert len(cuda.PREPARED) == held - 5
+        assert len(int_mm.PREPARED) == held - 5

@@ -1,7 +1,7 @@
 """quantize_dynamic: int8 Linear layers whose activation qparams are computed per batch.
 
 Weights are quantized once (per-channel symmetric int8 on the kernels' weight grid,
-:func:`lucid_fx.kernels.weight_quant_range`); each call measures the input's min/max, quantizes
+the Target's ``weight_range``, resolved once per call); each call measures the input's min/max, quantizes
 it to uint8 (or int8) with those qparams, and runs the int8 GEMM ``torch.ops.lucid_fx.linear``
 (oneDNN on CPU with the packed weight cached, ``torch._int_mm`` otherwise) straight to a float
 result. No calibration: suited to layers whose input range varies from batch to batch.
@@ -10,14 +10,15 @@ result. No calibration: suited to layers whose input range varies from batch to 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import nn
 
-from lucid_fx.kernels import weight_quant_range
-from lucid_fx.passes.lowering_context import quantize_weight
+from lucid_fx.kernels.target import Target, resolve_target
+from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
 from lucid_fx.quantization.qparams import calculate_qparams
@@ -44,13 +45,16 @@ class DynamicQuantizedLinear(nn.Module):
         self.register_buffer("bias", bias)
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, qconfig: QConfig = default_dynamic_qconfig) -> "DynamicQuantizedLinear":
-        """Quantize ``linear``'s weight with ``qconfig.weight``'s observer; activations get
-        ``qconfig.activation``'s dtype (quint8 by default, or qint8)."""
+    def from_float(cls, linear: nn.Linear, qconfig: QConfig = default_dynamic_qconfig,
+                   target: Optional[Target] = None) -> "DynamicQuantizedLinear":
+        """Quantize ``linear``'s weight with ``qconfig.weight``'s observer on ``target``'s weight grid
+        (default: the Target of the weight's device); activations get ``qconfig.activation``'s dtype
+        (quint8 by default, or qint8)."""
         activation = qconfig.activation_qdtype
         if activation.bits != 8:
             raise ValueError(f"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for {activation}")
-        codes, scale = quantize_weight(linear.weight, qconfig.weight(), weight_quant_range(linear.weight.device))
+        target = target or resolve_target(device=linear.weight.device)
+        codes, scale = quantize_weight(linear.weight, qconfig.weight(), target.weight_range)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         return cls(codes, scale, bias, activation)
 
@@ -95,14 +99,14 @@ def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
     return spec
 
 
-def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict[Any, Optional[QConfig]]) -> nn.Module:
+def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict[Any, Optional[QConfig]], targets) -> nn.Module:
     # Lookup order of the reference framework: the parent's qconfig, then the exact type, then the name.
     qconfig = spec.get(type(module), inherited)
     qconfig = spec.get(name, qconfig)
     if type(module) is nn.Linear:  # exact type: subclasses such as attention's out_proj are read by their parent
-        return DynamicQuantizedLinear.from_float(module, qconfig) if qconfig is not None else module
+        return DynamicQuantizedLinear.from_float(module, qconfig, targets(module.weight.device)) if qconfig is not None else module
     for child_name, child in list(module.named_children()):
-        new = _swap(child, f"{name}.{child_name}" if name else child_name, qconfig, spec)
+        new = _swap(child, f"{name}.{child_name}" if name else child_name, qconfig, spec, targets)
         if new is not child:
             setattr(module, child_name, new)
     return module
@@ -156,4 +160,6 @@ def quantize_dynamic(
         raise ValueError(f"quantize_dynamic: {type(model).__name__} has no submodule(s) {', '.join(map(repr, missing))} named in qconfig_spec")
     work = model if inplace else copy.deepcopy(model)
     with torch.no_grad():
-        return _swap(work, "", None, spec)
+        # One Target per device the weights are on, resolved once for the whole model.
+        targets = functools.lru_cache(maxsize=None)(lambda device: resolve_target(device=device))
+        return _swap(work, "", None, spec, targets)

@@ -1,29 +1,27 @@
-"""The lowering context, support for the lower_to_int8 pass (not a pass itself).
+"""The lowering context: what lowering rules see (the rules layer; the lower_to_int8 pass builds one).
 
 What lowering rules see and emit through: :class:`LoweringContext` holds the new graph being built by :mod:`lower_to_int8`, each value in
 float and/or integer-code form (:class:`QValue`), the observers' qparams and the weights'
-int8 forms; :class:`ConvertReport` is what convert tells the user it did.
+int8 forms.
 """
 
 from __future__ import annotations
 
-import copy
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx.placement import INT8_RUNS, Placement, Runs
-from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.kernels.target import Target
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
-from lucid_fx.quantization.functional import quantize
-from lucid_fx.quantization.qparams import calculate_qparams
+from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "ConvertReport", "LoweringContext", "quantize_weight", "float_memory_format"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -44,38 +42,6 @@ class QValue:
     float_layout: Optional[bool] = None
 
 
-@dataclass
-class ConvertReport:
-    """What convert did: where each prepared node runs and why (:class:`lucid_fx.placement.Placement`),
-    and, read from that, which nodes became int8 (a fused group by its last node) and which ran in float."""
-
-    backend: str
-    placements: Dict[str, Placement] = field(default_factory=dict)  # prepared node -> where it runs, why
-
-    def _groups(self) -> Dict[str, Placement]:
-        return {p.value: p for p in self.placements.values()}
-
-    @property
-    def lowered(self) -> Dict[str, str]:
-        """Node (a group's last) -> the lowering rule key, for every int8 kernel, table or shared op."""
-        return {name: p.why for name, p in self._groups().items() if p.runs in INT8_RUNS}
-
-    @property
-    def float_ops(self) -> Dict[str, str]:
-        """Node (a group's last) -> why it runs in float: no rule, a rule that declined, or the QConfig."""
-        return {name: p.why for name, p in self._groups().items() if p.runs is Runs.FLOAT}
-
-    def __str__(self) -> str:
-        kernels, floats = len(self.lowered), self.float_ops
-        lines = [f"backend {self.backend}: {_count(kernels, 'int8 kernel')}, {_count(len(floats), 'op')} in float"]
-        lines += [f"  float: {name} ({why})" for name, why in floats.items()]
-        return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def _is_observer_call(node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + ".")
 
@@ -83,9 +49,9 @@ def _is_observer_call(node: fx.Node) -> bool:
 class LoweringContext:
     """What a lowering rule may use: the new graph, values in either form, weights, qparams."""
 
-    def __init__(self, prepared: fx.GraphModule, root: nn.Module, backend: str, weight_range: Tuple[int, int]) -> None:
-        self.prepared, self.root, self.backend = prepared, root, backend
-        self.weight_range = weight_range
+    def __init__(self, prepared: fx.GraphModule, root: nn.Module, target: Target) -> None:
+        self.prepared, self.root, self.target = prepared, root, target  # target: the hardware convert lowers for
+        self.backend, self.weight_range = target.backend, target.weight_range
         self.graph = fx.Graph()
         self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
         self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
@@ -249,41 +215,6 @@ class LoweringContext:
         s = self.constant(f"{base}_wscale", scale)
         b = self.constant(f"{base}_bias", bias.detach().float()) if bias is not None else None
         return w, s, b
-
-
-def _trained_scale(observer: Optional[nn.Module], weight: torch.Tensor, weight_range: Tuple[int, int]):
-    """The per-channel scale a QAT weight FakeQuantize trained with, if it is on the kernel's grid."""
-    if not isinstance(observer, FakeQuantize) or not observer.has_data or not observer.qscheme.is_symmetric:
-        return None
-    if (observer.quant_min, observer.quant_max) != tuple(weight_range) or observer.scale.numel() not in (1, weight.shape[0]):
-        return None
-    return observer.scale.detach().float().expand(weight.shape[0]).to(weight.device)
-
-
-def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range: Tuple[int, int]):
-    """Per-channel symmetric int8 codes and scales of ``weight`` on the kernel's grid.
-
-    The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
-    of the observer the QConfig chose; a per-tensor observer's range is used for every channel.
-    A QAT weight keeps the qparams it was trained with, so the int8 weight is the one training saw."""
-    weight = weight.detach()
-    qmin, qmax = weight_range
-    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
-    trained = _trained_scale(observer, weight, weight_range)
-    if trained is not None:
-        return quantize(weight, trained, torch.zeros_like(trained, dtype=torch.int64), grid, ch_axis=0), trained
-    if observer is not None and hasattr(observer, "reset_min_max_vals"):
-        observer = copy.deepcopy(observer)
-        observer.reset_min_max_vals()
-        observer(weight)
-        lo, hi = observer.min_val, observer.max_val
-        if lo.dim() == 0:
-            lo, hi = lo.expand(weight.shape[0]), hi.expand(weight.shape[0])
-    else:
-        flat = weight.reshape(weight.shape[0], -1)
-        lo, hi = flat.amin(1), flat.amax(1)
-    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
-    return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
 
 
 def float_memory_format(node: fx.Node) -> Tuple[torch.memory_format, bool]:

@@ -1,4 +1,4 @@
-"""choose_observers + insert_observers: the graph before and after, and shared observers."""
+"""choose_observers (with insert_observers after it): the graph before and after, and shared observers."""
 
 import torch
 from torch import nn

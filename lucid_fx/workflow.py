@@ -2,13 +2,16 @@
 
 ``prepare_fx`` / ``prepare_qat_fx`` / ``convert_fx`` are :func:`lucid_fx.prepare` /
 :func:`lucid_fx.prepare_qat` / :func:`lucid_fx.convert`
-under the names users of the reference framework know. The graph layer imports this package,
-so the verbs are looked up when called.
+under the names users of the reference framework know, reached as ``lucid_fx.quantization.prepare_fx``
+(that package's facade; this module is a verb).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from lucid_fx.convert import convert
+from lucid_fx.prepare import prepare, prepare_qat
 
 __all__ = ["prepare_fx", "prepare_qat_fx", "convert_fx"]
 
@@ -22,20 +25,14 @@ def prepare_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bool =
     >>> type(prepared.lucid_fx_observers["_0"]).__name__
     'FixedQParamsObserver'
     """
-    from lucid_fx.prepare import prepare
-
     return prepare(model, qconfig_mapping, example_inputs, inplace=inplace, **kwargs)
 
 
 def prepare_qat_fx(model, qconfig_mapping=None, example_inputs=None, inplace: bool = False, **kwargs: Any):
     """:func:`lucid_fx.prepare_qat` under the reference framework's name."""
-    from lucid_fx.prepare import prepare_qat
-
     return prepare_qat(model, qconfig_mapping, example_inputs, inplace=inplace, **kwargs)
 
 
 def convert_fx(model, inplace: bool = False, **kwargs: Any):
     """:func:`lucid_fx.convert` under the reference framework's name."""
-    from lucid_fx.convert import convert
-
     return convert(model, inplace=inplace, **kwargs)

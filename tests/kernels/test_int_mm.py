@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import lucid_fx.quantization as Q
-from lucid_fx.kernels import cuda
+from lucid_fx.kernels import int_mm
 
 ops = torch.ops.lucid_fx
 
@@ -22,7 +22,7 @@ def _int8(*shape, seed=0):
 def test_padded_int_mm_equals_the_exact_product(m, k, n, column_major):
     a = _int8(m, k)
     b = _int8(n, k, seed=1).t() if column_major else _int8(k, n, seed=1)
-    a_p, b_p, rows, cols = cuda.pad_for_int_mm(a, b)
+    a_p, b_p, rows, cols = int_mm.pad_for_int_mm(a, b)
     assert a_p.shape[0] > 16 and a_p.shape[1] % 8 == 0 and b_p.shape[1] % 8 == 0
     assert (rows, cols) == (m, n) and a_p.shape[1] == b_p.shape[0]
     assert b_p.t().is_contiguous() == column_major  # the operand keeps its layout
@@ -30,39 +30,39 @@ def test_padded_int_mm_equals_the_exact_product(m, k, n, column_major):
     assert a_p[m:].abs().sum() == 0 and a_p[:, k:].abs().sum() == 0 and b_p[k:].abs().sum() == 0
     exact = (a.long() @ b.long()).int()
     assert torch.equal((a_p.long() @ b_p.long())[:rows, :cols].int(), exact)  # the padding adds nothing
-    assert torch.equal(cuda.int_mm_padded(a, b), exact)
+    assert torch.equal(int_mm.int_mm_padded(a, b), exact)
 
 
 def test_int_mm_is_exact_for_wide_right_operands_on_every_cpu():
     # oneDNN's _int_mm on a CPU without VNNI sums pairs of products in int16 with saturation; the
     # halves of split_for_int16_pairs stay within [-64, 64], where it is exact.
     a, b = torch.full((3, 64), 127, dtype=torch.int8), torch.full((64, 5), -128, dtype=torch.int8)
-    halves = cuda.split_for_int16_pairs(b)
+    halves = int_mm.split_for_int16_pairs(b)
     if halves is not None:
         assert torch.equal(halves.sum(0), b) and int(halves.abs().max()) <= 64
-    assert torch.equal(cuda.int_mm_padded(a, b), torch.full((3, 5), 127 * -128 * 64, dtype=torch.int32))
+    assert torch.equal(int_mm.int_mm_padded(a, b), torch.full((3, 5), 127 * -128 * 64, dtype=torch.int32))
 
 
 def test_valid_shapes_are_not_copied():
     a, b = _int8(32, 16), _int8(16, 8)
-    a_p, b_p, _, _ = cuda.pad_for_int_mm(a, b)
+    a_p, b_p, _, _ = int_mm.pad_for_int_mm(a, b)
     assert a_p is a and b_p is b
 
 
 def test_pre_padded_weight_pads_only_the_activation():
     a, w = _int8(5, 13), _int8(7, 13, seed=1)
-    b_pre = cuda.pad_for_int_mm(_int8(17, 13), w.t())[1]  # (16, 8), as the weight cache holds it
-    a_p, b_p, m, n = cuda.pad_for_int_mm(a, b_pre)
+    b_pre = int_mm.pad_for_int_mm(_int8(17, 13), w.t())[1]  # (16, 8), as the weight cache holds it
+    a_p, b_p, m, n = int_mm.pad_for_int_mm(a, b_pre)
     assert b_p is b_pre and a_p.shape == (17, 16)
-    assert torch.equal(cuda.int_mm_padded(a, b_pre)[:m, :7], (a.long() @ w.long().t()).int())
+    assert torch.equal(int_mm.int_mm_padded(a, b_pre)[:m, :7], (a.long() @ w.long().t()).int())
     with pytest.raises(ValueError, match="columns"):
-        cuda.pad_for_int_mm(_int8(5, 20), b_pre)
+        int_mm.pad_for_int_mm(_int8(5, 20), b_pre)
 
 
 def test_int_mm_padding_rounds_up():
-    assert cuda.int_mm_padding(1, 3, 7) == (17, 8, 8)
-    assert cuda.int_mm_padding(17, 13, 9) == (17, 16, 16)
-    assert cuda.int_mm_padding(64, 32, 64) == (64, 32, 64)
+    assert int_mm.int_mm_padding(1, 3, 7) == (17, 8, 8)
+    assert int_mm.int_mm_padding(17, 13, 9) == (17, 16, 16)
+    assert int_mm.int_mm_padding(64, 32, 64) == (64, 32, 64)
 
 
 # The CUDA kernels themselves (pad=True), run on CPU against a float oracle.
@@ -87,7 +87,7 @@ def test_padded_linear_matches_float(shape, post_op):
     qx, xs, xz = _act(shape)
     qw, ws = _weight((7, shape[-1]))  # full int8 range: _int_mm accumulates in int32, no saturation
     bias = torch.randn(7)
-    out = cuda.int8_linear(qx, xs, xz, qw, ws, bias, 1.0, 0, post_op, torch.float32, pad=True)
+    out = int_mm.int8_linear(qx, xs, xz, qw, ws, bias, 1.0, 0, post_op, torch.float32, pad=True)
     y = F.linear(Q.dequantize(qx, xs, xz), _deq_w(qw, ws), bias)
     torch.testing.assert_close(out, y.relu() if post_op == "relu" else y, rtol=1e-5, atol=1e-5)
 
@@ -96,7 +96,7 @@ def test_padded_linear_matches_float(shape, post_op):
 def test_padded_conv_matches_float(groups, stride, padding):
     qx, xs, xz = _act((2, 3, 7, 6))
     qw, ws = _weight((5 * groups, 3 // groups, 3, 3))
-    out = cuda.int8_conv(qx, xs, xz, qw, ws, None, [stride] * 2, [padding] * 2, [1, 1], groups, 1.0, 0, "none",
+    out = int_mm.int8_conv(qx, xs, xz, qw, ws, None, [stride] * 2, [padding] * 2, [1, 1], groups, 1.0, 0, "none",
                          torch.float32, pad=True)
     y = F.conv2d(Q.dequantize(qx, xs, xz), _deq_w(qw, ws), None, stride, padding, 1, groups)
     torch.testing.assert_close(out, y, rtol=1e-5, atol=1e-5)

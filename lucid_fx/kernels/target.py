@@ -1,0 +1,91 @@
+"""The hardware a model is quantized for, as one frozen object: :class:`Target`.
+
+Which weight grid is exact and which oneDNN call is fastest depend on the backend and the CPU's
+int8 features (:mod:`lucid_fx.kernels.cpu_features`). :func:`resolve_target` asks once and writes
+every choice that follows into the Target; each verb (prepare, convert, quantize_dynamic, load,
+demo) resolves one and carries it, and no other module asks the CPU what it is. A kernel may
+still check the real CPU (``detected_cpu_features``) before a call that would be wrong there.
+
+>>> from lucid_fx.kernels import force_cpu_features
+>>> with force_cpu_features("avx2"):
+...     t = resolve_target("cpu")
+>>> t.cpu.name, t.weight_range, t.linear_as_conv, t.amx_zero_point_check
+('avx2', (-64, 63), True, False)
+>>> resolve_target("cuda").weight_range
+(-128, 127)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import torch
+
+from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features
+
+__all__ = ["Target", "resolve_target", "check_backend", "BACKENDS", "FULL_GRID", "NARROW_GRID"]
+
+#: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
+BACKENDS = ("cpu", "cuda")
+FULL_GRID = (-128, 127)
+# Without VNNI, oneDNN's u8 x s8 kernels add pairs of products in int16 with saturation: the
+# widest weight grid they compute exactly is [-64, 63] (255 * 64 * 2 <= 32767).
+NARROW_GRID = (-64, 63)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a model runs and the kernel choices that follow from it.
+
+    ``backend``: the lowering table ("cpu" or "cuda"); ``device``: the device type the weights
+    live on; ``cpu``: the CPU kind kernels choose their path by (forced or detected).
+    """
+
+    backend: str
+    device: str
+    cpu: CpuFeatures
+    #: (qmin, qmax) of the int8 weights: the grid whose products the device's kernels compute exactly.
+    weight_range: Tuple[int, int]
+    #: A CPU linear runs as oneDNN's 1x1 convolution (measured 1.1-2.2x faster without VNNI; with
+    #: VNNI oneDNN's linear runs at 91% of peak and is kept).
+    linear_as_conv: bool
+    #: The activation zero point goes into the bias where that is exact (oneDNN CPU kernels).
+    fold_zero_point: bool
+    #: A linear that leaves a zero point to oneDNN with an accumulator past 2^24 takes the exact
+    #: _int_mm path (AMX: oneDNN's compensation measured 2 codes off there).
+    amx_zero_point_check: bool
+    #: torch._int_mm on this CPU sums int16 pairs with saturation: wide weights are split in two.
+    split_int_mm: bool
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if lucid_fx lowers for it; a ValueError naming the valid ones otherwise."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    return backend
+
+
+def resolve_target(backend: Optional[str] = None, device: Union[torch.device, str, None] = None) -> Target:
+    """The Target for ``backend`` (default: the device's) on ``device`` (default: the backend's),
+    with this machine's CPU kind (:func:`~lucid_fx.kernels.cpu_features.cpu_features`: forced by
+    ``force_cpu_features`` / ``LUCID_FX_CPU_ISA``, else detected)."""
+    device_type = torch.device(device).type if device is not None else None
+    backend = check_backend(backend or ("cuda" if device_type == "cuda" else "cpu"))
+    return _target(backend, device_type or backend, cpu_features())
+
+
+@functools.lru_cache(maxsize=None)  # kernels look theirs up per call: one object per combination
+def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
+    on_cpu = device_type == "cpu"
+    return Target(
+        backend=backend,
+        device=device_type,
+        cpu=cpu,
+        weight_range=NARROW_GRID if on_cpu and not cpu.vnni else FULL_GRID,
+        linear_as_conv=not cpu.vnni,
+        fold_zero_point=on_cpu,
+        amx_zero_point_check=cpu.amx,
+        split_int_mm=not cpu.vnni,
+    )

@@ -1,0 +1,173 @@
+"""The two pipelines as data: :data:`PREPARE_PASSES` and :data:`CONVERT_PASSES`.
+
+Each is a list of passes with one signature, ``fn(gm, ctx) -> gm``, over one frozen context per
+verb (:class:`PrepareContext`, :class:`ConvertContext`), run in order by :func:`run_passes`. The
+entries adapt the passes of ``lucid_fx.passes`` (whose docstrings list the ``node.meta`` keys they
+read and write) to that signature; adding a pass is adding an entry.
+
+``LUCID_FX_PASSES`` (environment) makes the loop report on each pass, to stderr: ``time`` prints
+the milliseconds each took, ``dump`` prints the graph after it, ``time,dump`` both
+(:func:`run_passes` takes the same as ``trace_passes=``, which wins over the environment).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx._activation_qparams import record_activation_qparams
+from lucid_fx.program import install_programs
+from lucid_fx._placement import ConvertReport
+from lucid_fx.kernels.target import Target
+from lucid_fx.passes.analyze_ranges import analyze_ranges
+from lucid_fx.passes.canonicalize_ops import canonicalize_ops, rebind_node_refs
+from lucid_fx.passes.choose_observers import choose_observers
+from lucid_fx.passes.fold_batchnorm import fold_batchnorm
+from lucid_fx.passes.functionalize_inplace import functionalize_inplace
+from lucid_fx.passes.fuse_patterns import fuse_patterns
+from lucid_fx.passes.insert_observers import insert_observers
+from lucid_fx.passes.insert_qdq import insert_qdq
+from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
+from lucid_fx.passes.propagate_shapes import propagate_shapes
+from lucid_fx.passes.trace_model import TraceOptions
+from lucid_fx.quantization.qconfig import QConfigMapping
+from lucid_fx.registry import Registry
+
+__all__ = ["PrepareContext", "ConvertContext", "PREPARE_PASSES", "CONVERT_PASSES", "run_passes", "ENV_VAR"]
+
+ENV_VAR = "LUCID_FX_PASSES"
+Pass = Callable[[fx.GraphModule, Any], fx.GraphModule]
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """What every prepare pass may read. One per prepare call; a nested graph (the traceable part
+    of an untraceable module) gets a copy with its own ``path`` and ``example_inputs``."""
+
+    registry: Registry
+    qconfig_mapping: QConfigMapping
+    target: Target  # QAT trains weights on the grid the target's int8 kernels compute exactly
+    qat: bool
+    example_inputs: Optional[tuple]  # this graph's inputs (a nested part: what it received in the root's run)
+    trace: TraceOptions  # how the root is traced (a nested graph without the root's concrete_args)
+    strict: bool = False  # an untraceable module raises instead of staying float
+    path: str = ""  # the graph's module path in the root model
+
+
+@dataclass(frozen=True)
+class ConvertContext:
+    """What every convert pass may read. ``reports`` is where the lowering pass leaves each graph's
+    ConvertReport, by ``path``, for the verb to attach to the converted model."""
+
+    registry: Registry
+    target: Target
+    reference: bool  # the simulated model (quantize -> dequantize around float ops) instead of int8 kernels
+    path: str = ""
+    reports: Dict[str, ConvertReport] = field(default_factory=dict)
+
+
+# -- prepare --------------------------------------------------------------------------------------
+def _record_trace(gm, ctx: PrepareContext):
+    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else TraceOptions(ctx.trace.leaf_modules, None, ctx.trace.autowrap_functions)
+    return gm  # compare traces the float model the same way
+
+
+def _functionalize_inplace(gm, ctx: PrepareContext):
+    return functionalize_inplace(gm, ctx.registry)
+
+
+def _propagate_shapes(gm, ctx: PrepareContext):
+    return gm if ctx.example_inputs is None else propagate_shapes(gm, ctx.example_inputs)
+
+
+def _canonicalize_ops(gm, ctx: PrepareContext):
+    return canonicalize_ops(gm, ctx.registry)
+
+
+def _fuse_patterns(gm, ctx: PrepareContext):
+    return fuse_patterns(gm, ctx.registry)
+
+
+def _analyze_ranges(gm, ctx: PrepareContext):
+    return analyze_ranges(gm, ctx.registry)
+
+
+def _choose_observers(gm, ctx: PrepareContext):
+    return choose_observers(gm, ctx.registry, ctx.qconfig_mapping, ctx.path)
+
+
+def _insert_observers(gm, ctx: PrepareContext):
+    return insert_observers(gm, qat=ctx.qat, weight_range=ctx.target.weight_range)
+
+
+#: The prepare passes, in order, after tracing (lucid_fx.prepare traces, and descends into
+#: untraceable modules, before running these on each graph).
+PREPARE_PASSES: List[Pass] = [
+    _record_trace, _functionalize_inplace, _propagate_shapes, _canonicalize_ops, _fuse_patterns, _analyze_ranges,
+    _choose_observers, _insert_observers,
+]
+
+
+# -- convert --------------------------------------------------------------------------------------
+def _rebind_node_refs(gm, ctx: ConvertContext):
+    return rebind_node_refs(gm)
+
+
+def _fold_batchnorm(gm, ctx: ConvertContext):
+    return fold_batchnorm(gm)
+
+
+def _lower(gm, ctx: ConvertContext):
+    if ctx.reference:
+        ctx.reports[ctx.path] = ConvertReport("reference")
+        return insert_qdq(gm, ctx.target.weight_range, set(lowering_table(ctx.registry.lowerings, ctx.target.backend)))
+    converted, ctx.reports[ctx.path] = lower_to_int8(gm, ctx.registry.lowerings, ctx.target)
+    return converted
+
+
+def _record_activation_qparams(gm, ctx: ConvertContext):
+    return record_activation_qparams(gm)
+
+
+def _install_programs(gm, ctx: ConvertContext):
+    # int8 models run a program per input signature and CPU kind (lucid_fx/program.py); the graph stays portable.
+    return gm if ctx.reference else install_programs(gm)
+
+
+#: The convert passes, in order, on each calibrated graph (QAT parametrizations already removed).
+CONVERT_PASSES: List[Pass] = [_rebind_node_refs, _fold_batchnorm, _lower, _record_activation_qparams, _install_programs]
+
+
+# -- the loop -------------------------------------------------------------------------------------
+def _modes(trace_passes: Optional[str]) -> Tuple[str, ...]:
+    value = os.environ.get(ENV_VAR, "") if trace_passes is None else trace_passes
+    modes = tuple(m.strip() for m in value.split(",") if m.strip())
+    unknown = [m for m in modes if m not in ("time", "dump")]
+    if unknown:
+        raise ValueError(f"{ENV_VAR} / trace_passes: unknown value(s) {', '.join(map(repr, unknown))}; valid: time, dump")
+    return modes
+
+
+def pass_name(fn: Pass) -> str:
+    return fn.__name__.lstrip("_")
+
+
+def run_passes(gm: fx.GraphModule, ctx: Any, passes: Sequence[Pass], trace_passes: Optional[str] = None) -> fx.GraphModule:
+    """Run ``passes`` on ``gm`` in order; report each to stderr as ``trace_passes`` (or
+    ``LUCID_FX_PASSES``) asks: ``time``, ``dump``, or both."""
+    modes = _modes(trace_passes)
+    where = f" [{ctx.path}]" if getattr(ctx, "path", "") else ""
+    for fn in passes:
+        start = time.perf_counter()
+        gm = fn(gm, ctx)
+        if "time" in modes:
+            print(f"lucid_fx pass {pass_name(fn)}{where}: {(time.perf_counter() - start) * 1e3:.2f} ms", file=sys.stderr)
+        if "dump" in modes:
+            print(f"lucid_fx graph after {pass_name(fn)}{where}:\n{gm.graph}", file=sys.stderr)
+    return gm

@@ -1,0 +1,114 @@
+"""Lowering rules for ops that map each code to one code: a 256-entry table (``lucid_fx.lut``) for any
+elementwise op of one int8 input, and the free rescale of ``x * c`` / ``x / c`` (same codes, grid
+scaled by ``c``). Entries in :data:`lucid_fx.rules.lowering.LOWERINGS`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx.kernels import make_lut
+from lucid_fx.quantization.observers import FixedQParamsObserver
+from lucid_fx.rules.lowering_context import QValue
+
+__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant"]
+
+_ops = torch.ops.lucid_fx
+
+
+def _qin(ctx, node: Any) -> Optional[QValue]:
+    if not isinstance(node, fx.Node) or not ctx.has_quant(node):
+        return None
+    return ctx.quant_of(node)
+
+
+def _positive_number(value: Any) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    return float(value) if ok else None
+
+
+def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bool:
+    observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
+    observer = getattr(observer, "activation_post_process", observer)  # a FakeQuantize's observer
+    if not isinstance(observer, FixedQParamsObserver):
+        return False
+    fixed_scale, fixed_zp, _ = ctx.qparams_of(node)
+    return fixed_zp != zero_point or not math.isclose(fixed_scale, scale, rel_tol=1e-6)
+
+
+def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
+    """``x * c`` or ``x / c`` for a number ``c > 0`` on int8 ``x``: the same codes on the grid
+    ``(scale * c, zero_point)``. No arithmetic and no rounding (attention's ``* d**-0.5`` costs nothing);
+    the op's own observer is not used. None for anything else."""
+    if len(members) != 1:
+        return None
+    call = members[0].meta[_meta.OP]
+    a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
+    if call.op == "mul" and not isinstance(a, fx.Node):
+        a, b = b, a
+    factor = _positive_number(b)
+    if call.op == "div" and (call.args.get("rounding_mode") is not None or factor is None):
+        return None
+    x = _qin(ctx, a)
+    if x is None or factor is None:
+        return None
+    scale = x.scale * factor if call.op == "mul" else x.scale / factor
+    if _fixed_grid_differs(ctx, members[0], scale, x.zero_point):
+        return None  # a range-bounded op keeps the grid its FixedQParamsObserver promises
+    same_codes = ctx.graph.call_method("view_as", (x.node, x.node))
+    return QValue(same_codes, scale, x.zero_point, x.qdtype, x.channels_last)
+
+
+def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled grid; else -> table
+    return rescale_by_constant(ctx, members, resolve) or lower_elementwise(ctx, members, resolve)
+
+
+def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table
+    node = members[0]
+    tensors = [resolve(n) for n in node.meta[_meta.OP].tensor_inputs()]
+    if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
+        return None
+    x = _qin(ctx, tensors[0])
+    if x is None:
+        return None
+    scale, zp, qdtype = ctx.qparams_of(node)
+    codes = torch.arange(x.qdtype.quant_min, x.qdtype.quant_max + 1, dtype=torch.float32)
+    mapped = _evaluate_on(ctx, node, tensors[0], (codes - x.zero_point) * x.scale, resolve)
+    if mapped is None or mapped.shape != codes.shape:
+        return None
+    in_range, out_range = (x.qdtype.quant_min, x.qdtype.quant_max), (qdtype.quant_min, qdtype.quant_max)
+    table = make_lut(lambda values: mapped, x.scale, x.zero_point, in_range, scale, zp, out_range)
+    out = ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_lut", table))
+    return ctx.output_qvalue(node, out)
+
+
+def _evaluate_on(ctx, node: fx.Node, source: fx.Node, values: torch.Tensor, resolve) -> Optional[torch.Tensor]:
+    """Run the float op of ``node`` on ``values`` in place of its tensor input ``source``; None when
+    the op reads any other graph value (it is not unary then)."""
+    others = []
+
+    def substitute(arg):
+        if isinstance(arg, fx.Node):
+            if resolve(arg) is source:
+                return values
+            others.append(arg)
+        return arg
+
+    args = fx.node.map_aggregate(node.args, substitute)
+    kwargs = fx.node.map_aggregate(node.kwargs, substitute)
+    if others:
+        return None
+    try:
+        with torch.no_grad():
+            if node.op == "call_module":
+                return ctx.prepared.get_submodule(node.target)(*args, **kwargs).float()
+            if node.op == "call_method":
+                self_arg, *rest = args
+                return getattr(self_arg, node.target)(*rest, **kwargs).float()
+            return node.target(*args, **kwargs).float()
+    except Exception:  # noqa: BLE001 - an op that cannot run on a 1-D table stays float
+        return None

@@ -1,0 +1,44 @@
+"""lower_to_int8: a calibrated graph before and after, its report, and the Target's weight grid."""
+
+import pytest
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx import _meta
+from lucid_fx.kernels import force_cpu_features
+from lucid_fx.kernels.target import resolve_target
+from lucid_fx.passes.lower_to_int8 import lower_to_int8
+
+
+def _calibrated():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid(), nn.LayerNorm(4)).eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 8),))
+    lucid_fx.calibrate(prepared, [torch.randn(16, 8) for _ in range(20)], progress=False)
+    return model, prepared
+
+
+def _calls(gm):
+    return [(n.op, getattr(n.target, "__name__", str(n.target))) for n in gm.graph.nodes if n.op in ("call_function", "call_module")]
+
+
+@pytest.mark.parametrize("kind, grid", [("avx2", (-64, 63)), ("avx512_vnni", (-128, 127))])
+def test_graph_before_and_after(kind, grid):
+    model, prepared = _calibrated()
+    assert [t for op, t in _calls(prepared) if op == "call_module" and not t.startswith("lucid_fx_observers")] == ["0", "1", "2", "3", "4"]
+    with force_cpu_features(kind):
+        converted, report = lower_to_int8(prepared, lucid_fx.current_registry().lowerings, resolve_target("cpu"))
+    assert _calls(converted) == [
+        ("call_function", "quantize_per_tensor"), ("call_function", "linear"), ("call_function", "linear"),
+        ("call_function", "lut"), ("call_function", "dequantize_per_tensor"), ("call_module", "4"),
+    ]
+    assert report.backend == "cpu" and report.lowered == {"_1": "linear+relu", "_2": "linear", "_3": "sigmoid"}
+    assert report.float_ops == {"_4": "no observer rule quantizes this op"}
+    codes = [getattr(converted, n.target) for n in converted.graph.nodes if n.op == "get_attr" and n.target.endswith("qweight")]
+    assert len(codes) == 2 and all(c.dtype == torch.int8 and grid[0] <= int(c.min()) and int(c.max()) <= grid[1] for c in codes)
+    assert max(int(c.abs().max()) for c in codes) >= grid[1]  # the largest weights reach the edge of the grid
+    linear = next(n for n in converted.graph.nodes if getattr(n.target, "__name__", "") == "linear")
+    assert linear.meta[_meta.PLACEMENT].members == ("_0", "_1")  # the fused group, by prepared-node name
+    x = torch.randn(16, 8)
+    assert (converted(x) - model(x)).abs().max() < 0.2  # layer_norm over 4 sigmoid outputs magnifies their int8 steps

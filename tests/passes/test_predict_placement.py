@@ -1,0 +1,39 @@
+"""predict_placement: from the prepared graph alone, where convert will run each node; it agrees
+with what lower_to_int8 then records."""
+
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx._placement import Placement, Runs
+from lucid_fx.kernels.target import resolve_target
+from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
+from lucid_fx.passes.predict_placement import predict_placement
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.norm = nn.Linear(8, 8), nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.norm(torch.sigmoid(self.fc2(h)) * 2.0).reshape(-1, 2, 4)
+
+
+def test_prediction_before_convert_matches_what_convert_records():
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(Net().eval(), example_inputs=(torch.randn(2, 8),))
+    lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(3)], progress=False)
+    registry = lucid_fx.current_registry()
+    predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))
+    assert {name: (p.runs, p.why) for name, p in predicted.items()} == {
+        "fc1": (Runs.KERNEL, "linear+relu"), "relu": (Runs.KERNEL, "linear+relu"),
+        "fc2": (Runs.KERNEL, "linear"), "sigmoid": (Runs.TABLE, "sigmoid"),
+        "mul": (Runs.SHARED, "mul"),  # x * 2: the same codes on a grid twice as wide
+        "norm": (Runs.FLOAT, "no lowering rule for layer_norm"),
+        "reshape": (Runs.SHARED, "shared"),  # on the codes the norm's output is quantized to
+    }
+    assert predicted["fc1"] == predicted["relu"] == Placement(Runs.KERNEL, "linear+relu", ("fc1", "relu"))
+    _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
+    assert report.placements == predicted
