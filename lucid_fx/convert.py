@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Iterable, Optional
 
 import torch
@@ -133,12 +134,21 @@ def quantize(
     *,
     backend: Optional[str] = None,
     reference: bool = False,
-    progress: bool = False,
+    progress: Optional[bool] = None,
     registry: Optional[Registry] = None,
     **prepare_options: Any,
 ) -> nn.Module:
-    """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged."""
+    """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged.
+    ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default)."""
     require_module("quantize", model)
+    if isinstance(example_inputs, QConfigMapping):
+        warnings.warn(
+            "quantize: took the arguments as prepare's torch.ao order, (model, qconfig_mapping, example_inputs, "
+            "calibration_data); quantize's order is (model, example_inputs, calibration_data, qconfig_mapping=None): "
+            "pass qconfig_mapping= by keyword to silence this",
+            stacklevel=2,
+        )
+        example_inputs, calibration_data, qconfig_mapping = calibration_data, qconfig_mapping, example_inputs
     prepared = prepare(model, qconfig_mapping, example_inputs, backend=backend, registry=registry, **prepare_options)
     calibrate(prepared, calibration_data, progress=progress)
     return convert(prepared, backend=backend, reference=reference, inplace=True, registry=registry)

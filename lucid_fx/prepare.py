@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -20,7 +21,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx.kernels import weight_quant_range
-from lucid_fx._validate import model_device, require_float32, require_module
+from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
@@ -155,6 +156,7 @@ def _gc_paused():
 def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, registry, leaf_modules, concrete_args, strict):
     verb = "prepare_qat" if qat else "prepare"
     require_module(verb, model)
+    model = unwrap_compiled(verb, model)
     if backend is None:
         device = model_device(model)
         backend = "cuda" if device is not None and device.type == "cuda" else "cpu"
@@ -169,6 +171,14 @@ def _prepare(model, qconfig_mapping, example_inputs, backend, inplace, qat, regi
             "training=True; batch norm and dropout must be frozen for post-training quantization), or use "
             "prepare_qat to train with fake quantization"
         )
+    if looks_like_inputs(qconfig_mapping) and (example_inputs is None or isinstance(example_inputs, QConfigMapping)):
+        warnings.warn(
+            f"{verb}: took the {type(qconfig_mapping).__name__} given second as example_inputs. {verb}'s positional "
+            f"order is torch.ao's, {verb}(model, qconfig_mapping, example_inputs); pass them by keyword, "
+            f"{verb}(model, example_inputs=..., qconfig_mapping=...), to silence this",
+            stacklevel=3,
+        )
+        qconfig_mapping, example_inputs = example_inputs, qconfig_mapping
     if example_inputs is not None and not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     require_float32(verb, model, example_inputs)

@@ -221,3 +221,14 @@ def test_convert_of_a_model_prepare_could_not_trace_says_why():
         lucid_fx.calibrate(prepared, [torch.randn(2, 3)], progress=False)
     with pytest.raises(ValueError, match=r"nothing was quantized: prepare could not trace"):
         lucid_fx.quantize(Untraceable().eval(), (torch.randn(2, 3),), [torch.randn(2, 3)], progress=False)
+
+
+def test_quantize_takes_prepare_order_with_a_warning_that_names_its_own():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    x, mapping = torch.randn(2, 4), Q.get_default_qconfig_mapping()
+    mapping.set_object_type(nn.Linear, None)  # a visible choice: the linear stays float
+    expected = str(lucid_fx.quantize(model, (x,), [x], mapping, progress=False).lucid_fx_convert_report)
+    assert expected.startswith("backend cpu: 0 int8 kernels, 1 op in float")
+    with pytest.warns(UserWarning, match=r"quantize: took the arguments as prepare's torch.ao order, \(model, qconfig_mapping, example_inputs, calibration_data\); quantize's order is \(model, example_inputs, calibration_data, qconfig_mapping=None\)"):
+        qmodel = lucid_fx.quantize(model, mapping, (x,), [x], progress=False)
+    assert str(qmodel.lucid_fx_convert_report) == expected
