@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
@@ -10,7 +11,7 @@ from torch import fx, nn
 
 from lucid_fx._meta import OBSERVERS
 
-__all__ = ["require_module", "require_prepared", "require_float32", "model_device", "check_backend_device"]
+__all__ = ["require_module", "unwrap_compiled", "looks_like_inputs", "require_prepared", "require_float32", "model_device", "check_backend_device"]
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -21,6 +22,28 @@ def require_module(verb: str, obj: Any) -> None:
             f"{verb} expects an nn.Module (or fx.GraphModule), got {type(obj).__name__}; wrap a function in an "
             "nn.Module whose forward calls it"
         )
+
+
+def unwrap_compiled(verb: str, model: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds. Traced as it is, the
+    wrapper's copy runs the compiled original, so observers inserted into it would see no data."""
+    inner = getattr(model, "_orig_mod", None)
+    if type(model).__name__ != "OptimizedModule" or not isinstance(inner, nn.Module):
+        return model
+    warnings.warn(
+        f"{verb}: got a torch.compile'd module (OptimizedModule); quantizing the module it wraps "
+        f"(model._orig_mod, a {type(inner).__name__}). Pass the module itself to silence this, and "
+        "torch.compile the converted model if you want it compiled",
+        stacklevel=3,  # the caller of prepare
+    )
+    return inner
+
+
+def looks_like_inputs(value: Any) -> bool:
+    """A tensor, or a tuple/list holding one: example inputs or a batch, never a QConfigMapping."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value)
 
 
 def is_prepared(model: nn.Module) -> bool:

@@ -24,6 +24,7 @@ from lucid_fx._cli_inputs import (
     CLIError, _build_model, _check_forward, _count, _device, _first_line, _random_inputs, _step, load_calibration_data,
     load_factory, parse_shape,
 )
+from lucid_fx._cli_save import check_saveable
 from lucid_fx.kernels.target import BACKENDS
 
 __all__ = ["main", "CLIError", "load_factory", "parse_shape"]
@@ -73,9 +74,9 @@ def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 @command
 def run_demo(args: argparse.Namespace) -> int:
-    from lucid_fx.demo import run_demo as demo
+    from lucid_fx.demo import DEFAULT_HTML, run_demo as demo
 
-    html = None if args.html in ("", "-") else Path(args.html)
+    html = DEFAULT_HTML if args.html is None else None if args.html in ("", "-") else Path(args.html)
     if html is not None and not html.parent.is_dir():
         raise CLIError(f"cannot write {str(html)!r}: folder {str(html.parent)!r} does not exist", "create the folder, or pass --html -")
     demo(seed=args.seed, quick=args.quick, progress=args.progress, html=html)
@@ -98,8 +99,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     if report is not None:
         comparison = _step("compare", lambda: lucid_fx.compare(model, qmodel, probe))
         _step("writing the report", lambda: lucid_fx.visualize(qmodel, report, compare=comparison, title=f"lucid_fx: {args.factory}"))
+    allow = [load_factory(spec) for spec in args.allow]
+    check_saveable(qmodel, prepared, allow, args)
     try:
-        lucid_fx.save(qmodel, out)
+        lucid_fx.save(qmodel, out, allow=allow)
     except Exception as e:  # noqa: BLE001 - a module lucid_fx.save cannot write as data, a full disk, permissions
         raise CLIError(f"saving to {str(out)!r} failed: {_first_line(e)}", "the path must be writable; pass --traceback for details") from e
     params = sum(p.numel() for p in model.parameters())
@@ -109,6 +112,12 @@ def run_quantize(args: argparse.Namespace) -> int:
     if report is not None:
         print(f"error per node against fp32 on a random batch (worst first):\n{comparison.table(10)}")
         print(f"report: {report} (the converted graph, coloured by error; open it in a browser)")
+    if allow:
+        names = ", ".join(f"{c.__module__}.{c.__qualname__}" for c in allow)
+        flags = "".join(f" --allow {spec}" for spec in args.allow)
+        print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `lucid_fx.load(path, allow=[{names}])` "
+              f"(that code is trusted, no pickled code runs), draw it with `lucid-fx show {out}{flags} -o graph.html`")
+        return 0
     print(f"saved: {out} ({out.stat().st_size / 1e6:.3f} MB); load it with `lucid_fx.load(path)` (no pickled code runs), draw it with `lucid-fx show {out} -o graph.html`")
     return 0
 
@@ -134,9 +143,12 @@ def run_show(args: argparse.Namespace) -> int:
     if not Path(args.saved).is_file():
         raise CLIError(f"{args.saved!r}: no such file", "pass a file written by lucid_fx.save or `lucid-fx quantize -o`")
     try:
-        model = lucid_fx.load(args.saved, map_location="cpu")
+        model = lucid_fx.load(args.saved, map_location="cpu", allow=[load_factory(spec) for spec in args.allow])
     except (ValueError, TypeError) as e:
-        raise CLIError(str(e).splitlines()[0], "show reads files written by lucid_fx.save (or `lucid-fx quantize -o`), nothing else") from e
+        hint = "show reads files written by lucid_fx.save (or `lucid-fx quantize -o`), nothing else"
+        if "unknown class" in str(e):
+            hint = "a class of yours that stayed float in the model: pass --allow MODULE:CLASS, as given to `lucid-fx quantize`, if you trust it"
+        raise CLIError(str(e).splitlines()[0], hint) from e
     path = _step("drawing the graph", lambda: lucid_fx.visualize(model, out, layout=args.layout, title=f"lucid_fx: {Path(args.saved).name}"))
     graph = lucid_fx.to_networkx(model)
     counts: Dict[str, int] = {}
@@ -151,6 +163,10 @@ def run_show(args: argparse.Namespace) -> int:
 _MODEL_HELP = (
     "the model: MODULE:FACTORY, where FACTORY() returns an nn.Module (put in eval mode); "
     "MODULE is a module name importable from the current folder or PYTHONPATH, or a path to a .py file"
+)
+_ALLOW_HELP = (
+    "a module class of yours that stays float in the model (e.g. a top level torch.fx cannot trace): the file "
+    "names it and loading trusts its code; repeatable"
 )
 _RANDOM_NOTE = (
     "The example input and the calibration batches are random normal float tensors of --input-shape "
@@ -183,12 +199,18 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {lucid_fx.__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--traceback", action="store_true", help="on an error, print the Python traceback too")
-    common.add_argument("--no-progress", dest="progress", action="store_false", help="no calibration progress bar on stderr")
+    # show calibrates nothing: only the verbs that run data through a model take the progress flag.
+    progress = argparse.ArgumentParser(add_help=False, parents=[common])
+    progress.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress on stderr: by default a bar on a terminal and nothing in a log or pipe; "
+        "--progress also writes it line by line to a log, --no-progress never",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     demo = sub.add_parser(
-        "demo", parents=[common], help="train a small CNN on built-in synthetic data, quantize it, compare fp32 with int8",
+        "demo", parents=[progress], help="train a small CNN on built-in synthetic data, quantize it, compare fp32 with int8",
         description="Train a small CNN (conv-bn-relu, a residual add, max-pool, a sigmoid gate, avg-pool, "
         "linear) on 10 classes of procedurally generated 1x32x32 patterns made in-process (nothing is "
         "downloaded), quantize it to int8 and print accuracy on held-out images, latency, speedup and size, "
@@ -197,12 +219,13 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and training (default 0)")
     demo.add_argument("--quick", action="store_true", help="a smaller, few-second run (less data, fewer epochs)")
     demo.add_argument(
-        "--html", default="lucid_fx_demo.html", metavar="PATH",
-        help="where to write the converted graph as a self-contained HTML page (default lucid_fx_demo.html; - for none)",
+        "--html", metavar="PATH",
+        help="where to write the converted graph as a self-contained HTML page (default lucid_fx_demo.html in "
+        "the temporary folder, not the current one; - for none)",
     )
 
     quantize = sub.add_parser(
-        "quantize", parents=[common], help="quantize MODULE:FACTORY's model to int8 and save it",
+        "quantize", parents=[progress], help="quantize MODULE:FACTORY's model to int8 and save it",
         description="Prepare, calibrate and convert the model that MODULE:FACTORY builds, then save the "
         "converted model with lucid_fx.save: the graph and tensors as data, which lucid_fx.load reads "
         "with torch.load(weights_only=True), so no pickled code runs. " + _RANDOM_NOTE,
@@ -210,13 +233,14 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     _add_model_arguments(quantize, default_calib=8)
     quantize.add_argument("--backend", choices=BACKENDS, default="cpu", help="kernel backend (default cpu)")
     quantize.add_argument("-o", "--output", required=True, metavar="OUT.pt", help="where to save the converted model")
+    quantize.add_argument("--allow", action="append", default=[], metavar="MODULE:CLASS", help=_ALLOW_HELP)
     quantize.add_argument(
         "--report", metavar="REPORT.html",
         help="also write the converted graph as HTML, coloured by each node's error against fp32, and print the worst nodes",
     )
 
     explain = sub.add_parser(
-        "explain", parents=[common], help="print which observer lucid_fx chooses for each node of MODULE:FACTORY's model, and why",
+        "explain", parents=[progress], help="print which observer lucid_fx chooses for each node of MODULE:FACTORY's model, and why",
         description="Prepare the model that MODULE:FACTORY builds and print the explain table: each node's "
         "canonical op, decision, observer, qparams and the rule that decided it. " + _RANDOM_NOTE + " With "
         "the default --calib 0 only fixed grids show qparams.",
@@ -231,6 +255,7 @@ def build_parser(prog: str = "lucid-fx") -> argparse.ArgumentParser:
     )
     show.add_argument("saved", metavar="SAVED", help="a file written by lucid_fx.save or `lucid-fx quantize -o`")
     show.add_argument("-o", "--output", required=True, metavar="GRAPH.html", help="where to draw it: .html, .svg, .dot, .gv or .graphml")
+    show.add_argument("--allow", action="append", default=[], metavar="MODULE:CLASS", help=_ALLOW_HELP)
     show.add_argument("--layout", choices=("auto", "dot", "layered"), default="auto", help="Graphviz dot when installed (auto), or the built-in layered layout")
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from dataclasses import replace
 from typing import Any, Iterable, Optional
 
@@ -153,7 +154,7 @@ def quantize(
     *,
     backend: Optional[str] = None,
     reference: bool = False,
-    progress: bool = False,
+    progress: Optional[bool] = None,
     registry: Optional[Registry] = None,
     target_sqnr_db: Optional[float] = None,
     held_out_data: Optional[Iterable] = None,
@@ -165,8 +166,17 @@ def quantize(
     With ``target_sqnr_db``, the fewest nodes are kept float until the output SQNR on
     ``held_out_data`` (default: the last quarter of ``calibration_data``, then not calibrated on)
     meets it, in at most ``max_rounds`` rounds of prepare/calibrate/convert/compare
-    (``lucid_fx.target``); the result carries a ``TargetReport`` as ``lucid_fx_target``."""
+    (``lucid_fx.target``); the result carries a ``TargetReport`` as ``lucid_fx_target``.
+    ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default)."""
     require_module("quantize", model)
+    if isinstance(example_inputs, QConfigMapping):
+        warnings.warn(
+            "quantize: took the arguments as prepare's torch.ao order, (model, qconfig_mapping, example_inputs, "
+            "calibration_data); quantize's order is (model, example_inputs, calibration_data, qconfig_mapping=None): "
+            "pass qconfig_mapping= by keyword to silence this",
+            stacklevel=2,
+        )
+        example_inputs, calibration_data, qconfig_mapping = calibration_data, qconfig_mapping, example_inputs
     if target_sqnr_db is not None:
         from lucid_fx.target import quantize_to_target  # it runs prepare/convert/compare, all above it
 

@@ -22,6 +22,7 @@ import io
 import math
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from torch import nn
 import lucid_fx
 from lucid_fx.demo_data import CLASSES, SIZE, make_patterns
 from lucid_fx.kernels.target import resolve_target
+from lucid_fx._progress import Progress
 
 __all__ = ["CLASSES", "DemoConfig", "DemoResult", "DemoNet", "make_patterns", "run_demo"]
 
@@ -91,14 +93,19 @@ class DemoNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: DemoConfig, seed: int) -> nn.Module:
-    """Adam with a one-cycle schedule; returns ``model`` in eval mode."""
+def train(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: DemoConfig, seed: int,
+    *, progress: Optional[bool] = False, stream: Optional[TextIO] = None,
+) -> nn.Module:
+    """Adam with a one-cycle schedule; returns ``model`` in eval mode. ``progress`` as calibrate's,
+    one step per batch, with the epoch and the running loss."""
     g = torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(images) / config.batch_size)
+    bar = Progress("train", config.epochs * steps_per_epoch, stream or sys.stderr, progress, unit="step")
     optimizer = torch.optim.Adam(model.parameters())  # lr set by the schedule
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=config.epochs * steps_per_epoch)
     model.train()
-    for _ in range(config.epochs):
+    for epoch in range(config.epochs):
         order = torch.randperm(len(images), generator=g)
         for start in range(0, len(images), config.batch_size):
             index = order[start : start + config.batch_size]
@@ -107,6 +114,8 @@ def train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: 
             loss.backward()
             optimizer.step()
             schedule.step()
+            bar.step(f"epoch {epoch + 1}/{config.epochs} loss {loss.item():.3f}")
+    bar.close()
     return model.eval()
 
 
@@ -149,6 +158,10 @@ def _cpu_note() -> str:
 
 
 # -- the demo -----------------------------------------------------------------------------------
+# The temporary folder, not the current one: a demo run from a checkout leaves no stray file there.
+DEFAULT_HTML = Path(tempfile.gettempdir()) / "lucid_fx_demo.html"
+
+
 @dataclass
 class DemoResult:
     """The numbers the demo prints."""
@@ -181,7 +194,7 @@ class DemoResult:
             f"explain: {self.explain_summary}",
             f"convert: {self.convert_report}",
             "worst nodes (SQNR vs fp32 on a held-out batch): " + "; ".join(self.worst_nodes),
-        ] + ([f"graph: {self.html} (open it in a browser: int8 regions, float fallbacks, qparams, error per node)"] if self.html else []) + [
+        ] + ([f"graph: {self.html.resolve()} (open it in a browser: int8 regions, float fallbacks, qparams, error per node)"] if self.html else []) + [
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
         ]
 
@@ -192,15 +205,16 @@ def run_demo(
     *,
     out: Optional[TextIO] = None,
     err: Optional[TextIO] = None,
-    progress: bool = True,
-    html: Optional[Path] = Path("lucid_fx_demo.html"),
+    progress: Optional[bool] = None,
+    html: Optional[Path] = DEFAULT_HTML,
 ) -> DemoResult:
     """Train :class:`DemoNet` on :func:`make_patterns`, quantize it with lucid_fx and print
     fp32 against int8: accuracy on held-out images, latency, size, explain and convert summaries.
 
-    Results go to ``out`` (default stdout); status lines and the calibration progress bar go to
-    ``err`` (default stderr). The converted graph, coloured by each node's error against fp32 on a
-    held-out batch, is written to ``html`` (None: not written).
+    Results go to ``out`` (default stdout); status lines and the training and calibration progress
+    go to ``err`` (default stderr), ``progress`` as calibrate's (a bar on a terminal, nothing in a
+    log unless True). The converted graph, coloured by each node's error against fp32 on a held-out
+    batch, is written to ``html`` (None: not written).
     """
     out, err = out or sys.stdout, err or sys.stderr
     config = DemoConfig.quick() if quick else DemoConfig.full()
@@ -220,7 +234,7 @@ def run_demo(
         f"{config.test_images} held-out images (seed {seed}); training for {config.epochs} epochs...",
         file=err,
     )
-    model = timed("train", lambda: train(DemoNet(), train_x, train_y, config, seed))
+    model = timed("train", lambda: train(DemoNet(), train_x, train_y, config, seed, progress=progress, stream=err))
 
     def quantize():
         prepared = lucid_fx.prepare(model, example_inputs=(train_x[: config.latency_batch],))

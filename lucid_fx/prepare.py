@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from lucid_fx._validate import model_device, require_float32, require_module
+from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
@@ -150,6 +151,14 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
             "training=True; batch norm and dropout must be frozen for post-training quantization), or use "
             "prepare_qat to train with fake quantization"
         )
+    if looks_like_inputs(qconfig_mapping) and (example_inputs is None or isinstance(example_inputs, QConfigMapping)):
+        warnings.warn(
+            f"{verb}: took the {type(qconfig_mapping).__name__} given second as example_inputs. {verb}'s positional "
+            f"order is torch.ao's, {verb}(model, qconfig_mapping, example_inputs); pass them by keyword, "
+            f"{verb}(model, example_inputs=..., qconfig_mapping=...), to silence this",
+            stacklevel=3,
+        )
+        qconfig_mapping, example_inputs = example_inputs, qconfig_mapping
     if example_inputs is not None and not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     require_float32(verb, model, example_inputs)
@@ -214,6 +223,7 @@ def prepare(
         >>> type(prepared.lucid_fx_observers["_1"]).__name__
         'FixedQParamsObserver'
     """
+    model = unwrap_compiled("prepare", model)
     ctx = _context(model, False, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict)
     return _prepare(model, inplace, ctx)
 
@@ -233,5 +243,6 @@ def prepare_qat(
     """Like :func:`prepare` for quantization-aware training: FakeQuantize modules (and
     FixedQParamsFakeQuantize on range-bounded outputs), and fake-quantized weights, on a
     training-mode model."""
+    model = unwrap_compiled("prepare_qat", model)
     ctx = _context(model, True, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict)
     return _prepare(model, inplace, ctx)

@@ -41,7 +41,11 @@ def visualize(
     ``model`` is a prepared, converted or reference model (or a graph from :func:`to_networkx`).
     ``compare`` is a :func:`lucid_fx.compare` result: nodes then carry ``sqnr_db``/``max_abs`` and
     are coloured by error unless ``color_by="domain"``. ``layout``: "auto" (Graphviz ``dot`` when
-    installed, else the Python layered layout), "dot" or "layered". Returns the path written.
+    installed and the graph small enough for it to finish in seconds, else the Python layered
+    layout), "dot" or "layered"; a dot run past :data:`lucid_fx.layout.DOT_TIMEOUT_S` gives way to the
+    layered layout with a ``RuntimeWarning``. The .html page opens on a summary (counts by domain,
+    the output SQNR and the five worst nodes given ``compare``) with the graph in view at a
+    readable zoom. Returns the path written.
 
     >>> import torch, lucid_fx, tempfile, pathlib
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).eval()
@@ -74,5 +78,7 @@ def visualize(
         path.write_text(render_svg(graph, placed, color_by=color_by), encoding="utf-8")
     else:
         name = title or f"lucid_fx: {type(model).__name__}"
-        path.write_text(render_html(graph, placed, color_by=color_by, title=name), encoding="utf-8")
+        output_sqnr = getattr(compare, "output_sqnr_db", None)
+        page = render_html(graph, placed, color_by=color_by, title=name, output_sqnr_db=output_sqnr)
+        path.write_text(page, encoding="utf-8")
     return path

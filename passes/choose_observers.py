@@ -135,7 +135,7 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
     ctx = RuleContext(gm, registry, mapping, path_prefix)
     for node in gm.graph.nodes:
         node.meta[_meta.DECISION] = _decide(node, ctx)
-    here = "passes/choose_observers.py:quantized-input sweep"
+    here = "lucid_fx/passes/choose_observers.py:quantized-input sweep"  # the installed path
     for node in gm.graph.nodes:
         decision = node.meta[_meta.DECISION]
         if decision.kind not in QUANTIZED_KINDS:

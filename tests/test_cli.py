@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def _number(pattern, text):
 
 def test_demo_quick_int8_within_one_point_of_fp32(capsys, tmp_path):
     page = tmp_path / "demo.html"
-    assert main(["demo", "--quick", "--html", str(page)]) == 0
+    assert main(["demo", "--quick", "--html", str(page), "--progress"]) == 0
     captured = capsys.readouterr()
     fp32 = _number(r"^fp32 accuracy: ([\d.]+)%$", captured.out)
     int8 = _number(r"^int8 accuracy: ([\d.]+)%", captured.out)
@@ -85,8 +86,25 @@ def test_demo_quick_int8_within_one_point_of_fp32(capsys, tmp_path):
     assert int8_mb < fp32_mb / 2
     assert re.search(r"^explain: .*fixed: 1", captured.out, re.MULTILINE)  # the sigmoid gate
     assert re.search(r"^convert: backend cpu: \d+ int8 kernels, 0 ops in float$", captured.out, re.MULTILINE)
-    # the progress bar goes to stderr, the results to stdout
-    assert "calibrate [" in captured.err and "calibrate [" not in captured.out
+    # progress, of the training too, goes to stderr as lines (capsys is no terminal), the results to stdout
+    assert re.search(r"^train \[#{24}\] (\d+)/\1 .* epoch (\d+)/\2 loss [\d.]+$", captured.err, re.M), captured.err
+    assert re.search(r"^calibrate \[#{24}\] (\d+)/\1 ", captured.err, re.M) and "\r" not in captured.err
+    assert "calibrate [" not in captured.out and "train [" not in captured.out
+    assert re.search(r"^time: train [\d.]+s, quantize [\d.]+s, latency [\d.]+s, compare [\d.]+s, graph [\d.]+s$", captured.out, re.M)
+
+
+def test_demo_writes_its_page_to_the_temporary_folder_by_default(monkeypatch, tmp_path, capsys):
+    import lucid_fx.demo
+
+    seen = {}
+    monkeypatch.setattr(lucid_fx.demo, "run_demo", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--quick"]) == 0
+    assert seen["html"] == Path(tempfile.gettempdir()) / "lucid_fx_demo.html"
+    assert main(["demo", "--quick", "--html", "-"]) == 0 and seen["html"] is None
+    assert main(["demo", "--html", "out/page.html"]) == 2  # no such folder: said, not created in the cwd
+    assert "cannot write 'out/page.html': folder 'out' does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_quantize_saves_a_model_that_loads_and_runs(models, capsys, sqnr_db):
@@ -247,7 +265,7 @@ def test_installed_entry_point_quantizes(models, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr
     assert "convert: backend cpu: 4 int8 kernels, 0 ops in float" in proc.stdout
-    assert "calibrate [" in proc.stderr
+    assert proc.stderr == ""  # a pipe, not a terminal: no progress bar in the log
     assert lucid_fx.load(out)(torch.randn(3, 3, 16, 16)).shape == (3, 4)
 
 
@@ -261,3 +279,51 @@ def test_python_dash_m_reports_errors_the_same_way(tmp_path):
         "python -m lucid_fx: error: cannot import module 'no_such_module_xyz': no module named 'no_such_module_xyz'"
     )
     assert "Traceback" not in proc.stderr
+
+
+TOP_LEVEL_FLOAT = '''
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+        self.b = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        if y.sum() > 0:  # data-dependent: torch.fx cannot trace the top level
+            y = y * 2
+        return self.b(y)
+
+
+def make():
+    torch.manual_seed(0)
+    return Branchy()
+'''
+
+
+def test_quantize_of_a_top_level_that_stays_float_says_what_to_do_and_saves_with_allow(models, capsys):
+    (models / "cli_branchy.py").write_text(TOP_LEVEL_FLOAT)
+    out = models / "b.pt"
+    base = ["quantize", "cli_branchy:make", "--input-shape", "1,3,12,12", "--calib", "2", "-o", str(out)]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "error: cannot save cli_branchy:make's model as data: Branchy stayed float (<root> (Branchy) at " in err
+    assert "TraceError" in err and "hint: rerun with --allow cli_branchy:Branchy to save it" in err
+    assert not out.exists()
+    assert main(base + ["--allow", "cli_branchy:Branchy"]) == 0
+    stdout = capsys.readouterr().out
+    assert "convert: a: backend cpu: 1 int8 kernel, 0 ops in float\nb: backend cpu: 1 int8 kernel, 0 ops in float" in stdout
+    assert f"load it with `lucid_fx.load(path, allow=[cli_branchy.Branchy])`" in stdout
+    import cli_branchy
+
+    loaded = lucid_fx.load(out, allow=[cli_branchy.Branchy])
+    x = torch.randn(1, 3, 12, 12)
+    assert type(loaded).__name__ == "Branchy" and loaded(x).shape == (1, 4, 10, 10)
+    assert main(["show", str(out), "-o", str(models / "g.html")]) == 2
+    assert "hint: a class of yours that stayed float in the model: pass --allow MODULE:CLASS" in capsys.readouterr().err
+    assert main(["show", str(out), "--allow", "cli_branchy:Branchy", "-o", str(models / "g.html")]) == 0
+    assert "Branchy, 14 nodes (boundary 4, int8 6, io 4)" in capsys.readouterr().out

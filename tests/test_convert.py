@@ -259,3 +259,14 @@ def test_an_op_the_user_keeps_float_runs_float_even_when_an_int8_op_reads_it(kee
     assert placement.runs is Runs.FLOAT, placement
     assert "QConfig is None" in placement.why or "registered to stay float" in placement.why
     assert placements(prepared, registry=registry)[kept].runs is Runs.FLOAT  # explain predicts it before convert
+
+
+def test_quantize_takes_prepare_order_with_a_warning_that_names_its_own():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    x, mapping = torch.randn(2, 4), Q.get_default_qconfig_mapping()
+    mapping.set_object_type(nn.Linear, None)  # a visible choice: the linear stays float
+    expected = str(lucid_fx.quantize(model, (x,), [x], mapping, progress=False).lucid_fx_convert_report)
+    assert expected.startswith("backend cpu: 0 int8 kernels, 1 op in float")
+    with pytest.warns(UserWarning, match=r"quantize: took the arguments as prepare's torch.ao order, \(model, qconfig_mapping, example_inputs, calibration_data\); quantize's order is \(model, example_inputs, calibration_data, qconfig_mapping=None\)"):
+        qmodel = lucid_fx.quantize(model, mapping, (x,), [x], progress=False)
+    assert str(qmodel.lucid_fx_convert_report) == expected

@@ -117,7 +117,7 @@ def test_calibrate_progress_bar_and_batch_forms(capsys):
 
     prepared = lucid_fx.prepare(TwoInputs().eval(), example_inputs=(torch.randn(2), torch.randn(2)))
     stream = io.StringIO()
-    n = lucid_fx.calibrate(prepared, [(torch.randn(2), torch.randn(2)), {"a": torch.randn(2), "b": torch.randn(2)}], stream=stream)
+    n = lucid_fx.calibrate(prepared, [(torch.randn(2), torch.randn(2)), {"a": torch.randn(2), "b": torch.randn(2)}], progress=True, stream=stream)
     assert n == 2
     assert "[########################] 2/2" in stream.getvalue()
     with pytest.raises(ValueError, match="calibration data was empty"):
@@ -175,3 +175,40 @@ def test_reference_framework_names():
     assert isinstance(prepared.lucid_fx_observers["_1"], Q.FixedQParamsFakeQuantize)
     prepared = Q.prepare_fx(nn.Sequential(nn.Linear(2, 2)).eval(), None, (torch.randn(3, 2),))
     assert isinstance(prepared.lucid_fx_observers["_0"], Q.HistogramObserver)
+
+
+def test_a_compiled_module_is_unwrapped_and_calibration_feeds_its_observers():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    compiled = torch.compile(model)
+    with pytest.warns(UserWarning, match=r"prepare: got a torch.compile'd module \(OptimizedModule\); quantizing the module it wraps \(model._orig_mod, a Sequential\)"):
+        prepared = lucid_fx.prepare(compiled, example_inputs=(torch.randn(2, 4),))
+    assert isinstance(prepared, torch.fx.GraphModule)
+    batch = torch.full((2, 4), 3.0)
+    lucid_fx.calibrate(prepared, [batch], progress=False)
+    observed = prepared.lucid_fx_observers["input_1"]
+    assert (float(observed.min_val), float(observed.max_val)) == (3.0, 3.0)  # the observers saw the batch
+    qmodel = lucid_fx.convert(prepared)
+    assert str(qmodel.lucid_fx_convert_report).startswith("backend cpu: 2 int8 kernels")
+
+
+def test_prepare_takes_example_inputs_second_with_a_warning_that_names_the_order():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    x, mapping = torch.randn(2, 4), Q.get_default_qconfig_mapping()
+    expected = sorted(lucid_fx.prepare(model, mapping, (x,)).lucid_fx_observers)  # torch.ao's order, silent
+    for args in [((x,),), ((x,), mapping), (x,)]:
+        with pytest.warns(UserWarning, match=r"prepare: took the (tuple|Tensor) given second as example_inputs\. prepare's positional order is torch.ao's, prepare\(model, qconfig_mapping, example_inputs\); pass them by keyword"):
+            prepared = lucid_fx.prepare(model, *args)
+        assert sorted(prepared.lucid_fx_observers) == expected == ["_1", "input_1"]
+
+
+def test_explain_rule_paths_are_modules_of_the_installed_package():
+    import importlib.util
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2), nn.Sigmoid()).eval()
+    table = lucid_fx.explain(lucid_fx.prepare(model, example_inputs=(torch.randn(2, 4),)))
+    cited = {row["rule"].split(":")[0] for row in table.by_node().values() if row["rule"]}
+    assert "lucid_fx/passes/choose_observers.py" in cited  # the input sweep
+    for path in cited:
+        assert path.startswith("lucid_fx/") and path.endswith(".py"), path
+        spec = importlib.util.find_spec(path[: -len(".py")].replace("/", "."))
+        assert spec is not None and spec.origin.endswith(path.rpartition("/")[2]), path

@@ -19,3 +19,18 @@ def test_python_blocks_run(capsys):
 def test_ci_runs_the_readme_test_command():
     command = re.search(r"## Run the tests.*?```bash\n(.*?)\n```", README, re.S).group(1).strip()
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_demo_sample_has_every_line_the_demo_prints():
+    from lucid_fx.demo import DemoConfig, DemoResult
+
+    sample = re.search(r"One run \(`lucid-fx demo`.*?```\n(.*?)```", README, re.S).group(1).splitlines()
+    result = DemoResult(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "e", "c", {"train": 1.0}, ["n"], Path("x.html"))
+    printed = [line.split(":")[0] for line in result.lines(DemoConfig.full())]
+    assert [line.split(":")[0] for line in sample] == printed
+    assert printed[-1] == "time" and re.fullmatch(r"time: train [\d.]+s, quantize [\d.]+s, latency [\d.]+s, compare [\d.]+s, graph [\d.]+s", sample[-1])
+
+
+def test_examples_list_is_complete():
+    listed = set(re.findall(r"`(\w+\.py)`", README.split("Runnable scripts are in `examples/`")[1].split("##")[0]))
+    assert listed == {p.name for p in (ROOT / "examples").glob("*.py")}

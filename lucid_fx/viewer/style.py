@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["DOMAIN_COLORS", "error_color", "node_lines", "node_size", "node_colors", "CHAR_WIDTH", "LINE_HEIGHT"]
+__all__ = ["DOMAIN_COLORS", "error_color", "node_lines", "node_size", "node_colors", "CHAR_WIDTH", "LINE_HEIGHT", "FONT_PX"]
 
 #: domain -> (fill, stroke). Float fallbacks are orange: they are where a user looks first.
 DOMAIN_COLORS: Dict[str, Tuple[str, str]] = {
@@ -16,6 +16,7 @@ DOMAIN_COLORS: Dict[str, Tuple[str, str]] = {
     "const": ("#fafafa", "#9e9e9e"),
 }
 
+FONT_PX = 11.0  # the node labels' font size, in drawing units
 CHAR_WIDTH = 6.8  # px per character of the 11px monospace label font
 LINE_HEIGHT = 14.0
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Tuple
 import networkx as nx
 
 from lucid_fx.layout import Layout
-from lucid_fx.viewer.style import LINE_HEIGHT, node_colors, node_lines
+from lucid_fx.viewer.style import FONT_PX, LINE_HEIGHT, node_colors, node_lines
 
 __all__ = ["render_svg"]
 
@@ -41,7 +41,7 @@ def render_svg(g: nx.DiGraph, layout: Layout, *, color_by: str = "domain", stand
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="lucid-graph" viewBox="0 0 {width:.0f} {height:.0f}"'
         + (f' width="{width:.0f}" height="{height:.0f}"' if standalone else "")
-        + ' font-family="ui-monospace, Menlo, Consolas, monospace" font-size="11">',
+        + f' font-family="ui-monospace, Menlo, Consolas, monospace" font-size="{FONT_PX:g}">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#607d8b"/></marker></defs>',
         '<g id="viewport"><g class="edges">',
