@@ -16,7 +16,7 @@ from lucid_fx.graph_model import to_networkx
 from lucid_fx.visualize import visualize
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
 from lucid_fx.save_load import load, save
-from lucid_fx.target import TargetReport
+from lucid_fx.sqnr_target import TargetReport
 from lucid_fx.transforms import TransformReport, correct_bias, equalize, smooth_quant
 from lucid_fx.registry import (
     Registry,

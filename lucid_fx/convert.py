@@ -166,7 +166,7 @@ def quantize(
     With ``target_sqnr_db``, the fewest nodes are kept float until the output SQNR on
     ``held_out_data`` (default: the last quarter of ``calibration_data``, then not calibrated on)
     meets it, in at most ``max_rounds`` rounds of prepare/calibrate/convert/compare
-    (``lucid_fx.target``); the result carries a ``TargetReport`` as ``lucid_fx_target``.
+    (``lucid_fx.sqnr_target``); the result carries a ``TargetReport`` as ``lucid_fx_target``.
     ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default)."""
     require_module("quantize", model)
     if isinstance(example_inputs, QConfigMapping):
@@ -178,7 +178,7 @@ def quantize(
         )
         example_inputs, calibration_data, qconfig_mapping = calibration_data, qconfig_mapping, example_inputs
     if target_sqnr_db is not None:
-        from lucid_fx.target import quantize_to_target  # it runs prepare/convert/compare, all above it
+        from lucid_fx.sqnr_target import quantize_to_target  # it runs prepare/convert/compare, all above it
 
         calibration, held_out = _split(list(calibration_data), held_out_data)
         return quantize_to_target(
