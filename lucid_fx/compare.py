@@ -22,6 +22,7 @@ from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
 from lucid_fx.passes.trace_model import TraceOptions, trace_model
 from lucid_fx.placement import INT8_RUNS, Placement, placements
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["compare", "Comparison", "NodeError"]
 
@@ -164,7 +165,7 @@ def _domain(node: fx.Node, grid: Optional[Tuple[float, int]], placement: Optiona
     if grid is None or (placement is not None and placement.runs not in INT8_RUNS):
         return "float"
     decision = node.meta.get(_meta.DECISION)
-    fixed = (decision is not None and decision.kind == "fixed") or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
+    fixed = (decision is not None and decision.kind is DecisionKind.FIXED) or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
     return "fixed" if fixed else "int8"
 
 

@@ -18,7 +18,7 @@ from lucid_fx._where import caller_location
 from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, OpDef, Spelling, derive_spellings
 from lucid_fx.rules.fusions import FUSION_RULES, FusionRule
 from lucid_fx.rules.lowering import LOWERINGS
-from lucid_fx.rules.observers import OBSERVER_RULES, ObserverRule
+from lucid_fx.rules.observers import OBSERVER_RULES, Decision, DecisionKind, ObserverRule
 from lucid_fx.rules.ranges import RANGE_RULES, RangeRule
 
 __all__ = [
@@ -32,6 +32,10 @@ __all__ = [
     "register_float_op",
     "register_lowering",
 ]
+
+
+# The kinds register_observer_rule takes by name: its own rules choose the observer, or none.
+_ACTION_KINDS = (DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.FLOAT)
 
 
 def _key(kind: str, target: Any) -> Tuple[str, Any]:
@@ -223,18 +227,16 @@ def register_fusion(name: str, *steps: Union[str, Tuple[str, ...]], registry: Op
 def register_observer_rule(ops: Union[str, Sequence[str]], action: Union[str, Callable], *, registry: Optional[Registry] = None) -> ObserverRule:
     """Add an observer-choice rule for canonical ``ops``, placed before the built-in ones.
 
-    ``action`` is a kind (``"statistics"``, ``"shared"``, ``"float"``) or a function
-    ``(node, ctx) -> Decision | None``.
+    ``action`` is a kind (``DecisionKind.STATISTICS``, ``SHARED`` or ``FLOAT``, or its value
+    ``"statistics"``, ``"shared"``, ``"float"``) or a function ``(node, ctx) -> Decision | None``.
     """
-    from lucid_fx.rules.observers import Decision
-
     reg = registry or current_registry()
     where = caller_location()
-    if isinstance(action, str):
-        if action not in ("statistics", "shared", "float"):
+    if isinstance(action, (str, DecisionKind)):
+        kind = next((k for k in _ACTION_KINDS if action in (k, k.value)), None)
+        if kind is None:
             raise ValueError(f"register_observer_rule: action must be 'statistics', 'shared', 'float' or a function, got {action!r}")
-        kind = action
-        action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k}", qconfig=ctx.qconfig(node))  # noqa: E731
+        action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k.value}", qconfig=ctx.qconfig(node))  # noqa: E731
     ops_set = frozenset([ops] if isinstance(ops, str) else ops)
     rule = ObserverRule(ops_set, action, where)
     # After the guards (not-a-tensor, mutation, QConfig None, float ops, fused), before the op rules.

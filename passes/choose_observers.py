@@ -18,11 +18,12 @@ from lucid_fx import _meta
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, Decision
+from lucid_fx.rules.observers import ANY, Decision, DecisionKind
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
-QUANTIZED_KINDS = ("fixed", "statistics", "shared", "fused")
+# Kinds whose value ends up as integer codes: a quantized op reads quantized inputs.
+QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.FUSED)
 _NOT_TENSORS = {"size", "getattr", "output"}
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
 
@@ -113,7 +114,7 @@ def _decide(node: fx.Node, ctx: RuleContext) -> Decision:
         decision = rule.action(node, ctx)
         if decision is not None:
             return dataclasses.replace(decision, rule=rule.where)
-    return Decision("float", "no rule matched")
+    return Decision(DecisionKind.FLOAT, "no rule matched")
 
 
 def _activation_inputs(node: fx.Node):
@@ -139,11 +140,11 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
             continue
         for source in _activation_inputs(node):
             prior = source.meta[_meta.DECISION]
-            if prior.kind in ("float", "none") and ctx.is_float_tensor(source):
+            if prior.kind in (DecisionKind.FLOAT, DecisionKind.NONE) and ctx.is_float_tensor(source):
                 qconfig = decision.qconfig or ctx.qconfig(node)
                 if qconfig is None:
                     continue
                 source.meta[_meta.DECISION] = Decision(
-                    "statistics", f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig
+                    DecisionKind.STATISTICS, f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig
                 )
     return gm

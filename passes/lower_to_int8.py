@@ -35,9 +35,10 @@ from lucid_fx.passes.lowering_context import (
     _is_observer_call,
     quantize_weight,
 )
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["lower_to_int8", "lowering_table", "quantize_weight", "QValue", "LoweringContext", "ConvertReport"]
-_LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
+_LOWERABLE = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED)  # decision kinds convert looks a lowering rule up for
 
 
 def lowering_table(lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str) -> Dict[Tuple[str, ...], Any]:
@@ -101,12 +102,12 @@ def _names(members: List[fx.Node]) -> Tuple[str, ...]:
     return tuple(name for m in members for name in (m.name, m.meta.get(_meta.FOLDED_BN)) if name)
 
 
-def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
-    return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
+def _key(members: List[fx.Node], kind: DecisionKind) -> Tuple[str, ...]:
+    return ("shared",) if kind is DecisionKind.SHARED else tuple(m.meta[_meta.OP].op for m in members)
 
 
-def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
-    if kind == "none":
+def _stays_float(kind: DecisionKind, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
+    if kind is DecisionKind.NONE:
         return Placement(Runs.NOT_TENSOR, decision.reason, ())
     if kind not in _LOWERABLE:  # kept float by the QConfig, a registered float op, or no observer rule
         return Placement(Runs.FLOAT, decision.reason if decision is not None else "no observer decision", ())
@@ -181,8 +182,8 @@ def lower_to_int8(
             ctx.graph.output(fx.node.map_arg(node.args[0], arg_float))
             continue
         decision = node.meta.get(_meta.DECISION)
-        kind = decision.kind if decision is not None else "float"
-        if kind == "fused":
+        kind = decision.kind if decision is not None else DecisionKind.FLOAT
+        if kind is DecisionKind.FUSED:
             continue  # emitted with the last node of its group
         members = _group(node, nodes)
         key = _key(members, kind)

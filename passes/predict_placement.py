@@ -26,6 +26,7 @@ from lucid_fx.placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import unfused_mask
 from lucid_fx.rules.masks import mask_input
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["predict_placement"]
 
@@ -53,7 +54,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
     if call.op == "add" or rules._positive_number(number) is None or call.args.get("rounding_mode") is not None:
         return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
     # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
-    return Runs.TABLE if node.meta[_meta.DECISION].kind == "fixed" and not _rescale_fits(gm, node, call, number) else Runs.SHARED
+    return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, number) else Runs.SHARED
 
 
 def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:
@@ -77,7 +78,7 @@ def _inputs_have_codes(node: fx.Node) -> bool:
             continue
         tensor_meta, decision = source.meta.get(_meta.TENSOR_META), source.meta.get(_meta.DECISION)
         is_float = getattr(tensor_meta, "dtype", torch.float32).is_floating_point
-        if source.op == "get_attr" or not is_float or (decision is not None and decision.kind == "none" and source.op != "placeholder"):
+        if source.op == "get_attr" or not is_float or (decision is not None and decision.kind is DecisionKind.NONE and source.op != "placeholder"):
             continue  # weights, integers, shapes
         if _meta.OBSERVER not in source.meta:
             return False
@@ -94,8 +95,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         if node.op in ("placeholder", "get_attr", "output") or _is_observer_call(node) or _meta.OP not in node.meta:
             continue
         decision = node.meta.get(_meta.DECISION)
-        kind = decision.kind if decision is not None else "float"
-        if kind == "fused":
+        kind = decision.kind if decision is not None else DecisionKind.FLOAT
+        if kind is DecisionKind.FUSED:
             continue  # placed with the last node of its group
         members = _group(node, nodes)
         key = _key([m for i, m in enumerate(members) if not _folds(members, i)], kind)

@@ -368,7 +368,7 @@ STRUCTURE = {
     ),
     "dataclass-field-of-the-wrong-type": (
         lambda d: _node_named(d, "relu")["meta"]["lucid_fx.decision"]["v"].update(kind=3),
-        "node 'relu', meta 'lucid_fx.decision' in the root module: Decision.kind: int where str belongs",
+        "node 'relu', meta 'lucid_fx.decision' in the root module: Decision.kind: int where DecisionKind belongs",
     ),
     "meta-key-lucid_fx-never-writes": (
         lambda d: _node_named(d, "relu")["meta"].update(nn_module_stack=1), "node 'relu', meta 'nn_module_stack' in the root module: not a key lucid_fx writes",

@@ -21,6 +21,7 @@ from lucid_fx.passes.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -187,7 +188,7 @@ def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
     found = []
     for n in node.meta[_meta.OP].tensor_inputs():
         decision = resolve(n).meta.get(_meta.DECISION)
-        if decision is None or decision.kind != "none" or resolve(n).op == "placeholder":
+        if decision is None or decision.kind is not DecisionKind.NONE or resolve(n).op == "placeholder":
             found.append(resolve(n))
     return found
 

@@ -1,14 +1,11 @@
 """Observer-choice rules: which observer a node's output gets. The first rule whose ops match
-and whose action returns a decision wins; ``None`` declines.
-
-Kinds: ``fixed`` (FixedQParamsObserver from the proven interval), ``statistics`` (the QConfig's
-activation observer), ``shared`` (the same observer as the op's input: values pass through
-unchanged), ``float`` (output stays float), ``fused`` (inside a fused group; only its last node is
-observed), ``none`` (not a float tensor).
+and whose action returns a decision wins; ``None`` declines. The kinds of decision are
+:class:`DecisionKind`.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional
 
@@ -17,18 +14,43 @@ from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 
-__all__ = ["Decision", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
+__all__ = ["Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
 
 ANY = "*"
 
 
+class DecisionKind(enum.Enum):
+    """How prepare observes a node's output: the plan. Where convert then computes the value is a
+    :class:`lucid_fx.placement.Runs`, the outcome: ``FIXED``, ``STATISTICS`` and ``SHARED`` values
+    run as an int8 kernel, a table or shared codes where a lowering rule takes them and in float
+    where none does; ``FUSED`` nodes run as part of their group's end; ``FLOAT`` runs in float and
+    ``NONE`` is ``Runs.NOT_TENSOR``."""
+
+    FIXED = "fixed"  # FixedQParamsObserver from the proven interval
+    STATISTICS = "statistics"  # the QConfig's activation observer, calibrated
+    SHARED = "shared"  # the same observer as the op's input: values pass through unchanged
+    FUSED = "fused"  # inside a fused group: only its last node is observed
+    FLOAT = "float"  # output stays float
+    NONE = "none"  # not a float tensor: nothing to observe
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str
+    """Which observer a node's output gets (``kind``), why, and the rule (file:line) that chose it.
+    ``kind`` may be given by its value (``"statistics"``); it is stored as a :class:`DecisionKind`."""
+
+    kind: DecisionKind
     reason: str
     rule: str = ""
     interval: Any = None
     qconfig: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kind, str):
+            valid = ", ".join(repr(k.value) for k in DecisionKind)
+            if self.kind not in {k.value for k in DecisionKind}:
+                raise ValueError(f"Decision: kind must be a DecisionKind or one of {valid}, got {self.kind!r}")
+            object.__setattr__(self, "kind", DecisionKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -62,26 +84,26 @@ QUANTIZED_OPS = frozenset(
 
 def _not_float_tensor(node, ctx) -> Optional[Decision]:
     if not ctx.is_float_tensor(node):
-        return Decision("none", "not a float tensor")
+        return Decision(DecisionKind.NONE, "not a float tensor")
     return None
 
 
 def _mutation(node, ctx) -> Optional[Decision]:
     why = node.meta.get(_MUTATION)
-    return Decision("float", why) if why is not None else None
+    return Decision(DecisionKind.FLOAT, why) if why is not None else None
 
 
 def _qconfig_none(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr", "output"):
         return None
     if ctx.qconfig(node) is None:
-        return Decision("float", "QConfig is None for this module/op")
+        return Decision(DecisionKind.FLOAT, "QConfig is None for this module/op")
     return None
 
 
 def _user_float(node, ctx) -> Optional[Decision]:
     if ctx.op_name(node) in ctx.registry.float_ops:
-        return Decision("float", "registered to stay float")
+        return Decision(DecisionKind.FLOAT, "registered to stay float")
     return None
 
 
@@ -89,14 +111,14 @@ def _attention_mask(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr") or not ctx.feeds_only_masks(node):
         return None
     reason = "attention mask: read exactly, in float, by the masked op (docs/policies.md)"
-    return Decision("float", reason, qconfig=ctx.qconfig(node))
+    return Decision(DecisionKind.FLOAT, reason, qconfig=ctx.qconfig(node))
 
 
 def _fused(node, ctx) -> Optional[Decision]:
     if ctx.fused_into(node) not in (None, node.name):
         # The qconfig still matters inside a group: it says how the group's weight is observed
         # (fake-quantized, in QAT).
-        return Decision("fused", f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}", qconfig=ctx.qconfig(node))
+        return Decision(DecisionKind.FUSED, f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}", qconfig=ctx.qconfig(node))
     return None
 
 
@@ -107,18 +129,18 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
     qconfig = ctx.qconfig(node)
     if qconfig is not None and not qconfig.range_analysis:
         return None
-    return Decision("fixed", f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
+    return Decision(DecisionKind.FIXED, f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
 
 
 def _shared(node, ctx) -> Optional[Decision]:
     if not any(ctx.is_float_tensor(source) for source in node.meta[_OP].tensor_inputs()):
         return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
-    return Decision("shared", "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
+    return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 
 
 def _statistics(node, ctx) -> Optional[Decision]:
     reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
-    return Decision("statistics", reason, qconfig=ctx.qconfig(node))
+    return Decision(DecisionKind.STATISTICS, reason, qconfig=ctx.qconfig(node))
 
 
 def _folded_group_end(node, ctx) -> Optional[Decision]:
@@ -135,8 +157,8 @@ def _folded_group_end(node, ctx) -> Optional[Decision]:
 
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
-        return Decision("none", "graph input (observed only if a quantized op reads it)")
-    return Decision("float", "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
+        return Decision(DecisionKind.NONE, "graph input (observed only if a quantized op reads it)")
+    return Decision(DecisionKind.FLOAT, "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
 OBSERVER_RULES: List[ObserverRule] = [

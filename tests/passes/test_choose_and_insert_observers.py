@@ -48,7 +48,7 @@ def test_graph_before_and_after(registry):
         "return sigmoid",
     ]
     choose_observers(gm, registry, Q.QConfigMapping().set_global(Q.minmax_qconfig))
-    kinds = {n.name: n.meta[_meta.DECISION].kind for n in gm.graph.nodes if n.op != "output"}
+    kinds = {n.name: n.meta[_meta.DECISION].kind.value for n in gm.graph.nodes if n.op != "output"}
     assert kinds == {"x": "statistics", "fc": "fused", "relu": "statistics", "pool": "shared", "sigmoid": "fixed"}
     expected_out = gm(x)
     insert_observers(gm)
