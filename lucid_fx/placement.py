@@ -22,7 +22,11 @@ __all__ = ["Runs", "Placement", "placements", "INT8_RUNS"]
 
 
 class Runs(enum.Enum):
-    """Where a prepared node's value is computed after convert."""
+    """Where a prepared node's value is computed after convert: the outcome. Prepare's plan for the
+    node was a :class:`lucid_fx.rules.observers.DecisionKind`; a ``FIXED``, ``STATISTICS`` or
+    ``SHARED`` one becomes ``KERNEL``, ``TABLE`` or ``SHARED`` where a lowering rule takes it, and
+    ``FLOAT`` where none does or its rule declines; ``FLOAT`` stays ``FLOAT`` and ``NONE`` is
+    ``NOT_TENSOR``."""
 
     KERNEL = "int8 kernel"  # an int8 kernel on codes: lucid_fx.linear, conv2d, add, softmax, ...
     TABLE = "table lookup"  # a 256-entry table from the input's codes to the output's (lucid_fx.lut)
