@@ -3,13 +3,14 @@
 Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
 ``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
 with the rule's location). A second sweep makes sure every quantized op reads quantized inputs:
-a float input (a graph input, or the output of an op left float) gets a statistics observer.
+a float input (a graph input, or the output of an op left float) gets a statistics observer; the
+members of a fused group whose end stays float (it has no lowering rule) are not quantized ops.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
@@ -61,17 +62,36 @@ class RuleContext:
         """A fused group (linear + relu) is one kernel with one QConfig: its first member's (the
         weighted op's), and None for all of it when the mapping sets None for any member, so
         ``set_module_name("proj", None)`` keeps proj float even when a functional relu follows."""
+        if node.meta.get(_meta.FUSED_INTO) is None:
+            return self._own_qconfig(node)
+        qconfigs = [self._own_qconfig(member) for member in self._members(node)]
+        return None if any(q is None for q in qconfigs) else qconfigs[0]
+
+    def _members(self, node: fx.Node) -> List[fx.Node]:
+        """The nodes of the fused group ``node`` belongs to, in graph order (``[node]`` alone if none)."""
         end = node.meta.get(_meta.FUSED_INTO)
         if end is None:
-            return self._own_qconfig(node)
+            return [node]
         if self._groups is None:
             self._groups = {}
             for member in self.gm.graph.nodes:
                 if member.meta.get(_meta.FUSED_INTO) is not None:
                     self._groups.setdefault(member.meta[_meta.FUSED_INTO], []).append(member)
-        members = self._groups.get(end, [node])
-        qconfigs = [self._own_qconfig(member) for member in members]
-        return None if any(q is None for q in qconfigs) else qconfigs[0]
+        return self._groups.get(end, [node])
+
+    def lowering_key(self, node: fx.Node) -> Tuple[str, ...]:
+        """What convert looks ``node`` up by in the lowering tables: the canonical ops of the fused
+        group it ends, in data-flow order and with a folded batch norm left out, or its own op
+        (``("conv2d", "relu")`` for conv + bn + relu, ``("gelu",)``)."""
+        if self.fused_into(node) != node.name:
+            return (self.op_name(node),)
+        ops = tuple(self.op_name(member) for member in self._members(node))
+        # a batch norm in a group folds into its conv or linear before lowering (passes/fold_batchnorm.py)
+        return tuple(op for op in ops if op != "batch_norm") if len(ops) > 1 else ops
+
+    def lowers(self, key: Tuple[str, ...]) -> bool:
+        """Whether a lowering rule for ``key`` is in the registry's tables, for some backend."""
+        return any(key in table for table in self.registry.lowerings.values())
 
     def feeds_only_masks(self, node: fx.Node) -> bool:
         """Whether ``node``'s value reaches only mask inputs (rules/masks.py), so it stays float."""
@@ -134,10 +154,13 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
     for node in gm.graph.nodes:
         node.meta[_meta.DECISION] = _decide(node, ctx)
     here = "passes/choose_observers.py:quantized-input sweep"
+    quantized = {node.name for node in gm.graph.nodes if node.meta[_meta.DECISION].kind in QUANTIZED_KINDS}
     for node in gm.graph.nodes:
         decision = node.meta[_meta.DECISION]
         if decision.kind not in QUANTIZED_KINDS:
             continue
+        if decision.kind is DecisionKind.FUSED and ctx.fused_into(node) not in quantized:
+            continue  # a group whose end is not quantized (no lowering rule) runs in float, on float inputs
         for source in _activation_inputs(node):
             prior = source.meta[_meta.DECISION]
             if prior.kind in (DecisionKind.FLOAT, DecisionKind.NONE) and ctx.is_float_tensor(source):

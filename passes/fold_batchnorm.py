@@ -18,10 +18,11 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.ops import Tag, ops_tagged
 
 __all__ = ["fold_batchnorm", "fold_bn_into"]
 
-_FOLDABLE = ("conv1d", "conv2d", "conv3d", "linear")
+_FOLDABLE = ops_tagged(Tag.WEIGHTED)  # conv1d/2d/3d, linear
 _NOT_AFTER_A_LAYER = "its input is not a conv or linear module"
 
 

@@ -20,13 +20,14 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQu
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
-from lucid_fx.rules.observers import DecisionKind
+from lucid_fx.ops import Tag, ops_tagged
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
 
 __all__ = ["insert_observers", "OBSERVERS", "WEIGHT_OBSERVERS"]
 
 OBSERVERS = "lucid_fx_observers"
 WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
-_WEIGHTED = ("linear", "conv1d", "conv2d", "conv3d")
+_WEIGHTED = ops_tagged(Tag.WEIGHTED) - FLOAT_BY_DESIGN.keys()  # whose weights a kernel reads as int8
 
 
 def _container(gm: fx.GraphModule, name: str) -> nn.ModuleDict:

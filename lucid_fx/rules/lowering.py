@@ -18,10 +18,12 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
+from lucid_fx.ops import Tag, ops_tagged
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
+from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
-from lucid_fx.rules.observers import DecisionKind
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -30,20 +32,9 @@ Rule = Callable[[LoweringContext, List[fx.Node], Callable], Optional[QValue]]
 
 # Ops that map each element to one element (given their constant arguments): per-tensor int8
 # inputs have 256 codes, so the whole op is a 256-entry table.
-ELEMENTWISE_UNARY = frozenset(
-    {
-        "sigmoid", "tanh", "hardsigmoid", "softsign", "sin", "cos", "clamp", "relu", "gelu", "silu",
-        "hardswish", "leaky_relu", "elu", "exp", "abs", "neg", "add", "sub", "rsub", "mul", "div",
-        "minimum", "maximum",
-    }
-)
+ELEMENTWISE_UNARY = ops_tagged(Tag.ELEMENTWISE)
 # Ops that move or select codes without changing them: they run on the integer tensor as is.
-SHAPE_OPS = frozenset(
-    {
-        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
-        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
-    }
-)
+SHAPE_OPS = ops_tagged(Tag.MOVES_CODES)
 
 
 def _input(call, resolve) -> Any:
@@ -305,7 +296,7 @@ def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     return ctx.output_qvalue(node, out)
 
 
-_CONVS = ("conv1d", "conv2d")
+_CONVS = sorted(ops_tagged(Tag.CONV) - FLOAT_BY_DESIGN.keys())  # conv1d, conv2d
 _add, _mul = _binary(_ops.add), _binary(_ops.mul)
 
 GENERIC: Dict[Tuple[str, ...], Rule] = {
@@ -325,6 +316,9 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(masked s) -> lucid_fx.masked_softmax
     ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat
     ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
+    ("adaptive_avg_pool1d",): lower_adaptive_avg_pool1d,  # -> lucid_fx.adaptive_avg_pool2d, 1 high
+    **{(op,): lower_avg_pool for op in ("avg_pool1d", "avg_pool2d")},  # -> lucid_fx.avg_pool2d on the codes, requantized
+    ("stack",): lower_stack,  # stack(xs, dim) -> lucid_fx.cat of the codes, each unsqueezed
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
     **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut

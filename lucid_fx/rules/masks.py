@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional, Set
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import Tag, ops_tagged
 
 __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_only_nodes"]
 
@@ -25,7 +26,7 @@ __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_o
 MASKED_SOFTMAX = "masked_softmax"
 # Ops that make scores (products of activations and weights or of two activations); a mask chain
 # through one of them is not kept float, the op keeps its own decision.
-_PRODUCTS = frozenset({"matmul", "linear", "conv1d", "conv2d", "conv3d"})
+_PRODUCTS = ops_tagged(Tag.PRODUCT)  # matmul, linear, convs
 _SEARCH_DEPTH = 8  # q @ k.T -> * d**-0.5 -> view -> ... : scores are a few ops below a matmul
 
 

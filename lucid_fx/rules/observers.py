@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
+from lucid_fx.ops import Tag, ops_tagged
 
-__all__ = ["Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
+__all__ = ["Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "FLOAT_BY_DESIGN", "ANY"]
 
 ANY = "*"
 
@@ -66,20 +67,13 @@ def observer_rule(ops, action) -> ObserverRule:
 
 
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
-SHARED_OPS = frozenset(
-    {
-        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
-        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
-    }
-)
-# Ops with an int8 implementation: their output is observed with the QConfig's activation observer.
-QUANTIZED_OPS = frozenset(
-    {
-        "linear", "conv1d", "conv2d", "conv3d", "add", "sub", "mul", "matmul", "cat", "relu",
-        "hardswish", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "mean",
-        "clamp", "sigmoid", "tanh", "hardsigmoid", "softmax", "softsign", "div",
-    }
-)
+SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
+# Ops lucid_fx keeps in float on purpose, and why: no observer, no weight observer; a fused group
+# holding one runs in float too. Every other op an observer rule quantizes has a lowering
+# (tests/test_op_table.py).
+FLOAT_BY_DESIGN: Dict[str, str] = {
+    "conv3d": "no int8 3-d convolution kernel (lucid_fx.kernels has conv1d and conv2d): runs in float, by design",
+}
 
 
 def _not_float_tensor(node, ctx) -> Optional[Decision]:
@@ -138,9 +132,17 @@ def _shared(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 
 
-def _statistics(node, ctx) -> Optional[Decision]:
+def _calibrated(node, ctx) -> Decision:
     reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
     return Decision(DecisionKind.STATISTICS, reason, qconfig=ctx.qconfig(node))
+
+
+def _statistics(node, ctx) -> Optional[Decision]:
+    """An op, or the end of a fused group, that the lowering tables lower: calibrated. A batch norm
+    is observed only as the end of a group it folds into, and only where it can fold (next rule)."""
+    if ctx.op_name(node) == "batch_norm":
+        return None
+    return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None
 
 
 def _folded_group_end(node, ctx) -> Optional[Decision]:
@@ -152,13 +154,14 @@ def _folded_group_end(node, ctx) -> Optional[Decision]:
     shape = getattr(getattr(layer, "meta", {}).get(_TENSOR_META), "shape", None)
     if layer is not None and layer.meta[_OP].op == "linear" and shape is not None and len(shape) != 2:
         return None
-    return _statistics(node, ctx)
+    return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None  # the key once folded
 
 
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
         return Decision(DecisionKind.NONE, "graph input (observed only if a quantized op reads it)")
-    return Decision(DecisionKind.FLOAT, "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
+    why = next((FLOAT_BY_DESIGN[op] for op in ctx.lowering_key(node) if op in FLOAT_BY_DESIGN), None)
+    return Decision(DecisionKind.FLOAT, why or "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
 OBSERVER_RULES: List[ObserverRule] = [
@@ -170,7 +173,7 @@ OBSERVER_RULES: List[ObserverRule] = [
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
-    observer_rule(QUANTIZED_OPS, _statistics),  # linear/conv/add/... -> QConfig activation observer
+    observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
     observer_rule(ANY, _leave_float),  # anything else -> float
 ]
