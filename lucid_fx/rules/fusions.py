@@ -8,13 +8,13 @@ softmax observes its unmasked scores (the group's input) and reads its mask in f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 from lucid_fx._where import caller_location
 from lucid_fx.ops import Tag, ops_tagged
 from lucid_fx.rules.masks import MASKED_SOFTMAX
 
-__all__ = ["FusionRule", "FUSION_RULES"]
+__all__ = ["FusionRule", "FUSION_RULES", "fusion"]
 
 Step = Union[str, Tuple[str, ...]]
 _CONV = tuple(sorted(ops_tagged(Tag.CONV)))  # conv1d, conv2d, conv3d
@@ -30,9 +30,13 @@ class FusionRule:
     where: str
 
 
-def fusion(name: str, *steps: Step) -> FusionRule:
+def fusion(name: str, *steps: Step, where: Optional[str] = None) -> FusionRule:
+    """A pattern of ``steps`` (each an op or a tuple of alternatives), defined at ``where`` (default:
+    the caller's file:line). The built-in table and ``lucid_fx.register_fusion`` both build with it."""
+    if len(steps) < 2:
+        raise ValueError(f"fusion({name!r}): a pattern needs at least two ops, got {steps!r}")
     pattern = tuple((s,) if isinstance(s, str) else tuple(s) for s in steps)
-    return FusionRule(name, pattern, caller_location())
+    return FusionRule(name, pattern, where or caller_location())
 
 
 # Longer patterns first: the first rule that matches at a node wins. Patterns with batch_norm are

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence
 
 from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
@@ -15,7 +15,10 @@ from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 from lucid_fx.ops import Tag, ops_tagged
 
-__all__ = ["Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "FLOAT_BY_DESIGN", "ANY"]
+__all__ = [
+    "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
+    "compose_observer_rules", "SHARED_OPS", "FLOAT_BY_DESIGN", "ANY",
+]
 
 ANY = "*"
 
@@ -164,16 +167,29 @@ def _leave_float(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.FLOAT, why or "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
-OBSERVER_RULES: List[ObserverRule] = [
+# The table is a composition, first match wins: guards + user rules + built-in op rules + fallback
+# (compose_observer_rules). The guards hold for every op, a user's included.
+GUARD_RULES: List[ObserverRule] = [
     observer_rule(ANY, _not_float_tensor),  # ints, shapes, masks -> none
     observer_rule(ANY, _mutation),  # in place, and something else sees the change -> float (functionalize_inplace)
     observer_rule(ANY, _qconfig_none),  # QConfig None -> float
     observer_rule(ANY, _user_float),  # registered float op -> float
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
+]
+OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
-    observer_rule(ANY, _leave_float),  # anything else -> float
 ]
+FALLBACK_RULE = observer_rule(ANY, _leave_float)  # anything else -> float
+
+
+def compose_observer_rules(user_rules: Sequence[ObserverRule] = ()) -> List[ObserverRule]:
+    """The observer table prepare walks: guards, then ``user_rules`` newest first (a later
+    registration wins), then the built-in op rules, then the fallback."""
+    return [*GUARD_RULES, *reversed(user_rules), *OP_RULES, FALLBACK_RULE]
+
+
+OBSERVER_RULES: List[ObserverRule] = compose_observer_rules()  # the built-in table
