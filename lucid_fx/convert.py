@@ -1,7 +1,7 @@
 """convert / quantize: calibrated graphs become int8 kernels (or their simulated reference).
 
-    rebind_node_refs -> fold_batchnorm -> lower_to_int8   (backend "cpu" or "cuda")
-    rebind_node_refs -> fold_batchnorm -> insert_qdq      (reference=True)
+    fold_batchnorm -> lower_to_int8   (backend "cpu" or "cuda")
+    fold_batchnorm -> insert_qdq      (reference=True)
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
 from lucid_fx.kernels import weight_quant_range
-from lucid_fx.passes.canonicalize_ops import rebind_node_refs
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
 from lucid_fx.passes.insert_observers import OBSERVERS
 from lucid_fx.passes.insert_qdq import insert_qdq
@@ -87,7 +86,6 @@ def _convert_graph(gm: fx.GraphModule, backend: str, reference: bool, registry: 
         )
     _strip_qat(gm)
     gm.eval()
-    rebind_node_refs(gm)
     fold_batchnorm(gm)
     weight_range = weight_quant_range(model_device(gm) or torch.device("cuda" if backend == "cuda" else "cpu"))
     if reference:

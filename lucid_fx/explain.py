@@ -8,6 +8,7 @@ from typing import Dict, List
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.passes.insert_observers import OBSERVERS
 from lucid_fx.placement import placements
 from lucid_fx.rules.observers import DecisionKind
@@ -84,7 +85,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
         observers = getattr(gm, OBSERVERS)
         for node in gm.graph.nodes:
             decision = node.meta.get(_meta.DECISION)
-            call = node.meta.get(_meta.OP)
+            call = canonical(node)
             if decision is None or call is None or node.op == "output":
                 continue
             key = node.meta.get(_meta.OBSERVER)

@@ -17,6 +17,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.placement import INT8_RUNS, Placement, placements
 from lucid_fx.rules.observers import DecisionKind
@@ -57,7 +58,7 @@ def _target_text(node: fx.Node) -> str:
 def _op_name(node: fx.Node) -> str:
     if node.op == "placeholder":
         return "input"
-    call = node.meta.get(_meta.OP)
+    call = canonical(node)
     if call is not None and getattr(call, "op", None):
         return call.op
     if node.op in ("output", "get_attr"):

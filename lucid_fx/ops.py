@@ -17,16 +17,17 @@ from __future__ import annotations
 import enum
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from lucid_fx._meta import OP as _OP_KEY
 from lucid_fx._where import caller_location
 
 __all__ = [
-    "OpDef", "Tag", "Spelling", "CanonicalCall", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "ops_tagged",
+    "OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "ops_tagged",
     "VIEW_OPS", "VIEW_SPELLINGS", "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS",
 ]
 
@@ -98,20 +99,76 @@ class Spelling:
 
 
 @dataclass(frozen=True)
+class NodeRef:
+    """Another node of the same graph, by name: ``node.meta`` holds no ``fx.Node``, so a deep copy
+    of a graph (or a saved and loaded one) needs no rebinding; node names are unique in a graph."""
+
+    name: str
+
+
+def _each(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` of ``value``, or of each item of a list or tuple ``value`` (one level, as node args nest)."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(fn(v) for v in value)
+    return fn(value)
+
+
+def _as_ref(value: Any) -> Any:
+    return NodeRef(value.name) if isinstance(value, fx.Node) else value
+
+
+def _node_named(graph: fx.Graph, ref: NodeRef) -> Any:
+    """The node of ``graph`` that ``ref`` names (looked up in a table kept on the graph, rebuilt
+    when it misses or is stale), or ``ref`` itself when the graph has no such node."""
+    table = graph.__dict__.get("_lucid_fx_nodes_by_name")
+    node = table.get(ref.name) if table is not None else None
+    if node is None or node.graph is not graph or node.name != ref.name or getattr(node, "_erased", False):
+        table = {n.name: n for n in graph.nodes}
+        graph.__dict__["_lucid_fx_nodes_by_name"] = table
+        node = table.get(ref.name)
+    return node if node is not None else ref
+
+
+@dataclass(frozen=True)
 class CanonicalCall:
-    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen."""
+    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen.
+
+    This is what ``node.meta[OP]`` stores: an argument that is another node is a :class:`NodeRef`
+    (a node given here is stored as one). Rules read it through :func:`canonical`, which gives the
+    arguments as the graph's nodes."""
+
+    op: str
+    args: Mapping[str, Union[NodeRef, Any]]
+    inplace: bool
+    spelling: str
+    module: Optional[str] = None  # qualified name, for call_module spellings
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", {k: _each(v, _as_ref) for k, v in self.args.items()})
+
+    def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
+        """The same call with every reference to ``old`` naming ``new`` (for graph rewrites)."""
+        old_ref, new_ref = NodeRef(old.name), NodeRef(new.name)
+        swap = lambda v: new_ref if v == old_ref else v  # noqa: E731
+        args = {k: _each(v, swap) for k, v in self.args.items()}
+        return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
+
+    def bind(self, graph: fx.Graph) -> "BoundCall":
+        """This call with each :class:`NodeRef` resolved to the node of ``graph`` it names."""
+        resolve = lambda v: _node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
+        args = {k: _each(v, resolve) for k, v in self.args.items()}
+        return BoundCall(self.op, args, self.inplace, self.spelling, self.module)
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """A :class:`CanonicalCall` read in its graph: arguments that are nodes are ``fx.Node`` s."""
 
     op: str
     args: Mapping[str, Any]
     inplace: bool
     spelling: str
-    module: Optional[str] = None  # qualified name, for call_module spellings
-
-    def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
-        """The same call with every reference to ``old`` pointing at ``new`` (for graph rewrites)."""
-        swap = lambda v: new if v is old else v  # noqa: E731
-        args = {k: (type(v)(swap(i) for i in v) if isinstance(v, (list, tuple)) else swap(v)) for k, v in self.args.items()}
-        return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
+    module: Optional[str] = None
 
     def tensor_inputs(self) -> List[fx.Node]:
         found: List[fx.Node] = []
@@ -120,6 +177,24 @@ class CanonicalCall:
                 if isinstance(item, fx.Node) and item not in found:
                     found.append(item)
         return found
+
+
+def canonical(node: fx.Node) -> Optional[BoundCall]:
+    """``node``'s canonical call (``node.meta[OP]``) with its node arguments as the nodes of
+    ``node``'s graph, or None when canonicalize_ops gave it none.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from lucid_fx import _meta
+    >>> graph = fx.Graph()
+    >>> x = graph.placeholder("x")
+    >>> y = graph.call_function(torch.sigmoid, (x,))
+    >>> y.meta[_meta.OP] = CanonicalCall("sigmoid", {"input": x}, False, "torch.sigmoid")
+    >>> y.meta[_meta.OP].args, canonical(y).args["input"] is x
+    ({'input': NodeRef(name='x')}, True)
+    """
+    call = node.meta.get(_OP_KEY)
+    return call.bind(node.graph) if call is not None else None
 
 
 def _attrs(**names: str) -> ModuleConsts:

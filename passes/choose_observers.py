@@ -16,6 +16,7 @@ from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
@@ -48,7 +49,7 @@ class RuleContext:
         self._mask_only: Optional[Set[fx.Node]] = None
 
     def op_name(self, node: fx.Node) -> str:
-        return node.meta[_meta.OP].op
+        return canonical(node).op
 
     def module_path(self, node: fx.Node) -> str:
         path = node.meta.get(_meta.MODULE_PATH, "")
@@ -122,7 +123,7 @@ class RuleContext:
         if node.op == "placeholder":
             return True  # no example inputs: assume a float tensor
         # Without shapes, a value computed only from non-tensors (x.shape[-1] ** 0.5) is not one.
-        sources = node.meta[_meta.OP].tensor_inputs() or [a for a in node.all_input_nodes]
+        sources = canonical(node).tensor_inputs() or [a for a in node.all_input_nodes]
         return any(self.is_float_tensor(source) for source in sources) if sources else True
 
 
@@ -138,7 +139,7 @@ def _decide(node: fx.Node, ctx: RuleContext) -> Decision:
 
 
 def _activation_inputs(node: fx.Node):
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     mask = mask_input(node)  # read in float, exactly: never quantized
     for name, value in call.args.items():
         if name in _WEIGHT_ARGS:

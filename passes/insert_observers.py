@@ -20,7 +20,7 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQu
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
-from lucid_fx.ops import Tag, ops_tagged
+from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
 
 __all__ = ["insert_observers", "OBSERVERS", "WEIGHT_OBSERVERS"]
@@ -83,7 +83,7 @@ def _narrow_to(fake_quant: nn.Module, weight_range: Optional[Tuple[int, int]]) -
 
 
 def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: Optional[Tuple[int, int]]) -> None:
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
@@ -127,10 +127,10 @@ def insert_observers(
             observers[key] = observer
             _insert_call(gm, node, key)
         elif decision.kind is DecisionKind.SHARED:
-            source = next((n for n in node.meta[_meta.OP].tensor_inputs() if _observer_of(n)), None)
+            source = next((n for n in canonical(node).tensor_inputs() if _observer_of(n)), None)
             if source is not None:
                 _insert_call(gm, node, _observer_of(source))
-        if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and node.meta[_meta.OP].op in _WEIGHTED:
+        if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and canonical(node).op in _WEIGHTED:
             _observe_weight(gm, node, qat, weight_range)
     gm.graph.lint()
     gm.recompile()

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.passes.insert_observers import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.passes.lowering_context import _tag_type, quantize_weight
@@ -65,7 +66,7 @@ def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool
     if kernels is None or decision.kind is DecisionKind.SHARED:
         return False
     members = _group(node, list(node.graph.nodes))
-    return tuple(m.meta[_meta.OP].op for m in members if _meta.OP in m.meta) not in kernels
+    return tuple(canonical(m).op for m in members if _meta.OP in m.meta) not in kernels
 
 
 def insert_qdq(

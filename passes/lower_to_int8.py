@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.placement import Placement, Runs
 from lucid_fx.passes.lowering_context import (
     ConvertReport,
@@ -78,7 +79,7 @@ def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolv
     """Whether every int8 input of a lowered group is laid out as in the float model: kernels keep
     their input's layout (an elementwise table on channels-last codes gives channels-last codes)."""
     for member in members:
-        for source in member.meta[_meta.OP].tensor_inputs():
+        for source in canonical(member).tensor_inputs():
             q = ctx._quant.get(resolve(source))
             if q is not None and resolve(source) not in members and q.float_layout is False:
                 return False
@@ -103,7 +104,7 @@ def _names(members: List[fx.Node]) -> Tuple[str, ...]:
 
 
 def _key(members: List[fx.Node], kind: DecisionKind) -> Tuple[str, ...]:
-    return ("shared",) if kind is DecisionKind.SHARED else tuple(m.meta[_meta.OP].op for m in members)
+    return ("shared",) if kind is DecisionKind.SHARED else tuple(canonical(m).op for m in members)
 
 
 def _stays_float(kind: DecisionKind, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.passes.insert_observers import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float
 from lucid_fx.passes.lowering_context import _is_observer_call
@@ -36,7 +37,7 @@ def _folds(members: List[fx.Node], i: int) -> bool:
     or linear module before it (conv2d+batch_norm+relu is looked up as conv2d+relu)."""
     node = members[i]
     before = members[i - 1] if i > 0 else None
-    is_bn = node.op == "call_module" and node.meta[_meta.OP].op == "batch_norm"
+    is_bn = node.op == "call_module" and canonical(node).op == "batch_norm"
     return is_bn and before is not None and before.op == "call_module" and len(before.users) == 1
 
 
@@ -46,7 +47,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.SHARED
     if rule is rules.lower_elementwise:
         return Runs.TABLE
-    node, call = members[0], members[0].meta[_meta.OP]
+    node, call = members[0], canonical(members[0])
     binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
         return Runs.KERNEL
@@ -72,7 +73,7 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
 def _inputs_have_codes(node: fx.Node) -> bool:
     """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes
     (an attention mask is read in float: rules/masks.py)."""
-    for source in node.meta[_meta.OP].tensor_inputs():
+    for source in canonical(node).tensor_inputs():
         source = source.args[0] if _is_observer_call(source) else source
         if source is mask_input(node):
             continue

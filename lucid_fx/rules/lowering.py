@@ -18,7 +18,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.kernels import make_lut
 from lucid_fx.passes.lowering_context import LoweringContext, QValue
-from lucid_fx.ops import Tag, ops_tagged
+from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.quantization.observers import FixedQParamsObserver
@@ -42,7 +42,7 @@ def _input(call, resolve) -> Any:
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    return "relu" if members[-1].meta[_meta.OP].op == "relu" else "none"
+    return "relu" if canonical(members[-1]).op == "relu" else "none"
 
 
 def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
@@ -52,7 +52,7 @@ def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
 
 
 def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(members[0])
     if x is None or weight is None or ctx.qparams_of(members[-1]) is None:
         return None
@@ -82,7 +82,7 @@ def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
     the op's own observer is not used. None for anything else."""
     if len(members) != 1:
         return None
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
     if call.op == "mul" and not isinstance(a, fx.Node):
         a, b = b, a
@@ -105,7 +105,7 @@ def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled g
 
 def _binary(kernel):
     def lower(ctx, members, resolve):  # a (op) b (+relu) on two int8 tensors
-        call = members[0].meta[_meta.OP]
+        call = canonical(members[0])
         a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
         if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
             if len(members) != 1:
@@ -129,7 +129,7 @@ def _binary(kernel):
 
 def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table
     node = members[0]
-    tensors = [resolve(n) for n in node.meta[_meta.OP].tensor_inputs()]
+    tensors = [resolve(n) for n in canonical(node).tensor_inputs()]
     if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
         return None
     x = _qin(ctx, tensors[0])
@@ -177,7 +177,7 @@ def _evaluate_on(ctx, node: fx.Node, source: fx.Node, values: torch.Tensor, reso
 def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
     """The float-tensor inputs of ``node`` (not the ints of ``x.shape`` that reshape reads)."""
     found = []
-    for n in node.meta[_meta.OP].tensor_inputs():
+    for n in canonical(node).tensor_inputs():
         decision = resolve(n).meta.get(_meta.DECISION)
         if decision is None or decision.kind is not DecisionKind.NONE or resolve(n).op == "placeholder":
             found.append(resolve(n))
@@ -192,11 +192,11 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
     x = _qin(ctx, tensors[0])
     if x is None:
         return None
-    if node.meta[_meta.OP].op in ("max_pool1d", "max_pool2d"):
+    if canonical(node).op in ("max_pool1d", "max_pool2d"):
         pooled = _max_pool(ctx, node, x)
-        if pooled is not None or node.meta[_meta.OP].op == "max_pool1d":
+        if pooled is not None or canonical(node).op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = node.meta[_meta.OP].op in ("dropout", "identity")
+    keeps_layout = canonical(node).op in ("dropout", "identity")
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
     new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
@@ -212,7 +212,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
         if getattr(m, "return_indices", False):
             return None
     else:
-        args = node.meta[_meta.OP].args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
+        args = canonical(node).args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
         defaults = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
         geometry = tuple(args.get(k, d) for k, d in defaults)
         if args.get("return_indices") or len(node.args) > 4:
@@ -220,7 +220,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
     if any(isinstance(v, fx.Node) for v in geometry):
         return None
     kernel, stride, padding, dilation, ceil_mode = geometry
-    if node.meta[_meta.OP].op == "max_pool1d":
+    if canonical(node).op == "max_pool1d":
         one = lambda v, pad: [pad, v if isinstance(v, int) else v[0]]  # noqa: E731
         codes = ctx.graph.call_method("unsqueeze", (x.node, -2))
         stride = one(stride, 1) if stride else []
@@ -232,7 +232,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
 
 
 def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     a, b = _qin(ctx, resolve(call.args.get("input"))), _qin(ctx, resolve(call.args.get("other")))
     if a is None or b is None or ctx.qparams_of(members[-1]) is None:
         return None
@@ -242,7 +242,7 @@ def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_f
 
 
 def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     x = _qin(ctx, _input(call, resolve))
     dim = call.args.get("dim")
     if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
@@ -256,7 +256,7 @@ def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
 
 
 def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     tensors = call.args.get("tensors")
     dim = call.args.get("dim", 0)
     if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
@@ -271,7 +271,7 @@ def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
 
 def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> lucid_fx.adaptive_avg_pool2d
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     x = _qin(ctx, _input(call, resolve))
     size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
     if x is None or ctx.qparams_of(node) is None or size is None:
@@ -285,7 +285,7 @@ def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> 
 
 def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     x = _qin(ctx, _input(call, resolve))
     dim = call.args.get("dim")
     if x is None or ctx.qparams_of(node) is None or dim is None:

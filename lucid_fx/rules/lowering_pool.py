@@ -14,6 +14,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.passes.lowering_context import QValue
 
 __all__ = ["lower_avg_pool", "lower_adaptive_avg_pool1d", "lower_stack"]
@@ -42,7 +43,7 @@ def _avg_geometry(ctx, node: fx.Node, dims: int) -> Optional[Tuple[List[int], Li
         values = (m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad)
         divisor = getattr(m, "divisor_override", None)
     else:
-        args = node.meta[_meta.OP].args
+        args = canonical(node).args
         values = tuple(args.get(k, d) for k, d in _AVG_DEFAULTS)
         divisor = args.get("divisor_override")
     kernel, stride, padding, ceil_mode, include_pad = values
@@ -57,7 +58,7 @@ def _avg_geometry(ctx, node: fx.Node, dims: int) -> Optional[Tuple[List[int], Li
 
 def lower_avg_pool(ctx, members, resolve):  # avg_pool1d/2d -> lucid_fx.avg_pool2d on the codes, requantized
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     one_d = call.op == "avg_pool1d"
     x = _qin(ctx, resolve(call.args.get("input")))
     geometry = _avg_geometry(ctx, node, 1 if one_d else 2)
@@ -77,7 +78,7 @@ def lower_avg_pool(ctx, members, resolve):  # avg_pool1d/2d -> lucid_fx.avg_pool
 
 def lower_adaptive_avg_pool1d(ctx, members, resolve):  # adaptive_avg_pool1d -> lucid_fx.adaptive_avg_pool2d, 1 high
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     x = _qin(ctx, resolve(call.args.get("input")))
     size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
     size = _ints(size, 1)
@@ -91,7 +92,7 @@ def lower_adaptive_avg_pool1d(ctx, members, resolve):  # adaptive_avg_pool1d -> 
 
 def lower_stack(ctx, members, resolve):  # stack(xs, dim) -> lucid_fx.cat of each x's codes unsqueezed at dim
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     tensors, dim = call.args.get("tensors"), call.args.get("dim", 0)
     if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(node) is None:
         return None

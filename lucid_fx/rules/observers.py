@@ -13,7 +13,7 @@ from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
-from lucid_fx.ops import Tag, ops_tagged
+from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
@@ -130,7 +130,7 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
 
 
 def _shared(node, ctx) -> Optional[Decision]:
-    if not any(ctx.is_float_tensor(source) for source in node.meta[_OP].tensor_inputs()):
+    if not any(ctx.is_float_tensor(source) for source in canonical(node).tensor_inputs()):
         return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
     return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 
@@ -153,9 +153,9 @@ def _folded_group_end(node, ctx) -> Optional[Decision]:
     linear whose output is known not to be 2-D cannot fold (the norm is over dim 1), so declines."""
     if ctx.fused_into(node) != node.name:
         return None
-    layer = node.meta[_OP].args.get("input")
+    layer = canonical(node).args.get("input")
     shape = getattr(getattr(layer, "meta", {}).get(_TENSOR_META), "shape", None)
-    if layer is not None and layer.meta[_OP].op == "linear" and shape is not None and len(shape) != 2:
+    if layer is not None and canonical(layer).op == "linear" and shape is not None and len(shape) != 2:
         return None
     return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None  # the key once folded
 
