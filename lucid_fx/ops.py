@@ -7,14 +7,12 @@ the methods ``x.<name>()``/``x.<name>_()`` are *derived* from it (whichever exis
 written once, not four times. Irregular spellings (``F.relu6`` is ``clamp(0, 6)``, ``nn.Hardtanh``
 keeps its bounds in attributes) are listed explicitly.
 
-Op groups are :class:`Tag` s on the ``OpDef``; the sets the rules use (the ops a 256-entry table
-computes, the ops that run on codes as they are, the weighted ops, ...) are derived from them with
-:func:`ops_tagged`, so an op joins a group in one place.
+Op groups are :class:`Tag` s on the ``OpDef``; the sets the rules use derive from them
+(:func:`ops_tagged`), so an op joins a group in one place.
 """
 
 from __future__ import annotations
 
-import enum
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple, Union
@@ -23,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from lucid_fx._meta import OP as _OP_KEY
 from lucid_fx._where import caller_location
+from lucid_fx.node_refs import BoundCall, NodeRef, as_ref, canonical, each, node_named
+from lucid_fx.op_tags import Tag
 
 __all__ = [
     "OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "ops_tagged",
@@ -32,22 +31,6 @@ __all__ = [
 ]
 
 ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
-
-
-class Tag(enum.Enum):
-    """An op group: what the rules need to know about an op, said once on its :class:`OpDef`."""
-
-    BOUNDED = "bounded"  # output in a fixed interval whatever the input (rules/ranges.py proves it)
-    ELEMENTWISE = "elementwise"  # one element out per element in, given its constants: a 256-entry table on int8
-    MOVES_CODES = "moves codes"  # moves or selects values without changing them: runs on the codes as they are
-    VIEW = "view"  # the result may be a view of the input, or the input (passes/functionalize_inplace.py)
-    WEIGHTED = "weighted"  # multiplies by a weight: per-channel int8 weights, a batch norm after it folds in
-    CONV = "conv"  # a convolution (fusion patterns)
-    PRODUCT = "product"  # products of activations and weights or of two activations (rules/masks.py)
-    POOLING = "pooling"  # a window over the spatial dims
-    AVERAGE = "average"  # a mean of input values: stays inside the input's range
-    NORMALIZATION = "normalization"  # statistics of the values themselves, computed or running
-    ATTENTION = "attention"  # reads a mask input, in float (rules/masks.py)
 
 
 @dataclass(frozen=True)
@@ -99,43 +82,11 @@ class Spelling:
 
 
 @dataclass(frozen=True)
-class NodeRef:
-    """Another node of the same graph, by name: ``node.meta`` holds no ``fx.Node``, so a deep copy
-    of a graph (or a saved and loaded one) needs no rebinding; node names are unique in a graph."""
-
-    name: str
-
-
-def _each(value: Any, fn: Callable[[Any], Any]) -> Any:
-    """``fn`` of ``value``, or of each item of a list or tuple ``value`` (one level, as node args nest)."""
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(fn(v) for v in value)
-    return fn(value)
-
-
-def _as_ref(value: Any) -> Any:
-    return NodeRef(value.name) if isinstance(value, fx.Node) else value
-
-
-def _node_named(graph: fx.Graph, ref: NodeRef) -> Any:
-    """The node of ``graph`` that ``ref`` names (looked up in a table kept on the graph, rebuilt
-    when it misses or is stale), or ``ref`` itself when the graph has no such node."""
-    table = graph.__dict__.get("_lucid_fx_nodes_by_name")
-    node = table.get(ref.name) if table is not None else None
-    if node is None or node.graph is not graph or node.name != ref.name or getattr(node, "_erased", False):
-        table = {n.name: n for n in graph.nodes}
-        graph.__dict__["_lucid_fx_nodes_by_name"] = table
-        node = table.get(ref.name)
-    return node if node is not None else ref
-
-
-@dataclass(frozen=True)
 class CanonicalCall:
     """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen.
 
-    This is what ``node.meta[OP]`` stores: an argument that is another node is a :class:`NodeRef`
-    (a node given here is stored as one). Rules read it through :func:`canonical`, which gives the
-    arguments as the graph's nodes."""
+    ``node.meta[OP]`` stores it with each argument that is a node as a :class:`NodeRef` (a node
+    given here is stored as one); rules read it through :func:`canonical` (lucid_fx/node_refs.py)."""
 
     op: str
     args: Mapping[str, Union[NodeRef, Any]]
@@ -144,57 +95,21 @@ class CanonicalCall:
     module: Optional[str] = None  # qualified name, for call_module spellings
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "args", {k: _each(v, _as_ref) for k, v in self.args.items()})
+        if isinstance(self.args, Mapping):  # anything else: load's type check names it
+            object.__setattr__(self, "args", {k: each(v, as_ref) for k, v in self.args.items()})
 
     def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
         """The same call with every reference to ``old`` naming ``new`` (for graph rewrites)."""
         old_ref, new_ref = NodeRef(old.name), NodeRef(new.name)
         swap = lambda v: new_ref if v == old_ref else v  # noqa: E731
-        args = {k: _each(v, swap) for k, v in self.args.items()}
+        args = {k: each(v, swap) for k, v in self.args.items()}
         return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
 
     def bind(self, graph: fx.Graph) -> "BoundCall":
         """This call with each :class:`NodeRef` resolved to the node of ``graph`` it names."""
-        resolve = lambda v: _node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
-        args = {k: _each(v, resolve) for k, v in self.args.items()}
+        resolve = lambda v: node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
+        args = {k: each(v, resolve) for k, v in self.args.items()}
         return BoundCall(self.op, args, self.inplace, self.spelling, self.module)
-
-
-@dataclass(frozen=True)
-class BoundCall:
-    """A :class:`CanonicalCall` read in its graph: arguments that are nodes are ``fx.Node`` s."""
-
-    op: str
-    args: Mapping[str, Any]
-    inplace: bool
-    spelling: str
-    module: Optional[str] = None
-
-    def tensor_inputs(self) -> List[fx.Node]:
-        found: List[fx.Node] = []
-        for value in self.args.values():
-            for item in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(item, fx.Node) and item not in found:
-                    found.append(item)
-        return found
-
-
-def canonical(node: fx.Node) -> Optional[BoundCall]:
-    """``node``'s canonical call (``node.meta[OP]``) with its node arguments as the nodes of
-    ``node``'s graph, or None when canonicalize_ops gave it none.
-
-    >>> import torch
-    >>> from torch import fx
-    >>> from lucid_fx import _meta
-    >>> graph = fx.Graph()
-    >>> x = graph.placeholder("x")
-    >>> y = graph.call_function(torch.sigmoid, (x,))
-    >>> y.meta[_meta.OP] = CanonicalCall("sigmoid", {"input": x}, False, "torch.sigmoid")
-    >>> y.meta[_meta.OP].args, canonical(y).args["input"] is x
-    ({'input': NodeRef(name='x')}, True)
-    """
-    call = node.meta.get(_OP_KEY)
-    return call.bind(node.graph) if call is not None else None
 
 
 def _attrs(**names: str) -> ModuleConsts:
@@ -251,10 +166,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
     # attention: the mask arguments are named so rules can find them (lucid_fx/rules/masks.py)
     OpDef("masked_fill", ("input", "mask", "value"), tags=frozenset({Tag.ATTENTION})),
-    OpDef(
-        "scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
-        tags=frozenset({Tag.ATTENTION}),
-    ),
+    OpDef("scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), tags=frozenset({Tag.ATTENTION})),
     # layers
     OpDef("linear", ("input", "weight", "bias"), modules={nn.Linear: _none}, tags=frozenset({Tag.WEIGHTED, Tag.PRODUCT})),
     OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}, tags=_CONV_TAGS),
