@@ -39,7 +39,7 @@ def _meta_types() -> Dict[str, Any]:
     from lucid_fx.rules.observers import Decision
 
     return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
-        _meta.OP: CanonicalCall,
+        _meta.OP: CanonicalCall,  # its arguments name other nodes by NodeRef (a field annotation: load checks it)
         _meta.INTERVAL: Tuple[float, float],  # (lo, hi)
         _meta.INTERVAL_RULE: str,
         _meta.FUSION: str,
@@ -166,15 +166,27 @@ def check_meta(key: str, value: Any, where: str, allowed: Callable[[Any], bool])
         raise ValueError(f"{where}: {problem}")
 
 
+def _node_refs(call: Any) -> list:
+    from lucid_fx.ops import NodeRef
+
+    values = getattr(call, "args", {}).values()
+    return [v for value in values for v in (value if isinstance(value, (list, tuple)) else (value,)) if isinstance(v, NodeRef)]
+
+
 def check_prepared_meta(gm: fx.GraphModule, owner: str) -> None:
     """What convert reads in a prepared graph (one with observers) is there and points where it should."""
     names = {n.name: n for n in gm.graph.nodes}
     observers, weight_observers = (getattr(gm, OBSERVERS, {}), getattr(gm, WEIGHT_OBSERVERS, {}))
+    before: set = set()
     for node in gm.graph.nodes:
         where, meta = f"node {node.name!r} ({node.op}) in {owner}: meta", node.meta
         observer_call = node.op == "call_module" and node.target.startswith(OBSERVERS + ".")
         if not observer_call and _meta.OP not in meta:  # canonicalize_ops gives every other node its op
             raise ValueError(f"{where} lacks {_meta.OP!r}")
+        unknown = [r.name for r in _node_refs(meta.get(_meta.OP)) if r.name not in before]
+        if unknown:  # the op's arguments name nodes the graph computes before this one
+            raise ValueError(f"{where} {_meta.OP!r} names node {unknown[0]!r:.80}, which does not come before it in the graph")
+        before.add(node.name)
         if (_meta.FUSION in meta) != (_meta.FUSED_INTO in meta):  # a fused group's members carry both
             raise ValueError(f"{where} has only one of {_meta.FUSION!r} and {_meta.FUSED_INTO!r}")
         end = names.get(meta[_meta.FUSED_INTO]) if _meta.FUSED_INTO in meta else None

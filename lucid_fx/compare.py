@@ -20,8 +20,10 @@ from torch.utils._pytree import tree_flatten
 
 from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
+from lucid_fx.ops import canonical
 from lucid_fx.passes.trace_model import TraceOptions, trace_model
 from lucid_fx.placement import INT8_RUNS, Placement, placements
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["compare", "Comparison", "NodeError"]
 
@@ -154,7 +156,7 @@ def _source_ops(gm: fx.GraphModule) -> Dict[str, str]:
     """The canonical op of each float node, from any converted node that carries it."""
     ops: Dict[str, str] = {}
     for node in gm.graph.nodes:
-        call, source = node.meta.get(_meta.OP), node.meta.get(_meta.SOURCE, node.name)
+        call, source = canonical(node), node.meta.get(_meta.SOURCE, node.name)
         if call is not None:  # a reference graph keeps the float nodes' names
             ops.setdefault(source, call.op)
     return ops
@@ -164,7 +166,7 @@ def _domain(node: fx.Node, grid: Optional[Tuple[float, int]], placement: Optiona
     if grid is None or (placement is not None and placement.runs not in INT8_RUNS):
         return "float"
     decision = node.meta.get(_meta.DECISION)
-    fixed = (decision is not None and decision.kind == "fixed") or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
+    fixed = (decision is not None and decision.kind is DecisionKind.FIXED) or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"
     return "fixed" if fixed else "int8"
 
 

@@ -1,7 +1,8 @@
 """convert / quantize: calibrated graphs become int8 kernels (or their simulated reference), through
 the convert pipeline (lucid_fx.pipeline.CONVERT_PASSES) on each graph.
 
-    rebind_node_refs -> fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> record_activation_qparams
+    fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> record_activation_qparams
+    -> install_programs
 """
 
 from __future__ import annotations

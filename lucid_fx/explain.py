@@ -9,7 +9,9 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS
+from lucid_fx.ops import canonical
 from lucid_fx.placement import placements
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["explain", "Explanation"]
 
@@ -45,7 +47,7 @@ class Explanation:
 
 
 def _qparams_text(observer, decision) -> str:
-    if decision.kind == "fixed":
+    if decision.kind is DecisionKind.FIXED:
         scale, zp = observer.calculate_qparams() if hasattr(observer, "calculate_qparams") else (None, None)
         lo, hi = decision.interval
         return f"[{lo:g}, {hi:g}] scale={float(scale):.6g} zp={int(zp)}"
@@ -83,13 +85,13 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
         observers = getattr(gm, OBSERVERS)
         for node in gm.graph.nodes:
             decision = node.meta.get(_meta.DECISION)
-            call = node.meta.get(_meta.OP)
+            call = canonical(node)
             if decision is None or call is None or node.op == "output":
                 continue
             key = node.meta.get(_meta.OBSERVER)
             observer = observers[key] if key is not None and key in observers else None
             rule = decision.rule
-            if decision.kind == "fixed" and node.meta.get(_meta.INTERVAL_RULE):
+            if decision.kind is DecisionKind.FIXED and node.meta.get(_meta.INTERVAL_RULE):
                 rule = f"{rule} via {node.meta[_meta.INTERVAL_RULE]}"
             name = f"{prefix}.{node.name}" if prefix else node.name
             where = placed.get(name)
@@ -98,7 +100,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
                     "node": name,
                     "op": call.op,
                     "spelling": call.spelling,
-                    "kind": decision.kind,
+                    "kind": decision.kind.value,
                     "observer": type(observer).__name__ if observer is not None else "-",
                     "qparams": _qparams_text(observer, decision) if observer is not None else "",
                     "runs": where.runs.value if where is not None else "",

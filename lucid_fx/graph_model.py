@@ -18,7 +18,9 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.ops import canonical
 from lucid_fx.placement import INT8_RUNS, Placement, placements
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["to_networkx", "DOMAINS"]
 
@@ -56,7 +58,7 @@ def _target_text(node: fx.Node) -> str:
 def _op_name(node: fx.Node) -> str:
     if node.op == "placeholder":
         return "input"
-    call = node.meta.get(_meta.OP)
+    call = canonical(node)
     if call is not None and getattr(call, "op", None):
         return call.op
     if node.op in ("output", "get_attr"):
@@ -114,7 +116,7 @@ def _observer_attrs(observer: nn.Module, decision: Any) -> Dict[str, Any]:
     qdtype = getattr(observer, "qdtype", None)
     if qdtype is not None:
         attrs["qdtype"] = qdtype.name
-    fixed = decision is not None and decision.kind == "fixed"
+    fixed = decision is not None and decision.kind is DecisionKind.FIXED
     if fixed or getattr(observer, "has_data", False):
         scale, zero_point = observer.calculate_qparams()
         if scale.numel() == 1:
@@ -135,12 +137,12 @@ def _domain(node: fx.Node, attrs: Dict[str, Any], placement: Optional[Placement]
     if attrs["op"] in _BOUNDARY:
         return "boundary"
     decision = node.meta.get(_meta.DECISION)
-    fixed = (decision is not None and decision.kind == "fixed") or attrs.get("observer") == "FixedQParamsObserver"
+    fixed = (decision is not None and decision.kind is DecisionKind.FIXED) or attrs.get("observer") == "FixedQParamsObserver"
     if placement is not None:  # prepared or converted: where the node runs (lucid_fx.placement)
         return ("fixed" if fixed else "int8") if placement.runs in INT8_RUNS else "float"
     if _meta.QPARAMS in node.meta:  # a reference graph's quantize pair: integer codes
         return "fixed" if fixed else "int8"
-    return "int8" if decision is not None and decision.kind == "fused" else "float"
+    return "int8" if decision is not None and decision.kind is DecisionKind.FUSED else "float"
 
 
 def _node_attrs(node: fx.Node, name: str, fake, observers, weight_observers, placement) -> Dict[str, Any]:
@@ -151,7 +153,7 @@ def _node_attrs(node: fx.Node, name: str, fake, observers, weight_observers, pla
             attrs[attr] = str(node.meta[key])
     decision = node.meta.get(_meta.DECISION)
     if decision is not None:
-        attrs["decision"], attrs["rule"], attrs["reason"] = decision.kind, decision.rule, decision.reason
+        attrs["decision"], attrs["rule"], attrs["reason"] = decision.kind.value, decision.rule, decision.reason
     interval = node.meta.get(_meta.INTERVAL)
     if interval is not None:
         lo, hi = interval

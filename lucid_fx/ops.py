@@ -6,23 +6,28 @@ The table is data. An :class:`OpDef` names the canonical op and its parameters; 
 the methods ``x.<name>()``/``x.<name>_()`` are *derived* from it (whichever exist), so sigmoid is
 written once, not four times. Irregular spellings (``F.relu6`` is ``clamp(0, 6)``, ``nn.Hardtanh``
 keeps its bounds in attributes) are listed explicitly.
+
+Op groups are :class:`Tag` s on the ``OpDef``; the sets the rules use derive from them
+(:func:`ops_tagged`), so an op joins a group in one place.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
 from lucid_fx._where import caller_location
+from lucid_fx.node_refs import BoundCall, NodeRef, as_ref, canonical, each, node_named
+from lucid_fx.op_tags import Tag
 
 __all__ = [
-    "OpDef", "Spelling", "CanonicalCall", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "VIEW_OPS", "VIEW_SPELLINGS",
-    "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS",
+    "OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "ops_tagged",
+    "VIEW_OPS", "VIEW_SPELLINGS", "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS",
 ]
 
 ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
@@ -30,13 +35,14 @@ ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
 
 @dataclass(frozen=True)
 class OpDef:
-    """One canonical op: its name, parameter order, and where its spellings come from."""
+    """One canonical op: its name, parameter order, where its spellings come from, and its groups."""
 
     name: str
     params: Tuple[str, ...] = ("input",)
     aliases: Tuple[str, ...] = ()
     modules: Mapping[type, ModuleConsts] = field(default_factory=dict)
     derive: bool = True
+    tags: FrozenSet[Tag] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -77,27 +83,33 @@ class Spelling:
 
 @dataclass(frozen=True)
 class CanonicalCall:
-    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen."""
+    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen.
+
+    ``node.meta[OP]`` stores it with each argument that is a node as a :class:`NodeRef` (a node
+    given here is stored as one); rules read it through :func:`canonical` (lucid_fx/node_refs.py)."""
 
     op: str
-    args: Mapping[str, Any]
+    args: Mapping[str, Union[NodeRef, Any]]
     inplace: bool
     spelling: str
     module: Optional[str] = None  # qualified name, for call_module spellings
 
+    def __post_init__(self) -> None:
+        if isinstance(self.args, Mapping):  # anything else: load's type check names it
+            object.__setattr__(self, "args", {k: each(v, as_ref) for k, v in self.args.items()})
+
     def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
-        """The same call with every reference to ``old`` pointing at ``new`` (for graph rewrites)."""
-        swap = lambda v: new if v is old else v  # noqa: E731
-        args = {k: (type(v)(swap(i) for i in v) if isinstance(v, (list, tuple)) else swap(v)) for k, v in self.args.items()}
+        """The same call with every reference to ``old`` naming ``new`` (for graph rewrites)."""
+        old_ref, new_ref = NodeRef(old.name), NodeRef(new.name)
+        swap = lambda v: new_ref if v == old_ref else v  # noqa: E731
+        args = {k: each(v, swap) for k, v in self.args.items()}
         return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
 
-    def tensor_inputs(self) -> List[fx.Node]:
-        found: List[fx.Node] = []
-        for value in self.args.values():
-            for item in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(item, fx.Node) and item not in found:
-                    found.append(item)
-        return found
+    def bind(self, graph: fx.Graph) -> "BoundCall":
+        """This call with each :class:`NodeRef` resolved to the node of ``graph`` it names."""
+        resolve = lambda v: node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
+        args = {k: each(v, resolve) for k, v in self.args.items()}
+        return BoundCall(self.op, args, self.inplace, self.spelling, self.module)
 
 
 def _attrs(**names: str) -> ModuleConsts:
@@ -111,77 +123,95 @@ def _none(m: nn.Module) -> Dict[str, Any]:
 
 _CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _POOL = ("input", "kernel_size", "stride", "padding")
+_AVG_POOL = _POOL + ("ceil_mode", "count_include_pad", "divisor_override")
+
+# Tag sets, named by what they say about an op.
+_TABLE = frozenset({Tag.ELEMENTWISE})
+_BOUNDED_TABLE = frozenset({Tag.BOUNDED, Tag.ELEMENTWISE})
+_MOVES_VIEW = frozenset({Tag.MOVES_CODES, Tag.VIEW})
+_CONV_TAGS = frozenset({Tag.WEIGHTED, Tag.CONV, Tag.PRODUCT})
+_AVG_POOL_TAGS = frozenset({Tag.POOLING, Tag.AVERAGE})
 
 # The canonical ops. Parameter tuples follow torch's own positional order.
 OP_DEFS: List[OpDef] = [
     # bounded activations
-    OpDef("sigmoid", aliases=("expit",), modules={nn.Sigmoid: _none}),
-    OpDef("tanh", modules={nn.Tanh: _none}),
-    OpDef("hardsigmoid", ("input", "inplace"), modules={nn.Hardsigmoid: _none}),
-    OpDef("softmax", ("input", "dim", "dtype"), modules={nn.Softmax: _attrs(dim="dim")}),
-    OpDef("softsign", modules={nn.Softsign: _none}),
-    OpDef("sin"),
-    OpDef("cos"),
-    OpDef("clamp", ("input", "min", "max"), aliases=("clip",)),
+    OpDef("sigmoid", aliases=("expit",), modules={nn.Sigmoid: _none}, tags=_BOUNDED_TABLE),
+    OpDef("tanh", modules={nn.Tanh: _none}, tags=_BOUNDED_TABLE),
+    OpDef("hardsigmoid", ("input", "inplace"), modules={nn.Hardsigmoid: _none}, tags=_BOUNDED_TABLE),
+    OpDef("softmax", ("input", "dim", "dtype"), modules={nn.Softmax: _attrs(dim="dim")}, tags=frozenset({Tag.BOUNDED})),
+    OpDef("softsign", modules={nn.Softsign: _none}, tags=_BOUNDED_TABLE),
+    OpDef("sin", tags=_BOUNDED_TABLE),
+    OpDef("cos", tags=_BOUNDED_TABLE),
+    OpDef("clamp", ("input", "min", "max"), aliases=("clip",), tags=_BOUNDED_TABLE),  # bounded when both bounds are numbers
     # other activations
-    OpDef("relu", ("input", "inplace"), modules={nn.ReLU: _none}),
-    OpDef("gelu", ("input", "approximate"), modules={nn.GELU: _attrs(approximate="approximate")}),
-    OpDef("silu", ("input", "inplace"), modules={nn.SiLU: _none}),
-    OpDef("hardswish", ("input", "inplace"), modules={nn.Hardswish: _none}),
-    OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}),
-    OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}),
-    OpDef("exp"),
-    OpDef("abs"),
-    OpDef("neg", aliases=("negative",)),
+    OpDef("relu", ("input", "inplace"), modules={nn.ReLU: _none}, tags=_TABLE),
+    OpDef("gelu", ("input", "approximate"), modules={nn.GELU: _attrs(approximate="approximate")}, tags=_TABLE),
+    OpDef("silu", ("input", "inplace"), modules={nn.SiLU: _none}, tags=_TABLE),
+    OpDef("hardswish", ("input", "inplace"), modules={nn.Hardswish: _none}, tags=_TABLE),
+    OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}, tags=_TABLE),
+    OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}, tags=_TABLE),
+    OpDef("exp", tags=_TABLE),
+    OpDef("abs", tags=_TABLE),
+    OpDef("neg", aliases=("negative",), tags=_TABLE),
     OpDef("log_softmax", ("input", "dim", "dtype"), modules={nn.LogSoftmax: _attrs(dim="dim")}),
-    # arithmetic
-    OpDef("add", ("input", "other", "alpha")),
-    OpDef("sub", ("input", "other", "alpha"), aliases=("subtract",)),
-    OpDef("rsub", ("input", "other", "alpha")),
-    OpDef("mul", ("input", "other"), aliases=("multiply",)),
-    OpDef("div", ("input", "other", "rounding_mode"), aliases=("divide", "true_divide")),
-    OpDef("minimum", ("input", "other")),
-    OpDef("maximum", ("input", "other")),
-    OpDef("matmul", ("input", "other"), aliases=("bmm", "mm")),
-    OpDef("mean", ("input", "dim", "keepdim")),
+    # arithmetic: elementwise in one tensor when the other operand is a number (x + 1, 2 * x)
+    OpDef("add", ("input", "other", "alpha"), tags=_TABLE),
+    OpDef("sub", ("input", "other", "alpha"), aliases=("subtract",), tags=_TABLE),
+    OpDef("rsub", ("input", "other", "alpha"), tags=_TABLE),
+    OpDef("mul", ("input", "other"), aliases=("multiply",), tags=_TABLE),
+    OpDef("div", ("input", "other", "rounding_mode"), aliases=("divide", "true_divide"), tags=_TABLE),
+    OpDef("minimum", ("input", "other"), tags=_TABLE),
+    OpDef("maximum", ("input", "other"), tags=_TABLE),
+    OpDef("matmul", ("input", "other"), aliases=("bmm", "mm"), tags=frozenset({Tag.PRODUCT})),
+    OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
     # attention: the mask arguments are named so rules can find them (lucid_fx/rules/masks.py)
-    OpDef("masked_fill", ("input", "mask", "value")),
-    OpDef("scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")),
+    OpDef("masked_fill", ("input", "mask", "value"), tags=frozenset({Tag.ATTENTION})),
+    OpDef("scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), tags=frozenset({Tag.ATTENTION})),
     # layers
-    OpDef("linear", ("input", "weight", "bias"), modules={nn.Linear: _none}),
-    OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}),
-    OpDef("conv2d", _CONV, modules={nn.Conv2d: _none}),
-    OpDef("conv3d", _CONV, modules={nn.Conv3d: _none}),
+    OpDef("linear", ("input", "weight", "bias"), modules={nn.Linear: _none}, tags=frozenset({Tag.WEIGHTED, Tag.PRODUCT})),
+    OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}, tags=_CONV_TAGS),
+    OpDef("conv2d", _CONV, modules={nn.Conv2d: _none}, tags=_CONV_TAGS),
+    OpDef("conv3d", _CONV, modules={nn.Conv3d: _none}, tags=_CONV_TAGS),
     OpDef(
         "batch_norm",
         ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
         modules={nn.BatchNorm1d: _none, nn.BatchNorm2d: _none, nn.BatchNorm3d: _none},
+        tags=frozenset({Tag.NORMALIZATION}),
     ),
-    OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}),
+    OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=frozenset({Tag.NORMALIZATION})),
     OpDef("embedding", ("input", "weight"), modules={nn.Embedding: _none}),
-    OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}),
-    OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}),
-    OpDef("avg_pool1d", _POOL, modules={nn.AvgPool1d: _none}),
-    OpDef("avg_pool2d", _POOL, modules={nn.AvgPool2d: _none}),
-    OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}),
-    OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}),
-    OpDef("dropout", ("input", "p", "training", "inplace"), modules={nn.Dropout: _none, nn.Dropout1d: _none, nn.Dropout2d: _none}),
-    OpDef("identity", modules={nn.Identity: _none}, derive=False),
+    OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
+    OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
+    OpDef("avg_pool1d", _AVG_POOL, modules={nn.AvgPool1d: _none}, tags=_AVG_POOL_TAGS),
+    OpDef("avg_pool2d", _AVG_POOL, modules={nn.AvgPool2d: _none}, tags=_AVG_POOL_TAGS),
+    OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}, tags=_AVG_POOL_TAGS),
+    OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}, tags=_AVG_POOL_TAGS),
+    OpDef("dropout", ("input", "p", "training", "inplace"), modules={nn.Dropout: _none, nn.Dropout1d: _none, nn.Dropout2d: _none}, tags=_MOVES_VIEW),
+    OpDef("identity", modules={nn.Identity: _none}, derive=False, tags=_MOVES_VIEW),
     # shape ops
-    OpDef("flatten", ("input", "start_dim", "end_dim"), modules={nn.Flatten: _attrs(start_dim="start_dim", end_dim="end_dim")}),
-    OpDef("reshape", ("input", "shape"), aliases=("view",)),
-    OpDef("permute", ("input", "dims")),
-    OpDef("transpose", ("input", "dim0", "dim1")),
-    OpDef("contiguous"),
-    OpDef("squeeze", ("input", "dim")),
-    OpDef("unsqueeze", ("input", "dim")),
-    OpDef("expand", ("input", "size")),
-    OpDef("getitem", ("input", "index"), derive=False),
+    OpDef("flatten", ("input", "start_dim", "end_dim"), modules={nn.Flatten: _attrs(start_dim="start_dim", end_dim="end_dim")}, tags=_MOVES_VIEW),
+    OpDef("reshape", ("input", "shape"), aliases=("view",), tags=_MOVES_VIEW),
+    OpDef("permute", ("input", "dims"), tags=_MOVES_VIEW),
+    OpDef("transpose", ("input", "dim0", "dim1"), tags=_MOVES_VIEW),
+    OpDef("contiguous", tags=_MOVES_VIEW),
+    OpDef("squeeze", ("input", "dim"), tags=_MOVES_VIEW),
+    OpDef("unsqueeze", ("input", "dim"), tags=_MOVES_VIEW),
+    OpDef("expand", ("input", "size"), tags=_MOVES_VIEW),
+    OpDef("getitem", ("input", "index"), derive=False, tags=_MOVES_VIEW),
     OpDef("cat", ("tensors", "dim"), aliases=("concat", "concatenate")),
     OpDef("stack", ("tensors", "dim")),
-    OpDef("chunk", ("input", "chunks", "dim")),
+    OpDef("chunk", ("input", "chunks", "dim"), tags=_MOVES_VIEW),
     OpDef("size", ("input", "dim"), derive=False),
 ]
+
+
+def ops_tagged(*tags: Tag) -> FrozenSet[str]:
+    """The canonical ops that carry any of ``tags``.
+
+    >>> sorted(ops_tagged(Tag.WEIGHTED))
+    ['conv1d', 'conv2d', 'conv3d', 'linear']
+    """
+    return frozenset(op.name for op in OP_DEFS if op.tags & set(tags))
 
 
 def _spelling(kind, target, op, params, renames=None, consts=None, inplace=False) -> Spelling:
@@ -240,12 +270,7 @@ def derive_spellings(op: OpDef) -> Iterator[Spelling]:
 # Aliasing, for passes/functionalize_inplace.py: which results may share storage with an input.
 # Canonical ops whose result may be a view of their input, or the input itself (dropout in eval,
 # nn.Identity, contiguous on a contiguous tensor, reshape where a view is possible).
-VIEW_OPS = frozenset(
-    {
-        "reshape", "permute", "transpose", "flatten", "contiguous", "squeeze", "unsqueeze", "expand",
-        "getitem", "chunk", "dropout", "identity",
-    }
-)
+VIEW_OPS = ops_tagged(Tag.VIEW)
 # Tensor methods and torch functions outside the canonical table that may return a view or their
 # input (torch's "Tensor Views" page, plus the conversions that return self when nothing changes).
 VIEW_SPELLINGS = frozenset(

@@ -26,7 +26,7 @@ from lucid_fx.program import install_programs
 from lucid_fx._placement import ConvertReport
 from lucid_fx.kernels.target import Target
 from lucid_fx.passes.analyze_ranges import analyze_ranges
-from lucid_fx.passes.canonicalize_ops import canonicalize_ops, rebind_node_refs
+from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
 from lucid_fx.passes.functionalize_inplace import functionalize_inplace
@@ -115,10 +115,6 @@ PREPARE_PASSES: List[Pass] = [
 
 
 # -- convert --------------------------------------------------------------------------------------
-def _rebind_node_refs(gm, ctx: ConvertContext):
-    return rebind_node_refs(gm)
-
-
 def _fold_batchnorm(gm, ctx: ConvertContext):
     return fold_batchnorm(gm)
 
@@ -141,7 +137,7 @@ def _install_programs(gm, ctx: ConvertContext):
 
 
 #: The convert passes, in order, on each calibrated graph (QAT parametrizations already removed).
-CONVERT_PASSES: List[Pass] = [_rebind_node_refs, _fold_batchnorm, _lower, _record_activation_qparams, _install_programs]
+CONVERT_PASSES: List[Pass] = [_fold_batchnorm, _lower, _record_activation_qparams, _install_programs]
 
 
 # -- the loop -------------------------------------------------------------------------------------

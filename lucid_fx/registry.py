@@ -16,9 +16,9 @@ from torch import nn
 
 from lucid_fx._where import caller_location
 from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, OpDef, Spelling, derive_spellings
-from lucid_fx.rules.fusions import FUSION_RULES, FusionRule
+from lucid_fx.rules.fusions import FUSION_RULES, FusionRule, fusion
 from lucid_fx.rules.lowering import LOWERINGS
-from lucid_fx.rules.observers import OBSERVER_RULES, ObserverRule
+from lucid_fx.rules.observers import Decision, DecisionKind, ObserverRule, compose_observer_rules
 from lucid_fx.rules.ranges import RANGE_RULES, RangeRule
 
 __all__ = [
@@ -34,18 +34,26 @@ __all__ = [
 ]
 
 
+# The kinds register_observer_rule takes by name: its own rules choose the observer, or none.
+_ACTION_KINDS = (DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.FLOAT)
+
+
 def _key(kind: str, target: Any) -> Tuple[str, Any]:
     return (kind, target)
 
 
 @dataclass
 class Registry:
-    """Rule tables for one prepare: spellings, range rules, observer rules, fusions, float ops."""
+    """Rule tables for one prepare: spellings, range rules, observer rules, fusions, float ops.
+
+    The user's observer rules and fusions are kept apart from the built-in ones, in registration
+    order; :attr:`observer_rules` and :attr:`fusion_rules` compose the tables prepare walks, so a
+    user rule has no position to get wrong and the latest registration is tried first."""
 
     spellings: Dict[Tuple[str, Any], Spelling] = field(default_factory=dict)
     range_rules: Dict[str, RangeRule] = field(default_factory=dict)
-    observer_rules: List = field(default_factory=list)
-    fusion_rules: List[FusionRule] = field(default_factory=list)
+    user_observer_rules: List[ObserverRule] = field(default_factory=list)
+    user_fusion_rules: List[FusionRule] = field(default_factory=list)
     float_ops: Dict[str, str] = field(default_factory=dict)
     leaf_functions: List[Callable] = field(default_factory=list)
     leaf_modules: List[type] = field(default_factory=list)
@@ -62,8 +70,6 @@ class Registry:
         for rule in RANGE_RULES:
             for op in rule.ops:
                 reg.range_rules[op] = rule
-        reg.observer_rules = list(OBSERVER_RULES)
-        reg.fusion_rules = list(FUSION_RULES)
         reg.lowerings = {backend: dict(table) for backend, table in LOWERINGS.items()}
         return reg
 
@@ -71,13 +77,23 @@ class Registry:
         return Registry(
             dict(self.spellings),
             dict(self.range_rules),
-            list(self.observer_rules),
-            list(self.fusion_rules),
+            list(self.user_observer_rules),
+            list(self.user_fusion_rules),
             dict(self.float_ops),
             list(self.leaf_functions),
             list(self.leaf_modules),
             {backend: dict(table) for backend, table in self.lowerings.items()},
         )
+
+    @property
+    def observer_rules(self) -> List[ObserverRule]:
+        """Guards, then the user's rules (newest first), then the built-in op rules, then the fallback."""
+        return compose_observer_rules(self.user_observer_rules)
+
+    @property
+    def fusion_rules(self) -> List[FusionRule]:
+        """The user's fusions (newest first), then the built-in patterns: the first match wins."""
+        return [*reversed(self.user_fusion_rules), *FUSION_RULES]
 
     def spelling_for(self, kind: str, target: Any) -> Optional[Spelling]:
         if kind == "call_module":
@@ -210,36 +226,33 @@ def register_bounded_op(
 
 def register_fusion(name: str, *steps: Union[str, Tuple[str, ...]], registry: Optional[Registry] = None) -> FusionRule:
     """Declare a chain of canonical ops (data-flow order) that runs as one kernel; only its last
-    node is observed. Placed first, so it wins over built-in patterns."""
+    node is observed. Tried before the built-in patterns, the latest registration first; built by
+    :func:`lucid_fx.rules.fusions.fusion`, as the built-in ones are."""
     reg = registry or current_registry()
-    if len(steps) < 2:
-        raise ValueError(f"register_fusion({name!r}): a pattern needs at least two ops, got {steps!r}")
-    pattern = tuple((s,) if isinstance(s, str) else tuple(s) for s in steps)
-    rule = FusionRule(name, pattern, caller_location())
-    reg.fusion_rules.insert(0, rule)
+    rule = fusion(name, *steps, where=caller_location())
+    reg.user_fusion_rules.append(rule)
     return rule
 
 
 def register_observer_rule(ops: Union[str, Sequence[str]], action: Union[str, Callable], *, registry: Optional[Registry] = None) -> ObserverRule:
-    """Add an observer-choice rule for canonical ``ops``, placed before the built-in ones.
+    """Add an observer-choice rule for canonical ``ops``: tried after the guards (not a tensor,
+    mutated in place, QConfig None, registered float op, inside a fused group), before the built-in
+    op rules, the latest registration first (:func:`lucid_fx.rules.observers.compose_observer_rules`).
 
-    ``action`` is a kind (``"statistics"``, ``"shared"``, ``"float"``) or a function
-    ``(node, ctx) -> Decision | None``.
+    ``action`` is a kind (``DecisionKind.STATISTICS``, ``SHARED`` or ``FLOAT``, or its value
+    ``"statistics"``, ``"shared"``, ``"float"``) or a function ``(node, ctx) -> Decision | None``.
     """
-    from lucid_fx.rules.observers import Decision
-
     reg = registry or current_registry()
     where = caller_location()
-    if isinstance(action, str):
-        if action not in ("statistics", "shared", "float"):
+    if isinstance(action, (str, DecisionKind)):
+        kind = next((k for k in _ACTION_KINDS if action in (k, k.value)), None)
+        if kind is None:
             raise ValueError(f"register_observer_rule: action must be 'statistics', 'shared', 'float' or a function, got {action!r}")
-        kind = action
-        action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k}", qconfig=ctx.qconfig(node))  # noqa: E731
+        action = lambda node, ctx, _k=kind: Decision(_k, f"registered rule: {_k.value}", qconfig=ctx.qconfig(node))  # noqa: E731
     action = _user_float_stays_float(action)
     ops_set = frozenset([ops] if isinstance(ops, str) else ops)
     rule = ObserverRule(ops_set, action, where)
-    # After the guards (not-a-tensor, mutation, QConfig None, float ops, fused), before the op rules.
-    reg.observer_rules.insert(5, rule)
+    reg.user_observer_rules.append(rule)
     return rule
 
 
@@ -249,7 +262,7 @@ def _user_float_stays_float(action: Callable) -> Callable:
 
     def decide(node, ctx):
         decision = action(node, ctx)
-        if decision is not None and decision.kind == "float" and not decision.keep_float:
+        if decision is not None and decision.kind is DecisionKind.FLOAT and not decision.keep_float:
             decision = dataclasses.replace(decision, keep_float=True)
         return decision
 

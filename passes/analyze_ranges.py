@@ -14,6 +14,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx import interval as I
+from lucid_fx.ops import canonical
 from lucid_fx.registry import Registry
 
 __all__ = ["analyze_ranges"]
@@ -32,7 +33,7 @@ def _interval_of(value: Any):
 def analyze_ranges(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
     """Annotate ``gm`` in place with proven output intervals."""
     for node in gm.graph.nodes:
-        call = node.meta.get(_meta.OP)
+        call = canonical(node)
         rule = registry.range_rules.get(call.op) if call is not None else None
         if rule is None:
             continue

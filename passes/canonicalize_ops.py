@@ -15,7 +15,7 @@ from lucid_fx import _meta
 from lucid_fx.ops import CanonicalCall
 from lucid_fx.registry import Registry
 
-__all__ = ["canonicalize_ops", "rebind_node_refs"]
+__all__ = ["canonicalize_ops"]
 
 
 def _raw_name(node: fx.Node) -> str:
@@ -55,25 +55,4 @@ def canonicalize_ops(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
         node.meta[_meta.OP] = CanonicalCall(
             spelling.op, args, inplace, spelling.text, node.target if module is not None else None
         )
-    return gm
-
-
-def rebind_node_refs(gm: fx.GraphModule) -> fx.GraphModule:
-    """Point the node references inside ``node.meta[OP]`` at ``gm``'s own nodes.
-
-    A deep copy of a GraphModule copies ``node.meta`` with it, so a copied CanonicalCall names
-    copies of nodes that are not in the new graph; node names are unique, so match by name."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-
-    def rebind(value):
-        if isinstance(value, fx.Node):
-            return by_name.get(value.name, value)
-        if isinstance(value, (list, tuple)):
-            return type(value)(rebind(v) for v in value)
-        return value
-
-    for node in gm.graph.nodes:
-        call = node.meta.get(_meta.OP)
-        if call is not None:
-            node.meta[_meta.OP] = CanonicalCall(call.op, {k: rebind(v) for k, v in call.args.items()}, call.inplace, call.spelling, call.module)
     return gm

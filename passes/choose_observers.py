@@ -3,26 +3,29 @@
 Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
 ``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
 with the rule's location). A second sweep makes sure every quantized op reads quantized inputs:
-a float input (a graph input, or the output of an op left float) gets a statistics observer.
+a float input (a graph input, or the output of an op left float) gets a statistics observer; the
+members of a fused group whose end stays float (it has no lowering rule) are not quantized ops.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, Decision
+from lucid_fx.rules.observers import ANY, Decision, DecisionKind
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
-QUANTIZED_KINDS = ("fixed", "statistics", "shared", "fused")
+# Kinds whose value ends up as integer codes: a quantized op reads quantized inputs.
+QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.FUSED)
 _NOT_TENSORS = {"size", "getattr", "output"}
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
 
@@ -46,7 +49,7 @@ class RuleContext:
         self._mask_only: Optional[Set[fx.Node]] = None
 
     def op_name(self, node: fx.Node) -> str:
-        return node.meta[_meta.OP].op
+        return canonical(node).op
 
     def module_path(self, node: fx.Node) -> str:
         path = node.meta.get(_meta.MODULE_PATH, "")
@@ -63,17 +66,36 @@ class RuleContext:
         """A fused group (linear + relu) is one kernel with one QConfig: its first member's (the
         weighted op's), and None for all of it when the mapping sets None for any member, so
         ``set_module_name("proj", None)`` keeps proj float even when a functional relu follows."""
+        if node.meta.get(_meta.FUSED_INTO) is None:
+            return self._own_qconfig(node)
+        qconfigs = [self._own_qconfig(member) for member in self._members(node)]
+        return None if any(q is None for q in qconfigs) else qconfigs[0]
+
+    def _members(self, node: fx.Node) -> List[fx.Node]:
+        """The nodes of the fused group ``node`` belongs to, in graph order (``[node]`` alone if none)."""
         end = node.meta.get(_meta.FUSED_INTO)
         if end is None:
-            return self._own_qconfig(node)
+            return [node]
         if self._groups is None:
             self._groups = {}
             for member in self.gm.graph.nodes:
                 if member.meta.get(_meta.FUSED_INTO) is not None:
                     self._groups.setdefault(member.meta[_meta.FUSED_INTO], []).append(member)
-        members = self._groups.get(end, [node])
-        qconfigs = [self._own_qconfig(member) for member in members]
-        return None if any(q is None for q in qconfigs) else qconfigs[0]
+        return self._groups.get(end, [node])
+
+    def lowering_key(self, node: fx.Node) -> Tuple[str, ...]:
+        """What convert looks ``node`` up by in the lowering tables: the canonical ops of the fused
+        group it ends, in data-flow order and with a folded batch norm left out, or its own op
+        (``("conv2d", "relu")`` for conv + bn + relu, ``("gelu",)``)."""
+        if self.fused_into(node) != node.name:
+            return (self.op_name(node),)
+        ops = tuple(self.op_name(member) for member in self._members(node))
+        # a batch norm in a group folds into its conv or linear before lowering (passes/fold_batchnorm.py)
+        return tuple(op for op in ops if op != "batch_norm") if len(ops) > 1 else ops
+
+    def lowers(self, key: Tuple[str, ...]) -> bool:
+        """Whether a lowering rule for ``key`` is in the registry's tables, for some backend."""
+        return any(key in table for table in self.registry.lowerings.values())
 
     def feeds_only_masks(self, node: fx.Node) -> bool:
         """Whether ``node``'s value reaches only mask inputs (rules/masks.py), so it stays float."""
@@ -104,7 +126,7 @@ class RuleContext:
         if node.op == "placeholder":
             return True  # no example inputs: assume a float tensor
         # Without shapes, a value computed only from non-tensors (x.shape[-1] ** 0.5) is not one.
-        sources = node.meta[_meta.OP].tensor_inputs() or [a for a in node.all_input_nodes]
+        sources = canonical(node).tensor_inputs() or [a for a in node.all_input_nodes]
         return any(self.is_float_tensor(source) for source in sources) if sources else True
 
 
@@ -116,11 +138,11 @@ def _decide(node: fx.Node, ctx: RuleContext) -> Decision:
         decision = rule.action(node, ctx)
         if decision is not None:
             return dataclasses.replace(decision, rule=rule.where)
-    return Decision("float", "no rule matched")
+    return Decision(DecisionKind.FLOAT, "no rule matched")
 
 
 def _activation_inputs(node: fx.Node):
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     mask = mask_input(node)  # read in float, exactly: never quantized
     for name, value in call.args.items():
         if name in _WEIGHT_ARGS:
@@ -136,19 +158,22 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
     for node in gm.graph.nodes:
         node.meta[_meta.DECISION] = _decide(node, ctx)
     here = "lucid_fx/passes/choose_observers.py:quantized-input sweep"  # the installed path
+    quantized = {node.name for node in gm.graph.nodes if node.meta[_meta.DECISION].kind in QUANTIZED_KINDS}
     for node in gm.graph.nodes:
         decision = node.meta[_meta.DECISION]
         if decision.kind not in QUANTIZED_KINDS:
             continue
+        if decision.kind is DecisionKind.FUSED and ctx.fused_into(node) not in quantized:
+            continue  # a group whose end is not quantized (no lowering rule) runs in float, on float inputs
         for source in _activation_inputs(node):
             prior = source.meta[_meta.DECISION]
-            if prior.kind in ("float", "none") and ctx.is_float_tensor(source):
+            if prior.kind in (DecisionKind.FLOAT, DecisionKind.NONE) and ctx.is_float_tensor(source):
                 qconfig = decision.qconfig or ctx.qconfig(node)
                 if qconfig is None:
                     continue
                 # The output is observed for the consumer; an op the user kept float still runs float.
                 source.meta[_meta.DECISION] = Decision(
-                    "statistics", f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig,
+                    DecisionKind.STATISTICS, f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig,
                     keep_float=prior.keep_float,
                 )
     return gm

@@ -16,10 +16,11 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx.quantization.fold_bn import fold_bn_into
+from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = ["fold_batchnorm"]
 
-_FOLDABLE = ("conv1d", "conv2d", "conv3d", "linear")
+_FOLDABLE = ops_tagged(Tag.WEIGHTED)  # conv1d/2d/3d, linear
 _NOT_AFTER_A_LAYER = "its input is not a conv or linear module"
 
 
@@ -55,7 +56,7 @@ def _why_not(gm: fx.GraphModule, bn_node: fx.Node, layer_node) -> str:
     """Why a batch norm is not folded into the layer before it, or "" when it can be."""
     if not (isinstance(layer_node, fx.Node) and layer_node.op == "call_module"):
         return _NOT_AFTER_A_LAYER
-    if layer_node.meta.get(_meta.OP) is None or layer_node.meta[_meta.OP].op not in _FOLDABLE:
+    if canonical(layer_node) is None or canonical(layer_node).op not in _FOLDABLE:
         return _NOT_AFTER_A_LAYER
     if len(layer_node.users) != 1:
         return f"{layer_node.name}'s output is also read without the batch norm"
@@ -63,7 +64,7 @@ def _why_not(gm: fx.GraphModule, bn_node: fx.Node, layer_node) -> str:
     layer = gm.get_submodule(layer_node.target)
     if bn.training or bn.running_mean is None:
         return "it has no running statistics (training mode, or track_running_stats=False)"
-    if layer_node.meta[_meta.OP].op == "linear" and _rank(layer_node) != 2:
+    if canonical(layer_node).op == "linear" and _rank(layer_node) != 2:
         # batch norm normalises dim 1; a linear's features are the last dim: the same only in 2-D
         rank = _rank(layer_node)
         return (f"it normalises dim 1 of {layer_node.name}'s {rank}-D output, not the linear's output features"
@@ -76,7 +77,7 @@ def _why_not(gm: fx.GraphModule, bn_node: fx.Node, layer_node) -> str:
 def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
     """Fold every eval-mode ``conv/linear -> batch_norm`` module pair of ``gm`` in place."""
     for bn_node in list(gm.graph.nodes):
-        call = bn_node.meta.get(_meta.OP)
+        call = canonical(bn_node)
         if call is None or call.op != "batch_norm" or bn_node.op != "call_module":
             continue
         layer_node = bn_node.args[0]

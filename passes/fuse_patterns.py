@@ -12,6 +12,7 @@ from typing import List, Optional
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.registry import Registry
 from lucid_fx.rules.fusions import FusionRule
 
@@ -22,7 +23,7 @@ def _match(node: fx.Node, rule: FusionRule) -> Optional[List[fx.Node]]:
     chain = [node]
     for step_index, step in enumerate(rule.pattern):
         current = chain[-1]
-        if current.meta[_meta.OP].op not in step or _meta.FUSED_INTO in current.meta or _meta.MUTATION in current.meta:
+        if canonical(current).op not in step or _meta.FUSED_INTO in current.meta or _meta.MUTATION in current.meta:
             return None
         if step_index == len(rule.pattern) - 1:
             return chain
@@ -42,7 +43,7 @@ def fuse_patterns(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
             if chain is None:
                 continue
             if any(getattr(gm.get_submodule(n.target), "training", False) for n in chain
-                   if n.op == "call_module" and n.meta[_meta.OP].op == "batch_norm"):
+                   if n.op == "call_module" and canonical(n).op == "batch_norm"):
                 continue  # a training-mode batch norm cannot be folded
             for member in chain:
                 member.meta[_meta.FUSION] = rule.name

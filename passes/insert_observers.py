@@ -21,10 +21,12 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQu
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
+from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
 
 __all__ = ["insert_observers"]
 
-_WEIGHTED = ("linear", "conv1d", "conv2d", "conv3d")
+_WEIGHTED = ops_tagged(Tag.WEIGHTED) - FLOAT_BY_DESIGN.keys()  # whose weights a kernel reads as int8
 
 
 def _container(gm: fx.GraphModule, name: str) -> nn.ModuleDict:
@@ -35,7 +37,7 @@ def _container(gm: fx.GraphModule, name: str) -> nn.ModuleDict:
 
 def _make_observer(decision, qat: bool) -> nn.Module:
     qconfig: QConfig = decision.qconfig or default_qconfig
-    if decision.kind == "fixed":
+    if decision.kind is DecisionKind.FIXED:
         qdtype = qconfig.activation_qdtype
         lo, hi = decision.interval
         factory = fixed_qparams_observer(lo, hi, qdtype)
@@ -80,7 +82,7 @@ def _narrow_to(fake_quant: nn.Module, weight_range: Optional[Tuple[int, int]]) -
 
 
 def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: Optional[Tuple[int, int]]) -> None:
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
@@ -116,18 +118,18 @@ def insert_observers(
         decision = node.meta.get(_meta.DECISION)
         if decision is None or node.op == "call_module" and node.target.startswith(OBSERVERS + "."):
             continue
-        if decision.kind in ("fixed", "statistics"):
+        if decision.kind in (DecisionKind.FIXED, DecisionKind.STATISTICS):
             observer = _make_observer(decision, qat)
             if hasattr(observer, "observer_name"):
                 observer.observer_name = f"observer of node {node.name!r}"
             key = _free_key(observers, node.name)
             observers[key] = observer
             _insert_call(gm, node, key)
-        elif decision.kind == "shared":
-            source = next((n for n in node.meta[_meta.OP].tensor_inputs() if _observer_of(n)), None)
+        elif decision.kind is DecisionKind.SHARED:
+            source = next((n for n in canonical(node).tensor_inputs() if _observer_of(n)), None)
             if source is not None:
                 _insert_call(gm, node, _observer_of(source))
-        if decision.kind in ("statistics", "fused", "fixed") and node.meta[_meta.OP].op in _WEIGHTED:
+        if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and canonical(node).op in _WEIGHTED:
             _observe_weight(gm, node, qat, weight_range)
     gm.graph.lint()
     gm.recompile()

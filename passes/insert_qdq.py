@@ -19,11 +19,13 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["insert_qdq"]
 
@@ -48,7 +50,7 @@ def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, weight_r
     gm.graph.erase_node(node)
 
 
-_FLOAT_KINDS = ("float", "none")
+_FLOAT_KINDS = (DecisionKind.FLOAT, DecisionKind.NONE)
 
 
 def _computed_in_float(node: fx.Node) -> bool:
@@ -62,10 +64,10 @@ def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool
     decision = node.meta.get(_meta.DECISION)
     if node.op == "output" or decision is None or decision.kind in _FLOAT_KINDS:
         return True
-    if kernels is None or decision.kind == "shared":
+    if kernels is None or decision.kind is DecisionKind.SHARED:
         return False
     members = _group(node, list(node.graph.nodes))
-    return tuple(m.meta[_meta.OP].op for m in members if _meta.OP in m.meta) not in kernels
+    return tuple(canonical(m).op for m in members if _meta.OP in m.meta) not in kernels
 
 
 def insert_qdq(

@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx._placement import ConvertReport, Placement, Runs
 from lucid_fx.kernels.target import Target
 from lucid_fx.rules.lowering_context import (
@@ -34,9 +35,10 @@ from lucid_fx.rules.lowering_context import (
     QValue,
     _is_observer_call,
 )
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["lower_to_int8", "lowering_table"]
-_LOWERABLE = ("fixed", "statistics", "shared")  # decision kinds convert looks a lowering rule up for
+_LOWERABLE = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED)  # decision kinds convert looks a lowering rule up for
 
 
 def lowering_table(lowerings: Dict[str, Dict[Tuple[str, ...], Any]], backend: str) -> Dict[Tuple[str, ...], Any]:
@@ -76,7 +78,7 @@ def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolv
     """Whether every int8 input of a lowered group is laid out as in the float model: kernels keep
     their input's layout (an elementwise table on channels-last codes gives channels-last codes)."""
     for member in members:
-        for source in member.meta[_meta.OP].tensor_inputs():
+        for source in canonical(member).tensor_inputs():
             q = ctx._quant.get(resolve(source))
             if q is not None and resolve(source) not in members and q.float_layout is False:
                 return False
@@ -100,19 +102,19 @@ def _names(members: List[fx.Node]) -> Tuple[str, ...]:
     return tuple(name for m in members for name in (m.name, m.meta.get(_meta.FOLDED_BN)) if name)
 
 
-def _key(members: List[fx.Node], kind: str) -> Tuple[str, ...]:
-    return ("shared",) if kind == "shared" else tuple(m.meta[_meta.OP].op for m in members)
+def _key(members: List[fx.Node], kind: DecisionKind) -> Tuple[str, ...]:
+    return ("shared",) if kind is DecisionKind.SHARED else tuple(canonical(m).op for m in members)
 
 
-def lowerable(node: fx.Node, kind: str) -> bool:
+def lowerable(node: fx.Node, kind: DecisionKind) -> bool:
     """Whether a lowering rule may take ``node``: its decision quantizes it, the user did not keep the op
     float (its output may still be observed, as a quantized op's input), and it is not kept in place."""
     decision = node.meta.get(_meta.DECISION)
     return kind in _LOWERABLE and not getattr(decision, "keep_float", False) and _meta.MUTATION not in node.meta
 
 
-def _stays_float(kind: str, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
-    if kind == "none":
+def _stays_float(kind: DecisionKind, decision: Any, key: Tuple[str, ...], rule: Any, declined: str) -> Placement:
+    if kind is DecisionKind.NONE:
         return Placement(Runs.NOT_TENSOR, decision.reason, ())
     if kind not in _LOWERABLE or getattr(decision, "keep_float", False):  # kept float by the QConfig, the registry or no rule
         return Placement(Runs.FLOAT, decision.reason if decision is not None else "no observer decision", ())
@@ -189,8 +191,8 @@ def lower_to_int8(
             ctx.graph.output(fx.node.map_arg(node.args[0], arg_float))
             continue
         decision = node.meta.get(_meta.DECISION)
-        kind = decision.kind if decision is not None else "float"
-        if kind == "fused":
+        kind = decision.kind if decision is not None else DecisionKind.FLOAT
+        if kind is DecisionKind.FUSED:
             continue  # emitted with the last node of its group
         members = _group(node, nodes)
         key = _key(members, kind)

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
 from lucid_fx.rules.lowering_context import _is_observer_call
@@ -27,6 +28,7 @@ from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
 from lucid_fx.rules.masks import mask_input
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["predict_placement"]
 
@@ -36,7 +38,7 @@ def _folds(members: List[fx.Node], i: int) -> bool:
     or linear module before it (conv2d+batch_norm+relu is looked up as conv2d+relu)."""
     node = members[i]
     before = members[i - 1] if i > 0 else None
-    is_bn = node.op == "call_module" and node.meta[_meta.OP].op == "batch_norm"
+    is_bn = node.op == "call_module" and canonical(node).op == "batch_norm"
     return is_bn and before is not None and before.op == "call_module" and len(before.users) == 1
 
 
@@ -46,7 +48,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.SHARED
     if rule is rules.lower_elementwise:
         return Runs.TABLE
-    node, call = members[0], members[0].meta[_meta.OP]
+    node, call = members[0], canonical(members[0])
     binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
         return Runs.KERNEL
@@ -54,7 +56,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
     if call.op == "add" or _positive_number(number) is None or call.args.get("rounding_mode") is not None:
         return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
     # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
-    return Runs.TABLE if node.meta[_meta.DECISION].kind == "fixed" and not _rescale_fits(gm, node, call, number) else Runs.SHARED
+    return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, number) else Runs.SHARED
 
 
 def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:
@@ -72,13 +74,13 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
 def _inputs_have_codes(node: fx.Node) -> bool:
     """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes
     (an attention mask is read in float: rules/masks.py)."""
-    for source in node.meta[_meta.OP].tensor_inputs():
+    for source in canonical(node).tensor_inputs():
         source = source.args[0] if _is_observer_call(source) else source
         if source is mask_input(node):
             continue
         tensor_meta, decision = source.meta.get(_meta.TENSOR_META), source.meta.get(_meta.DECISION)
         is_float = getattr(tensor_meta, "dtype", torch.float32).is_floating_point
-        if source.op == "get_attr" or not is_float or (decision is not None and decision.kind == "none" and source.op != "placeholder"):
+        if source.op == "get_attr" or not is_float or (decision is not None and decision.kind is DecisionKind.NONE and source.op != "placeholder"):
             continue  # weights, integers, shapes
         if _meta.OBSERVER not in source.meta:
             return False
@@ -95,8 +97,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         if node.op in ("placeholder", "get_attr", "output") or _is_observer_call(node) or _meta.OP not in node.meta:
             continue
         decision = node.meta.get(_meta.DECISION)
-        kind = decision.kind if decision is not None else "float"
-        if kind == "fused":
+        kind = decision.kind if decision is not None else DecisionKind.FLOAT
+        if kind is DecisionKind.FUSED:
             continue  # placed with the last node of its group
         members = _group(node, nodes)
         key = _key([m for i, m in enumerate(members) if not _folds(members, i)], kind)

@@ -368,14 +368,14 @@ STRUCTURE = {
     ),
     "dataclass-field-of-the-wrong-type": (
         lambda d: _node_named(d, "relu")["meta"]["lucid_fx.decision"]["v"].update(kind=3),
-        "node 'relu', meta 'lucid_fx.decision' in the root module: Decision.kind: int where str belongs",
+        "node 'relu', meta 'lucid_fx.decision' in the root module: Decision.kind: int where DecisionKind belongs",
     ),
     "meta-key-lucid_fx-never-writes": (
         lambda d: _node_named(d, "relu")["meta"].update(nn_module_stack=1), "node 'relu', meta 'nn_module_stack' in the root module: not a key lucid_fx writes",
     ),
     "meta-naming-a-later-node": (
-        lambda d: _node_named(d, "relu")["meta"]["lucid_fx.op"]["v"]["args"]["v"][0][1].update(name="fc"),
-        "node 'relu', meta 'lucid_fx.op' in the root module: reference to unknown node 'fc'",
+        lambda d: _node_named(d, "relu")["meta"]["lucid_fx.op"]["v"]["args"]["v"][0][1]["v"].update(name="fc"),
+        "node 'relu' (call_function) in the root module: meta 'lucid_fx.op' names node 'fc', which does not come before it in the graph",
     ),
     "prepared-node-without-its-op": (
         lambda d: _node_named(d, "relu")["meta"].pop("lucid_fx.op"),

@@ -8,15 +8,19 @@ softmax observes its unmasked scores (the group's input) and reads its mask in f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 from lucid_fx._where import caller_location
+from lucid_fx.ops import Tag, ops_tagged
 from lucid_fx.rules.masks import MASKED_SOFTMAX
 
-__all__ = ["FusionRule", "FUSION_RULES"]
+__all__ = ["FusionRule", "FUSION_RULES", "fusion"]
 
 Step = Union[str, Tuple[str, ...]]
-_CONV = ("conv1d", "conv2d", "conv3d")
+_CONV = tuple(sorted(ops_tagged(Tag.CONV)))  # conv1d, conv2d, conv3d
+# conv + add runs as one kernel only in 2-d (lucid_fx.conv2d_add); a conv1d + add fused would have
+# no lowering and run wholly in float, unfused its conv and its add each run in int8.
+_CONV_ADD = ("conv2d",)
 
 
 @dataclass(frozen=True)
@@ -26,22 +30,26 @@ class FusionRule:
     where: str
 
 
-def fusion(name: str, *steps: Step) -> FusionRule:
+def fusion(name: str, *steps: Step, where: Optional[str] = None) -> FusionRule:
+    """A pattern of ``steps`` (each an op or a tuple of alternatives), defined at ``where`` (default:
+    the caller's file:line). The built-in table and ``lucid_fx.register_fusion`` both build with it."""
+    if len(steps) < 2:
+        raise ValueError(f"fusion({name!r}): a pattern needs at least two ops, got {steps!r}")
     pattern = tuple((s,) if isinstance(s, str) else tuple(s) for s in steps)
-    return FusionRule(name, pattern, caller_location())
+    return FusionRule(name, pattern, where or caller_location())
 
 
 # Longer patterns first: the first rule that matches at a node wins. Patterns with batch_norm are
-# observed as one group at prepare (outputs stay bit-exact) and folded at convert.
+# observed as one group at prepare (outputs stay bit-exact) and folded at convert. Every pattern
+# has a lowering (tests/test_op_table.py): relu(linear(x) + y) is a linear, then an add_relu.
 FUSION_RULES: List[FusionRule] = [
-    fusion("conv_bn_add_relu", _CONV, "batch_norm", "add", "relu"),  # relu(bn(conv(x)) + y)
+    fusion("conv_bn_add_relu", _CONV_ADD, "batch_norm", "add", "relu"),  # relu(bn(conv(x)) + y)
     fusion("conv_bn_relu", _CONV, "batch_norm", "relu"),  # relu(bn(conv(x)))
-    fusion("conv_bn_add", _CONV, "batch_norm", "add"),  # bn(conv(x)) + y
+    fusion("conv_bn_add", _CONV_ADD, "batch_norm", "add"),  # bn(conv(x)) + y
     fusion("conv_bn", _CONV, "batch_norm"),  # bn(conv(x)) -> conv with folded weights
     fusion("linear_bn", "linear", "batch_norm"),  # bn(linear(x)) -> linear with folded weights
-    fusion("conv_add_relu", _CONV, "add", "relu"),  # relu(conv(x) + y) -> one kernel (residual block)
-    fusion("linear_add_relu", "linear", "add", "relu"),  # relu(linear(x) + y)
-    fusion("conv_add", _CONV, "add"),  # conv(x) + y
+    fusion("conv_add_relu", _CONV_ADD, "add", "relu"),  # relu(conv(x) + y) -> one kernel (residual block)
+    fusion("conv_add", _CONV_ADD, "add"),  # conv(x) + y
     fusion("conv_relu", _CONV, "relu"),  # relu(conv(x))
     fusion("linear_relu", "linear", "relu"),  # relu(linear(x))
     fusion("add_relu", "add", "relu"),  # relu(x + y)

@@ -18,7 +18,11 @@ from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
+from lucid_fx.kernels import make_lut
+from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -27,20 +31,9 @@ Rule = Callable[[LoweringContext, List[fx.Node], Callable], Optional[QValue]]
 
 # Ops that map each element to one element (given their constant arguments): per-tensor int8
 # inputs have 256 codes, so the whole op is a 256-entry table.
-ELEMENTWISE_UNARY = frozenset(
-    {
-        "sigmoid", "tanh", "hardsigmoid", "softsign", "sin", "cos", "clamp", "relu", "gelu", "silu",
-        "hardswish", "leaky_relu", "elu", "exp", "abs", "neg", "add", "sub", "rsub", "mul", "div",
-        "minimum", "maximum",
-    }
-)
+ELEMENTWISE_UNARY = ops_tagged(Tag.ELEMENTWISE)
 # Ops that move or select codes without changing them: they run on the integer tensor as is.
-SHAPE_OPS = frozenset(
-    {
-        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
-        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
-    }
-)
+SHAPE_OPS = ops_tagged(Tag.MOVES_CODES)
 
 
 def _input(call, resolve) -> Any:
@@ -48,7 +41,7 @@ def _input(call, resolve) -> Any:
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    return "relu" if members[-1].meta[_meta.OP].op == "relu" else "none"
+    return "relu" if canonical(members[-1]).op == "relu" else "none"
 
 
 def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
@@ -58,7 +51,7 @@ def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
 
 
 def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(members[0])
     if x is None or weight is None or ctx.qparams_of(members[-1]) is None:
         return None
@@ -70,7 +63,7 @@ def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
 
 def _binary(kernel):
     def lower(ctx, members, resolve):  # a (op) b (+relu) on two int8 tensors
-        call = members[0].meta[_meta.OP]
+        call = canonical(members[0])
         a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
         if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
             if len(members) != 1:
@@ -95,9 +88,9 @@ def _binary(kernel):
 def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
     """The float-tensor inputs of ``node`` (not the ints of ``x.shape`` that reshape reads)."""
     found = []
-    for n in node.meta[_meta.OP].tensor_inputs():
+    for n in canonical(node).tensor_inputs():
         decision = resolve(n).meta.get(_meta.DECISION)
-        if decision is None or decision.kind != "none" or resolve(n).op == "placeholder":
+        if decision is None or decision.kind is not DecisionKind.NONE or resolve(n).op == "placeholder":
             found.append(resolve(n))
     return found
 
@@ -110,11 +103,11 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
     x = _qin(ctx, tensors[0])
     if x is None:
         return None
-    if node.meta[_meta.OP].op in ("max_pool1d", "max_pool2d"):
+    if canonical(node).op in ("max_pool1d", "max_pool2d"):
         pooled = _max_pool(ctx, node, x)
-        if pooled is not None or node.meta[_meta.OP].op == "max_pool1d":
+        if pooled is not None or canonical(node).op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = node.meta[_meta.OP].op in ("dropout", "identity")
+    keeps_layout = canonical(node).op in ("dropout", "identity")
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
     new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
@@ -130,7 +123,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
         if getattr(m, "return_indices", False):
             return None
     else:
-        args = node.meta[_meta.OP].args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
+        args = canonical(node).args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
         defaults = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
         geometry = tuple(args.get(k, d) for k, d in defaults)
         if args.get("return_indices") or len(node.args) > 4:
@@ -138,7 +131,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
     if any(isinstance(v, fx.Node) for v in geometry):
         return None
     kernel, stride, padding, dilation, ceil_mode = geometry
-    if node.meta[_meta.OP].op == "max_pool1d":
+    if canonical(node).op == "max_pool1d":
         one = lambda v, pad: [pad, v if isinstance(v, int) else v[0]]  # noqa: E731
         codes = ctx.graph.call_method("unsqueeze", (x.node, -2))
         stride = one(stride, 1) if stride else []
@@ -150,7 +143,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
 
 
 def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     a, b = _qin(ctx, resolve(call.args.get("input"))), _qin(ctx, resolve(call.args.get("other")))
     if a is None or b is None or ctx.qparams_of(members[-1]) is None:
         return None
@@ -160,7 +153,7 @@ def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_f
 
 
 def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     x = _qin(ctx, _input(call, resolve))
     dim = call.args.get("dim")
     if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
@@ -174,7 +167,7 @@ def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
 
 
 def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     tensors = call.args.get("tensors")
     dim = call.args.get("dim", 0)
     if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
@@ -189,7 +182,7 @@ def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
 
 def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> lucid_fx.adaptive_avg_pool2d
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     x = _qin(ctx, _input(call, resolve))
     size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
     if x is None or ctx.qparams_of(node) is None or size is None:
@@ -203,7 +196,7 @@ def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> 
 
 def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     node = members[0]
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     x = _qin(ctx, _input(call, resolve))
     dim = call.args.get("dim")
     if x is None or ctx.qparams_of(node) is None or dim is None:
@@ -214,7 +207,7 @@ def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     return ctx.output_qvalue(node, out)
 
 
-_CONVS = ("conv1d", "conv2d")
+_CONVS = sorted(ops_tagged(Tag.CONV) - FLOAT_BY_DESIGN.keys())  # conv1d, conv2d
 _add, _mul = _binary(_ops.add), _binary(_ops.mul)
 
 GENERIC: Dict[Tuple[str, ...], Rule] = {
@@ -234,6 +227,9 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(masked s) -> lucid_fx.masked_softmax
     ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat
     ("adaptive_avg_pool2d",): lower_adaptive_avg_pool2d,  # -> lucid_fx.adaptive_avg_pool2d
+    ("adaptive_avg_pool1d",): lower_adaptive_avg_pool1d,  # -> lucid_fx.adaptive_avg_pool2d, 1 high
+    **{(op,): lower_avg_pool for op in ("avg_pool1d", "avg_pool2d")},  # -> lucid_fx.avg_pool2d on the codes, requantized
+    ("stack",): lower_stack,  # stack(xs, dim) -> lucid_fx.cat of the codes, each unsqueezed
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
     **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut

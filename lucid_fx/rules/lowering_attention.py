@@ -16,6 +16,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.ops import canonical
 from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
 
 __all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD"]
@@ -45,8 +46,8 @@ def unfused_mask(observers: Any, members: List[fx.Node]) -> Optional[str]:
     """Why a softmax, an add of two tensors or a masked softmax group runs in float because a mask
     reached it unfused (its masked_fill or add has other users, or it was masked twice), or None.
     Read by their lowering rules and by passes/predict_placement.py."""
-    ops = tuple(m.meta[_meta.OP].op for m in members)
-    call = members[0].meta[_meta.OP]
+    ops = tuple(canonical(m).op for m in members)
+    call = canonical(members[0])
     if ops == ("softmax",) and holds_mask_values(observers, call.args.get("input")):
         return "its input " + HOLDS_MASK
     if members[0].meta.get(_meta.FUSION) == MASKED_SOFTMAX and holds_mask_values(observers, scores_input(members[0])):
@@ -67,7 +68,7 @@ def _number(value: Any) -> bool:
 
 def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lucid_fx.masked_softmax
     masked, soft = members
-    call, dim = masked.meta[_meta.OP], soft.meta[_meta.OP].args.get("dim")
+    call, dim = canonical(masked), canonical(soft).args.get("dim")
     scores, mask = resolve(scores_input(masked)), resolve(mask_input(masked))
     unfused = unfused_mask(ctx.observers, members)
     if unfused:

@@ -17,6 +17,7 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
+from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
@@ -174,7 +175,7 @@ class LoweringContext:
         why = f"int32 accumulator could overflow: K={k}, worst case sum {worst:.3g} > 2^31-1; runs in float"
         self.declined[node.name] = why
         warnings.warn(
-            f"convert: node {node.name!r} ({node.meta[_meta.OP].op}, K={k} inputs per output) could overflow the "
+            f"convert: node {node.name!r} ({canonical(node).op}, K={k} inputs per output) could overflow the "
             f"int8 kernel's int32 accumulator (worst case {worst:.3g} > 2^31-1), so it runs in float instead "
             "(see lucid_fx_convert_report.float_ops). To keep it int8, split it into layers with fewer inputs",
             RuntimeWarning,
@@ -202,7 +203,7 @@ class LoweringContext:
                 observer = observer.activation_post_process  # folding changed the weight: observe it afresh
             base = node.target.replace(".", "_")
         else:
-            call = node.meta[_meta.OP]
+            call = canonical(node)
             weight, bias = self._attr(call.args.get("weight")), self._attr(call.args.get("bias"))
             if weight is None or (call.args.get("bias") is not None and bias is None):
                 return None  # a weight computed in the graph has no constant int8 form

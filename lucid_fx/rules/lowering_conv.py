@@ -15,6 +15,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.ops import canonical
 
 __all__ = ["lower_conv", "lower_conv_add"]
 
@@ -22,7 +23,7 @@ _ops = torch.ops.lucid_fx
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    return "relu" if members[-1].meta[_meta.OP].op == "relu" else "none"
+    return "relu" if canonical(members[-1]).op == "relu" else "none"
 
 
 def _qin(ctx, node: Any) -> Optional[QValue]:
@@ -39,12 +40,12 @@ def _conv_geometry(ctx, node):
         m = ctx.prepared.get_submodule(node.target)
         stride, padding, dilation, groups, mode = m.stride, m.padding, m.dilation, m.groups, m.padding_mode
     else:
-        args = node.meta[_meta.OP].args
+        args = canonical(node).args
         stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
         mode = "zeros"
     if isinstance(padding, str) or not isinstance(groups, int):
         return None  # "same"/"valid" padding, or geometry computed in the graph: leave to float
-    dims = 2 if node.meta[_meta.OP].op == "conv2d" else 1
+    dims = 2 if canonical(node).op == "conv2d" else 1
     as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
     return as_list(stride), as_list(padding), as_list(dilation), groups, mode
 
@@ -56,7 +57,7 @@ def _conv_input(ctx, node: fx.Node, source: fx.Node, geometry):
     (C, L), which torch's convs accept, gets a batch dim of 1 for the kernel. Reflect, replicate and
     circular padding (``padding_mode``) pad the codes themselves, which is exact (it only copies
     codes), and the kernel then pads nothing; only ``"zeros"`` padding is the kernel's own."""
-    is_2d = node.meta[_meta.OP].op == "conv2d"
+    is_2d = canonical(node).op == "conv2d"
     stride, padding, dilation, groups, mode = geometry
     meta = source.meta.get(_meta.TENSOR_META)
     unbatched = meta is not None and len(getattr(meta, "shape", ())) == (3 if is_2d else 2)
@@ -81,7 +82,7 @@ def _conv_output(ctx, members, out: fx.Node, unbatched: bool, is_2d: bool) -> QV
 
 def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2d
     first = members[0]
-    call = first.meta[_meta.OP]
+    call = canonical(first)
     x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(first)
     geometry = _conv_geometry(ctx, first)
     if x is None or weight is None or geometry is None or ctx.qparams_of(members[-1]) is None:
@@ -97,15 +98,15 @@ def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2
 
 def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
     conv, add = members[0], members[1]
-    other_node = next((resolve(a) for a in add.meta[_meta.OP].tensor_inputs() if resolve(a) is not conv), None)
-    x, other = _qin(ctx, _input(conv.meta[_meta.OP], resolve)), _qin(ctx, other_node)
+    other_node = next((resolve(a) for a in canonical(add).tensor_inputs() if resolve(a) is not conv), None)
+    x, other = _qin(ctx, _input(canonical(conv), resolve)), _qin(ctx, other_node)
     weight = ctx.quantized_weight(conv)
     geometry = _conv_geometry(ctx, conv)
-    if None in (x, other, weight, geometry) or conv.meta[_meta.OP].op != "conv2d" or ctx.qparams_of(members[-1]) is None:
+    if None in (x, other, weight, geometry) or canonical(conv).op != "conv2d" or ctx.qparams_of(members[-1]) is None:
         return None
     w, s, b = weight
     scale, zp, _ = ctx.qparams_of(members[-1])
-    x, geometry, unbatched = _conv_input(ctx, conv, _input(conv.meta[_meta.OP], resolve), geometry)
+    x, geometry, unbatched = _conv_input(ctx, conv, _input(canonical(conv), resolve), geometry)
     other_codes = ctx.graph.call_method("unsqueeze", (other.node, 0)) if unbatched else other.node
     out = ctx.call(
         _ops.conv2d_add, x.node, x.scale, x.zero_point, w, s, b, *geometry,

@@ -11,6 +11,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import canonical
 from lucid_fx.kernels import make_lut
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
@@ -46,7 +47,7 @@ def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
     the op's own observer is not used. None for anything else."""
     if len(members) != 1:
         return None
-    call = members[0].meta[_meta.OP]
+    call = canonical(members[0])
     a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
     if call.op == "mul" and not isinstance(a, fx.Node):
         a, b = b, a
@@ -69,7 +70,7 @@ def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled g
 
 def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table
     node = members[0]
-    tensors = [resolve(n) for n in node.meta[_meta.OP].tensor_inputs()]
+    tensors = [resolve(n) for n in canonical(node).tensor_inputs()]
     if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
         return None
     x = _qin(ctx, tensors[0])

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional, Set
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_only_nodes"]
 
@@ -25,13 +26,13 @@ __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_o
 MASKED_SOFTMAX = "masked_softmax"
 # Ops that make scores (products of activations and weights or of two activations); a mask chain
 # through one of them is not kept float, the op keeps its own decision.
-_PRODUCTS = frozenset({"matmul", "linear", "conv1d", "conv2d", "conv3d"})
+_PRODUCTS = ops_tagged(Tag.PRODUCT)  # matmul, linear, convs
 _SEARCH_DEPTH = 8  # q @ k.T -> * d**-0.5 -> view -> ... : scores are a few ops below a matmul
 
 
 def _from_product(node: fx.Node, depth: int = _SEARCH_DEPTH) -> bool:
     """Whether ``node`` is computed from a matmul/linear/conv within ``depth`` ops."""
-    call = node.meta.get(_meta.OP)
+    call = canonical(node)
     if call is None or node.op in ("placeholder", "get_attr"):
         return False
     if call.op in _PRODUCTS:
@@ -44,7 +45,7 @@ def _additive_mask(node: fx.Node) -> Optional[fx.Node]:
     not computed from a matmul; ``other`` when both or neither are (``scores + mask``)."""
     if node.meta.get(_meta.FUSION) != MASKED_SOFTMAX:
         return None
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     a, b = call.args.get("input"), call.args.get("other")
     if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or a is b:
         return None
@@ -52,15 +53,15 @@ def _additive_mask(node: fx.Node) -> Optional[fx.Node]:
 
 
 MASK_SLOTS: Dict[str, Callable[[fx.Node], Optional[fx.Node]]] = {
-    "masked_fill": lambda node: node.meta[_meta.OP].args.get("mask"),  # s.masked_fill(m, v) -> m
+    "masked_fill": lambda node: canonical(node).args.get("mask"),  # s.masked_fill(m, v) -> m
     "add": _additive_mask,  # softmax(s + m), fused as masked_softmax -> m
-    "scaled_dot_product_attention": lambda node: node.meta[_meta.OP].args.get("attn_mask"),  # sdpa(q, k, v, m) -> m
+    "scaled_dot_product_attention": lambda node: canonical(node).args.get("attn_mask"),  # sdpa(q, k, v, m) -> m
 }
 
 
 def mask_input(node: fx.Node) -> Optional[fx.Node]:
     """The input ``node`` reads as a mask (in float, exactly), or None."""
-    call = node.meta.get(_meta.OP)
+    call = canonical(node)
     find = MASK_SLOTS.get(call.op) if call is not None else None
     found = find(node) if find is not None else None
     return found if isinstance(found, fx.Node) else None
@@ -69,7 +70,7 @@ def mask_input(node: fx.Node) -> Optional[fx.Node]:
 def scores_input(node: fx.Node) -> Optional[fx.Node]:
     """The other operand of a masked op: what it masks (``s`` of ``s.masked_fill(m, v)`` or ``s + m``)."""
     mask = mask_input(node)
-    call = node.meta[_meta.OP]
+    call = canonical(node)
     for name in ("input", "other"):
         value = call.args.get(name)
         if isinstance(value, fx.Node) and value is not mask:
@@ -79,7 +80,7 @@ def scores_input(node: fx.Node) -> Optional[fx.Node]:
 
 def _reads_only_as_mask(user: fx.Node, node: fx.Node) -> bool:
     """Whether ``user`` reads ``node`` as its mask and in no other argument."""
-    args = user.meta[_meta.OP].args.values()
+    args = canonical(user).args.values()
     uses = sum(v is node for value in args for v in (value if isinstance(value, (list, tuple)) else (value,)))
     return mask_input(user) is node and uses == 1
 
@@ -90,7 +91,7 @@ def mask_only_nodes(graph: fx.Graph) -> Set[fx.Node]:
     conv among them keeps its own decision. One pass from the output back (users first)."""
     found: Set[fx.Node] = set()
     for node in reversed(graph.nodes):
-        call = node.meta.get(_meta.OP)
+        call = canonical(node)
         if call is None or node.op in ("placeholder", "get_attr", "output") or call.op in _PRODUCTS or not node.users:
             continue
         if all(user in found or (_meta.OP in user.meta and _reads_only_as_mask(user, node)) for user in node.users):

@@ -1,30 +1,49 @@
 """Observer-choice rules: which observer a node's output gets. The first rule whose ops match
-and whose action returns a decision wins; ``None`` declines.
-
-Kinds: ``fixed`` (FixedQParamsObserver from the proven interval), ``statistics`` (the QConfig's
-activation observer), ``shared`` (the same observer as the op's input: values pass through
-unchanged), ``float`` (output stays float), ``fused`` (inside a fused group; only its last node is
-observed), ``none`` (not a float tensor).
+and whose action returns a decision wins; ``None`` declines. The kinds of decision are
+:class:`DecisionKind`.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence
 
 from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
+from lucid_fx.ops import Tag, canonical, ops_tagged
 
-__all__ = ["Decision", "ObserverRule", "OBSERVER_RULES", "SHARED_OPS", "QUANTIZED_OPS", "ANY"]
+__all__ = [
+    "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
+    "compose_observer_rules", "SHARED_OPS", "FLOAT_BY_DESIGN", "ANY",
+]
 
 ANY = "*"
 
 
+class DecisionKind(enum.Enum):
+    """How prepare observes a node's output: the plan. Where convert then computes the value is a
+    :class:`lucid_fx.placement.Runs`, the outcome: ``FIXED``, ``STATISTICS`` and ``SHARED`` values
+    run as an int8 kernel, a table or shared codes where a lowering rule takes them and in float
+    where none does; ``FUSED`` nodes run as part of their group's end; ``FLOAT`` runs in float and
+    ``NONE`` is ``Runs.NOT_TENSOR``."""
+
+    FIXED = "fixed"  # FixedQParamsObserver from the proven interval
+    STATISTICS = "statistics"  # the QConfig's activation observer, calibrated
+    SHARED = "shared"  # the same observer as the op's input: values pass through unchanged
+    FUSED = "fused"  # inside a fused group: only its last node is observed
+    FLOAT = "float"  # output stays float
+    NONE = "none"  # not a float tensor: nothing to observe
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str
+    """Which observer a node's output gets (``kind``), why, and the rule (file:line) that chose it.
+    ``kind`` may be given by its value (``"statistics"``); it is stored as a :class:`DecisionKind`."""
+
+    kind: DecisionKind
     reason: str
     rule: str = ""
     interval: Any = None
@@ -32,6 +51,13 @@ class Decision:
     # The op itself runs float (its QConfig is None, or it is registered float) even when its output
     # is observed as the input of a quantized op.
     keep_float: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kind, str):
+            valid = ", ".join(repr(k.value) for k in DecisionKind)
+            if self.kind not in {k.value for k in DecisionKind}:
+                raise ValueError(f"Decision: kind must be a DecisionKind or one of {valid}, got {self.kind!r}")
+            object.__setattr__(self, "kind", DecisionKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -47,44 +73,37 @@ def observer_rule(ops, action) -> ObserverRule:
 
 
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
-SHARED_OPS = frozenset(
-    {
-        "max_pool1d", "max_pool2d", "flatten", "reshape", "permute", "transpose", "contiguous",
-        "squeeze", "unsqueeze", "expand", "getitem", "chunk", "dropout", "identity",
-    }
-)
-# Ops with an int8 implementation: their output is observed with the QConfig's activation observer.
-QUANTIZED_OPS = frozenset(
-    {
-        "linear", "conv1d", "conv2d", "conv3d", "add", "sub", "mul", "matmul", "cat", "relu",
-        "hardswish", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "mean",
-        "clamp", "sigmoid", "tanh", "hardsigmoid", "softmax", "softsign", "div",
-    }
-)
+SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
+# Ops lucid_fx keeps in float on purpose, and why: no observer, no weight observer; a fused group
+# holding one runs in float too. Every other op an observer rule quantizes has a lowering
+# (tests/test_op_table.py).
+FLOAT_BY_DESIGN: Dict[str, str] = {
+    "conv3d": "no int8 3-d convolution kernel (lucid_fx.kernels has conv1d and conv2d): runs in float, by design",
+}
 
 
 def _not_float_tensor(node, ctx) -> Optional[Decision]:
     if not ctx.is_float_tensor(node):
-        return Decision("none", "not a float tensor")
+        return Decision(DecisionKind.NONE, "not a float tensor")
     return None
 
 
 def _mutation(node, ctx) -> Optional[Decision]:
     why = node.meta.get(_MUTATION)
-    return Decision("float", why) if why is not None else None
+    return Decision(DecisionKind.FLOAT, why) if why is not None else None
 
 
 def _qconfig_none(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr", "output"):
         return None
     if ctx.qconfig(node) is None:
-        return Decision("float", "QConfig is None for this module/op", keep_float=True)
+        return Decision(DecisionKind.FLOAT, "QConfig is None for this module/op", keep_float=True)
     return None
 
 
 def _user_float(node, ctx) -> Optional[Decision]:
     if ctx.op_name(node) in ctx.registry.float_ops:
-        return Decision("float", "registered to stay float", keep_float=True)
+        return Decision(DecisionKind.FLOAT, "registered to stay float", keep_float=True)
     return None
 
 
@@ -92,14 +111,14 @@ def _attention_mask(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr") or not ctx.feeds_only_masks(node):
         return None
     reason = "attention mask: read exactly, in float, by the masked op (docs/policies.md)"
-    return Decision("float", reason, qconfig=ctx.qconfig(node))
+    return Decision(DecisionKind.FLOAT, reason, qconfig=ctx.qconfig(node))
 
 
 def _fused(node, ctx) -> Optional[Decision]:
     if ctx.fused_into(node) not in (None, node.name):
         # The qconfig still matters inside a group: it says how the group's weight is observed
         # (fake-quantized, in QAT).
-        return Decision("fused", f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}", qconfig=ctx.qconfig(node))
+        return Decision(DecisionKind.FUSED, f"inside fused {ctx.fusion(node)} ending at {ctx.fused_into(node)}", qconfig=ctx.qconfig(node))
     return None
 
 
@@ -110,18 +129,26 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
     qconfig = ctx.qconfig(node)
     if qconfig is not None and not qconfig.range_analysis:
         return None
-    return Decision("fixed", f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
+    return Decision(DecisionKind.FIXED, f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
 
 
 def _shared(node, ctx) -> Optional[Decision]:
-    if not any(ctx.is_float_tensor(source) for source in node.meta[_OP].tensor_inputs()):
+    if not any(ctx.is_float_tensor(source) for source in canonical(node).tensor_inputs()):
         return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
-    return Decision("shared", "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
+    return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
+
+
+def _calibrated(node, ctx) -> Decision:
+    reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
+    return Decision(DecisionKind.STATISTICS, reason, qconfig=ctx.qconfig(node))
 
 
 def _statistics(node, ctx) -> Optional[Decision]:
-    reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
-    return Decision("statistics", reason, qconfig=ctx.qconfig(node))
+    """An op, or the end of a fused group, that the lowering tables lower: calibrated. A batch norm
+    is observed only as the end of a group it folds into, and only where it can fold (next rule)."""
+    if ctx.op_name(node) == "batch_norm":
+        return None
+    return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None
 
 
 def _folded_group_end(node, ctx) -> Optional[Decision]:
@@ -129,29 +156,43 @@ def _folded_group_end(node, ctx) -> Optional[Decision]:
     linear whose output is known not to be 2-D cannot fold (the norm is over dim 1), so declines."""
     if ctx.fused_into(node) != node.name:
         return None
-    layer = node.meta[_OP].args.get("input")
+    layer = canonical(node).args.get("input")
     shape = getattr(getattr(layer, "meta", {}).get(_TENSOR_META), "shape", None)
-    if layer is not None and layer.meta[_OP].op == "linear" and shape is not None and len(shape) != 2:
+    if layer is not None and canonical(layer).op == "linear" and shape is not None and len(shape) != 2:
         return None
-    return _statistics(node, ctx)
+    return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None  # the key once folded
 
 
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
-        return Decision("none", "graph input (observed only if a quantized op reads it)")
-    return Decision("float", "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
+        return Decision(DecisionKind.NONE, "graph input (observed only if a quantized op reads it)")
+    why = next((FLOAT_BY_DESIGN[op] for op in ctx.lowering_key(node) if op in FLOAT_BY_DESIGN), None)
+    return Decision(DecisionKind.FLOAT, why or "no observer rule quantizes this op")  # where it runs is convert's call (lucid_fx.placement)
 
 
-OBSERVER_RULES: List[ObserverRule] = [
+# The table is a composition, first match wins: guards + user rules + built-in op rules + fallback
+# (compose_observer_rules). The guards hold for every op, a user's included.
+GUARD_RULES: List[ObserverRule] = [
     observer_rule(ANY, _not_float_tensor),  # ints, shapes, masks -> none
     observer_rule(ANY, _mutation),  # in place, and something else sees the change -> float (functionalize_inplace)
     observer_rule(ANY, _qconfig_none),  # QConfig None -> float
     observer_rule(ANY, _user_float),  # registered float op -> float
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
+]
+OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
-    observer_rule(QUANTIZED_OPS, _statistics),  # linear/conv/add/... -> QConfig activation observer
+    observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
-    observer_rule(ANY, _leave_float),  # anything else -> float
 ]
+FALLBACK_RULE = observer_rule(ANY, _leave_float)  # anything else -> float
+
+
+def compose_observer_rules(user_rules: Sequence[ObserverRule] = ()) -> List[ObserverRule]:
+    """The observer table prepare walks: guards, then ``user_rules`` newest first (a later
+    registration wins), then the built-in op rules, then the fallback."""
+    return [*GUARD_RULES, *reversed(user_rules), *OP_RULES, FALLBACK_RULE]
+
+
+OBSERVER_RULES: List[ObserverRule] = compose_observer_rules()  # the built-in table

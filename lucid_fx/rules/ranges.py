@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Tuple
 
 from lucid_fx import interval as I
 from lucid_fx._where import caller_location
+from lucid_fx.ops import Tag, ops_tagged
 
 __all__ = ["RangeRule", "RANGE_RULES"]
 
@@ -112,13 +113,6 @@ RANGE_RULES: List[RangeRule] = [
     rule("maximum", _both(lambda a, b: (max(a[0], b[0]), max(a[1], b[1])))),  # max of intervals
     rule("exp", _monotone(math.exp)),  # exp is increasing
     rule("abs", _abs),  # |[a, b]|
-    rule(  # shape ops, pooling and averages keep values inside the input interval
-        (
-            "reshape", "permute", "transpose", "flatten", "contiguous", "squeeze", "unsqueeze", "expand",
-            "getitem", "chunk", "dropout", "identity", "max_pool1d", "max_pool2d", "avg_pool1d",
-            "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "mean",
-        ),
-        _passthrough,
-    ),
+    rule(sorted(ops_tagged(Tag.MOVES_CODES, Tag.AVERAGE)), _passthrough),  # shape ops, pools, means: inside the input's interval
     rule(("cat", "stack"), _union_of_tensors),  # cat of bounded inputs: their hull
 ]

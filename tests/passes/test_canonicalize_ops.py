@@ -67,3 +67,26 @@ def test_unknown_ops_keep_their_own_name(registry):
     graph.output(y)
     gm = canonicalize_ops(fx.GraphModule(nn.Module(), graph), registry)
     assert [n.meta[_meta.OP].op for n in gm.graph.nodes] == ["placeholder", "pow", "output"]
+
+
+def test_node_meta_names_other_nodes_so_a_deep_copy_reads_its_own(registry):
+    import copy
+
+    from lucid_fx.ops import NodeRef, canonical
+
+    class Cat(nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x.sigmoid(), y], 1) + x
+
+    gm = canonicalize_ops(trace_model(Cat()).graph_module, registry)
+    stored = {n.name: n.meta[_meta.OP] for n in gm.graph.nodes}
+    assert stored["cat"].args["tensors"] == [NodeRef("sigmoid"), NodeRef("y")]
+    assert stored["add"].args == {"input": NodeRef("cat"), "other": NodeRef("x")}
+    no_nodes = lambda v: not isinstance(v, fx.Node) and not (isinstance(v, (list, tuple)) and any(isinstance(i, fx.Node) for i in v))  # noqa: E731
+    assert all(no_nodes(v) for call in stored.values() for v in call.args.values())
+    twin = copy.deepcopy(gm)  # no rebinding: the copy's calls resolve to the copy's own nodes
+    nodes = {n.name: n for n in twin.graph.nodes}
+    bound = canonical(nodes["cat"])
+    assert bound.args["tensors"][0] is nodes["sigmoid"] and bound.args["tensors"][1] is nodes["y"]
+    assert canonical(nodes["add"]).tensor_inputs() == [nodes["cat"], nodes["x"]]
+    assert canonical(next(n for n in gm.graph.nodes if n.name == "cat")).args["tensors"][0] is not nodes["sigmoid"]

@@ -48,7 +48,7 @@ def test_graph_before_and_after(registry):
         "return sigmoid",
     ]
     choose_observers(gm, registry, Q.QConfigMapping().set_global(Q.minmax_qconfig))
-    kinds = {n.name: n.meta[_meta.DECISION].kind for n in gm.graph.nodes if n.op != "output"}
+    kinds = {n.name: n.meta[_meta.DECISION].kind.value for n in gm.graph.nodes if n.op != "output"}
     assert kinds == {"x": "statistics", "fc": "fused", "relu": "statistics", "pool": "shared", "sigmoid": "fixed"}
     expected_out = gm(x)
     insert_observers(gm)
@@ -98,3 +98,16 @@ def test_a_fused_group_takes_its_weighted_ops_qconfig():
     rows = lucid_fx.explain(floated).by_node()
     assert rows["proj"]["kind"] == "float"  # not fused into an int8 kernel against the user's None
     assert rows["relu"]["kind"] == "statistics" and "input of quantized head" in rows["relu"]["reason"]
+
+
+def test_a_linear_batch_norm_group_is_observed_at_its_end_only_where_it_folds():
+    """bn(linear(x)) folds at convert only on a 2-D value (the norm is over dim 1, the linear's
+    features are the last dim), so only there does the group's end get an observer of its own."""
+    import lucid_fx
+
+    for shape, kind in (((8, 4), "statistics"), ((8, 3, 4), "float")):
+        model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).eval()
+        prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(*shape),))
+        rows = lucid_fx.explain(prepared).by_node()
+        assert (rows["_0"]["kind"], rows["_1"]["kind"]) == ("fused", kind), shape
+        assert ("_1" in prepared.lucid_fx_observers) == (kind == "statistics")

@@ -1,0 +1,85 @@
+"""References between nodes in ``node.meta``, by name, and the bound view rules read.
+
+``node.meta[OP]`` (a :class:`lucid_fx.ops.CanonicalCall`) names the nodes its arguments are with
+:class:`NodeRef`, so it holds no ``fx.Node``: a deep copy of a graph, or a saved and loaded one,
+needs no rebinding. :func:`canonical` gives a rule the call with those names resolved to the nodes
+of the node's own graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Optional
+
+from torch import fx
+
+from lucid_fx._meta import OP as _OP
+
+__all__ = ["NodeRef", "BoundCall", "canonical"]
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """Another node of the same graph, by name (node names are unique in a graph)."""
+
+    name: str
+
+
+def each(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` of ``value``, or of each item of a list or tuple ``value`` (one level, as node args nest)."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(fn(v) for v in value)
+    return fn(value)
+
+
+def as_ref(value: Any) -> Any:
+    return NodeRef(value.name) if isinstance(value, fx.Node) else value
+
+
+def node_named(graph: fx.Graph, ref: NodeRef) -> Any:
+    """The node of ``graph`` that ``ref`` names (looked up in a table kept on the graph, rebuilt
+    when it misses or is stale), or ``ref`` itself when the graph has no such node."""
+    table = graph.__dict__.get("_lucid_fx_nodes_by_name")
+    node = table.get(ref.name) if table is not None else None
+    if node is None or node.graph is not graph or node.name != ref.name or getattr(node, "_erased", False):
+        table = {n.name: n for n in graph.nodes}
+        graph.__dict__["_lucid_fx_nodes_by_name"] = table
+        node = table.get(ref.name)
+    return node if node is not None else ref
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """A canonical call read in its graph: the arguments that are nodes are ``fx.Node`` s."""
+
+    op: str
+    args: Mapping[str, Any]
+    inplace: bool
+    spelling: str
+    module: Optional[str] = None
+
+    def tensor_inputs(self) -> List[fx.Node]:
+        found: List[fx.Node] = []
+        for value in self.args.values():
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, fx.Node) and item not in found:
+                    found.append(item)
+        return found
+
+
+def canonical(node: fx.Node) -> Optional[BoundCall]:
+    """``node``'s canonical call (``node.meta[OP]``) with its node arguments as the nodes of
+    ``node``'s graph, or None when canonicalize_ops gave it none.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from lucid_fx.ops import CanonicalCall
+    >>> graph = fx.Graph()
+    >>> x = graph.placeholder("x")
+    >>> y = graph.call_function(torch.sigmoid, (x,))
+    >>> y.meta[_OP] = CanonicalCall("sigmoid", {"input": x}, False, "torch.sigmoid")
+    >>> y.meta[_OP].args, canonical(y).args["input"] is x
+    ({'input': NodeRef(name='x')}, True)
+    """
+    call = node.meta.get(_OP)
+    return call.bind(node.graph) if call is not None else None
