@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import lucid_fx
 from lucid_fx import program as program_module
@@ -233,3 +234,27 @@ def test_pickle_and_torch_save_keep_the_model_running_programs():
     assert isinstance(loaded, program_module.ProgramRunner) and programs_of(loaded) == {}
     assert torch.equal(loaded(x), expected) and torch.equal(loaded(x), expected)
     assert len(programs_of(loaded)) == 1
+
+
+class _ClassToken(nn.Module):
+    """A linear reading a slice (h[:, 0]): its codes are not dense rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.proj(x))[:, 0])
+
+
+def test_a_linear_on_a_slice_computes_the_portable_values_on_every_route():
+    # Regression: the 1x1-convolution route (CPUs without VNNI) read a slice's codes as dense rows.
+    torch.manual_seed(0)
+    model, x = _ClassToken().eval(), torch.randn(8, 10, 16)
+    with force_cpu_features("avx2"):
+        q = _quantize(model, x)
+    for kind in sorted(CPU_KINDS):
+        with force_cpu_features(kind):
+            portable, program = q(x), q(x)
+            assert torch.equal(program, portable), kind
+    assert len(programs_of(q)) == len(CPU_KINDS)

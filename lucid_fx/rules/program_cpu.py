@@ -49,8 +49,8 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     if not onednn._zero_point_exact_on_onednn(qw, zp):
         return None
     n, k = qw.shape
-    rows = qx if x.dim() == 2 and x.is_contiguous() else b.call_method("reshape", qx, (-1, k))
-    if x.dim() != 2 and not x.is_contiguous():
+    rows = qx if x.dim() == 2 else b.call_method("reshape", qx, (-1, k))
+    if not x.is_contiguous():  # a slice such as h[:, 0]: the routes below read dense rows
         rows = b.call_method("contiguous", rows)
     m = x.numel() // k
     scale, ozp, odtype = _out_args(out_scale, out_zp, dtype)

@@ -1,5 +1,7 @@
 """lower_to_int8: a calibrated graph before and after, its report, and the Target's weight grid."""
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -7,6 +9,7 @@ from torch import nn
 import lucid_fx
 from lucid_fx import _meta
 from lucid_fx.kernels import force_cpu_features
+from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8
 
@@ -41,4 +44,8 @@ def test_graph_before_and_after(kind, grid):
     linear = next(n for n in converted.graph.nodes if getattr(n.target, "__name__", "") == "linear")
     assert linear.meta[_meta.PLACEMENT].members == ("_0", "_1")  # the fused group, by prepared-node name
     x = torch.randn(16, 8)
-    assert (converted(x) - model(x)).abs().max() < 0.2  # layer_norm over 4 sigmoid outputs magnifies their int8 steps
+    # VNNI-grid weights on a CPU without VNNI (the suite's AVX2 rerun) take the exact _int_mm path, saying so.
+    exact_on_onednn = detected_cpu_features().name != "avx2" or grid == (-64, 63)
+    with contextlib.nullcontext() if exact_on_onednn else pytest.warns(RuntimeWarning, match="oneDNN would saturate"):
+        out = converted(x)
+    assert (out - model(x)).abs().max() < 0.2  # layer_norm over 4 sigmoid outputs magnifies their int8 steps
