@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
@@ -41,8 +44,10 @@ _MOVES_VALUES = frozenset({"reshape", "view", "transpose", "permute", "contiguou
 class TargetReport:
     """What ``quantize(..., target_sqnr_db=...)`` chose: ``float_nodes`` (kept float, by the
     names ``compare`` reports), ``sqnr_db`` (the held-out output SQNR reached), ``met``,
-    ``float_flops`` (the share of the model's matrix FLOPs that runs in float: the speed it
-    costs; it counts ops float without a target too), ``rounds`` (one line per prepare/calibrate/convert/compare round)."""
+    ``float_flops`` (the share of the model's matrix FLOPs that runs in float; it counts ops float
+    without a target too), ``chosen_ms`` and ``int8_ms`` (the speed it costs: milliseconds per call
+    of the chosen model and of the first round's, measured on the first held-out batch, medians of
+    5 alternating calls after a warm-up), ``rounds`` (one line per prepare/calibrate/convert/compare round)."""
 
     target_sqnr_db: float
     float_nodes: List[str] = field(default_factory=list)
@@ -50,14 +55,33 @@ class TargetReport:
     met: bool = False
     float_flops: float = 0.0
     rounds: List[str] = field(default_factory=list)
+    chosen_ms: float = math.nan
+    int8_ms: float = math.nan
 
     def __str__(self) -> str:
         verdict = "met" if self.met else "NOT met"
         lines = [f"target {self.target_sqnr_db:.1f} dB {verdict}: {self.sqnr_db:.1f} dB with {len(self.float_nodes)} node(s) "
                  f"float ({100 * self.float_flops:.1f}% of matrix FLOPs)"]
         lines += [f"  float: {name}" for name in self.float_nodes]
+        if not math.isnan(self.chosen_ms):
+            lines.append(f"  speed: {self.chosen_ms:.3g} ms a call, {self.int8_ms:.3g} ms with no node kept float")
         lines += [f"  round {i}: {line}" for i, line in enumerate(self.rounds)]
         return "\n".join(lines)
+
+
+def _milliseconds(chosen: nn.Module, first: nn.Module, batch: Any) -> Tuple[float, float]:
+    """Median ms per call of ``chosen`` and ``first`` on ``batch`` (alternating, after two warm-up calls each)."""
+    args = batch if isinstance(batch, tuple) else (batch,)
+    times: Tuple[List[float], List[float]] = ([], [])
+    with torch.no_grad():
+        for model in (chosen, first):
+            model(*args), model(*args)  # the second call runs the program built by the first
+        for _ in range(5):
+            for model, samples in zip((chosen, first), times):
+                start = time.perf_counter()
+                model(*args)
+                samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _unobserved(value):
@@ -147,6 +171,7 @@ def quantize_to_target(
     base = qconfig_mapping if qconfig_mapping is not None else get_default_qconfig_mapping()  # as prepare does
     report, kept, step, best = TargetReport(float(target_sqnr_db)), [], 1, None
     last_step: List[str] = []
+    first: Optional[nn.Module] = None  # the first round's model: the speed without any node kept float
     for _ in range(max_rounds):
         mapping = copy.copy(base)
         mapping.node_name_qconfigs = {**base.node_name_qconfigs, **{name: None for name in kept}}
@@ -154,6 +179,7 @@ def quantize_to_target(
         calibrate(prepared, calibration, progress=False)
         inputs, flops = _graph_facts(prepared)
         qmodel = convert(prepared, inplace=True, **convert_options)
+        first = qmodel if first is None else first
         comparison = compare(model, qmodel, held_out)
         sqnr = comparison.output_sqnr_db
         # what runs float in the end, fused partners of a kept node and ops float anyway included
@@ -176,5 +202,6 @@ def quantize_to_target(
         kept, step = kept + last_step, step * 2
     met, report.float_nodes, report.sqnr_db, report.float_flops, qmodel = best
     report.met = met
+    report.chosen_ms, report.int8_ms = _milliseconds(qmodel, first, held_out[0])
     object.__setattr__(qmodel, "lucid_fx_target", report)
     return qmodel

@@ -55,6 +55,9 @@ def test_a_target_out_of_reach_says_so_within_the_budget():
     report = qmodel.lucid_fx_target
     assert not report.met and len(report.rounds) == 2 and report.rounds[0].startswith("0 float -> ")
     assert str(report).startswith("target 200.0 dB NOT met: ")
+    # the speed it costs, measured: both models timed, and the line that says so
+    assert 0 < report.chosen_ms < 1e3 and 0 < report.int8_ms < 1e3
+    assert f"  speed: {report.chosen_ms:.3g} ms a call, {report.int8_ms:.3g} ms with no node kept float" in str(report)
 
 
 def test_set_node_name_keeps_that_node_float():
