@@ -12,11 +12,13 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.functional import dequantize
 
 __all__ = [
-    "POST_OPS", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
+    "POST_OPS", "ONEDNN_POST_OPS", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
     "to_layout", "conv2d_memory_format",
 ]
 
-POST_OPS = ("none", "relu")
+POST_OPS = ("none", "relu", "hardswish", "silu")  # applied in float before quantization
+#: oneDNN's names for the post-ops (its eltwise "swish" with alpha 1 is silu).
+ONEDNN_POST_OPS = {"none": "none", "relu": "relu", "hardswish": "hardswish", "silu": "swish"}
 
 
 def check_post_op(post_op: str) -> None:
@@ -77,6 +79,10 @@ def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: 
     """
     if post_op == "relu":
         y = y.relu_()
+    elif post_op == "hardswish":
+        y = torch.nn.functional.hardswish(y, inplace=True)
+    elif post_op == "silu":
+        y = torch.nn.functional.silu(y, inplace=True)
     if dtype == torch.float32:
         return y
     info = torch.iinfo(dtype)

@@ -191,13 +191,13 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
         scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
         out = torch.ops.onednn.qconv2d_pointwise.default(  # .default: resolving the overload costs ~18 us a call
             image, x_scale, 0, weight, w_scale, zeros, bias, [1, 1], [0, 0], [1, 1], 1, scale, zp, onednn_dtype,
-            post_op, [], "",
+            ref.ONEDNN_POST_OPS[post_op], [], "",
         )
         return _from_uint8(out.permute(0, 2, 3, 1).reshape(*qx.shape[:-1], qw.shape[0]), dtype)
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
     out = torch.ops.onednn.qlinear_pointwise.default(
         rows, x_scale, zp_u8, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
-        post_op, [], "",
+        ref.ONEDNN_POST_OPS[post_op], [], "",
     )
     return out.view(*qx.shape[:-1], qw.shape[0])
 
@@ -237,7 +237,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
     kernel = torch.ops.onednn.qconv2d_pointwise.default if qx.dim() == 4 else torch.ops.onednn.qconv1d_pointwise.default
     out = kernel(qx, x_scale, x_zp, packed[0], w_scale.to(torch.float32), packed[1], bias, stride, padding,
-                 dilation, groups, scale, zp, onednn_dtype, post_op, [], "")
+                 dilation, groups, scale, zp, onednn_dtype, ref.ONEDNN_POST_OPS[post_op], [], "")
     layout = ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format
     return ref.to_layout(_from_uint8(out, dtype), layout)
 
@@ -271,7 +271,7 @@ def conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
     scale, zp, _ = _onednn_out(out_scale, out_zp, dtype)
     out = torch.ops.onednn.qconv2d_pointwise.binary(
         qx, x_scale, x_zp, packed[0], w_scale.to(torch.float32), packed[1], accum, bias, stride, padding,
-        dilation, groups, scale, zp, None, other_scale, other_zp, "sum", 1.0, post_op, [], "",
+        dilation, groups, scale, zp, None, other_scale, other_zp, "sum", 1.0, ref.ONEDNN_POST_OPS[post_op], [], "",
     )
     return ref.to_layout(_from_uint8(out, dtype), layout)
 

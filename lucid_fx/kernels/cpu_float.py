@@ -22,6 +22,8 @@ _F32 = torch.float32
 
 def _requantize(y: torch.Tensor, out_zp: int, post_op: str, dtype: torch.dtype) -> torch.Tensor:
     """Codes of ``y`` (already divided by the output scale): round, shift, clamp, narrow."""
+    if post_op not in ("none", "relu"):  # only weighted ops fuse other post-ops (rules/fusions.py)
+        raise ValueError(f"add and mul fuse post_op 'none' or 'relu', got {post_op!r}")
     # relu in real numbers is a floor at the zero point in codes: round(max(v, 0)) == max(round(v), 0).
     info = torch.iinfo(dtype)
     low = max(out_zp, info.min) if post_op == "relu" else info.min

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lucid_fx.kernels.codes import (  # noqa: F401  (re-exported: the fast kernels read them as ref.*)
-    POST_OPS, _check_range, _narrowed, check_post_op, conv2d_memory_format, dense_strides, dequant, f32, f32_reciprocal,
+    ONEDNN_POST_OPS, POST_OPS, _check_range, _narrowed, check_post_op, conv2d_memory_format, dense_strides, dequant, f32, f32_reciprocal,
     finish, out_storage, quant, to_layout,
 )
 from lucid_fx.quantization.dtypes import to_qdtype

@@ -42,9 +42,14 @@ def fusion(name: str, *steps: Step, where: Optional[str] = None) -> FusionRule:
 # Longer patterns first: the first rule that matches at a node wins. Patterns with batch_norm are
 # observed as one group at prepare (outputs stay bit-exact) and folded at convert. Every pattern
 # has a lowering (tests/test_op_table.py): relu(linear(x) + y) is a linear, then an add_relu.
+# Activations a weighted op's kernel applies in float before it requantizes (one rounding fewer than
+# a table after it; oneDNN's qlinear/qconv post-ops).
+_ACTIVATIONS = ("hardswish", "silu")
+
 FUSION_RULES: List[FusionRule] = [
     fusion("conv_bn_add_relu", _CONV_ADD, "batch_norm", "add", "relu"),  # relu(bn(conv(x)) + y)
     fusion("conv_bn_relu", _CONV, "batch_norm", "relu"),  # relu(bn(conv(x)))
+    fusion("conv_bn_act", _CONV, "batch_norm", _ACTIVATIONS),  # hardswish/silu(bn(conv(x))): oneDNN post-ops
     fusion("conv_bn_add", _CONV_ADD, "batch_norm", "add"),  # bn(conv(x)) + y
     fusion("conv_bn", _CONV, "batch_norm"),  # bn(conv(x)) -> conv with folded weights
     fusion("linear_bn", "linear", "batch_norm"),  # bn(linear(x)) -> linear with folded weights
@@ -52,6 +57,8 @@ FUSION_RULES: List[FusionRule] = [
     fusion("conv_add", _CONV_ADD, "add"),  # conv(x) + y
     fusion("conv_relu", _CONV, "relu"),  # relu(conv(x))
     fusion("linear_relu", "linear", "relu"),  # relu(linear(x))
+    fusion("conv_act", _CONV, _ACTIVATIONS),  # hardswish/silu(conv(x)) -> one kernel with the post-op
+    fusion("linear_act", "linear", _ACTIVATIONS),  # hardswish/silu(linear(x)) -> one kernel with the post-op
     fusion("add_relu", "add", "relu"),  # relu(x + y)
     fusion("mul_relu", "mul", "relu"),  # relu(x * y)
     fusion(MASKED_SOFTMAX, ("masked_fill", "add"), "softmax"),  # softmax(s.masked_fill(m, v) or s + m), m in float

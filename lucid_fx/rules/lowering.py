@@ -41,7 +41,8 @@ def _input(call, resolve) -> Any:
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    return "relu" if canonical(members[-1]).op == "relu" else "none"
+    op = canonical(members[-1]).op
+    return op if op in ("relu", "hardswish", "silu") else "none"
 
 
 def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
@@ -213,8 +214,10 @@ _add, _mul = _binary(_ops.add), _binary(_ops.mul)
 GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("linear",): lower_linear,  # linear(x) -> lucid_fx.linear
     ("linear", "relu"): lower_linear,  # relu(linear(x)) -> lucid_fx.linear(post_op="relu")
+    **{("linear", a): lower_linear for a in ("hardswish", "silu")},  # act(linear(x)) -> lucid_fx.linear(post_op=act)
     **{(c,): lower_conv for c in _CONVS},  # conv(x) -> lucid_fx.conv2d
     **{(c, "relu"): lower_conv for c in _CONVS},  # relu(conv(x)) -> lucid_fx.conv2d(post_op="relu")
+    **{(c, a): lower_conv for c in _CONVS for a in ("hardswish", "silu")},  # act(conv(x)) -> post_op=act
     ("conv2d", "add"): lower_conv_add,  # conv(x) + y -> lucid_fx.conv2d_add
     ("conv2d", "add", "relu"): lower_conv_add,  # relu(conv(x) + y) -> lucid_fx.conv2d_add(post_op="relu")
     ("add",): _add,  # a + b -> lucid_fx.add; x + c -> table

@@ -23,7 +23,8 @@ _ops = torch.ops.lucid_fx
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    return "relu" if canonical(members[-1]).op == "relu" else "none"
+    op = canonical(members[-1]).op
+    return op if op in ("relu", "hardswish", "silu") else "none"
 
 
 def _qin(ctx, node: Any) -> Optional[QValue]:

@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import program_ops
-from lucid_fx.kernels.reference import dequant, f32_reciprocal
+from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU"]
 
@@ -62,12 +62,12 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
         packed = ON.qconv_prepack(qw.contiguous().view(n, k, 1, 1), ws, 1.0, 0, [1, 1], [0, 0], [1, 1], 1, None)
         image = b.call_method("as_strided", rows, (1, k, 1, m), (m * k, 1, m * k, k))
         out = b.call(ON.qconv2d_pointwise.default, image, x_scale, 0, b.const(packed, "packed"), b.const(ws, "wscale"),
-                     zeros, bias_c, [1, 1], [0, 0], [1, 1], 1, scale, ozp, odtype, post_op, [], "")
+                     zeros, bias_c, [1, 1], [0, 0], [1, 1], 1, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
         out = b.call_method("reshape", b.call_method("permute", out, (0, 2, 3, 1)), tuple(b.value(node).shape))
         return out
     packed = ON.qlinear_prepack(qw.contiguous(), None)
     out = b.call(ON.qlinear_pointwise.default, rows, x_scale, zp, b.const(packed, "packed"), b.const(ws, "wscale"),
-                 zeros, bias_c, scale, ozp, odtype, post_op, [], "")
+                 zeros, bias_c, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
@@ -95,7 +95,7 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     head, bias = found
     bias_c = None if bias is None else b.const(bias, "bias")
     return b.call(ON.qconv2d_pointwise.default, *head, bias_c, stride, padding, dilation, groups,
-                  *_out_args(out_scale, out_zp, dtype), post_op, [], "")
+                  *_out_args(out_scale, out_zp, dtype), ONEDNN_POST_OPS[post_op], [], "")
 
 
 def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary "sum" into y's codes
@@ -114,7 +114,7 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
         accum = b.call_method("clone", qother, memory_format=torch.channels_last)
     bias_c = None if bias is None else b.const(bias, "bias")
     return b.call(ON.qconv2d_pointwise.binary, head[0], *head[1:], accum, bias_c, stride, padding, dilation, groups,
-                  out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, post_op, [], "")
+                  out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
 
 
 def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> 4-5 passes, NaN check included

@@ -38,7 +38,7 @@ def deq_w(qw, ws):
 
 
 def finish(y, post_op, out_scale, out_zp, dtype):
-    y = torch.relu(y) if post_op == "relu" else y
+    y = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}.get(post_op, lambda v: v)(y)
     return y if dtype == torch.float32 else Q.quantize(y, out_scale, out_zp, STORAGE[dtype])
 
 
@@ -105,7 +105,7 @@ def test_quantize_per_channel_is_bit_exact():
 
 
 @pytest.mark.parametrize("shape", [(1, 13), (5, 13), (2, 3, 13), (33, 64)])
-@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_linear(linear_backend, shape, post_op, out_dtype, per_channel):
@@ -274,7 +274,7 @@ def conv_args(case, dtype=torch.uint8, channels_last=False):
 
 
 @pytest.mark.parametrize("case", CONV2D)
-@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 def test_conv2d(backend, case, post_op, out_dtype):
     qx, xs, xz, qw, ws, bias, s, p, d, g = conv_args(case)

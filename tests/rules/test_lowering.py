@@ -135,3 +135,23 @@ def test_a_fixed_grid_that_differs_is_kept():
     assert not [n for n in qmodel.graph.nodes if n.target == "view_as"]
     (table,) = [n for n in qmodel.graph.nodes if n.target == torch.ops.lucid_fx.lut]
     assert table.meta["lucid_fx.qparams"][:2] == (1 / 64, 100)
+
+
+@pytest.mark.parametrize("act", ["hardswish", "silu"])
+def test_an_activation_after_a_weighted_op_is_its_kernels_post_op(act, sqnr_db):
+    # hardswish/silu(bn(conv(x))) and act(linear(x)): one kernel that applies act in float before it
+    # requantizes (oneDNN's post-op), not a kernel, a requantize and a table.
+    Act = {"hardswish": torch.nn.Hardswish, "silu": torch.nn.SiLU}[act]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), Act(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 16), Act()).eval()
+    model[1].running_mean.uniform_(-0.5, 0.5), model[1].running_var.uniform_(0.5, 2)
+    batches = [torch.randn(4, 3, 6, 6) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches)
+    calls = [(str(n.target), n.args) for n in qmodel.graph.nodes if n.op == "call_function"]
+    post_ops = {name: args[12 if name.endswith("conv2d") else 8] for name, args in calls if name.endswith(("conv2d", "linear"))}
+    assert post_ops == {"lucid_fx.conv2d": act, "lucid_fx.linear": act}
+    assert not any(name.endswith("lut") for name, _ in calls)
+    with torch.no_grad():
+        x = torch.randn(4, 3, 6, 6)
+        assert sqnr_db(model(x), qmodel(x)) > 30

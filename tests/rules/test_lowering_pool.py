@@ -27,7 +27,7 @@ CASES = {
     "AvgPool1d": (lambda: nn.AvgPool1d(3, stride=2, padding=1), 1, "avg_pool2d"),
     "AdaptiveAvgPool1d": (lambda: nn.AdaptiveAvgPool1d(3), 1, "adaptive_avg_pool2d"),
     "stack": (lambda: (lambda y: torch.stack([y, y * 0.5], 1)), 2, "cat"),
-    "SiLU": (lambda: nn.SiLU(), 0, "lut"),
+    "SiLU": (lambda: nn.SiLU(), 0, "linear"),  # after a linear: its fused post-op (rules/fusions.py)
     "GELU": (lambda: nn.GELU(), 0, "lut"),
     "gelu tanh": (lambda: nn.GELU(approximate="tanh"), 0, "lut"),
 }
