@@ -33,7 +33,7 @@ from torch import fx
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
-__all__ = ["install_programs", "programs_of", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
+__all__ = ["install_programs", "programs_of", "runs_int8_kernels", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
 
 # Input signatures a model keeps a program for; later signatures run the portable graph.
 MAX_SIGNATURES = 8
@@ -128,6 +128,19 @@ def install_programs(model: fx.GraphModule) -> fx.GraphModule:
     if not issubclass(cls, ProgramRunner):
         model.__class__ = type(cls.__name__, (ProgramRunner, cls), {})
     return model
+
+
+_BOUNDARY_OPS = frozenset({"quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel"})
+
+
+def runs_int8_kernels(model: fx.GraphModule) -> bool:
+    """Whether ``model``'s graph calls an int8 kernel (not only the quantize/dequantize pairs of
+    reference mode, whose simulation runs as written)."""
+    for node in model.graph.nodes:
+        name = getattr(getattr(node.target, "_overloadpacket", node.target), "_qualified_op_name", "")
+        if node.op == "call_function" and name.startswith("lucid_fx::") and name[len("lucid_fx::"):] not in _BOUNDARY_OPS:
+            return True
+    return False
 
 
 def programs_of(model: fx.GraphModule) -> Dict[tuple, Optional[fx.GraphModule]]:

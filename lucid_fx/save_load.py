@@ -32,7 +32,7 @@ from lucid_fx._meta import OBSERVERS
 from lucid_fx import _load_modules as M
 from lucid_fx._activation_qparams import BUFFER as ACTIVATION_QPARAMS
 from lucid_fx._activation_qparams import attach_guard, without_guard
-from lucid_fx.program import RUNTIME_ATTRIBUTES, install_programs
+from lucid_fx.program import RUNTIME_ATTRIBUTES, install_programs, runs_int8_kernels
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
 from lucid_fx._load_tree import decode_module, where_is
@@ -233,6 +233,6 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
         if isinstance(module, fx.GraphModule):
             check_runs(module, where_is(path))
             attach_guard(module)  # the activation-qparams guard: lucid_fx's own hook, which save does not write
-            if ACTIVATION_QPARAMS in module._buffers:  # a converted graph: programs for this machine, as it is called
-                install_programs(module)
+            if ACTIVATION_QPARAMS in module._buffers and runs_int8_kernels(module):  # as convert does (not reference mode)
+                install_programs(module)  # programs for this machine, built as it is called
     return model

@@ -258,3 +258,18 @@ def test_a_linear_on_a_slice_computes_the_portable_values_on_every_route():
             portable, program = q(x), q(x)
             assert torch.equal(program, portable), kind
     assert len(programs_of(q)) == len(CPU_KINDS)
+
+
+def test_reference_mode_runs_as_written_after_convert_and_after_load():
+    model, x = _mlp()
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    prepared(x)
+    simulated = lucid_fx.convert(prepared, reference=True)
+    assert not isinstance(simulated, program_module.ProgramRunner)
+    assert not program_module.runs_int8_kernels(simulated)
+    buffer = io.BytesIO()
+    lucid_fx.save(simulated, buffer)
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer)
+    assert not isinstance(loaded, program_module.ProgramRunner) and torch.equal(loaded(x), simulated(x))
+    assert program_module.runs_int8_kernels(_quantize(model, x))
