@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lucid_fx.kernels.target import resolve_target
-from lucid_fx.quantization import QConfigMapping, QDtype, calculate_qparams, dequantize, get_default_qconfig_mapping, quantize
+from lucid_fx.quantization import QConfigMapping, dequantize, get_default_qconfig_mapping
+from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.transforms._dataflow import call_model
 from lucid_fx.transforms.report import TransformReport, attach, require_eval, output_sqnr_db
 
@@ -35,22 +36,10 @@ _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
 def int8_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range) -> torch.Tensor:
-    """``weight`` rounded as ``convert`` rounds it, back in float: observed afresh by a copy of
-    the QConfig's weight observer, per-channel symmetric on the grid ``weight_range``."""
-    weight = weight.detach()
-    qmin, qmax = weight_range
-    grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
-    if observer is not None and hasattr(observer, "reset_min_max_vals"):
-        observer = copy.deepcopy(observer)
-        observer(weight)
-        lo, hi = observer.min_val, observer.max_val
-        if lo.dim() == 0:
-            lo, hi = lo.expand(weight.shape[0]), hi.expand(weight.shape[0])
-    else:
-        flat = weight.reshape(weight.shape[0], -1)
-        lo, hi = flat.amin(1), flat.amax(1)
-    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
-    return dequantize(quantize(weight, scale, zero_point, grid, ch_axis=0), scale, zero_point, ch_axis=0).to(weight.dtype)
+    """``weight`` rounded as ``convert`` rounds it (:func:`~lucid_fx.quantization.weight.quantize_weight`:
+    per-channel symmetric on the grid ``weight_range``), back in float."""
+    codes, scale = quantize_weight(weight.detach(), observer, weight_range)
+    return dequantize(codes, scale, torch.zeros_like(scale, dtype=torch.int64), ch_axis=0).to(weight.dtype)
 
 
 def _shift(layer: nn.Module, x: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
