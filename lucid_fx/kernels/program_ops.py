@@ -17,14 +17,14 @@ tensor([ 0,  3,  8,  5, 93], dtype=torch.uint8)
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from lucid_fx.kernels import checks
 
-__all__ = ["quantize_codes", "codes_need_clamp", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+__all__ = ["quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
@@ -68,26 +68,34 @@ def requantize_codes(y: torch.Tensor, zp: int, low: int, high: int, dtype: torch
     return y.add_(MAGIC + zp).view(torch.int32).to(dtype)
 
 
-def _centered(q: torch.Tensor, zp: int) -> torch.Tensor:
+def code_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[int, int]:
+    """The clamp bounds of codes of ``dtype``: relu in real numbers is a floor at the zero point
+    (``round(max(v, 0)) == max(round(v), 0)``)."""
+    info = torch.iinfo(dtype)
+    return (max(zp, info.min) if post_op == "relu" else info.min), info.max
+
+
+def centered(q: torch.Tensor, zp: int) -> torch.Tensor:
+    """``q - zp`` in float32 (exact for 8-bit codes)."""
     y = q.to(torch.float32)
     return y.sub_(zp) if zp else y
 
 
 def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: int, low: int, high: int, dtype):
     """``cpu_float.add`` with its multipliers (``a_scale / out_scale``, ...) and clamp bounds decided once."""
-    y = torch.add(_centered(qa, a_zp).mul_(a_mult), _centered(qb, b_zp), alpha=b_mult)
+    y = torch.add(centered(qa, a_zp).mul_(a_mult), centered(qb, b_zp), alpha=b_mult)
     return requantize_codes(y, zp, low, high, dtype)
 
 
 def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
     """``cpu_float.mul`` with its multiplier (``a_scale * b_scale / out_scale``) and clamp bounds decided once."""
-    y = torch.mul(_centered(qa, a_zp), _centered(qb, b_zp))
+    y = torch.mul(centered(qa, a_zp), centered(qb, b_zp))
     return requantize_codes(y.mul_(mult), zp, low, high, dtype)
 
 
 def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
     """``cpu_float.matmul`` with its multiplier and clamp bounds decided once."""
-    y = torch.matmul(_centered(qa, a_zp), _centered(qb, b_zp))
+    y = torch.matmul(centered(qa, a_zp), centered(qb, b_zp))
     return requantize_codes(y.mul_(mult), zp, low, high, dtype)
 
 

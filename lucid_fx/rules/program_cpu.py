@@ -151,19 +151,14 @@ def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same c
     return b.call(b.kernel("lut"), q, b.const(t2[index].contiguous(), "lut"))
 
 
-def _grid(dtype, zp: int, post_op: str):
-    """The clamp bounds of ``cpu_float._requantize``: relu is a floor at the zero point."""
-    info = torch.iinfo(dtype)
-    return (max(zp, info.min) if post_op == "relu" else info.min), info.max
-
-
 def _binary_args(b, node):
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op = node.args
     a, other, out = b.value(qa), b.value(qb), b.value(node)
     if a.dtype not in (torch.uint8, torch.int8) or other.dtype != a.dtype or out.dtype != a.dtype or post_op not in (
             "none", "relu"):
         return None
-    return qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, _grid(a.dtype, out_zp, post_op), a.dtype
+    bounds = program_ops.code_bounds(a.dtype, out_zp, post_op)
+    return qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, bounds, a.dtype
 
 
 def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multipliers once, no float32 -> 8-bit cast
@@ -188,7 +183,7 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     dtype = b.value(node).dtype
     if b.kernel("matmul").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
         return None
-    low, high = _grid(dtype, out_zp, "none")
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
     return b.call(program_ops.matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
 
 
@@ -197,7 +192,7 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_code
     dtype = b.value(node).dtype
     if b.kernel("softmax").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
         return None
-    low, high = _grid(dtype, out_zp, "none")
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
     return b.call(program_ops.softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
