@@ -2,7 +2,8 @@
 
 The portable graph (``torch.ops.lucid_fx.*`` calls: what convert returns, what save/load stores, what
 the viewer and compare read) is copied, the shapes, dtypes and strides its values had on one real run
-(:func:`record_values`) are written as ``node.meta["val"]`` on the copy only, and each call is rewritten by the target's program rules (:data:`lucid_fx.rules.program_cpu.PROGRAM_RULES_CPU`):
+(:func:`record_values`) are written as ``node.meta["val"]`` on the copy only, and each call is
+rewritten by the target's program rules (:data:`lucid_fx.rules.program_cpu.PROGRAM_RULES_CPU`):
 prepacked weights, zero points folded, routes and layouts chosen, all once. A call no rule takes is
 made to its device kernel function directly, skipping the dispatcher (~10 us a call) and the input
 checks, which the program's fixed input signature makes redundant. The call that computes a

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import checks
 
-__all__ = ["quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes", "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+__all__ = ["quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
+           "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
