@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import program_ops
+from lucid_fx.kernels import cpu_float, program_ops
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU"]
@@ -162,7 +162,7 @@ def _binary_args(b, node):
 
 
 def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multipliers once, no float32 -> 8-bit cast
-    found = _binary_args(b, node) if b.kernel("add").__module__ == "lucid_fx.kernels.cpu_float" else None
+    found = _binary_args(b, node) if b.kernel("add") is cpu_float.add else None
     if found is None:
         return None
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
@@ -171,7 +171,7 @@ def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multiplie
 
 
 def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast
-    found = _binary_args(b, node) if b.kernel("mul").__module__ == "lucid_fx.kernels.cpu_float" else None
+    found = _binary_args(b, node) if b.kernel("mul") is cpu_float.mul else None
     if found is None:
         return None
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
@@ -181,7 +181,7 @@ def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multi
 def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
-    if b.kernel("matmul").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
+    if b.kernel("matmul") is not cpu_float.matmul or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
     return b.call(program_ops.matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
@@ -190,7 +190,7 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
 def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
     q, scale, zp, dim, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
-    if b.kernel("softmax").__module__ != "lucid_fx.kernels.cpu_float" or dtype not in (torch.uint8, torch.int8):
+    if b.kernel("softmax") is not cpu_float.softmax or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
     return b.call(program_ops.softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)

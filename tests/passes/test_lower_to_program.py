@@ -74,3 +74,24 @@ def test_the_portable_graph_is_not_changed_and_unknown_devices_get_direct_calls(
     names = [getattr(t, "__qualname__", "") for t in _targets(program)]
     assert names == ["quantize_per_tensor", "linear", "lut", "lut", "dequantize_per_tensor"]  # reference kernels
     assert torch.equal(program(x), out)
+
+
+class _AddMulAttend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        scores = torch.softmax(torch.matmul(a, b.transpose(-1, -2)), -1)
+        return torch.matmul(scores, a + b) * torch.sigmoid(b)
+
+
+def test_float_arithmetic_kernels_become_program_ops_with_the_same_codes():
+    # add, mul, matmul and softmax on the CPU: multipliers decided once, the fast narrowing
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    q, out, program = _lowered(_AddMulAttend().eval(), x)
+    names = {getattr(t, "__name__", "") for t in _targets(program)}
+    assert {"add_codes", "mul_codes", "matmul_codes", "softmax_codes"} <= names, names
+    assert torch.equal(program(x), out)
