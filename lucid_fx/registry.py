@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from torch import nn
 
 from lucid_fx._where import caller_location
+from lucid_fx.kernels.target import BACKENDS
 from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, OpDef, Spelling, derive_spellings
 from lucid_fx.rules.fusions import FUSION_RULES, FusionRule, fusion
 from lucid_fx.rules.lowering import LOWERINGS
@@ -288,8 +289,9 @@ def register_lowering(
     ``rule(ctx, members, resolve) -> QValue | None`` on ``backend`` ("generic", "cpu" or "cuda").
     A backend entry overrides the generic one; a later registration overrides an earlier one."""
     reg = registry or current_registry()
-    if backend not in ("generic", "cpu", "cuda"):
-        raise ValueError(f"register_lowering: backend must be 'generic', 'cpu' or 'cuda', got {backend!r}")
+    if backend not in ("generic", *BACKENDS):
+        valid = ", ".join(repr(b) for b in ("generic", *BACKENDS))
+        raise ValueError(f"register_lowering: backend must be one of {valid}, got {backend!r}")
     if not callable(rule):
         raise ValueError(f"register_lowering: rule must be a function (ctx, members, resolve) -> QValue | None, got {rule!r}")
     key = (ops,) if isinstance(ops, str) else tuple(ops)

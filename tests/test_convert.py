@@ -122,7 +122,7 @@ def test_custom_lowering_overrides_builtin_per_backend():
     cuda_only = lucid_fx.current_registry().copy()
     lucid_fx.register_lowering(("linear", "relu"), keep_linear_float, backend="cuda", registry=cuda_only)
     assert "linear" in _kernels(lucid_fx.convert(prepared, registry=cuda_only))  # cpu ignores the cuda rule
-    with pytest.raises(ValueError, match="backend must be 'generic', 'cpu' or 'cuda'"):
+    with pytest.raises(ValueError, match="backend must be one of 'generic', 'cpu', 'cuda', got 'tpu'"):
         lucid_fx.register_lowering("linear", keep_linear_float, backend="tpu", registry=reg)
 
 
