@@ -163,7 +163,8 @@ def _source_ops(gm: fx.GraphModule) -> Dict[str, str]:
 
 
 def _domain(node: fx.Node, grid: Optional[Tuple[float, int]], placement: Optional[Placement]) -> str:
-    if grid is None or (placement is not None and placement.runs not in INT8_RUNS):
+    # A kernel that gives its float result (passes/fold_dequantize.py) has no grid but ran in int8.
+    if placement is not None and placement.runs not in INT8_RUNS or (grid is None and placement is None):
         return "float"
     decision = node.meta.get(_meta.DECISION)
     fixed = (decision is not None and decision.kind is DecisionKind.FIXED) or node.meta.get(_meta.OBSERVER_KIND) == "FixedQParamsObserver"

@@ -131,7 +131,7 @@ def convert(
         >>> _ = lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(4)], progress=False)
         >>> qmodel = lucid_fx.convert(prepared)
         >>> [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
-        ['quantize_per_tensor', 'linear', 'linear', 'dequantize_per_tensor']
+        ['quantize_per_tensor', 'linear', 'linear']
     """
     require_prepared("convert", prepared)
     report = getattr(prepared, "lucid_fx_report", None)

@@ -29,6 +29,7 @@ from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
+from lucid_fx.passes.fold_dequantize import fold_dequantize
 from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
@@ -127,6 +128,11 @@ def _lower(gm, ctx: ConvertContext):
     return converted
 
 
+def _fold_dequantize(gm, ctx: ConvertContext):
+    # Reference mode keeps every rounding: it is the simulation of the int8 graph's grids.
+    return gm if ctx.reference else fold_dequantize(gm, ctx.reports.get(ctx.path))
+
+
 def _record_activation_qparams(gm, ctx: ConvertContext):
     return record_activation_qparams(gm)
 
@@ -137,7 +143,7 @@ def _install_programs(gm, ctx: ConvertContext):
 
 
 #: The convert passes, in order, on each calibrated graph (QAT parametrizations already removed).
-CONVERT_PASSES: List[Pass] = [_fold_batchnorm, _lower, _record_activation_qparams, _install_programs]
+CONVERT_PASSES: List[Pass] = [_fold_batchnorm, _lower, _fold_dequantize, _record_activation_qparams, _install_programs]
 
 
 # -- the loop -------------------------------------------------------------------------------------

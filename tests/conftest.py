@@ -18,3 +18,4 @@ def sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
 @pytest.fixture
 def sqnr_db():
     return sqnr
+

@@ -326,4 +326,4 @@ def test_quantize_of_a_top_level_that_stays_float_says_what_to_do_and_saves_with
     assert main(["show", str(out), "-o", str(models / "g.html")]) == 2
     assert "hint: a class of yours that stayed float in the model: pass --allow MODULE:CLASS" in capsys.readouterr().err
     assert main(["show", str(out), "--allow", "cli_branchy:Branchy", "-o", str(models / "g.html")]) == 0
-    assert "Branchy, 14 nodes (boundary 4, int8 6, io 4)" in capsys.readouterr().out
+    assert "Branchy, 12 nodes (boundary 2, int8 6, io 4)" in capsys.readouterr().out

@@ -7,6 +7,8 @@ from torch import nn
 
 import lucid_fx
 import lucid_fx.quantization as Q
+from _grid import on_output_grid
+from lucid_fx import _meta
 from lucid_fx.placement import Runs, placements
 from models import encoder_block, gated_mlp, mlp, resnet_like
 from test_registry import my_gate  # a user function (module-level, as users write them)
@@ -22,13 +24,19 @@ def _kernels(qmodel):
     return sorted({n.target.__name__.split(".")[0] for n in qmodel.graph.nodes if n.op == "call_function" and "lucid_fx" in str(n.target)})
 
 
+_ENCODER = lambda: encoder_block(2, 16, 64)  # noqa: E731
+
+
 @pytest.mark.parametrize(
     "factory, floor_db, expected",
     [
-        (lambda: mlp(8, 256), 30, ["dequantize_per_tensor", "linear", "quantize_per_tensor"]),
-        (lambda: gated_mlp(8, 256), 28, ["dequantize_per_tensor", "linear", "lut", "mul", "quantize_per_tensor"]),
-        (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "dequantize_per_tensor", "linear", "max_pool2d", "quantize_per_tensor"]),
-        (lambda: encoder_block(2, 16, 64), 24, ["add", "dequantize_per_tensor", "linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
+        # the last linear gives its float result (no dequantize: passes/fold_dequantize.py)
+        (lambda: mlp(8, 256), 30, ["linear", "quantize_per_tensor"]),
+        (lambda: gated_mlp(8, 256), 28, ["linear", "lut", "mul", "quantize_per_tensor"]),
+        (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "linear", "max_pool2d", "quantize_per_tensor"]),
+        # the residual adds run in float: their results feed only the model's output and the (float) layer
+        # norms, so every kernel before them gives its float result
+        (_ENCODER, 24, ["linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
     ],
     ids=["mlp", "gated_mlp", "resnet_like", "encoder"],
 )
@@ -41,10 +49,16 @@ def test_models_lower_to_int8_and_stay_accurate(factory, floor_db, expected, sqn
     x = make_batch(100)
     with torch.no_grad():
         fp32, int8, ref = model(x), qmodel(x), reference(x)
-    db_fp32, db_ref = sqnr_db(fp32, int8), sqnr_db(ref, int8)
+    # the model's result is the last kernel's float result, which the simulation rounds: round it the same way
+    rounded, _ = on_output_grid(prepared, qmodel.graph.output_node().args[0].meta[_meta.SOURCE], int8)
+    db_fp32, db_ref = sqnr_db(fp32, int8), sqnr_db(ref, rounded)
     print(f"SQNR vs fp32 {db_fp32:.1f} dB, vs reference {db_ref:.1f} dB")
     assert db_fp32 > floor_db
-    assert db_ref > db_fp32  # the kernels compute what the simulation says
+    if factory is _ENCODER:  # the simulation rounds the residual stream the int8 model keeps in float
+        assert db_fp32 >= sqnr_db(fp32, ref) + 8
+    else:
+        assert db_ref > 40  # the kernels compute what the simulation says (rounding inside kernels aside)
+        assert db_fp32 >= sqnr_db(fp32, ref)  # and one rounding fewer can only help
     assert "torch.ops.lucid_fx" in qmodel.code
 
 
@@ -55,8 +69,9 @@ def test_convert_copies_and_reports_float_ops():
     qmodel = lucid_fx.convert(prepared)
     assert all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
     report = qmodel.lucid_fx_convert_report
-    assert set(report.float_ops) == {"norm1", "norm2"}
+    assert set(report.float_ops) == {"norm1", "norm2", "add", "add_1"}
     assert "no lowering rule for layer_norm" in report.float_ops["norm1"]
+    assert report.float_ops["add_1"] == "add runs in float: nothing reads its codes, so int8 would only add a rounding"
     assert report.lowered["softmax"] == "softmax"
 
 

@@ -16,7 +16,7 @@ def test_the_pipelines_list_their_passes_in_order():
         "record_trace", "functionalize_inplace", "propagate_shapes", "canonicalize_ops", "fuse_patterns",
         "analyze_ranges", "choose_observers", "insert_observers",
     ]
-    assert [pass_name(p) for p in CONVERT_PASSES] == ["fold_batchnorm", "lower", "record_activation_qparams",
+    assert [pass_name(p) for p in CONVERT_PASSES] == ["fold_batchnorm", "lower", "fold_dequantize", "record_activation_qparams",
                                                         "install_programs"]
 
 

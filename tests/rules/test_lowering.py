@@ -105,8 +105,11 @@ def test_scaling_by_a_positive_number_rescales_the_grid(op, factor):
     scale, zp, _ = rescaled.meta["lucid_fx.qparams"]
     assert zp == fc_zp and scale == pytest.approx(fc_scale * factor, rel=1e-7)
     x = torch.randn(32, 8)
-    # Exactly the unscaled int8 result times c (float32 rounding of the scale aside).
-    torch.testing.assert_close(qmodel(x), plain(x) * factor, rtol=1e-6, atol=1e-7)
+    # Exactly the unscaled int8 result times c (float32 rounding of the scale aside). The plain model's
+    # linear gives its float result (nothing reads its codes), so round it onto the linear's grid first.
+    codes = torch.ops.lucid_fx.quantize_per_tensor(plain(x), fc_scale, int(fc_zp), 0, 255, torch.uint8)
+    on_grid = torch.ops.lucid_fx.dequantize_per_tensor(codes, fc_scale, int(fc_zp))
+    torch.testing.assert_close(qmodel(x), on_grid * factor, rtol=1e-6, atol=1e-7)
     assert qmodel.lucid_fx_convert_report.lowered == {"fc": "linear", rescaled.meta["lucid_fx.source"]: "div" if factor == 0.25 else "mul"}
 
 

@@ -44,7 +44,8 @@ def test_runs_in_int8_within_one_code_of_the_float_oracle(name):
     lucid_fx.calibrate(prepared, batches, progress=False)
     qmodel = lucid_fx.convert(prepared)
     kernels = [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"]
-    assert kernels.count("quantize_per_tensor") == kernels.count("dequantize_per_tensor") == 1  # no float island
+    # no float island: one quantize in; out through one dequantize, or none where the last kernel gives float
+    assert kernels.count("quantize_per_tensor") == 1 and kernels.count("dequantize_per_tensor") <= 1
     assert kernel in kernels
     observer = prepared.get_submodule(list(prepared.graph.nodes)[-2].target)  # watches the op under test
     scale = observer.calculate_qparams()[0].item()

@@ -1,0 +1,148 @@
+"""fold_dequantize: compute in float what the int8 graph would only dequantize.
+
+An int8 result that nothing reads as codes (the model's output, a float op's input) is rounded
+onto its grid only to be turned back into float. This pass removes that step on the lowered graph,
+to a fixpoint, walking from the outputs up:
+
+- ``dequantize(linear | conv1d | conv2d)``: the kernel gives its float result (``out_dtype``
+  float32: oneDNN writes float32, no requantize pass, no dequantize pass);
+- ``dequantize(add | mul)``: the op runs in float on its dequantized inputs, which may in turn let
+  the kernels that feed it give float results (a residual stream that ends the model);
+- ``dequantize(quantize(x))``: ``x`` itself (an add's float version reads ``x``, not its codes).
+
+Each fold drops one rounding (the result can only get closer to the float model's) and one pass
+over the data. Layout calls between the kernel and the dequantize (``contiguous`` to the float
+model's memory format) stay and apply to the float result. Reads ``node.meta[QPARAMS]``,
+``[SOURCE]``, ``[PLACEMENT]``; drops ``[QPARAMS]`` from nodes that now give float and updates
+``[VALUE_TYPE]`` to say so. An add or mul run in float gets a float ``[PLACEMENT]`` (in the convert
+report too); a kernel keeps its placement (its rule key), its ``[VALUE_TYPE]`` says float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from lucid_fx import _meta
+from lucid_fx._placement import ConvertReport, Placement, Runs
+
+__all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP"]
+
+_ops = torch.ops.lucid_fx
+#: kernels that can give their float result: the position of their ``out_dtype`` argument (their
+#: ``out_scale, out_zp`` come three and two before it, then ``post_op``).
+FLOAT_RESULT: Dict[str, int] = {"linear": 9, "conv1d": 13, "conv2d": 13}
+#: elementwise kernels whose float version is one float op on the dequantized inputs.
+FLOAT_OP: Dict[str, Callable] = {"add": torch.add, "mul": torch.mul}
+_POST_OPS = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}  # applied after the float op
+_LAYOUT_METHODS = ("contiguous", "clone")
+_FLOAT_WHY = "runs in float: nothing reads its codes, so int8 would only add a rounding"
+
+
+def _name(node: fx.Node) -> Optional[str]:
+    """``"linear"`` for ``torch.ops.lucid_fx.linear`` (or its ``.default``), else None."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        return None
+    schema = target._qualified_op_name if isinstance(target, torch._ops.OpOverloadPacket) else target._schema.name
+    namespace, _, name = schema.partition("::")
+    return name if namespace == "lucid_fx" else None
+
+
+def _producer(dq: fx.Node) -> tuple:
+    """(the node whose codes ``dq`` reads through layout calls, those layout calls): each link read only once."""
+    chain: List[fx.Node] = []
+    node = dq.args[0]
+    while isinstance(node, fx.Node) and node.op == "call_method" and node.target in _LAYOUT_METHODS \
+            and len(node.users) == 1:
+        chain.append(node)
+        node = node.args[0]
+    return node, chain
+
+
+def _to_float_meta(nodes: List[fx.Node]) -> None:
+    for node in nodes:
+        node.meta.pop(_meta.QPARAMS, None)
+        if _meta.VALUE_TYPE in node.meta:
+            node.meta[_meta.VALUE_TYPE] = (node.meta[_meta.VALUE_TYPE][0], torch.float32)
+
+
+def _runs_float(node: fx.Node, report: Optional[ConvertReport]) -> None:
+    placement = node.meta.get(_meta.PLACEMENT)
+    if placement is None:
+        return
+    new = Placement(Runs.FLOAT, f"{placement.why} {_FLOAT_WHY}", placement.members)
+    for name, old in list((report.placements if report is not None else {}).items()):
+        if old is placement:
+            report.placements[name] = new
+    node.meta[_meta.PLACEMENT] = new
+
+
+def _dequantize(graph: fx.Graph, codes: fx.Node, scale, zp) -> fx.Node:
+    """``codes`` in float: the value a quantize read (exact), a dequantize already there, or a new one."""
+    if _name(codes) == "quantize_per_tensor" and tuple(codes.args[1:3]) == (scale, zp):
+        return codes.args[0]
+    for user in codes.users:
+        if _name(user) == "dequantize_per_tensor" and tuple(user.args[1:]) == (scale, zp):
+            codes.append(user)  # moved up to just after the codes: the float op may come before it
+            return user
+    with graph.inserting_after(codes):
+        dq = graph.call_function(_ops.dequantize_per_tensor, (codes, scale, zp))
+    dq.meta[_meta.SOURCE] = codes.meta.get(_meta.SOURCE)
+    dq.meta[_meta.VALUE_TYPE] = codes.meta.get(_meta.VALUE_TYPE)
+    _to_float_meta([dq])
+    return dq
+
+
+def _fold(graph: fx.Graph, dq: fx.Node, report: Optional[ConvertReport]) -> bool:
+    producer, chain = _producer(dq)
+    name = _name(producer) if isinstance(producer, fx.Node) else None
+    if name is None or len(producer.users) != 1:
+        return False
+    if name == "quantize_per_tensor" and not chain:
+        dq.replace_all_uses_with(producer.args[0])
+        graph.erase_node(dq)
+        graph.erase_node(producer)
+        return True
+    if name in FLOAT_RESULT and producer.args[FLOAT_RESULT[name]] is None:
+        scale, zp = producer.args[FLOAT_RESULT[name] - 3: FLOAT_RESULT[name] - 1]
+        if tuple(dq.args[1:]) != (scale, zp):
+            return False
+        args = list(producer.args)
+        args[FLOAT_RESULT[name]] = torch.float32
+        producer.args = tuple(args)
+        _to_float_meta([producer, *chain])  # its placement stays the kernel's: the rule key is what reports read
+    elif name in FLOAT_OP and tuple(dq.args[1:]) == tuple(producer.args[6:8]):
+        qa, a_scale, a_zp, qb, b_scale, b_zp, _, _, post_op = producer.args
+        a, b = _dequantize(graph, qa, a_scale, a_zp), _dequantize(graph, qb, b_scale, b_zp)
+        with graph.inserting_before(producer):
+            y = graph.call_function(FLOAT_OP[name], (a, b))
+            if post_op in _POST_OPS:
+                y = graph.call_function(_POST_OPS[post_op], (y,))
+        computed = [y.args[0], y] if post_op in _POST_OPS else [y]
+        for node in computed:
+            node.meta.update({k: producer.meta[k] for k in (_meta.SOURCE, _meta.VALUE_TYPE, _meta.PLACEMENT)
+                              if k in producer.meta})
+            _runs_float(node, report)
+        _to_float_meta([*computed, *chain])
+        producer.replace_all_uses_with(y)
+        graph.erase_node(producer)
+    else:
+        return False
+    dq.replace_all_uses_with(dq.args[0])
+    graph.erase_node(dq)
+    return True
+
+
+def fold_dequantize(gm: fx.GraphModule, report: Optional[ConvertReport] = None) -> fx.GraphModule:
+    """Fold every dequantize of codes nothing else reads (see the module docstring); works in place."""
+    graph = gm.graph
+    # Restart after each fold: a fold erases nodes and may make an earlier dequantize foldable.
+    while any(_name(node) == "dequantize_per_tensor" and _fold(graph, node, report) for node in reversed(list(graph.nodes))):
+        pass
+    gm.recompile()
+    return gm
