@@ -1,0 +1,136 @@
+"""export_model: capture a model with torch.export and give back a GraphModule that the prepare
+pipeline reads as it reads a torch.fx trace.
+
+``torch.export.export(model, args, kwargs, strict=False)`` (or the user's ``ExportedProgram``),
+then ``ep.module()``: parameters and buffers become get_attr nodes on a module tree that keeps
+their qualified names (so the linear/conv rules find weights as they do for ``F.linear`` on
+get_attr); the graph keeps the export's pytree codegen, so the result is called with the model's
+own positional and keyword arguments. Then: the training flags ``ep.module()`` sets are cleared
+(the graph already holds the eval-mode ops), the input guard is removed, the no-op higher-order
+wraps (``set_grad_enabled``, disabled autocast) are inlined, and aten calls are rewritten by
+passes/rewrite_aten.py.
+
+Writes ``node.meta[MODULE_PATH]`` from the export's ``nn_module_stack``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+from torch import fx, nn
+
+from lucid_fx import _meta
+from lucid_fx.passes.rewrite_aten import rewrite_aten
+
+__all__ = ["export_model", "ExportFailure", "flat_inputs"]
+
+
+class ExportFailure(ValueError):
+    """torch.export could not capture a module; the message names it."""
+
+
+@dataclass(frozen=True)
+class _Wrap:
+    submodule_at: int  # where the subgraph's get_attr is among the HOP's arguments
+    inline: Any  # (args) -> bool: may the wrap be dropped and its body inlined?
+
+
+_HOP = getattr(torch.ops, "higher_order", None)
+# Wraps that change nothing a float32 inference graph computes, by higher-order op name.
+_WRAPS: Dict[str, _Wrap] = {
+    "wrap_with_set_grad_enabled": _Wrap(1, lambda args: True),  # (enabled, body, *xs): no autograd here
+    "wrap_with_autocast": _Wrap(4, lambda args: args[2] is False),  # (device, dtype, enabled, cache, body, *xs)
+}
+
+
+def _inline_wraps(gm: fx.GraphModule) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for node in list(gm.graph.nodes):
+            wrap = _WRAPS.get(getattr(node.target, "__name__", "")) if node.op == "call_function" else None
+            if wrap is None or not wrap.inline(node.args):
+                continue
+            body = getattr(gm, node.args[wrap.submodule_at].target)
+            operands = node.args[wrap.submodule_at + 1:]
+            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+            env = dict(zip(placeholders, operands))
+            with gm.graph.inserting_before(node):
+                for inner in body.graph.nodes:
+                    if inner.op == "placeholder":
+                        continue
+                    if inner.op == "output":
+                        results = inner.args[0]
+                        break
+                    if inner.op == "get_attr":  # a nested wrap's body: move it up
+                        name = f"{node.name}_{inner.target}"
+                        gm.add_submodule(name, getattr(body, inner.target))
+                        env[inner] = gm.graph.get_attr(name)
+                        continue
+                    env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+                    env[inner].meta = {**node.meta, **inner.meta}
+            for user in list(node.users):
+                assert user.target is operator.getitem
+                user.replace_all_uses_with(env[results[user.args[1]]])
+                gm.graph.erase_node(user)
+            gm.graph.erase_node(node)
+            changed = True
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+
+
+def _module_paths(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(stack.values()))[0] if stack else ""
+        if node.op == "get_attr":
+            path = node.target.rpartition(".")[0]
+        node.meta[_meta.MODULE_PATH] = path if isinstance(path, str) else ""
+
+
+def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: Optional[Dict[str, Any]]) -> tuple:
+    """The graph's placeholder values for a call ``gm(*args, **kwargs)`` (the export's input spec)."""
+    codegen = gm.graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is None:
+        return tuple(args)
+    flat = torch.fx._pytree.tree_flatten_spec((tuple(args), dict(kwargs or {})), info.in_spec)
+    return tuple(flat)
+
+
+def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *, path: str = "") -> fx.GraphModule:
+    """``model`` (an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``) as a GraphModule of
+    torch-level calls, captured by torch.export on ``args``/``kwargs``.
+
+    Raises :class:`ExportFailure` naming ``path`` (the module's place in the root model) when
+    torch.export fails.
+    """
+    if isinstance(model, torch.export.ExportedProgram):
+        gm = model.module()
+    elif isinstance(model, fx.GraphModule) and isinstance(getattr(model.graph, "_codegen", None), torch.fx.graph._PyTreeCodeGen):
+        gm = model  # already an ep.module() (prepare works on its own copy)
+    else:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"export_model: expected an nn.Module or ExportedProgram, got {type(model).__name__}")
+        try:
+            ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False)
+        except Exception as exc:  # noqa: BLE001 - reported with the module's name
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ExportFailure(
+                f"torch.export cannot capture {path or '<root>'} ({type(model).__name__}): {type(exc).__name__}: {first}"
+            ) from exc
+        gm = ep.module()
+    for module in gm.modules():
+        module.training = False  # ep.module() says train; its graph holds eval-mode ops already
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            gm.graph.erase_node(node)  # the export's input-shape guard: its shapes are in the graph anyway
+    _inline_wraps(gm)
+    _module_paths(gm)
+    rewrite_aten(gm)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
