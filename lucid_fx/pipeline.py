@@ -58,6 +58,8 @@ class PrepareContext:
     trace: TraceOptions  # how the root is traced (a nested graph without the root's concrete_args)
     strict: bool = False  # an untraceable module raises instead of staying float
     path: str = ""  # the graph's module path in the root model
+    capture: str = "auto"  # "fx", "export", or "auto" (fx, then torch.export where fx fails): lucid_fx/_capture.py
+    example_kwargs: Optional[Dict[str, Any]] = None  # keyword inputs of forward (torch.export takes them)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from lucid_fx import _meta
@@ -91,6 +92,16 @@ def _module_paths(gm: fx.GraphModule) -> None:
         node.meta[_meta.MODULE_PATH] = path if isinstance(path, str) else ""
 
 
+def _require_eval(gm: fx.GraphModule, path: str) -> None:
+    for node in gm.graph.nodes:
+        training = {F.dropout: 2, F.batch_norm: 5}.get(node.target) if node.op == "call_function" else None
+        if training is not None and len(node.args) > training and node.args[training] is True:
+            raise ValueError(
+                f"prepare: {path or '<root>'} was exported in training mode (node {node.name!r} is {node.target.__name__} "
+                "with training=True); call model.eval() before torch.export.export"
+            )
+
+
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: Optional[Dict[str, Any]]) -> tuple:
     """The graph's placeholder values for a call ``gm(*args, **kwargs)`` (the export's input spec)."""
     codegen = gm.graph._codegen
@@ -123,14 +134,16 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
                 f"torch.export cannot capture {path or '<root>'} ({type(model).__name__}): {type(exc).__name__}: {first}"
             ) from exc
         gm = ep.module()
-    for module in gm.modules():
-        module.training = False  # ep.module() says train; its graph holds eval-mode ops already
+    for name in ("train", "eval"):
+        gm.__dict__.pop(name, None)  # ep.module() replaces both with methods that raise
+    gm.eval()  # ep.module() says train; its graph holds the ops of the mode it was exported in
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)  # the export's input-shape guard: its shapes are in the graph anyway
     _inline_wraps(gm)
     _module_paths(gm)
     rewrite_aten(gm)
+    _require_eval(gm, path)
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm
