@@ -8,6 +8,7 @@ lucid_fx/rules/aten_ops.py), so the same prepare passes run on either.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
@@ -49,6 +50,26 @@ def split_inputs(example_inputs: Any, example_kwargs: Optional[Dict[str, Any]]) 
     return example_inputs, (dict(example_kwargs) if example_kwargs else None)
 
 
+def _by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
+    """The inputs as keywords, those at their default left out: the exported module's forward then
+    takes them by position or by name (torch.export fixes the call structure it saw)."""
+    try:
+        signature = inspect.signature(model.forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    params = signature.parameters
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params.values()):
+        return args, kwargs
+    named = {}
+    for name, value in bound.arguments.items():
+        if params[name].kind is params[name].VAR_KEYWORD:
+            named.update(value)
+        elif value is not params[name].default:
+            named[name] = value
+    return (), named
+
+
 def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModule, PrepareContext]:
     """``model`` captured by torch.export on the context's example inputs, and the context for its
     graph (whose placeholders take the flattened inputs). Raises :class:`ExportFailure` naming
@@ -59,6 +80,8 @@ def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModul
             f"cannot capture {ctx.path or '<root>'} ({type(model).__name__}) with torch.export: no example inputs "
             "reached it; pass example_inputs (and example_kwargs) to prepare"
         )
+    if not is_exported(model):
+        args, kwargs = _by_name(model, tuple(args or ()), dict(kwargs or {}))
     gm = export_model(model, args or (), kwargs, path=ctx.path)
     flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None
     return gm, replace(ctx, example_inputs=flat, example_kwargs=None)
