@@ -142,6 +142,9 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
             gm.graph.erase_node(node)  # the export's input-shape guard: its shapes are in the graph anyway
     _inline_wraps(gm)
     _module_paths(gm)
+    first = next(iter(gm.graph.nodes))
+    for node in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        first.prepend(node)  # placeholders first, as torch.fx writes them (the saved format expects it)
     rewrite_aten(gm)
     _require_eval(gm, path)
     gm.delete_all_unused_submodules()
