@@ -26,7 +26,7 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx.passes.rewrite_aten import rewrite_aten
 
-__all__ = ["export_model", "ExportFailure", "flat_inputs"]
+__all__ = ["export_model", "ExportFailure", "flat_inputs", "placeholders_first"]
 
 
 class ExportFailure(ValueError):
@@ -102,6 +102,15 @@ def _require_eval(gm: fx.GraphModule, path: str) -> None:
             )
 
 
+def placeholders_first(graph: fx.Graph) -> None:
+    """Move the placeholders before every other node, in their order, as torch.fx writes them
+    (export puts the parameters' get_attr nodes first; the saved format expects placeholders)."""
+    for node in reversed([n for n in graph.nodes if n.op == "placeholder"]):
+        first = next(iter(graph.nodes))
+        if first is not node:
+            first.prepend(node)
+
+
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: Optional[Dict[str, Any]]) -> tuple:
     """The graph's placeholder values for a call ``gm(*args, **kwargs)`` (the export's input spec)."""
     codegen = gm.graph._codegen
@@ -136,15 +145,14 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
         gm = ep.module()
     for name in ("train", "eval"):
         gm.__dict__.pop(name, None)  # ep.module() replaces both with methods that raise
+    gm._forward_pre_hooks.clear()  # export's check that a call has the example's structure: prepare checks inputs itself
     gm.eval()  # ep.module() says train; its graph holds the ops of the mode it was exported in
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             gm.graph.erase_node(node)  # the export's input-shape guard: its shapes are in the graph anyway
     _inline_wraps(gm)
     _module_paths(gm)
-    first = next(iter(gm.graph.nodes))
-    for node in [n for n in gm.graph.nodes if n.op == "placeholder"]:
-        first.prepend(node)  # placeholders first, as torch.fx writes them (the saved format expects it)
+    placeholders_first(gm.graph)
     rewrite_aten(gm)
     _require_eval(gm, path)
     gm.delete_all_unused_submodules()

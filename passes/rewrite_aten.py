@@ -152,7 +152,13 @@ def rewrite_aten(gm: fx.GraphModule) -> fx.GraphModule:
             new.meta.update({k: v for k, v in node.meta.items() if k not in new.meta})
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm
+
+
+def _keeps_effect(node: fx.Node) -> bool:
+    """In-place calls (``x.copy_(y)``, ``relu_``) change a value another node reads: never dead."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.is_impure() or (node.op in ("call_method", "call_function") and isinstance(name, str) and name.endswith("_"))

@@ -68,7 +68,7 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("softmax.int", "softmax", torch.softmax, "self", "dim", dtype="dtype"),
     _row("_log_softmax.default", "log_softmax", torch.log_softmax, "self", "dim"),
     _row("dropout.default", "dropout", F.dropout, "input", "p", "train"),  # dropout(x, p, train) -> F.dropout(x, p, training)
-    _row("dropout_.default", "dropout", F.dropout, "input", "p", "train"),  # in eval a no-op either way
+    _row("dropout_.default", "dropout", F.dropout, "self", "p", "train"),  # in eval a no-op either way
     # pooling
     _row("max_pool2d.default", "max_pool2d", F.max_pool2d, "self", "kernel_size", "stride", "padding", dilation="dilation", ceil_mode="ceil_mode"),
     _row("max_pool1d.default", "max_pool1d", F.max_pool1d, "self", "kernel_size", "stride", "padding", dilation="dilation", ceil_mode="ceil_mode"),
