@@ -18,7 +18,7 @@ from torch import fx, nn
 from lucid_fx.passes.export_model import ExportFailure, export_model, flat_inputs
 from lucid_fx.pipeline import PrepareContext
 
-__all__ = ["CAPTURES", "check_capture", "is_exported", "exported_graph", "ExportFailure", "split_inputs"]
+__all__ = ["CAPTURES", "check_capture", "is_exported", "exported_graph", "export_like_prepare", "ExportFailure", "split_inputs"]
 
 #: The values of ``prepare(..., capture=)``.
 CAPTURES = ("auto", "fx", "export")
@@ -68,6 +68,12 @@ def _by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tup
         elif value is not params[name].default:
             named[name] = value
     return (), named
+
+
+def export_like_prepare(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> fx.GraphModule:
+    """``model`` exported as prepare exports it (inputs by name), for compare's float graph."""
+    args, kwargs = _by_name(model, tuple(args), dict(kwargs))
+    return export_model(model, args, kwargs)
 
 
 def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModule, PrepareContext]:

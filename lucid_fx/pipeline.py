@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import fx
@@ -76,7 +76,7 @@ class ConvertContext:
 
 # -- prepare --------------------------------------------------------------------------------------
 def _record_trace(gm, ctx: PrepareContext):
-    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else TraceOptions(ctx.trace.leaf_modules, None, ctx.trace.autowrap_functions)
+    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else replace(ctx.trace, concrete_args=None)
     return gm  # compare traces the float model the same way
 
 

@@ -113,6 +113,7 @@ def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, 
 
 def _prepare_exported(model: nn.Module, ctx: PrepareContext, report: PrepareReport) -> nn.Module:
     gm, part = exported_graph(model, ctx)
+    part = replace(part, trace=replace(ctx.trace, capture="export"))  # compare captures the float model the same way
     report.exported(ctx.path)
     return run_passes(gm, part, PREPARE_PASSES)
 

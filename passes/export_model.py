@@ -15,6 +15,7 @@ Writes ``node.meta[MODULE_PATH]`` from the export's ``nn_module_stack``.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -26,7 +27,7 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx.passes.rewrite_aten import rewrite_aten
 
-__all__ = ["export_model", "ExportFailure", "flat_inputs", "placeholders_first"]
+__all__ = ["export_model", "ExportFailure", "flat_inputs", "call_inputs", "placeholders_first"]
 
 
 class ExportFailure(ValueError):
@@ -119,6 +120,19 @@ def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: Optional[Dict[str, Any]
         return tuple(args)
     flat = torch.fx._pytree.tree_flatten_spec((tuple(args), dict(kwargs or {})), info.in_spec)
     return tuple(flat)
+
+
+def call_inputs(gm: fx.GraphModule, args: tuple, kwargs: Dict[str, Any]) -> tuple:
+    """The placeholder values of ``gm(*args, **kwargs)`` as the exported graph's own ``forward``
+    binds them (by position or by name), for running the graph under an Interpreter."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None:
+        return tuple(args)
+    bound = inspect.signature(gm.forward).bind(*args, **kwargs)
+    values = list(bound.arguments.values())
+    child = (lambda i: info.in_spec.child(i)) if hasattr(info.in_spec, "child") else (lambda i: info.in_spec.children_specs[i])
+    positional, names = child(0).num_children, child(1).context  # (args, kwargs), as export writes a call
+    return tuple(torch.fx._pytree.tree_flatten_spec((values[:positional], dict(zip(names, values[positional:]))), info.in_spec))
 
 
 def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *, path: str = "") -> fx.GraphModule:

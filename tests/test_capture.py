@@ -212,3 +212,12 @@ def test_transformers_families_convert_through_auto(name):
     int8 = sum(f for path, gm in prepared_graphs(prepared) for node, f in graph_flops(gm).items()
                if reports[path].placements.get(node) is not None and reports[path].placements[node].runs in INT8_RUNS)
     assert int8 / model_flops(model, *family.example_inputs()) >= 0.95
+
+
+def test_compare_measures_an_exported_model_node_by_node(encoder, auto_quantized):
+    _, qmodel = auto_quantized
+    batches = [(tokens(300 + i)["input_ids"], tokens(300 + i)["attention_mask"]) for i in range(2)]
+    result = lucid_fx.compare(encoder, qmodel, batches)  # the float model is exported the way prepare did
+    assert result.output_sqnr_db >= 25.0
+    linears = [row for row in result.rows if row.op == "linear"]
+    assert len(linears) >= 6 and all(row.domain == "int8" and row.sqnr_db > 20 for row in linears), linears
