@@ -10,7 +10,8 @@ a row does not name are dropped (they are inference-time no-ops: ``cudnn_enable`
 tuple result, a slice); the pass names the function for each.
 
 An overload without a row becomes ``torch.<name>`` / ``F.<name>`` with its arguments unchanged (the
-Python bindings and the schema share argument order), if that callable exists: :data:`SAME_NAME`.
+Python bindings and the schema share argument order), if that callable exists (:data:`SAME_NAME`);
+an in-place op without one becomes the Tensor method (``aten.add_`` -> ``x.add_(y)``).
 Targets are torch-level callables, never ``torch.ops.aten``, so a converted graph names only what
 the save/load allowlist (lucid_fx/_allowlist.py) already resolves.
 """
@@ -105,13 +106,16 @@ def aten_row(overload: torch._ops.OpOverload) -> Optional[AtenRow]:
 
 
 def same_name_target(overload: torch._ops.OpOverload) -> Optional[Any]:
-    """``torch.<name>`` (or ``F.`` / ``torch.special.``) for an aten op without a row: aten.add.Tensor -> torch.add."""
+    """``torch.<name>`` (or ``F.`` / ``torch.special.``) for an aten op without a row: aten.add.Tensor -> torch.add;
+    an in-place op with no such function, the Tensor method: aten.add_.Tensor -> x.add_(y)."""
     name = overload._schema.name.split("::")[-1]
+    if name.startswith("_"):
+        return None
     for space in SAME_NAME:
         fn = getattr(space, name, None)
-        if callable(fn) and not name.startswith("_"):
+        if callable(fn):
             return fn
-    return None
+    return name if name.endswith("_") and callable(getattr(torch.Tensor, name, None)) else None
 
 
 def bind_schema(overload: torch._ops.OpOverload, args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
