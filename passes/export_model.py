@@ -7,8 +7,9 @@ their qualified names (so the linear/conv rules find weights as they do for ``F.
 get_attr); the graph keeps the export's pytree codegen, so the result is called with the model's
 own positional and keyword arguments. Then: the training flags ``ep.module()`` sets are cleared
 (the graph already holds the eval-mode ops), the input guard is removed, the no-op higher-order
-wraps (``set_grad_enabled``, disabled autocast) are inlined, and aten calls are rewritten by
-passes/rewrite_aten.py.
+wraps (``set_grad_enabled``, disabled autocast) are inlined, aten calls are rewritten by
+passes/rewrite_aten.py, and functional layers on their own parameters become module calls again
+(passes/restore_modules.py).
 
 Writes ``node.meta[MODULE_PATH]`` from the export's ``nn_module_stack``.
 """
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx.passes.restore_modules import restore_modules
 from lucid_fx.passes.rewrite_aten import rewrite_aten
 
 __all__ = ["export_model", "ExportFailure", "flat_inputs", "call_inputs", "placeholders_first"]
@@ -169,6 +171,7 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
     placeholders_first(gm.graph)
     rewrite_aten(gm)
     _require_eval(gm, path)
+    restore_modules(gm)
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

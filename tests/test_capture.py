@@ -116,6 +116,23 @@ def test_export_and_fx_captures_give_the_same_int8_model():
     torch.testing.assert_close(outs["export"], outs["fx"])  # the same rules fired: the same codes
 
 
+def test_export_folds_batch_norm_into_the_conv_as_fx_does():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    model[1].running_mean.uniform_(-0.5, 0.5)
+    model[1].running_var.uniform_(0.5, 2.0)
+    data = [torch.randn(2, 3, 10, 10) for _ in range(4)]
+    outs = {}
+    for capture in ("fx", "export"):
+        prepared = lucid_fx.prepare(model, example_inputs=(data[0],), capture=capture)
+        lucid_fx.calibrate(prepared, data, progress=False)
+        qmodel = lucid_fx.convert(prepared)
+        assert sorted(qmodel.lucid_fx_convert_report.lowered.values()) == ["conv2d", "conv2d+relu"]  # the batch norm folded
+        outs[capture] = qmodel(data[1])
+    assert sqnr(model(data[1]), outs["export"]) >= 25.0
+    torch.testing.assert_close(outs["export"], outs["fx"])
+
+
 def test_an_exported_program_is_prepared_and_left_unchanged(encoder):
     ep = torch.export.export(encoder, (), tokens(0), strict=False)
     nodes_before = len(ep.graph.nodes)
