@@ -238,3 +238,37 @@ def test_compare_measures_an_exported_model_node_by_node(encoder, auto_quantized
     assert result.output_sqnr_db >= 25.0
     linears = [row for row in result.rows if row.op == "linear"]
     assert len(linears) >= 6 and all(row.domain == "int8" and row.sqnr_db > 20 for row in linears), linears
+
+
+def _records_with(data, key):
+    if isinstance(data, dict):
+        if key in data:
+            yield data
+        for value in data.values():
+            yield from _records_with(value, key)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _records_with(value, key)
+
+
+def test_load_refuses_a_pytree_spec_that_does_not_fit_the_graph(auto_quantized):
+    _, qmodel = auto_quantized
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    graph = next(_records_with(data, "pytree"))
+    import torch.utils._pytree as pytree
+
+    graph["pytree"][0] = pytree.treespec_dumps(pytree.tree_structure(((), {"input_ids": 0})))  # one input, not two
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=r"the pytree spec does not fit the graph \(1 inputs for 2 placeholders"):
+        lucid_fx.load(tampered)
+    graph["pytree"][0] = '[1, {"type": "os.system", "context": "null", "children_spec": []}]'  # a name, never imported
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=r"unreadable pytree spec"):
+        lucid_fx.load(tampered)
