@@ -29,6 +29,7 @@ from lucid_fx import _allowlist as A
 from lucid_fx import _meta
 from lucid_fx._codec import Codec
 from lucid_fx._load_values import META_KEYS, check_data, check_meta
+from lucid_fx._pytree_spec import decode_codegen
 
 __all__ = ["decode_graph", "check_runs"]
 
@@ -117,7 +118,7 @@ def _check_arguments(op: str, target: Any, args: Any, kwargs: Any, where: str, c
 
 def decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: str) -> fx.Graph:
     owner = f"module {path!r}" if path else "the root module"
-    if not (isinstance(data, dict) and set(data) == {"nodes"} and isinstance(data["nodes"], list) and data["nodes"]):
+    if not (isinstance(data, dict) and set(data) in ({"nodes"}, {"nodes", "pytree"}) and isinstance(data["nodes"], list) and data["nodes"]):
         raise ValueError(f"{owner}: malformed graph record")
     graph, nodes, placeholders = fx.Graph(), {}, set()
     records: List[Dict[str, Any]] = data["nodes"]
@@ -150,6 +151,8 @@ def decode_graph(data: Dict[str, Any], gm: fx.GraphModule, codec: Codec, path: s
         graph.lint()
     except RuntimeError as err:
         raise ValueError(f"{owner}: malformed graph: {err}") from None
+    if "pytree" in data:  # a torch.export graph's call structure
+        decode_codegen(graph, data["pytree"], owner)
     return graph
 
 

@@ -21,6 +21,9 @@ from torch.utils._pytree import tree_flatten
 from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
 from lucid_fx.ops import canonical
+from lucid_fx._capture import export_like_prepare
+from lucid_fx._pytree_spec import has_pytree_codegen
+from lucid_fx.passes.export_model import call_inputs
 from lucid_fx.passes.trace_model import TraceOptions, trace_model
 from lucid_fx.placement import INT8_RUNS, Placement, placements
 from lucid_fx.rules.observers import DecisionKind
@@ -212,6 +215,9 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     for path, gm in parts:
         float_sub = float_model.get_submodule(path) if path else float_model
         how = gm.meta.get(_meta.TRACE, TraceOptions())
+        if how.capture == "export":
+            floats[path] = None  # exported on the inputs it receives in the first batch, below
+            continue
         leaves = [n.target for n in gm.graph.nodes if n.op == "call_module" and isinstance(n.target, str)]
         leaves = [t for t in leaves if _has_submodule(float_sub, t)] + list(how.leaf_modules)
         traced = trace_model(
@@ -241,13 +247,14 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
                 continue  # this part did not run on these inputs
             measured = _measured_nodes(gm)
             ops = _source_ops(gm)
+            if floats[path] is None:
+                floats[path] = export_like_prepare(float_model.get_submodule(path) if path else float_model, *float_args[path])
             f_nodes = {n.name: n for n in floats[path].graph.nodes}
             f_run = _Recorder(floats[path], measured)
-            with torch.no_grad():
-                f_run.run(*float_args[path][0], **float_args[path][1])
             q_run = _Recorder(gm, {node.name: name for name, (node, _) in measured.items()})
             with torch.no_grad():
-                q_run.run(*quant_args[path][0], **quant_args[path][1])
+                _run(f_run, floats[path], *float_args[path])
+                _run(q_run, gm, *quant_args[path])
             for name, (node, grid) in measured.items():
                 f_val, q_val = f_run.values.get(name), q_run.values.get(node.name)
                 if f_val is None or q_val is None or f_val.shape != q_val.shape or not f_val.is_floating_point():
@@ -271,6 +278,13 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     ]
     rows.sort(key=lambda r: (r.sqnr_db, -r.max_abs))
     return Comparison(rows, _sqnr(out_signal, out_noise), len(batches))
+
+
+def _run(recorder: fx.Interpreter, gm: fx.GraphModule, args: tuple, kwargs: dict) -> None:
+    if has_pytree_codegen(gm):  # an exported graph: its placeholders take the flattened call
+        recorder.run(*call_inputs(gm, args, kwargs), enable_io_processing=False)
+    else:
+        recorder.run(*args, **kwargs)
 
 
 def _has_submodule(module: nn.Module, path: str) -> bool:

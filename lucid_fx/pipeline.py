@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import fx
@@ -59,6 +59,8 @@ class PrepareContext:
     trace: TraceOptions  # how the root is traced (a nested graph without the root's concrete_args)
     strict: bool = False  # an untraceable module raises instead of staying float
     path: str = ""  # the graph's module path in the root model
+    capture: str = "auto"  # "fx", "export", or "auto" (fx, then torch.export where fx fails): lucid_fx/_capture.py
+    example_kwargs: Optional[Dict[str, Any]] = None  # keyword inputs of forward (torch.export takes them)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class ConvertContext:
 
 # -- prepare --------------------------------------------------------------------------------------
 def _record_trace(gm, ctx: PrepareContext):
-    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else TraceOptions(ctx.trace.leaf_modules, None, ctx.trace.autowrap_functions)
+    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else replace(ctx.trace, concrete_args=None)
     return gm  # compare traces the float model the same way
 
 

@@ -3,8 +3,10 @@
     trace_model -> record_trace -> functionalize_inplace -> propagate_shapes -> canonicalize_ops -> fuse_patterns
                 -> analyze_ranges -> choose_observers -> insert_observers
 
-Modules that cannot be traced stay float; prepare descends into them and quantizes the
-children that do trace, and reports them in ``prepared.lucid_fx_report``.
+With ``capture="auto"`` (the default) a module whose forward torch.fx cannot trace is captured with
+torch.export instead (lucid_fx/_capture.py); one that neither captures stays float, prepare descends
+into it and quantizes the children that do capture, and ``prepared.lucid_fx_report`` says which
+capture was used where.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from lucid_fx._capture import ExportFailure, check_capture, exported_graph, is_exported, split_inputs
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
@@ -31,46 +34,63 @@ __all__ = ["prepare", "prepare_qat", "PrepareReport"]
 
 @dataclass
 class PrepareReport:
-    """What prepare did beyond the graph: modules left float because they could not be traced."""
+    """What prepare did beyond the graph: how each graph was captured (module path -> ``"fx"``,
+    ``"export"`` or ``"float (why)"``), and the modules left float because neither capture worked."""
 
     float_modules: List[Untraceable] = field(default_factory=list)
     backend: str = "cpu"
     qat: bool = False
+    captures: Dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
+        lines = ["captured: " + ", ".join(f"{path or '<root>'} -> {how}" for path, how in self.captures.items())]
         if not self.float_modules:
-            return "every module traced"
-        lines = ["kept float (could not be traced; their traceable children are quantized):"]
+            return "\n".join(lines + ["every module traced"])
+        lines += ["kept float (could not be traced; their traceable children are quantized):"]
         lines += [f"  {u.describe()}" for u in self.float_modules]
         return "\n".join(lines)
+
+    def exported(self, path: str) -> None:
+        """``path`` was captured by torch.export: neither it nor its submodules stay float."""
+        inside = lambda p: p == path or not path or p.startswith(path + ".")  # noqa: E731
+        self.float_modules[:] = [u for u in self.float_modules if not inside(u.path)]
+        self.captures = {p: how for p, how in self.captures.items() if not inside(p) or p == path}
+        self.captures[path] = "export"
 
 
 class _Capture:
     """The positional inputs each module (by path from the root) received when the whole float
-    model ran on the user's example inputs, so nested parts get shapes too.
+    model ran on the user's example inputs, so nested parts get shapes too (and its keyword inputs,
+    which torch.export takes).
 
     The model runs once, the first time this is needed: before prepare has changed anything, so
     no observer sees the example inputs."""
 
-    def __init__(self, root: nn.Module, root_inputs: Optional[tuple]) -> None:
-        self.root, self.root_inputs, self.seen = root, root_inputs, None
+    def __init__(self, root: nn.Module, root_inputs: Optional[tuple], root_kwargs: Optional[dict] = None) -> None:
+        self.root, self.root_inputs, self.root_kwargs, self.seen, self.keywords = root, root_inputs, root_kwargs or {}, None, {}
 
     def inputs(self, paths: Sequence[str]) -> Dict[str, tuple]:
-        if self.root_inputs is None:
+        if self.root_inputs is None and not self.root_kwargs:
             return {}
         if self.seen is None:
             seen, hooks = {}, []
             for path, module in self.root.named_modules():
                 if path:
-                    hooks.append(module.register_forward_pre_hook(lambda mod, args, _p=path: seen.setdefault(_p, tuple(args))))
+                    hooks.append(module.register_forward_pre_hook(self._hook(path, seen), with_kwargs=True))
             try:
                 with torch.no_grad():
-                    self.root(*self.root_inputs)
+                    self.root(*(self.root_inputs or ()), **self.root_kwargs)
             finally:
                 for h in hooks:
                     h.remove()
             self.seen = seen
         return {path: self.seen[path] for path in paths if path in self.seen}
+
+    def _hook(self, path: str, seen: dict):
+        def record(module, args, kwargs):
+            if path not in seen:
+                seen[path], self.keywords[path] = tuple(args), dict(kwargs)
+        return record
 
 
 def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
@@ -87,11 +107,20 @@ def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, 
     full = {path: f"{ctx.path}.{path}" if ctx.path else path for path in paths}
     captured = capture.inputs(list(full.values()))
     for path in paths:
-        part = replace(ctx, path=full[path], example_inputs=captured.get(full[path]))
+        part = replace(ctx, path=full[path], example_inputs=captured.get(full[path]), example_kwargs=capture.keywords.get(full[path]))
         _set_submodule(owner, path, _prepare_one(owner.get_submodule(path), part, capture, report))
 
 
+def _prepare_exported(model: nn.Module, ctx: PrepareContext, report: PrepareReport) -> nn.Module:
+    gm, part = exported_graph(model, ctx)
+    part = replace(part, trace=replace(ctx.trace, capture="export"))  # compare captures the float model the same way
+    report.exported(ctx.path)
+    return run_passes(gm, part, PREPARE_PASSES)
+
+
 def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> nn.Module:
+    if ctx.capture == "export" or is_exported(model):
+        return _prepare_exported(model, ctx, report)
     how = ctx.trace
     result = trace_model(
         model,
@@ -104,7 +133,13 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     known = {u.path for u in report.float_modules}
     report.float_modules.extend(u for u in result.untraceable if u.path not in known)
     gm = result.graph_module
+    if gm is None and ctx.capture == "auto":
+        try:
+            return _prepare_exported(model, ctx, report)
+        except ExportFailure as exc:
+            report.captures[ctx.path] = f"float (torch.fx: {result.untraceable[-1].error}; {exc})"
     if gm is None:
+        report.captures.setdefault(ctx.path, f"float (torch.fx: {result.untraceable[-1].error})")
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
         capture.inputs([f"{ctx.path}.{name}" if ctx.path else name for name in children])
@@ -113,6 +148,7 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
                 or list(model.get_submodule(name).children())]
         _prepare_parts(model, kept, ctx, capture, report)
         return model
+    report.captures[ctx.path] = "fx"
     # Untraceable submodules became leaves: descend into each.
     prefix = ctx.path
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
@@ -134,7 +170,8 @@ def _gc_paused():
             gc.enable()
 
 
-def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict) -> PrepareContext:
+def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict,
+             capture="fx", example_kwargs=None) -> PrepareContext:
     """Check the user's arguments against ``model`` and gather them into the pipeline's context."""
     verb = "prepare_qat" if qat else "prepare"
     require_module(verb, model)
@@ -144,7 +181,8 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
     target = resolve_target(backend)
     if qat and not model.training:
         raise ValueError("prepare_qat: the model is in eval mode; call model.train() first (or use prepare for post-training quantization)")
-    training = next((name or type(model).__name__ for name, m in model.named_modules() if m.training), None)
+    # ep.module() marks itself training and refuses .eval(); export_model checks its graph's ops instead
+    training = None if is_exported(model) else next((name or type(model).__name__ for name, m in model.named_modules() if m.training), None)
     if not qat and training is not None:
         raise ValueError(
             f"prepare: the model is in training mode; call model.eval() first (module {training!r} has "
@@ -159,23 +197,23 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
             stacklevel=3,
         )
         qconfig_mapping, example_inputs = example_inputs, qconfig_mapping
-    if example_inputs is not None and not isinstance(example_inputs, tuple):
-        example_inputs = (example_inputs,)
-    require_float32(verb, model, example_inputs)
+    example_inputs, example_kwargs = split_inputs(example_inputs, example_kwargs)
+    require_float32(verb, model, tuple(example_inputs or ()) + tuple((example_kwargs or {}).values()))
     if qconfig_mapping is None:
         qconfig_mapping = get_default_qat_qconfig_mapping() if qat else get_default_qconfig_mapping()
     if not isinstance(qconfig_mapping, QConfigMapping):
         raise TypeError(f"qconfig_mapping must be a QConfigMapping, got {type(qconfig_mapping).__name__}")
     registry = registry or current_registry()
     trace = TraceOptions(tuple(leaf_modules) + tuple(registry.leaf_modules), concrete_args, tuple(registry.leaf_functions))
-    return PrepareContext(registry, qconfig_mapping, target, qat, example_inputs, trace, strict)
+    capture = check_capture(verb, capture)
+    return PrepareContext(registry, qconfig_mapping, target, qat, example_inputs, trace, strict, "", capture, example_kwargs)
 
 
 def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy.deepcopy(model)
     report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
-        prepared = _prepare_one(work, ctx, _Capture(work, ctx.example_inputs), report)
+        prepared = _prepare_one(work, ctx, _Capture(work, ctx.example_inputs, ctx.example_kwargs), report)
     prepared.lucid_fx_report = report
     if ctx.qat:
         prepared.train()
@@ -193,21 +231,28 @@ def prepare(
     leaf_modules: Sequence[Any] = (),
     concrete_args: Optional[Dict[str, Any]] = None,
     strict: bool = False,
+    capture: str = "auto",
+    example_kwargs: Optional[Dict[str, Any]] = None,
 ) -> nn.Module:
     """Trace ``model`` and insert observers: FixedQParamsObserver on every output whose range is
     proven bounded, the QConfig's observers everywhere else a quantized kernel will run.
 
     Args:
-        model: an eval-mode ``nn.Module`` or an already traced ``fx.GraphModule``.
+        model: an eval-mode ``nn.Module``, an already traced ``fx.GraphModule``, or a
+            ``torch.export.ExportedProgram`` (or its ``.module()``) exported in eval mode.
         qconfig_mapping: which QConfig where (default: :func:`get_default_qconfig_mapping`).
         example_inputs: positional inputs of ``forward``; they give shapes and dtypes
-            (integer inputs such as token ids stay unquantized).
+            (integer inputs such as token ids stay unquantized). A dict: keyword inputs.
         backend: ``"cpu"`` (default) or ``"cuda"``.
         inplace: modify ``model`` instead of a copy.
         registry: rule tables to use (default: the current registry).
         leaf_modules: qualified names or classes to keep as single float nodes.
         concrete_args: passed to torch.fx to specialise optional arguments.
         strict: raise on an untraceable module instead of keeping it float.
+        capture: ``"auto"`` (torch.fx, and torch.export for a module fx cannot trace), ``"fx"``
+            or ``"export"`` (see docs/prepare.md); ``prepared.lucid_fx_report.captures`` says
+            which was used where.
+        example_kwargs: keyword inputs of ``forward`` (``model(**encoding)``).
 
     Returns:
         The observed model, a ``GraphModule`` (or, if the top level itself cannot be traced,
@@ -224,7 +269,12 @@ def prepare(
         'FixedQParamsObserver'
     """
     model = unwrap_compiled("prepare", model)
-    ctx = _context(model, False, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict)
+    if isinstance(model, torch.export.ExportedProgram):
+        if example_inputs is None and example_kwargs is None and model.example_inputs is not None:
+            example_inputs, example_kwargs = model.example_inputs
+        model, inplace = model.module(), True  # a fresh module: the program itself is not changed
+    ctx = _context(model, False, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict,
+                   capture, example_kwargs)
     return _prepare(model, inplace, ctx)
 
 

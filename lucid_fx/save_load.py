@@ -35,6 +35,7 @@ from lucid_fx._activation_qparams import attach_guard, without_guard
 from lucid_fx.program import RUNTIME_ATTRIBUTES, install_programs, runs_int8_kernels
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
+from lucid_fx._pytree_spec import SPEC_ATTRIBUTES, encode_codegen, has_pytree_codegen
 from lucid_fx._load_tree import decode_module, where_is
 from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS
 
@@ -69,8 +70,7 @@ def _encode_meta(node: fx.Node, codec: Codec, where: str, keys: Tuple[str, ...],
 
 
 def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]:
-    if type(gm.graph._codegen) is not fx.graph.CodeGen:
-        raise NotSerializable(f"{where_is(path)}: its graph has a {type(gm.graph._codegen).__name__} (pytree inputs/outputs), which lucid_fx.save cannot write")
+    specs = encode_codegen(gm, where_is(path))
     # A prepared graph keeps every key (convert reads them); a converted one what to_networkx,
     # visualize and `lucid-fx show` read: sources, grids, lowerings, decisions, shapes.
     prepared = hasattr(gm, OBSERVERS)
@@ -94,12 +94,12 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
         if isinstance(value, torch.Tensor):  # load checks the tensor it finds against this
             record["value_type"] = [list(value.shape), str(value.dtype)]
         nodes.append(record)
-    return {"nodes": nodes}
+    return {"nodes": nodes} if specs is None else {"nodes": nodes, "pytree": specs}
 
 
 def _check_attributes_load_takes(module: nn.Module, where: str) -> None:
     """Save writes only the attributes load takes back: those lucid_fx sets, and those the class keeps."""
-    own = set(LUCID_FX_ATTRIBUTES())
+    own = set(LUCID_FX_ATTRIBUTES()) | (SPEC_ATTRIBUTES if has_pytree_codegen(module) else set())
     if isinstance(module, fx.GraphModule):
         extra = [k for k in module.__dict__ if k not in M.GRAPH_MODULE_STATE and k not in own and k not in RUNTIME_ATTRIBUTES
                  and not M.TENSOR_CONSTANT.fullmatch(k)]
@@ -137,7 +137,7 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
     else:
         record["class"] = codec.class_name(_parametrized.base_class(module), f"{where} ({type(module).__name__})")
     record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items()
-                       if k not in state and k not in RUNTIME_ATTRIBUTES}
+                       if k not in state and k not in RUNTIME_ATTRIBUTES and not (is_graph and k in SPEC_ATTRIBUTES)}
     record["params"] = {k: None if p is None else p.detach() for k, p in module._parameters.items()}
     record["requires_grad"] = {k: p.requires_grad for k, p in module._parameters.items() if p is not None}
     record["buffers"] = dict(module._buffers)

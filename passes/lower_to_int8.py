@@ -224,6 +224,7 @@ def lower_to_int8(
             placement = Placement(placement.runs, why, _names(members))
         report.placements.update((name, placement) for name in placement.members)
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
+    gm.graph.set_codegen(prepared.graph._codegen)  # a torch.export graph's call and result structure (pytree)
     _tag_placements(gm, nodes, report.placements)
     if _meta.TRACE in prepared.meta:
         gm.meta[_meta.TRACE] = prepared.meta[_meta.TRACE]

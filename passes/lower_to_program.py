@@ -142,6 +142,7 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     graph = fx.Graph()
     out = graph.graph_copy(portable.graph, {})
     graph.output(out)
+    graph.set_codegen(portable.graph._codegen)  # a torch.export graph's call and result structure (pytree)
     program = fx.GraphModule(portable, graph, "Program")
     for node in program.graph.nodes:
         if node.name in values:

@@ -40,6 +40,7 @@ class TraceOptions:
     leaf_modules: Tuple[Any, ...] = ()
     concrete_args: Optional[Dict[str, Any]] = None
     autowrap_functions: Tuple[Callable, ...] = ()
+    capture: str = "fx"  # "export": the graph came from torch.export (passes/export_model.py)
 
 
 class TraceFailure(ValueError):

@@ -229,14 +229,15 @@ def test_convert_of_a_model_prepare_could_not_trace_says_why():
         def forward(self, x):
             return torch.Tensor.softmax(x, 1)  # a method descriptor called on a Proxy
 
-    prepared = lucid_fx.prepare(Untraceable().eval(), example_inputs=(torch.randn(2, 3),))
+    # capture="fx": torch.export would capture it (capture="auto")
+    prepared = lucid_fx.prepare(Untraceable().eval(), example_inputs=(torch.randn(2, 3),), capture="fx")
     with pytest.raises(ValueError, match=r"(?s)nothing was quantized: prepare could not trace any part of the model\n.*<root> \(Untraceable\)"):
         lucid_fx.convert(prepared)
     # calibrate and the one-call quantize say the same, not "call prepare first"
     with pytest.raises(ValueError, match=r"calibrate: nothing was quantized: prepare could not trace"):
         lucid_fx.calibrate(prepared, [torch.randn(2, 3)], progress=False)
     with pytest.raises(ValueError, match=r"nothing was quantized: prepare could not trace"):
-        lucid_fx.quantize(Untraceable().eval(), (torch.randn(2, 3),), [torch.randn(2, 3)], progress=False)
+        lucid_fx.quantize(Untraceable().eval(), (torch.randn(2, 3),), [torch.randn(2, 3)], progress=False, capture="fx")
 
 
 class _ThreeLinears(nn.Module):

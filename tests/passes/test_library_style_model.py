@@ -59,9 +59,10 @@ def _ids():
 
 
 def test_library_model_is_partly_quantized_and_exact():
+    # torch.fx alone (capture="auto" would export the top level: test_auto_exports_the_whole_model)
     model = LibraryEncoder().eval()
     ids = _ids()
-    prepared = lucid_fx.prepare(model, example_inputs=(ids,))
+    prepared = lucid_fx.prepare(model, example_inputs=(ids,), capture="fx")
     assert [u.path for u in prepared.lucid_fx_report.float_modules] == ["", "layers"]
     # the glue stays the user's Python; the layers inside are graphs with observers
     layer = prepared.layers[0]
@@ -97,10 +98,22 @@ def test_concrete_args_trace_the_whole_model():
 
 def test_example_inputs_do_not_reach_the_observers():
     model = LibraryEncoder().eval()
-    prepared = lucid_fx.prepare(model, example_inputs=(_ids(),))
+    prepared = lucid_fx.prepare(model, example_inputs=(_ids(),), capture="fx")
     # shapes reached the layers inside the ModuleList (captured from one float run) ...
     node = next(n for n in prepared.layers[1].graph.nodes if n.name == "softmax")
     assert tuple(node.meta["tensor_meta"].shape) == (2, 7, 7)
     # ... but no observer was fed by that run: nothing has been calibrated yet
     assert not prepared.head.lucid_fx_observers["linear"].has_data
     assert not prepared.layers[0].lucid_fx_observers["attn_q"].has_data
+
+
+def test_auto_exports_the_whole_model_fx_cannot_trace():
+    model = LibraryEncoder().eval()
+    ids = _ids()
+    prepared = lucid_fx.prepare(model, example_inputs=(ids,))
+    assert prepared.lucid_fx_report.captures == {"": "export"} and prepared.lucid_fx_report.float_modules == []
+    assert isinstance(prepared, fx.GraphModule)
+    rows = lucid_fx.explain(prepared).by_node()
+    softmax_rows = [r for r in rows.values() if r["op"] == "softmax"]
+    assert len(softmax_rows) == 2 and all(r["kind"] == "fixed" for r in softmax_rows)
+    assert torch.equal(prepared(ids)["logits"], model(ids)["logits"])

@@ -89,9 +89,11 @@ def test_bad_arguments_name_what_is_wrong():
         lucid_fx.smooth_quant(block, _batches())
 
 
-def test_llama_with_outlier_channels_reaches_30_db():
+def test_llama_with_outlier_channels_gains_18_db():
     # measured: 11.4 dB plain; 32.6 / 32.4 / 32.1 dB smoothed at alpha 0.3 / 0.5 / 0.7 (33.3 for the
-    # Llama-like model without outliers); the float model moves by 1.8e-7 relative
+    # Llama-like model without outliers) while torch.fx kept its root and layers float; with
+    # capture="auto" exporting the whole model into int8: 11.3 plain, 30.2 smoothed at 0.5 (11.2 and
+    # 30.0 as on an AVX2 CPU). The float model moves by 1.8e-7 relative
     s = Setup(LLAMA_OUTLIERS)
     smoothed = lucid_fx.smooth_quant(s.model, s.calibration, alpha=0.5)
     report = smoothed.lucid_fx_transforms[-1]
@@ -100,4 +102,4 @@ def test_llama_with_outlier_channels_reaches_30_db():
     out = s.run(smoothed)
     assert float((out - s.reference).norm() / s.reference.norm()) < 1e-5
     plain, after = s.int8_sqnr(s.model), s.int8_sqnr(smoothed)
-    assert plain < 15 and after > 31, (plain, after)
+    assert plain < 15 and after > 29 and after - plain > 18, (plain, after)

@@ -1,0 +1,93 @@
+"""How prepare captures a graph: torch.fx (symbolic tracing), torch.export, or ``"auto"``: fx
+first, and torch.export for a module whose own forward fx cannot trace (transformers' top levels:
+keyword defaults, ``kwargs[...] = ...``, control flow on shapes).
+
+Both captures give a GraphModule of torch-level calls (passes/export_model.py rewrites aten ops by
+lucid_fx/rules/aten_ops.py), so the same prepare passes run on either.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import fx, nn
+
+from lucid_fx.passes.export_model import ExportFailure, export_model, flat_inputs
+from lucid_fx.pipeline import PrepareContext
+
+__all__ = ["CAPTURES", "check_capture", "is_exported", "exported_graph", "export_like_prepare", "ExportFailure", "split_inputs"]
+
+#: The values of ``prepare(..., capture=)``.
+CAPTURES = ("auto", "fx", "export")
+
+
+def check_capture(verb: str, capture: Any) -> str:
+    if capture not in CAPTURES:
+        raise ValueError(f"{verb}: capture={capture!r}; use one of {', '.join(map(repr, CAPTURES))}")
+    return capture
+
+
+def is_exported(model: Any) -> bool:
+    """An ``ExportedProgram``, or the GraphModule its ``.module()`` returns."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return True
+    return isinstance(model, fx.GraphModule) and isinstance(getattr(model.graph, "_codegen", None), torch.fx.graph._PyTreeCodeGen)
+
+
+def split_inputs(example_inputs: Any, example_kwargs: Optional[Dict[str, Any]]) -> Tuple[Optional[tuple], Optional[Dict[str, Any]]]:
+    """(positional, keyword) example inputs: a dict given as ``example_inputs`` holds keywords."""
+    if isinstance(example_inputs, dict):
+        if example_kwargs:
+            raise ValueError("prepare: example_inputs is a dict (keyword inputs) and example_kwargs is given too; pass one")
+        return (), dict(example_inputs)
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    if example_kwargs is not None and not isinstance(example_kwargs, dict):
+        raise TypeError(f"prepare: example_kwargs must be a dict of forward's keyword inputs, got {type(example_kwargs).__name__}")
+    return example_inputs, (dict(example_kwargs) if example_kwargs else None)
+
+
+def _by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
+    """The inputs as keywords, those at their default left out: the exported module's forward then
+    takes them by position or by name (torch.export fixes the call structure it saw)."""
+    try:
+        signature = inspect.signature(model.forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    params = signature.parameters
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params.values()):
+        return args, kwargs
+    named = {}
+    for name, value in bound.arguments.items():
+        if params[name].kind is params[name].VAR_KEYWORD:
+            named.update(value)
+        elif value is not params[name].default:
+            named[name] = value
+    return (), named
+
+
+def export_like_prepare(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> fx.GraphModule:
+    """``model`` exported as prepare exports it (inputs by name), for compare's float graph."""
+    args, kwargs = _by_name(model, tuple(args), dict(kwargs))
+    return export_model(model, args, kwargs)
+
+
+def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModule, PrepareContext]:
+    """``model`` captured by torch.export on the context's example inputs, and the context for its
+    graph (whose placeholders take the flattened inputs). Raises :class:`ExportFailure` naming
+    ``ctx.path`` when torch.export cannot capture it."""
+    args, kwargs = ctx.example_inputs, ctx.example_kwargs
+    if args is None and not kwargs and not is_exported(model):
+        raise ExportFailure(
+            f"cannot capture {ctx.path or '<root>'} ({type(model).__name__}) with torch.export: no example inputs "
+            "reached it; pass example_inputs (and example_kwargs) to prepare"
+        )
+    if not is_exported(model):
+        args, kwargs = _by_name(model, tuple(args or ()), dict(kwargs or {}))
+    gm = export_model(model, args or (), kwargs, path=ctx.path)
+    flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None
+    return gm, replace(ctx, example_inputs=flat, example_kwargs=None)

@@ -1,0 +1,112 @@
+"""restore_modules: turn a functional conv, linear or batch norm of an exported graph back into a
+call of the module it came from, so the graph looks as torch.fx traces it.
+
+torch.export writes ``nn.Conv2d`` as ``conv2d(x, get_attr 0.weight, get_attr 0.bias, ...)`` on a
+bare ``nn.Module`` holding the parameters. Where such a holder has exactly the call's parameters
+(and buffers) and nothing reads them elsewhere, it is replaced by the ``nn.Conv2d`` /
+``nn.Linear`` / ``nn.BatchNorm2d`` sharing those tensors and the node becomes ``call_module``: batch
+norms fold into the conv before them at convert (passes/fold_batchnorm.py folds module pairs),
+and a ``QConfigMapping`` set by module type or name applies as it does to a traced model.
+
+Reads and writes no ``node.meta`` key of its own; the new node keeps the old one's meta.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+__all__ = ["restore_modules"]
+
+_CONVS = {F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.conv3d: nn.Conv3d}
+_BATCH_NORMS = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}  # by input rank
+
+
+def _holder(gm: fx.GraphModule, node: fx.Node, attrs: List[Optional[fx.Node]], names: List[str]) -> Optional[str]:
+    """The path of the bare module holding exactly ``attrs`` (as ``names``), read by ``node`` only."""
+    present = [(a, n) for a, n in zip(attrs, names) if a is not None]
+    if not present or any(not isinstance(a, fx.Node) or a.op != "get_attr" or list(a.users) != [node] for a, _ in present):
+        return None
+    paths = {a.target.rpartition(".")[0] for a, _ in present}
+    path = paths.pop() if len(paths) == 1 else None
+    if path is None or not path or any(a.target != f"{path}.{n}" for a, n in present):
+        return None
+    holder = gm.get_submodule(path)
+    held = set(holder._parameters) | set(holder._buffers)
+    if type(holder) is not nn.Module or list(holder.children()) or not {n for _, n in present} <= held:
+        return None
+    readers = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.startswith(path + ".")]
+    return path if set(readers) == {a for a, _ in present} else None
+
+
+def _conv(gm, node) -> Optional[tuple]:
+    x, w, b, stride, padding, dilation, groups = (list(node.args) + [None] * 7)[:7]
+    path = _holder(gm, node, [w, b], ["weight", "bias"])
+    if path is None or isinstance(padding, str):
+        return None
+    holder = gm.get_submodule(path)
+    weight = holder.weight
+    module = _CONVS[node.target](weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]), stride, padding,
+                                 dilation, groups, bias=b is not None)
+    return path, module, x, [w, b]
+
+
+def _linear(gm, node) -> Optional[tuple]:
+    x, w, b = (list(node.args) + [None] * 3)[:3]
+    path = _holder(gm, node, [w, b], ["weight", "bias"])
+    if path is None:
+        return None
+    weight = gm.get_submodule(path).weight
+    return path, nn.Linear(weight.shape[1], weight.shape[0], bias=b is not None), x, [w, b]
+
+
+def _batch_norm(gm, node) -> Optional[tuple]:
+    x, mean, var, w, b = (list(node.args) + [None] * 5)[:5]
+    rest = dict(zip(("training", "momentum", "eps"), node.args[5:]), **node.kwargs)
+    value = x.meta.get("val") if isinstance(x, fx.Node) else None
+    cls = _BATCH_NORMS.get(value.dim()) if isinstance(value, torch.Tensor) else None
+    path = _holder(gm, node, [mean, var, w, b], ["running_mean", "running_var", "weight", "bias"])
+    if cls is None or path is None or rest.get("training") or w is None or b is None:
+        return None
+    holder = gm.get_submodule(path)
+    module = cls(holder.running_mean.shape[0], eps=rest.get("eps", 1e-5), momentum=rest.get("momentum", 0.1))
+    return path, module, x, [mean, var, w, b]
+
+
+_RESTORERS: Dict[Any, Callable[..., Optional[tuple]]] = {
+    **{fn: _conv for fn in _CONVS},  # conv2d(x, 0.weight, 0.bias) -> call_module 0 (nn.Conv2d)
+    F.linear: _linear,  # linear(x, fc.weight, fc.bias) -> call_module fc (nn.Linear)
+    F.batch_norm: _batch_norm,  # batch_norm(x, 1.running_mean, ...) -> call_module 1 (nn.BatchNorm2d)
+}
+
+
+def restore_modules(gm: fx.GraphModule) -> fx.GraphModule:
+    """Give ``gm``'s functional conv/linear/batch-norm calls on their own holder their module back (in place)."""
+    for node in list(gm.graph.nodes):
+        restore = _RESTORERS.get(node.target) if node.op == "call_function" else None
+        found = restore(gm, node) if restore is not None else None
+        if found is None:
+            continue
+        path, module, x, attrs = found
+        holder = gm.get_submodule(path)
+        for name, tensor in list(holder._parameters.items()) + list(holder._buffers.items()):
+            if name in module._parameters:
+                module._parameters[name] = tensor
+            else:
+                module._buffers[name] = tensor
+        module.eval()
+        parent, _, attr = path.rpartition(".")
+        setattr(gm.get_submodule(parent) if parent else gm, attr, module)
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_module(path, (x,))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        for attr_node in attrs:
+            if attr_node is not None:
+                gm.graph.erase_node(attr_node)
+    gm.recompile()
+    return gm

@@ -1,0 +1,164 @@
+"""rewrite_aten: turn the aten calls of a torch.export graph into the torch-level calls torch.fx
+records, by the table in lucid_fx/rules/aten_ops.py, so canonicalize_ops gives them the same
+canonical ops and every rule applies to both front ends.
+
+Reads and writes no ``node.meta`` key of its own; each rewritten node keeps the meta of the aten
+node it replaces (``MODULE_PATH`` included). An aten op that neither a row nor the same-name
+lookup covers stays as it is (it runs in float, and save refuses it by name).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from lucid_fx.rules.aten_ops import DROPPED, IDENTITY, AtenRow, aten_row, bind_schema, same_name_target
+
+__all__ = ["rewrite_aten", "is_aten"]
+
+
+def is_aten(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
+
+
+def _short(target: torch._ops.OpOverload) -> str:
+    return f"{target._schema.name.split('::')[-1]}.{target._overloadname}"
+
+
+def _call(graph: fx.Graph, target: Any, args: tuple, kwargs: Dict[str, Any]) -> fx.Node:
+    kind = "call_method" if isinstance(target, str) else "call_function"
+    return graph.create_node(kind, target, args, kwargs)
+
+
+def _by_row(gm: fx.GraphModule, node: fx.Node, row: AtenRow, bound: Dict[str, Any]) -> Optional[fx.Node]:
+    args = tuple(bound[name] for name in row.args if name in bound)
+    kwargs = {torch_name: bound[aten_name] for torch_name, aten_name in row.kwargs.items() if aten_name in bound}
+    return _call(gm.graph, row.target, args, kwargs)
+
+
+def _transposed_weight(gm: fx.GraphModule, mat2: Any) -> Optional[fx.Node]:
+    """``W`` such that ``mat2 == W.t()``: the input of a t/transpose, or a new attribute holding
+    the transposed tensor of a get_attr (GPT-2's Conv1D keeps its weight as [in, out])."""
+    if not isinstance(mat2, fx.Node):
+        return None
+    if mat2.op == "call_function" and mat2.target in (torch.ops.aten.t.default, torch.t) and len(mat2.users) == 1:
+        return mat2.args[0]
+    if mat2.op == "call_function" and mat2.target in (torch.ops.aten.permute.default, torch.permute) and list(mat2.args[1]) == [1, 0]:
+        return mat2.args[0] if len(mat2.users) == 1 else None
+    if mat2.op == "get_attr":
+        weight = dict(gm.named_parameters()).get(mat2.target)
+        if weight is None or weight.dim() != 2:
+            return None
+        name = mat2.target.replace(".", "_") + "_t"
+        gm.register_parameter(name, torch.nn.Parameter(weight.detach().t().contiguous(), requires_grad=False))
+        attr = gm.graph.get_attr(name)
+        attr.meta.update(mat2.meta)
+        return attr
+    return None
+
+
+def _addmm(gm, node, row, bound):
+    if bound.get("beta", 1) != 1 or bound.get("alpha", 1) != 1:
+        return None
+    weight = _transposed_weight(gm, bound["mat2"])
+    if weight is None or not isinstance(bound["mat1"], fx.Node):
+        return _call(gm.graph, torch.addmm, (bound["self"], bound["mat1"], bound["mat2"]), {})
+    return _call(gm.graph, F.linear, (bound["mat1"], weight, bound["self"]), {})
+
+
+def _mm(gm, node, row, bound):
+    weight = _transposed_weight(gm, bound["mat2"])
+    if weight is None:
+        return _call(gm.graph, torch.matmul, (bound["self"], bound["mat2"]), {})
+    return _call(gm.graph, F.linear, (bound["self"], weight), {})
+
+
+def _convolution(gm, node, row, bound):
+    if bound["transposed"]:
+        return None  # conv_transpose has no canonical op: stays aten, float
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(len(bound["stride"]))
+    if fn is None:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    return _call(gm.graph, fn, tuple(bound[n] for n in names), {})
+
+
+def _first_of_tuple(gm, node, row, bound):
+    """(out, stats...) ops: the torch function returns ``out`` alone, which every ``[0]`` reads."""
+    if any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users):
+        return None
+    new = _by_row(gm, node, row, bound)
+    for user in list(node.users):
+        if user.args[1] == 0:
+            user.replace_all_uses_with(new)
+        gm.graph.erase_node(user)
+    return new
+
+
+def _slice(gm, node, row, bound):
+    dim, start, end, step = bound["dim"], bound.get("start"), bound.get("end"), bound.get("step", 1)
+    if any(isinstance(v, fx.Node) for v in (dim, start, end, step)):
+        return None
+    big = 2**62  # export writes "to the end" as INT64_MAX
+    end = None if end is not None and end >= big else end
+    index = (slice(None),) * dim + (slice(start if start else None, end, None if step == 1 else step),)
+    return _call(gm.graph, operator.getitem, (bound["self"], index), {})
+
+
+SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
+    "addmm": _addmm,  # addmm(b, x, W) -> linear(x, W.t(), b)
+    "mm": _mm,  # mm(x, t(W)) -> linear(x, W)
+    "convolution": _convolution,  # convolution(..., transposed=False) -> conv{1,2,3}d
+    "first_of_tuple": _first_of_tuple,  # native_layer_norm(...)[0] -> layer_norm(...)
+    "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]
+}
+
+
+def _mutates(node: fx.Node) -> bool:
+    return is_aten(node.target) and node.target._schema.is_mutable
+
+
+def _rewrite(gm: fx.GraphModule, node: fx.Node) -> Optional[fx.Node]:
+    short = _short(node.target)
+    if short in IDENTITY and not any(_mutates(user) for user in node.users):
+        return node.args[0]
+    if short == "_to_copy.default" and node.kwargs.get("dtype") is None:
+        return node.args[0]  # a copy on the same device, same dtype
+    row = aten_row(node.target)
+    if row is None:
+        fn = same_name_target(node.target)
+        return None if fn is None else _call(gm.graph, fn, node.args, dict(node.kwargs))
+    bound = bind_schema(node.target, node.args, node.kwargs)
+    return (SPECIALS[row.special] if row.special else _by_row)(gm, node, row, bound)
+
+
+def rewrite_aten(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite every aten call of ``gm`` it has a row for (in place); returns ``gm``."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not is_aten(node.target):
+            continue
+        if _short(node.target) in DROPPED and not node.users:
+            gm.graph.erase_node(node)
+            continue
+        with gm.graph.inserting_before(node):
+            new = _rewrite(gm, node)
+        if new is None:
+            continue
+        if isinstance(new, fx.Node) and new.op != "get_attr" and new is not node.args[0]:
+            new.meta.update({k: v for k, v in node.meta.items() if k not in new.meta})
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
+def _keeps_effect(node: fx.Node) -> bool:
+    """In-place calls (``x.copy_(y)``, ``relu_``) change a value another node reads: never dead."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.is_impure() or (node.op in ("call_method", "call_function") and isinstance(name, str) and name.endswith("_"))

@@ -1,0 +1,274 @@
+"""prepare's capture: torch.fx, torch.export, or "auto" (fx, then export where fx fails); an
+ExportedProgram as input; the report saying which capture was used where; the transformers
+families end to end."""
+
+import io
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import lucid_fx
+from lucid_fx.passes.export_model import ExportFailure
+from lucid_fx.placement import INT8_RUNS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
+from tests.models.families import FAMILIES  # noqa: E402
+from tests.models.flops import graph_flops, model_flops, prepared_graphs  # noqa: E402
+from tests.models.measure import _data, _reports, _sqnr_on  # noqa: E402
+
+
+def sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
+    return 10 * math.log10(reference.pow(2).mean().item() / (reference - test).pow(2).mean().item())
+
+
+class TinyEncoder(nn.Module):
+    """A transformer encoder block called the transformers way (keywords, a padding mask) whose
+    top level torch.fx cannot trace (a branch on an input's shape)."""
+
+    def __init__(self, vocab=64, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        if input_ids.shape[1] > 128:  # fx: a Proxy's bool; export: a shape it knows
+            raise ValueError("sequence too long")
+        x = self.embed(input_ids)
+        b, s, d = x.shape
+        split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        mask = (1.0 - attention_mask[:, None, None, :].float()) * -1e4
+        scores = split(self.q(x)) @ split(self.k(x)).transpose(-1, -2) / math.sqrt(d // self.heads) + mask
+        attn = (scores.softmax(-1) @ split(self.v(x))).transpose(1, 2).reshape(b, s, d)
+        x = self.norm1(x + self.o(attn))
+        x = self.norm2(x + self.down(F.gelu(self.up(x), approximate="tanh")))
+        return {"last_hidden_state": x}
+
+
+def tokens(seed, batch=2, seq=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 64, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[1, seq - 3:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def quantize(model, **options):
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(model, **options)
+    lucid_fx.calibrate(prepared, [tokens(100 + i) for i in range(8)], progress=False)
+    return prepared, lucid_fx.convert(prepared)
+
+
+def held_out_sqnr(model, qmodel) -> float:
+    with torch.no_grad():
+        ref = torch.cat([model(**tokens(200 + i))["last_hidden_state"] for i in range(3)])
+        out = torch.cat([qmodel(**tokens(200 + i))["last_hidden_state"] for i in range(3)])
+    return sqnr(ref, out)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(0)
+    return TinyEncoder().eval()
+
+
+@pytest.fixture(scope="module")
+def auto_quantized(encoder):
+    return quantize(encoder, example_inputs=tokens(0))  # a dict: keyword inputs
+
+
+def test_auto_captures_with_export_where_fx_fails_and_says_so(encoder, auto_quantized):
+    prepared, qmodel = auto_quantized
+    report = prepared.lucid_fx_report
+    assert report.captures == {"": "export"} and report.float_modules == []
+    assert "<root> -> export" in str(report)
+    assert held_out_sqnr(encoder, qmodel) >= 25.0
+    lowered = qmodel.lucid_fx_convert_report.lowered
+    assert sum(1 for key in lowered.values() if key.startswith("linear")) >= 6, lowered
+
+
+def test_fx_capture_keeps_the_root_float_and_names_why(encoder):
+    prepared = lucid_fx.prepare(encoder, example_kwargs=tokens(0), capture="fx")
+    captures = prepared.lucid_fx_report.captures
+    assert captures[""].startswith("float (torch.fx: TraceError")
+    assert captures["q"] == "fx" and not isinstance(prepared, fx.GraphModule)
+
+
+def test_export_and_fx_captures_give_the_same_int8_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8), nn.Softmax(-1)).eval()
+    data = [torch.randn(4, 16) for _ in range(4)]
+    outs = {}
+    for capture in ("fx", "export"):
+        prepared = lucid_fx.prepare(model, example_inputs=(data[0],), capture=capture)
+        assert prepared.lucid_fx_report.captures == {"": capture}
+        lucid_fx.calibrate(prepared, data, progress=False)
+        outs[capture] = lucid_fx.convert(prepared)(data[1])
+    assert sqnr(model(data[1]), outs["export"]) >= 25.0
+    torch.testing.assert_close(outs["export"], outs["fx"])  # the same rules fired: the same codes
+
+
+def test_export_folds_batch_norm_into_the_conv_as_fx_does():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    model[1].running_mean.uniform_(-0.5, 0.5)
+    model[1].running_var.uniform_(0.5, 2.0)
+    data = [torch.randn(2, 3, 10, 10) for _ in range(4)]
+    outs = {}
+    for capture in ("fx", "export"):
+        prepared = lucid_fx.prepare(model, example_inputs=(data[0],), capture=capture)
+        lucid_fx.calibrate(prepared, data, progress=False)
+        qmodel = lucid_fx.convert(prepared)
+        assert sorted(qmodel.lucid_fx_convert_report.lowered.values()) == ["conv2d", "conv2d+relu"]  # the batch norm folded
+        outs[capture] = qmodel(data[1])
+    assert sqnr(model(data[1]), outs["export"]) >= 25.0
+    torch.testing.assert_close(outs["export"], outs["fx"])
+
+
+def test_an_exported_program_is_prepared_and_left_unchanged(encoder):
+    ep = torch.export.export(encoder, (), tokens(0), strict=False)
+    nodes_before = len(ep.graph.nodes)
+    prepared, qmodel = quantize(ep)  # its own example inputs
+    assert prepared.lucid_fx_report.captures == {"": "export"}
+    assert held_out_sqnr(encoder, qmodel) >= 25.0
+    assert len(ep.graph.nodes) == nodes_before
+    torch.testing.assert_close(ep.module()(**tokens(1))["last_hidden_state"], encoder(**tokens(1))["last_hidden_state"])
+    prepared, qmodel = quantize(ep.module(), example_kwargs=tokens(0))  # and its .module(), marked training
+    assert held_out_sqnr(encoder, qmodel) >= 25.0
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:  # neither fx nor export can capture a branch on a value
+            return self.lin(x)
+        return self.lin(-x)
+
+
+class ShapeBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, scale=None):
+        if x.shape[0] > 1:  # fx cannot trace it; export can
+            x = x * 2
+        return self.lin(x) if scale is None else self.lin(x) * scale
+
+
+class Parent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.shape, self.data = nn.Linear(8, 8), ShapeBranch(), DataDependent()
+
+    def forward(self, x):
+        return self.data(self.shape(self.first(x), scale=2.0))
+
+
+def test_auto_exports_each_child_fx_cannot_trace_and_names_the_one_neither_captures():
+    model = Parent().eval()
+    x = torch.randn(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    captures = prepared.lucid_fx_report.captures
+    assert captures[""] == "fx" and captures["shape"] == "export"
+    assert captures["data"].startswith("float (torch.fx: TraceError")
+    assert "torch.export cannot capture data (DataDependent)" in captures["data"]
+    assert isinstance(prepared.shape, fx.GraphModule) and captures["data.lin"] == "fx"
+    lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(4)], progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    assert sqnr(model(x), qmodel(x)) >= 25.0
+
+
+def test_forced_export_that_fails_names_the_module():
+    with pytest.raises(ExportFailure, match=r"torch.export cannot capture <root> \(DataDependent\)"):
+        lucid_fx.prepare(DataDependent().eval(), example_inputs=(torch.randn(2, 8),), capture="export")
+
+
+def test_capture_values_are_checked():
+    with pytest.raises(ValueError, match=r"capture='torchscript'; use one of 'auto', 'fx', 'export'"):
+        lucid_fx.prepare(nn.Linear(2, 2).eval(), example_inputs=(torch.randn(1, 2),), capture="torchscript")
+
+
+def test_an_exported_int8_model_saves_and_loads_with_its_call_structure(encoder, auto_quantized):
+    _, qmodel = auto_quantized
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    loaded = lucid_fx.load(buffer)
+    out = loaded(**tokens(5))
+    assert isinstance(out, dict) and list(out) == ["last_hidden_state"]
+    torch.testing.assert_close(out["last_hidden_state"], qmodel(**tokens(5))["last_hidden_state"])
+    positional = loaded(tokens(5)["input_ids"], tokens(5)["attention_mask"])  # by position too
+    torch.testing.assert_close(positional["last_hidden_state"], out["last_hidden_state"])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_transformers_families_convert_through_auto(name):
+    family = FAMILIES[name]
+    model = family.make_model()
+    args, kwargs = family.example_inputs()
+    prepared = lucid_fx.prepare(model, example_inputs=tuple(args), example_kwargs=dict(kwargs))
+    report = prepared.lucid_fx_report
+    assert report.captures == {"": "export"} and report.float_modules == []  # llama's root and layers included
+    batches, held_out = _data(family)
+    lucid_fx.calibrate(prepared, [b[1] or b[0] for b in batches], progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    assert _sqnr_on(model, qmodel, held_out) >= 25.0
+    reports = _reports(qmodel)
+    int8 = sum(f for path, gm in prepared_graphs(prepared) for node, f in graph_flops(gm).items()
+               if reports[path].placements.get(node) is not None and reports[path].placements[node].runs in INT8_RUNS)
+    assert int8 / model_flops(model, *family.example_inputs()) >= 0.95
+
+
+def test_compare_measures_an_exported_model_node_by_node(encoder, auto_quantized):
+    _, qmodel = auto_quantized
+    batches = [(tokens(300 + i)["input_ids"], tokens(300 + i)["attention_mask"]) for i in range(2)]
+    result = lucid_fx.compare(encoder, qmodel, batches)  # the float model is exported the way prepare did
+    assert result.output_sqnr_db >= 25.0
+    linears = [row for row in result.rows if row.op == "linear"]
+    assert len(linears) >= 6 and all(row.domain == "int8" and row.sqnr_db > 20 for row in linears), linears
+
+
+def _records_with(data, key):
+    if isinstance(data, dict):
+        if key in data:
+            yield data
+        for value in data.values():
+            yield from _records_with(value, key)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _records_with(value, key)
+
+
+def test_load_refuses_a_pytree_spec_that_does_not_fit_the_graph(auto_quantized):
+    _, qmodel = auto_quantized
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    graph = next(_records_with(data, "pytree"))
+    import torch.utils._pytree as pytree
+
+    graph["pytree"][0] = pytree.treespec_dumps(pytree.tree_structure(((), {"input_ids": 0})))  # one input, not two
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=r"the pytree spec does not fit the graph \(1 inputs for 2 placeholders"):
+        lucid_fx.load(tampered)
+    graph["pytree"][0] = '[1, {"type": "os.system", "context": "null", "children_spec": []}]'  # a name, never imported
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=r"unreadable pytree spec"):
+        lucid_fx.load(tampered)
