@@ -126,32 +126,33 @@ def run_lucid(family: Family, use_concrete: bool) -> Dict[str, Any]:
     return result
 
 
-def run_torch_ao(family: Family, use_concrete: bool) -> Dict[str, Any]:
+def torch_ao_model(family: Family, engine: str, batches, use_concrete: bool = False) -> nn.Module:
+    """torch.ao's FX int8 model of ``family`` (default QConfigs of ``engine``), calibrated on ``batches``;
+    raises where torch.ao cannot trace or convert it."""
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     model, example = family.make_model(), family.example_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.backends.quantized.engine = engine
+        target = copy.deepcopy(model)
+        if use_concrete:  # torch.ao takes no concrete_args: trace first, then hand it the graph
+            target = fx.symbolic_trace(target, concrete_args=concrete_args(model, example))
+        prepared = prepare_fx(target, get_default_qconfig_mapping(engine), positional(model, example))
+        with torch.no_grad():
+            for args, kwargs in batches:
+                prepared(*args, **kwargs)
+        return convert_fx(prepared)
+
+
+def run_torch_ao(family: Family, use_concrete: bool) -> Dict[str, Any]:
     batches, held_out = _data(family)
-    stage = "trace"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.backends.quantized.engine = "x86"
-            target = copy.deepcopy(model)
-            if use_concrete:  # torch.ao takes no concrete_args: trace first, then hand it the graph
-                target = fx.symbolic_trace(target, concrete_args=concrete_args(model, example))
-            stage = "prepare_fx"
-            prepared = prepare_fx(target, get_default_qconfig_mapping("x86"), positional(model, example))
-            stage = "calibrate"
-            with torch.no_grad():
-                for args, kwargs in batches:
-                    prepared(*args, **kwargs)
-            stage = "convert_fx"
-            qmodel = convert_fx(prepared)
-            stage = "run"
-            return {"sqnr": _sqnr_on(model, qmodel, held_out)}
+        qmodel = torch_ao_model(family, "x86", batches, use_concrete)
+        return {"sqnr": _sqnr_on(family.make_model(), qmodel, held_out)}
     except Exception as exc:  # noqa: BLE001
-        return {"failed": f"{stage}: {_error(exc)}"}
+        return {"failed": _error(exc)}
 
 
 def measure(family: Family) -> Dict[str, Any]:
