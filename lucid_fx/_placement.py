@@ -131,8 +131,12 @@ class ConvertReport:
             lines.append(self._share_line())
         total = self.total_flops
         for r in self.float_regions:
-            share = f", {100.0 * r.flops / total:.1f}% of FLOPs" if r.flops and total else ""
-            lines.append(f"  {_LABELS[r.kind]}: {r.name} ({r.why}{share})")
+            share = f"{100.0 * r.flops / total:.1f}% of FLOPs" if r.flops and total else ""
+            if r.kind == "module":  # "path (Class) at file:line `source`: error", as prepare's report says it
+                cls, _, rest = r.why.partition(" at ")
+                lines.append(f"  {_LABELS[r.kind]}: {r.name} ({cls}) at {rest}" + (f" [{share}]" if share else ""))
+            else:
+                lines.append(f"  {_LABELS[r.kind]}: {r.name} ({r.why}" + (f", {share})" if share else ")"))
         return "\n".join(lines)
 
 

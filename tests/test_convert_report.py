@@ -80,7 +80,8 @@ def test_the_report_lists_every_kind_of_float_region_with_its_reason_and_flops()
     assert abs(report.int8_flop_share - 512 / 1152) < 1e-12
     lines = str(report).splitlines()
     assert lines[1] == "int8 FLOPs: 44.4% of 1.15 kFLOP (float: block 22.2%, leaf 22.2%, head 11.1%)"
-    assert lines[2].startswith("  float module: block (Branchy at ") and lines[2].endswith(", 22.2% of FLOPs)")
+    assert lines[2].startswith("  float module: block (Branchy) at ")
+    assert lines[2].endswith(" [22.2% of FLOPs]") and "`if y.dim() == 2:`: TraceError: " in lines[2]
     assert lines[3:] == [
         "  float leaf module: leaf (no observer rule quantizes this op, 22.2% of FLOPs)",
         "  float op: cumsum (no observer rule quantizes this op)",
