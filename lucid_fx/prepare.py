@@ -121,7 +121,7 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     prefix = ctx.path
     leaves = [f"{prefix}.{n.target}" if prefix else n.target for n in gm.graph.nodes if n.op == "call_module"
               and ctx.registry.spelling_for("call_module", gm.get_submodule(n.target)) is None]
-    if leaves:
+    if leaves and not ctx.qat:  # a training-mode run would move batch-norm statistics
         capture.inputs(leaves)  # runs the float model once: the FLOPs inside opaque leaves, for the convert report
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
     _prepare_parts(gm, inner, ctx, capture, report)
