@@ -212,7 +212,9 @@ def _construct(codec: Codec, data, v, dec, where, nodes):
             return cls(*dec(v))
         fields = {k: dec(x) for k, x in v.items()}
         known = {f.name: f for f in dataclasses.fields(cls)}
-        if set(fields) != set(known):
+        # a field added since the file was written (with a default) may be absent, nothing else
+        defaulted = {k for k, f in known.items() if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+        if not set(fields) <= set(known) or not set(known) - set(fields) <= defaulted:
             raise ValueError(f"fields {sorted(map(str, fields))}, expected {sorted(known)}")
         obj = cls(**{k: x for k, x in fields.items() if known[k].init})
         for k, x in fields.items():

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
-__all__ = ["Runs", "Placement", "INT8_RUNS", "ConvertReport"]
+__all__ = ["Runs", "Placement", "INT8_RUNS", "ConvertReport", "FloatRegion"]
 
 
 class Runs(enum.Enum):
@@ -45,13 +45,36 @@ class Placement:
         return f"{self.runs.value} ({self.why})"
 
 
+class FloatRegion(NamedTuple):
+    """A part of a converted model that runs in float: ``kind`` is ``"module"`` (the untraceable-module
+    fallback kept it float), ``"leaf module"`` or ``"function"`` (a call lucid_fx cannot see into: a
+    leaf module, an autowrapped or leaf function), ``"op"`` (no rule quantizes or lowers it) or
+    ``"kept"`` (kept float by the user's QConfig or registry, or by a policy: an in-place change the
+    caller sees, an attention mask, an int32 accumulator that could overflow)."""
+
+    kind: str
+    name: str  # a node (qualified by its graph's module path) or a module path
+    why: str
+    flops: int  # the matrix FLOPs that run in float there
+
+
+_LABELS = {"module": "float module", "leaf module": "float leaf module", "function": "float function", "op": "float op", "kept": "kept float"}
+_NO_RULE = ("no lowering rule", "no observer rule", "no observer decision")
+
+
 @dataclass
 class ConvertReport:
     """What convert did: where each prepared node runs and why (:class:`lucid_fx.placement.Placement`),
-    and, read from that, which nodes became int8 (a fused group by its last node) and which ran in float."""
+    and, read from that, which nodes became int8 (a fused group by its last node), every region that
+    runs in float with its reason (:attr:`float_regions`) and the share of matrix FLOPs that runs in
+    int8 (:attr:`int8_flop_share`). Nodes of a model prepared in parts are qualified by module path."""
 
     backend: str
     placements: Dict[str, Placement] = field(default_factory=dict)  # prepared node -> where it runs, why
+    flops: Dict[str, int] = field(default_factory=dict)  # prepared node -> matrix FLOPs, from prepare's shapes
+    opaque: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # node -> ("function"/"leaf module", what it calls)
+    float_modules: Dict[str, str] = field(default_factory=dict)  # module path -> why the fallback kept it float
+    module_flops: Dict[str, int] = field(default_factory=dict)  # float module -> FLOPs of its own code, measured at prepare
 
     def _groups(self) -> Dict[str, Placement]:
         return {p.value: p for p in self.placements.values()}
@@ -66,11 +89,62 @@ class ConvertReport:
         """Node (a group's last) -> why it runs in float: no rule, a rule that declined, or the QConfig."""
         return {name: p.why for name, p in self._groups().items() if p.runs is Runs.FLOAT}
 
+    @property
+    def float_regions(self) -> List[FloatRegion]:
+        """Every region that runs in float, modules the fallback kept float first."""
+        regions = [FloatRegion("module", path or "<root>", why, self.module_flops.get(path, 0)) for path, why in self.float_modules.items()]
+        for name, p in self._groups().items():
+            kind, called = self.opaque.get(name, ("", ""))
+            if p.runs is not Runs.FLOAT or kind and called in self.float_modules:  # listed above, with its trace error
+                continue
+            kind = kind or ("op" if p.why.startswith(_NO_RULE) else "kept")
+            regions.append(FloatRegion(kind, name, p.why, sum(self.flops.get(m, 0) for m in p.members)))
+        return regions
+
+    @property
+    def total_flops(self) -> int:
+        """Matrix FLOPs of one run on prepare's example inputs: graphs' ops and float modules' own code."""
+        return sum(self.flops.values()) + sum(self.module_flops.values())
+
+    @property
+    def int8_flops(self) -> int:
+        return sum(f for name, f in self.flops.items() if name in self.placements and self.placements[name].runs in INT8_RUNS)
+
+    @property
+    def int8_flop_share(self) -> Optional[float]:
+        """int8 FLOPs / all matrix FLOPs, None when none were counted (prepare had no example inputs)."""
+        total = self.total_flops
+        return self.int8_flops / total if total else None
+
+    def _share_line(self) -> str:
+        share, total = self.int8_flop_share, self.total_flops
+        if share is None:
+            return "int8 FLOPs: none counted (no linear, conv, matmul or attention with shapes recorded at prepare)"
+        floats = sorted((r for r in self.float_regions if r.flops), key=lambda r: -r.flops)
+        where = ", ".join(f"{r.name} {100.0 * r.flops / total:.1f}%" for r in floats[:3]) + (", ..." if len(floats) > 3 else "")
+        return f"int8 FLOPs: {100.0 * share:.1f}% of {_flops_text(total)}" + (f" (float: {where})" if where else "")
+
     def __str__(self) -> str:
         kernels, floats = len(self.lowered), self.float_ops
         lines = [f"backend {self.backend}: {_count(kernels, 'int8 kernel')}, {_count(len(floats), 'op')} in float"]
-        lines += [f"  float: {name} ({why})" for name, why in floats.items()]
+        if self.backend != "reference":  # the simulated model runs every op in float
+            lines.append(self._share_line())
+        total = self.total_flops
+        for r in self.float_regions:
+            share = f"{100.0 * r.flops / total:.1f}% of FLOPs" if r.flops and total else ""
+            if r.kind == "module":  # "path (Class) at file:line `source`: error", as prepare's report says it
+                cls, _, rest = r.why.partition(" at ")
+                lines.append(f"  {_LABELS[r.kind]}: {r.name} ({cls}) at {rest}" + (f" [{share}]" if share else ""))
+            else:
+                lines.append(f"  {_LABELS[r.kind]}: {r.name} ({r.why}" + (f", {share})" if share else ")"))
         return "\n".join(lines)
+
+
+def _flops_text(flops: int) -> str:
+    for unit, size in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= size:
+            return f"{flops / size:.3g} {unit}"
+    return f"{flops} FLOP"
 
 
 def _count(n: int, noun: str) -> str:

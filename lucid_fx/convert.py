@@ -17,6 +17,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx._meta import OBSERVERS
+from lucid_fx._convert_report import graph_facts, model_report
 from lucid_fx._placement import ConvertReport
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
 from lucid_fx.calibrate import calibrate
@@ -87,7 +88,10 @@ def _convert_graph(gm: fx.GraphModule, ctx: ConvertContext) -> fx.GraphModule:
         )
     _strip_qat(gm)
     gm.eval()
-    return run_passes(gm, ctx, CONVERT_PASSES)
+    flops, opaque = graph_facts(gm, ctx.registry)  # on the prepared nodes, before folding replaces them
+    converted = run_passes(gm, ctx, CONVERT_PASSES)
+    ctx.reports[ctx.path].flops, ctx.reports[ctx.path].opaque = flops, opaque
+    return converted
 
 
 def _convert_tree(model: nn.Module, ctx: ConvertContext) -> nn.Module:
@@ -121,8 +125,9 @@ def convert(
         registry: rule tables (default: the current registry), for custom lowerings.
 
     Returns:
-        The quantized model; ``model.lucid_fx_convert_report`` says which ops run as int8
-        kernels and which stayed float (and why).
+        The quantized model; ``model.lucid_fx_convert_report`` (a :class:`ConvertReport`) says which
+        ops run as int8 kernels, every region that stayed float and why, and the share of matrix
+        FLOPs that runs in int8.
 
     Example:
         >>> import torch, lucid_fx
@@ -142,8 +147,7 @@ def convert(
     ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
     work = prepared if inplace else copy.deepcopy(prepared)
     converted = _convert_tree(work, ctx)
-    reports = ctx.reports
-    converted.lucid_fx_convert_report = reports[""] if set(reports) == {""} else reports
+    converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)
     return converted
 
 

@@ -8,9 +8,14 @@ from typing import Dict, List
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._convert_report import graph_facts, model_report
 from lucid_fx._meta import OBSERVERS
+from lucid_fx._placement import ConvertReport
 from lucid_fx.ops import canonical
+from lucid_fx.passes.lower_to_int8 import lowering_table
+from lucid_fx.passes.predict_placement import predict_placement
 from lucid_fx.placement import placements
+from lucid_fx.registry import current_registry
 from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["explain", "Explanation"]
@@ -109,5 +114,19 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
                     "reason": decision.reason,
                 }
             )
+    return Explanation(rows, _predicted_report(prepared, registry))
+
+
+def _predicted_report(prepared: nn.Module, registry) -> str:
+    """The convert report's FLOP share and float regions as predicted now, where anything is float."""
+    registry = registry or current_registry()
     report = getattr(prepared, "lucid_fx_report", None)
-    return Explanation(rows, str(report) if report is not None and report.float_modules else "")
+    backend = getattr(report, "backend", "cpu")
+    table = lowering_table(registry.lowerings, backend)
+    graphs = {prefix: ConvertReport(backend, {}, *graph_facts(gm, registry)) for prefix, gm in _graph_modules(prepared)}
+    for prefix, gm in _graph_modules(prepared):
+        graphs[prefix].placements = predict_placement(gm, table)
+    predicted = model_report(backend, graphs, report)
+    if not predicted.float_regions:
+        return ""
+    return "convert will run (predicted):\n" + "\n".join(str(predicted).splitlines()[1:])

@@ -23,6 +23,7 @@ from torch import nn
 
 from lucid_fx._capture import ExportFailure, check_capture, exported_graph, is_exported, split_inputs
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
+from lucid_fx._flops import counting_module_flops
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
@@ -41,6 +42,8 @@ class PrepareReport:
     backend: str = "cpu"
     qat: bool = False
     captures: Dict[str, str] = field(default_factory=dict)
+    # module path -> matrix FLOPs of its calls, measured once in float where there is code that is not a graph
+    module_flops: Dict[str, int] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = ["captured: " + ", ".join(f"{path or '<root>'} -> {how}" for path, how in self.captures.items())]
@@ -68,6 +71,7 @@ class _Capture:
 
     def __init__(self, root: nn.Module, root_inputs: Optional[tuple], root_kwargs: Optional[dict] = None) -> None:
         self.root, self.root_inputs, self.root_kwargs, self.seen, self.keywords = root, root_inputs, root_kwargs or {}, None, {}
+        self.flops: Dict[str, int] = {}  # module path -> FLOPs of its calls in that run (the report's float share)
 
     def inputs(self, paths: Sequence[str]) -> Dict[str, tuple]:
         if self.root_inputs is None and not self.root_kwargs:
@@ -78,7 +82,7 @@ class _Capture:
                 if path:
                     hooks.append(module.register_forward_pre_hook(self._hook(path, seen), with_kwargs=True))
             try:
-                with torch.no_grad():
+                with torch.no_grad(), counting_module_flops(self.root) as self.flops:
                     self.root(*(self.root_inputs or ()), **self.root_kwargs)
             finally:
                 for h in hooks:
@@ -151,6 +155,10 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     report.captures[ctx.path] = "fx"
     # Untraceable submodules became leaves: descend into each.
     prefix = ctx.path
+    leaves = [f"{prefix}.{n.target}" if prefix else n.target for n in gm.graph.nodes if n.op == "call_module"
+              and ctx.registry.spelling_for("call_module", gm.get_submodule(n.target)) is None]
+    if leaves and not ctx.qat:  # a training-mode run would move batch-norm statistics
+        capture.inputs(leaves)  # runs the float model once: the FLOPs inside opaque leaves, for the convert report
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
     _prepare_parts(gm, inner, ctx, capture, report)
     return run_passes(gm, ctx, PREPARE_PASSES)
@@ -213,7 +221,9 @@ def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy.deepcopy(model)
     report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
-        prepared = _prepare_one(work, ctx, _Capture(work, ctx.example_inputs, ctx.example_kwargs), report)
+        capture = _Capture(work, ctx.example_inputs, ctx.example_kwargs)
+        prepared = _prepare_one(work, ctx, capture, report)
+    report.module_flops = capture.flops
     prepared.lucid_fx_report = report
     if ctx.qat:
         prepared.train()

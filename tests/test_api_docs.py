@@ -142,7 +142,7 @@ def test_render_signature_formats():
 
     assert render_signature(f) == "(a, /, b, *args, c=None, **kw)"
     assert render_signature(g) == "(x, *, y=(1,))"
-    assert render_signature(lucid_fx.ConvertReport) == "(backend, placements={})"
+    assert render_signature(lucid_fx.Explanation) == "(rows, report='')"
 
 
 def test_anchor_slugs(tmp_path):

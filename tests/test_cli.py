@@ -316,7 +316,9 @@ def test_quantize_of_a_top_level_that_stays_float_says_what_to_do_and_saves_with
     assert not out.exists()
     assert main(base + ["--allow", "cli_branchy:Branchy"]) == 0
     stdout = capsys.readouterr().out
-    assert "convert: a: backend cpu: 1 int8 kernel, 0 ops in float\nb: backend cpu: 1 int8 kernel, 0 ops in float" in stdout
+    # one report for the model: both convs int8, 2*8*(10*10)*(3*3*3) + 2*4*(10*10)*8 FLOPs, the root's own code float
+    assert ("convert: backend cpu: 2 int8 kernels, 0 ops in float\nint8 FLOPs: 100.0% of 49.6 kFLOP\n"
+            "  float module: <root> (Branchy) at ") in stdout
     assert f"load it with `lucid_fx.load(path, allow=[cli_branchy.Branchy])`" in stdout
     import cli_branchy
 

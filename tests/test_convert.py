@@ -195,7 +195,11 @@ def test_untraceable_parts_convert_recursively():
     lucid_fx.calibrate(prepared, batches, progress=False)
     qmodel = lucid_fx.convert(prepared)
     assert "linear" in _kernels(qmodel.block.fc1) and "linear" in _kernels(qmodel)
-    assert set(qmodel.lucid_fx_convert_report) == {"", "block.fc1", "block.fc2"}
+    report = qmodel.lucid_fx_convert_report  # one report, the nested graphs' nodes qualified by their path
+    assert report.lowered == {"stem": "linear", "head": "linear", "block.fc1.linear": "linear", "block.fc2.linear": "linear"}
+    assert list(report.float_modules) == ["block"] and report.float_modules["block"].startswith("_Branchy at ")
+    # the example input took one branch: stem and fc1 or fc2 ran, 2 * (3 * 8) * 8 FLOPs each, and head 2 * (3 * 4) * 8
+    assert (report.total_flops, report.int8_flops, report.module_flops) == (2 * 384 + 192, 2 * 384 + 192, {"block": 0})
     x = torch.randn(3, 8)
     assert (qmodel(x) - model(x)).abs().max() < 0.05
 

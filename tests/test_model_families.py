@@ -1,6 +1,5 @@
 """The family models of tests/models reproduce the structure they are named for (checked on the
-aten ops torch.export captures), run in float, and the measuring harness's FLOP counter agrees
-with torch's."""
+aten ops torch.export captures), run in float, and the measuring harness reads the convert report."""
 
 import collections
 import sys
@@ -8,14 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-import lucid_fx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
 from tests.models.families import BASELINES, FAMILIES  # noqa: E402
 from tests.models.export_ops import aten_ops
-from tests.models.flops import graph_flops, model_flops, prepared_graphs
 from tests.models.measure import concrete_args, positional, run_lucid
 
 # The ops that make each family what it is: the ones issue 14 is about.
@@ -73,21 +69,9 @@ def test_keyword_inputs_map_to_positional_slots_and_concrete_args():
                                             "use_cache": None, "return_dict": None}
 
 
-def test_flop_counter_matches_torch_on_a_traced_model():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, groups=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5)).eval()
-    x = torch.randn(2, 3, 6, 6)
-    prepared = lucid_fx.prepare(model, example_inputs=(x,))
-    (path, gm), = prepared_graphs(prepared)
-    flops = graph_flops(gm)
-    conv = 2 * (2 * 8 * 6 * 6) * (3 * 3 * 3)
-    linear = 2 * (2 * 5) * (8 * 6 * 6)
-    assert (path, flops) == ("", {"_0": conv, "_3": linear})
-    assert model_flops(model, (x,), {}) == conv + linear
-
-
 def test_measure_a_fully_traced_family():
     result = run_lucid(FAMILIES["shufflenet"], use_concrete=False)
     assert result["traced"] and not result["float_modules"]
-    assert result["graph_flops"] == result["flops"] > 0  # every matrix FLOP is in the one graph
+    assert result["flops"] == result["torch_flops"] > 0  # the report counts what torch's counter counts
     assert result["int8_flops"] == result["flops"]
     assert result["sqnr"] > 35.0

@@ -84,10 +84,14 @@ def test_all_five_readers_agree_node_by_node(mixed, tmp_path):
     # 2. the convert report's summary counts exactly those.
     report = q.lucid_fx_convert_report
     assert set(report.float_ops) == {"ln", "head"} and set(report.lowered) == {"relu", "pool", "reshape", "fc1", "sigmoid", "mul", "fc2", "gelu", "fc3", "mul_1"}
+    # matrix FLOPs by hand: conv 2*(4*8*8*8)*(3*3*3), fc1 2*(4*16)*128, fc2 and fc3 2*(4*16)*16, head 2*(4*4)*16
+    conv, fc1, fc2, head = 110592, 16384, 2048, 512
+    assert (report.total_flops, report.int8_flops) == (conv + fc1 + 2 * fc2 + head, conv + fc1 + 2 * fc2)
     assert str(report).splitlines() == [
         "backend cpu: 10 int8 kernels, 2 ops in float",
-        "  float: ln (no lowering rule for layer_norm)",
-        "  float: head (QConfig is None for this module/op)",
+        "int8 FLOPs: 99.6% of 132 kFLOP (float: head 0.4%)",
+        "  float op: ln (no lowering rule for layer_norm)",
+        "  kept float: head (QConfig is None for this module/op, 0.4% of FLOPs)",
     ]
     # 3. compare: every measured op node says where it ran; float ones have the float domain.
     result = lucid_fx.compare(model, q, data)
@@ -122,10 +126,13 @@ def test_a_model_whose_only_op_stays_float_reports_one_op_in_float():
     data = [torch.randn(4, 8) for _ in range(2)]
     q = lucid_fx.quantize(nn.Sequential(nn.LayerNorm(8)).eval(), (data[0],), data)
     assert str(q.lucid_fx_convert_report).splitlines() == [
-        "backend cpu: 0 int8 kernels, 1 op in float", "  float: _0 (no observer rule quantizes this op)"
+        "backend cpu: 0 int8 kernels, 1 op in float",
+        "int8 FLOPs: none counted (no linear, conv, matmul or attention with shapes recorded at prepare)",
+        "  float op: _0 (no observer rule quantizes this op)",
     ]
     one = lucid_fx.quantize(nn.Sequential(nn.Linear(8, 8)).eval(), (data[0],), data)
-    assert str(one.lucid_fx_convert_report) == "backend cpu: 1 int8 kernel, 0 ops in float"
+    assert str(one.lucid_fx_convert_report).splitlines() == [
+        "backend cpu: 1 int8 kernel, 0 ops in float", "int8 FLOPs: 100.0% of 512 FLOP"]  # 2 * (4 * 8) * 8
 
 
 def test_placements_survive_save_and_load(mixed, tmp_path):

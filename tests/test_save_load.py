@@ -415,3 +415,42 @@ def test_a_file_naming_classes_where_they_were_before_they_moved_still_loads():
     assert "lucid_fx.quantization.dynamic.DynamicQuantizedLinear" in repr(old)
     loaded = lucid_fx.load(write(old))
     assert type(loaded[0]) is Q.DynamicQuantizedLinear and torch.equal(loaded(x), dynamic(x))
+
+
+def _without_fields(value, cls_name, names):
+    """``value`` (a saved file's data) with the fields ``names`` of every ``cls_name`` dataclass left out."""
+    if isinstance(value, dict):
+        if value.get("$") == "dataclass" and value.get("cls") == cls_name:
+            return {**value, "v": {k: v for k, v in value["v"].items() if k not in names}}
+        return {k: _without_fields(v, cls_name, names) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_fields(v, cls_name, names) for v in value)
+    return value
+
+
+def test_a_file_written_before_the_report_counted_flops_still_loads():
+    # Files saved before issue 14 hold a ConvertReport of (backend, placements) and a PrepareReport without module_flops.
+    from _saved_files import raw, write
+
+    data = raw("mlp")
+    new = ("flops", "opaque", "float_modules", "module_flops")
+    old = _without_fields(_without_fields(data, "lucid_fx._placement.ConvertReport", new), "lucid_fx.prepare.PrepareReport", new)
+    assert "module_flops" in repr(data) and "module_flops" not in repr(old)
+    loaded, fresh = lucid_fx.load(write(old)), lucid_fx.load(write(data))
+    assert loaded.lucid_fx_convert_report.placements == fresh.lucid_fx_convert_report.placements != {}
+    assert loaded.lucid_fx_convert_report.flops == {} and fresh.lucid_fx_convert_report.flops != {}
+    x = torch.randn(4, 8)
+    assert torch.equal(loaded(x), fresh(x))
+    # a field the class does not have is still refused
+    with pytest.raises(ValueError, match="malformed ConvertReport dataclass"):
+        lucid_fx.load(write(_with_extra_field(data)))
+
+
+def _with_extra_field(value):
+    if isinstance(value, dict):
+        if value.get("$") == "dataclass" and value.get("cls") == "lucid_fx._placement.ConvertReport":
+            return {**value, "v": {**value["v"], "surprise": 1}}
+        return {k: _with_extra_field(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_extra_field(v) for v in value)
+    return value

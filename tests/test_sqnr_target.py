@@ -13,7 +13,7 @@ from lucid_fx.quantization import get_default_qconfig_mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
 from tests.models.families import FAMILIES  # noqa: E402
-from tests.models.flops import graph_flops  # noqa: E402
+from lucid_fx._flops import graph_flops  # noqa: E402
 from tests.models.measure import outputs, positional, sqnr  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from torch import fx, nn
 import lucid_fx
 
 from .families import BASELINES, FAMILIES, Family
-from .measure import _data, _error, _reports, _sqnr_on
+from .measure import _data, _error, _sqnr_on
 
 
 def aten_ops(gm: fx.GraphModule) -> Counter:
@@ -70,7 +70,7 @@ def quantize_exported(family: Family, model: nn.Module, ep) -> Dict[str, Any]:
     except Exception as exc:  # noqa: BLE001
         result["failed"] = f"{stage}: {_error(exc)}"
         return result
-    report = _reports(qmodel)[""]
+    report = qmodel.lucid_fx_convert_report
     result["kernels"] = len(report.lowered)
     result["float_reasons"] = collections.Counter(report.float_ops.values())
     return result

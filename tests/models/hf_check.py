@@ -24,7 +24,7 @@ from .measure import _capture, _error, run_lucid
 VOCAB = 1000
 
 
-def _families() -> Dict[str, Family]:
+def hf_families() -> Dict[str, Family]:
     import transformers as T
 
     def text(cls, config):
@@ -109,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     import transformers
 
     print(f"transformers {transformers.__version__} (import {time.perf_counter() - start:.1f}s)")
-    families = _families()
+    families = hf_families()
     for name in options.families or list(families):
         print("\n".join(check(name, families[name])))
 

@@ -22,15 +22,14 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import lucid_fx
-from lucid_fx import _meta
+from lucid_fx._flops import _CPU_KERNELS
 from lucid_fx.passes.trace_model import trace_model
-from lucid_fx.placement import INT8_RUNS
 
 from ._common import Inputs, as_batch
 from .families import BASELINES, FAMILIES, Family
-from .flops import graph_flops, model_flops, prepared_graphs
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION_BATCHES, HELD_OUT_BATCHES = 8, 4
@@ -85,9 +84,12 @@ def _error(exc: BaseException) -> str:
     return f"{where}{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
 
 
-def _reports(qmodel: nn.Module) -> Dict[str, Any]:
-    report = getattr(qmodel, "lucid_fx_convert_report", None)
-    return report if isinstance(report, dict) else {"": report}
+def model_flops(model: nn.Module, args: tuple, kwargs: dict) -> int:
+    """Total matrix FLOPs of one float run, by torch's own counter (the report's total should agree)."""
+    counter = FlopCounterMode(display=False, custom_mapping=_CPU_KERNELS)
+    with counter, torch.no_grad():
+        model(*args, **kwargs)
+    return counter.get_total_flops()
 
 
 def run_lucid(family: Family, use_concrete: bool) -> Dict[str, Any]:
@@ -114,50 +116,43 @@ def run_lucid(family: Family, use_concrete: bool) -> Dict[str, Any]:
             found = trace_model(family.make_model(), concrete_args=options.get("concrete_args")).untraceable
             result["float_modules"] = [u.describe() for u in found]
         return result
-    reports = _reports(qmodel)
-    total = model_flops(model, *example)
-    int8_flops = graph_total = 0
-    kernels, floats = 0, collections.Counter()
-    for path, gm in prepared_graphs(prepared):
-        report = reports.get(path)
-        flops = graph_flops(gm)
-        graph_total += sum(flops.values())
-        kernels += len(report.lowered)
-        nodes = {n.name: n for n in gm.graph.nodes}
-        for name, why in report.float_ops.items():
-            call = nodes[name].meta.get(_meta.OP) if name in nodes else None
-            floats[(call.op if call else str(getattr(nodes.get(name), "target", name)), why)] += 1
-        int8_flops += sum(f for name, f in flops.items() if name in report.placements and report.placements[name].runs in INT8_RUNS)
-    result.update(kernels=kernels, float_ops=floats, flops=total, graph_flops=graph_total, int8_flops=int8_flops)
+    report = qmodel.lucid_fx_convert_report
+    kinds = collections.Counter()
+    for region in report.float_regions:
+        if region.kind != "module":  # modules are listed with their trace errors
+            kinds[(region.kind, region.why)] += 1
+    result.update(kernels=len(report.lowered), float_ops=kinds, flops=report.total_flops, int8_flops=report.int8_flops,
+                  torch_flops=model_flops(model, *example), report=str(report))
     return result
 
 
-def run_torch_ao(family: Family, use_concrete: bool) -> Dict[str, Any]:
+def torch_ao_model(family: Family, engine: str, batches, use_concrete: bool = False) -> nn.Module:
+    """torch.ao's FX int8 model of ``family`` (default QConfigs of ``engine``), calibrated on ``batches``;
+    raises where torch.ao cannot trace or convert it."""
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     model, example = family.make_model(), family.example_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.backends.quantized.engine = engine
+        target = copy.deepcopy(model)
+        if use_concrete:  # torch.ao takes no concrete_args: trace first, then hand it the graph
+            target = fx.symbolic_trace(target, concrete_args=concrete_args(model, example))
+        prepared = prepare_fx(target, get_default_qconfig_mapping(engine), positional(model, example))
+        with torch.no_grad():
+            for args, kwargs in batches:
+                prepared(*args, **kwargs)
+        return convert_fx(prepared)
+
+
+def run_torch_ao(family: Family, use_concrete: bool) -> Dict[str, Any]:
     batches, held_out = _data(family)
-    stage = "trace"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.backends.quantized.engine = "x86"
-            target = copy.deepcopy(model)
-            if use_concrete:  # torch.ao takes no concrete_args: trace first, then hand it the graph
-                target = fx.symbolic_trace(target, concrete_args=concrete_args(model, example))
-            stage = "prepare_fx"
-            prepared = prepare_fx(target, get_default_qconfig_mapping("x86"), positional(model, example))
-            stage = "calibrate"
-            with torch.no_grad():
-                for args, kwargs in batches:
-                    prepared(*args, **kwargs)
-            stage = "convert_fx"
-            qmodel = convert_fx(prepared)
-            stage = "run"
-            return {"sqnr": _sqnr_on(model, qmodel, held_out)}
+        qmodel = torch_ao_model(family, "x86", batches, use_concrete)
+        return {"sqnr": _sqnr_on(family.make_model(), qmodel, held_out)}
     except Exception as exc:  # noqa: BLE001
-        return {"failed": f"{stage}: {_error(exc)}"}
+        return {"failed": _error(exc)}
 
 
 def measure(family: Family) -> Dict[str, Any]:
@@ -187,7 +182,7 @@ def row(name: str, m: Dict[str, Any]) -> str:
         return f"| {name} | {captures} | - | - | - | fails | {ao_text} |"
     share = 100.0 * best["int8_flops"] / best["flops"] if best["flops"] else float("nan")
     return (f"| {name} | {captures} | {best['kernels']} | {sum(best['float_ops'].values())} | {share:.1f}% "
-            f"({100.0 * best['graph_flops'] / best['flops']:.0f}% in graphs) | {best['sqnr']:.1f} | {ao_text} |")
+            f"| {best['sqnr']:.1f} | {ao_text} |")
 
 
 def details(name: str, m: Dict[str, Any]) -> List[str]:
@@ -197,7 +192,9 @@ def details(name: str, m: Dict[str, Any]) -> List[str]:
                      + (f" FAILED {r['failed']}" if "failed" in r else f" {r['seconds']:.1f}s"))
         lines += [f"    float module: {d}" for d in r.get("float_modules", [])]
         for (op, why), count in sorted(r.get("float_ops", {}).items(), key=lambda kv: -kv[1]):
-            lines.append(f"    float op x{count}: {op} ({why})")
+            lines.append(f"    float x{count}: {op} ({why})")
+        if "flops" in r and r["flops"] != r["torch_flops"]:
+            lines.append(f"    FLOPs: report {r['flops']}, torch's counter {r['torch_flops']}")
     ao = m["ao"]
     if "first" in ao:
         lines.append(f"- torch.ao plain: FAILED {ao['first']}")
@@ -215,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     names = options.families or list(every)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     results = {name: measure(every[name]) for name in names}
-    print("| family | capture | int8 kernels | float ops | FLOPs in int8 | SQNR lucid_fx dB | SQNR torch.ao dB |")
+    print("| family | capture | int8 kernels | float regions | FLOPs in int8 | SQNR lucid_fx dB | SQNR torch.ao dB |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
         print(row(name, results[name]))

@@ -1,0 +1,131 @@
+"""FLOPs of the matrix ops, for the convert report's int8 share.
+
+In a prepared graph they are read from the shapes prepare recorded (``node.meta["tensor_meta"]``):
+linear, conv1d/2d/3d, matmul (mm, bmm), addmm and scaled_dot_product_attention, at 2 FLOPs per
+multiply-add. Everything else is cheap next to them and not counted. Code that is not a graph (a
+module the untraceable-module fallback kept float) has no recorded shapes: prepare runs the float
+model once under torch's FLOP counter instead, and :func:`counting_module_flops` gives each module's
+FLOPs, children included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from lucid_fx import _meta
+
+__all__ = ["MATRIX_OPS", "node_flops", "graph_flops", "counting_module_flops"]
+
+MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "matmul", "addmm", "scaled_dot_product_attention")
+# aten spellings (a torch.export graph's targets) of the same ops
+_ATEN = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "conv2d": "conv2d", "linear": "linear", "addmm": "addmm"}
+
+
+def _unobserved(value):
+    """The value an observer node watches (prepare puts one between a value and its users)."""
+    while isinstance(value, fx.Node) and value.op == "call_module" and str(value.target).startswith(_meta.OBSERVERS):
+        value = value.args[0]
+    return value
+
+
+def _shape(value) -> Optional[Tuple[int, ...]]:
+    value = _unobserved(value)
+    if isinstance(value, fx.Node):
+        meta = value.meta.get(_meta.TENSOR_META)
+        return tuple(meta.shape) if hasattr(meta, "shape") else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _op_name(node: fx.Node) -> str:
+    call = node.meta.get(_meta.OP)
+    if call is not None:
+        return call.op
+    if isinstance(node.target, torch._ops.OpOverload):
+        name = node.target.overloadpacket.__name__
+        return _ATEN.get(name, name)
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _attr(root: nn.Module, path: str):
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _weight(gm: fx.GraphModule, node: fx.Node) -> Optional[Tuple[int, ...]]:
+    """The weight's shape: a module's parameter, or the second argument of a functional call."""
+    if node.op == "call_module":
+        weight = getattr(gm.get_submodule(node.target), "weight", None)
+        return tuple(weight.shape) if weight is not None else None
+    value = _unobserved(node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None))
+    if isinstance(value, fx.Node) and value.op == "get_attr":
+        return tuple(_attr(gm, value.target).shape)
+    return _shape(value)
+
+
+def node_flops(gm: fx.GraphModule, node: fx.Node) -> int:
+    """FLOPs of one node of a graph with recorded shapes; 0 for ops that are not matrix ops."""
+    op = _op_name(node)
+    out = _shape(node) if op in MATRIX_OPS else None
+    if out is None:
+        return 0
+    if op == "linear" or op.startswith("conv"):
+        weight = _weight(gm, node)
+        if not weight:
+            return 0
+        return 2 * math.prod(out) * (weight[-1] if op == "linear" else math.prod(weight[1:]))
+    if op in ("matmul", "addmm"):  # addmm(bias, mat1, mat2)
+        first = _shape(node.args[1 if op == "addmm" else 0]) if len(node.args) > 1 else None
+        return 2 * math.prod(out) * first[-1] if first else 0
+    query, key, value = (_shape(a) for a in node.args[:3])
+    if not (query and key and value):
+        return 0
+    rows = math.prod(query[:-1])
+    return 2 * rows * key[-2] * (query[-1] + value[-1])
+
+
+def graph_flops(gm: fx.GraphModule) -> Dict[str, int]:
+    """Node name -> FLOPs, for the matrix ops of ``gm``."""
+    return {n.name: f for n in gm.graph.nodes if (f := node_flops(gm, n))}
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# torch's table has the CUDA attention kernels only; scaled_dot_product_attention on CPU runs this one.
+_CPU_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa}
+
+
+@contextlib.contextmanager
+def counting_module_flops(root: nn.Module) -> Iterator[Dict[str, int]]:
+    """Count matrix FLOPs (torch's counter, at the aten level) while ``root`` runs inside the block:
+    yields module path -> the FLOPs of its calls, its children's included (``""`` is the root).
+    A module that was never called (a ModuleList) has no entry."""
+    counts: Dict[str, int] = {}
+    started: Dict[str, List[int]] = {}
+    counter = FlopCounterMode(display=False, custom_mapping=_CPU_KERNELS)
+
+    def before(path):
+        return lambda module, args: started.setdefault(path, []).append(counter.get_total_flops())
+
+    def after(path):
+        def hook(module, args, output):
+            counts[path] = counts.get(path, 0) + counter.get_total_flops() - started[path].pop()
+        return hook
+
+    hooks = []
+    for path, module in root.named_modules():
+        hooks += [module.register_forward_pre_hook(before(path)), module.register_forward_hook(after(path))]
+    try:
+        with counter:
+            yield counts
+    finally:
+        for hook in hooks:
+            hook.remove()

@@ -1,0 +1,140 @@
+"""The convert report (lucid_fx/_convert_report.py, ConvertReport in lucid_fx/_placement.py): every
+float region with its reason, and the share of matrix FLOPs in int8, checked against a hand count
+and against torch's own FLOP counter."""
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import lucid_fx
+from lucid_fx._flops import counting_module_flops, graph_flops
+from lucid_fx.quantization.qconfig import get_default_qconfig_mapping
+
+
+def opaque_scale(x):
+    return x * 2
+
+
+torch.fx.wrap("opaque_scale")
+
+
+class Branchy(nn.Module):
+    """fx cannot trace it (a Proxy in a condition): the fallback keeps it float, quantizes ``fc``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.w = nn.Linear(8, 8), nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.dim() == 2:
+            y = y @ self.w  # float, inside the float module: 2 * (2 * 8) * 8 FLOPs
+        return y
+
+
+class Leaf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        return x @ self.w
+
+
+class EveryKind(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block, self.leaf, self.head = nn.Linear(8, 8), Branchy(), Leaf(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.leaf(self.block(self.stem(x)))
+        return self.head(opaque_scale(torch.cumsum(h, dim=-1)))
+
+
+def _converted():
+    torch.manual_seed(0)
+    model = EveryKind().eval()
+    data = [torch.randn(2, 8) for _ in range(3)]
+    mapping = get_default_qconfig_mapping().set_module_name("head", None)
+    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf])
+    lucid_fx.calibrate(prepared, data, progress=False)
+    return model, data, lucid_fx.convert(prepared)
+
+
+def test_the_report_lists_every_kind_of_float_region_with_its_reason_and_flops():
+    model, data, qmodel = _converted()
+    report = qmodel.lucid_fx_convert_report
+    regions = {r.name: (r.kind, r.flops) for r in report.float_regions}
+    # by hand, batch 2: stem, block.fc and the block's own matmul 2*(2*8)*8, the leaf's matmul the
+    # same, head 2*(2*4)*8; cumsum and the opaque function have no matrix FLOPs.
+    assert regions == {
+        "block": ("module", 256), "leaf": ("leaf module", 256), "cumsum": ("op", 0), "opaque_scale": ("function", 0),
+        "head": ("kept", 128),
+    }
+    why = {r.name: r.why for r in report.float_regions}
+    assert why["block"].startswith("Branchy at ") and "`if y.dim() == 2:`" in why["block"] and "TraceError" in why["block"]
+    assert why["head"] == "QConfig is None for this module/op"
+    assert why["opaque_scale"] == "no observer rule quantizes this op" and why["leaf"] == "no observer rule quantizes this op"
+    assert report.lowered == {"stem": "linear", "block.fc.linear": "linear"}
+    assert (report.total_flops, report.int8_flops) == (5 * 256 - 128, 2 * 256)
+    assert abs(report.int8_flop_share - 512 / 1152) < 1e-12
+    lines = str(report).splitlines()
+    assert lines[1] == "int8 FLOPs: 44.4% of 1.15 kFLOP (float: block 22.2%, leaf 22.2%, head 11.1%)"
+    assert lines[2].startswith("  float module: block (Branchy) at ")
+    assert lines[2].endswith(" [22.2% of FLOPs]") and "`if y.dim() == 2:`: TraceError: " in lines[2]
+    assert lines[3:] == [
+        "  float leaf module: leaf (no observer rule quantizes this op, 22.2% of FLOPs)",
+        "  float op: cumsum (no observer rule quantizes this op)",
+        "  float function: opaque_scale (no observer rule quantizes this op)",
+        "  kept float: head (QConfig is None for this module/op, 11.1% of FLOPs)",
+    ]
+    # the total is what torch's own counter sees in one float run
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(data[0])
+    assert counter.get_total_flops() == report.total_flops
+
+
+def test_explain_predicts_the_same_share_and_regions_before_convert():
+    torch.manual_seed(0)
+    model = EveryKind().eval()
+    data = [torch.randn(2, 8) for _ in range(3)]
+    mapping = get_default_qconfig_mapping().set_module_name("head", None)
+    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf])
+    lucid_fx.calibrate(prepared, data, progress=False)
+    text = str(lucid_fx.explain(prepared)).splitlines()
+    at = text.index("convert will run (predicted):")
+    assert text[at + 1] == "int8 FLOPs: 44.4% of 1.15 kFLOP (float: block 22.2%, leaf 22.2%, head 11.1%)"
+    assert str(lucid_fx.convert(prepared).lucid_fx_convert_report).splitlines()[1:] == text[at + 1 :]
+
+
+def test_a_model_without_example_inputs_counts_nothing_and_says_so():
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    prepared = lucid_fx.prepare(model)
+    lucid_fx.calibrate(prepared, [torch.randn(2, 8)], progress=False)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    assert report.int8_flop_share is None and report.total_flops == 0
+    assert str(report).splitlines()[1].startswith("int8 FLOPs: none counted")
+
+
+def test_graph_flops_count_linear_conv_matmul_addmm_and_attention_from_prepare_shapes():
+    class Ops(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3, groups=1), nn.Linear(16, 8)
+            self.bias, self.w = nn.Parameter(torch.zeros(8)), nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            h = self.fc(self.conv(x).flatten(2))  # (2, 4, 16) -> (2, 4, 8)
+            h = torch.addmm(self.bias, h.reshape(8, 8), self.w).reshape(2, 1, 4, 8)
+            return torch.nn.functional.scaled_dot_product_attention(h, h, h) @ h.transpose(-1, -2)
+
+    model = Ops().eval()
+    x = torch.randn(2, 3, 6, 6)
+    flops = graph_flops(lucid_fx.prepare(model, example_inputs=(x,)))
+    conv, fc, addmm = 2 * (2 * 4 * 4 * 4) * 27, 2 * (2 * 4 * 8) * 16, 2 * (8 * 8) * 8
+    sdpa, matmul = 2 * (2 * 4) * 4 * (8 + 8), 2 * (2 * 4 * 4) * 8
+    assert sorted(flops.values()) == sorted([conv, fc, addmm, sdpa, matmul])
+    with counting_module_flops(model) as measured, torch.no_grad():
+        model(x)
+    assert measured[""] == measured["conv"] + measured["fc"] + addmm + sdpa + matmul == sum(flops.values())
