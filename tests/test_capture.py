@@ -14,12 +14,11 @@ from torch import fx, nn
 
 import lucid_fx
 from lucid_fx.passes.export_model import ExportFailure
-from lucid_fx.placement import INT8_RUNS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
 from tests.models.families import FAMILIES  # noqa: E402
-from tests.models.flops import graph_flops, model_flops, prepared_graphs  # noqa: E402
-from tests.models.measure import _data, _reports, _sqnr_on  # noqa: E402
+from tests.models.measure import model_flops  # noqa: E402
+from tests.models.measure import _data, _sqnr_on  # noqa: E402
 
 
 def sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
@@ -225,10 +224,10 @@ def test_transformers_families_convert_through_auto(name):
     lucid_fx.calibrate(prepared, [b[1] or b[0] for b in batches], progress=False)
     qmodel = lucid_fx.convert(prepared)
     assert _sqnr_on(model, qmodel, held_out) >= 25.0
-    reports = _reports(qmodel)
-    int8 = sum(f for path, gm in prepared_graphs(prepared) for node, f in graph_flops(gm).items()
-               if reports[path].placements.get(node) is not None and reports[path].placements[node].runs in INT8_RUNS)
-    assert int8 / model_flops(model, *family.example_inputs()) >= 0.95
+    convert_report = qmodel.lucid_fx_convert_report
+    assert convert_report.int8_flop_share >= 0.95 and not convert_report.float_modules
+    # the report's FLOPs, counted on the exported graph, are torch's own count of the float model
+    assert convert_report.total_flops == pytest.approx(model_flops(model, *family.example_inputs()), rel=0.01)
 
 
 def test_compare_measures_an_exported_model_node_by_node(encoder, auto_quantized):
