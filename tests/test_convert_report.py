@@ -56,7 +56,7 @@ def _converted():
     model = EveryKind().eval()
     data = [torch.randn(2, 8) for _ in range(3)]
     mapping = get_default_qconfig_mapping().set_module_name("head", None)
-    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf])
+    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf], capture="fx")
     lucid_fx.calibrate(prepared, data, progress=False)
     return model, data, lucid_fx.convert(prepared)
 
@@ -100,7 +100,7 @@ def test_explain_predicts_the_same_share_and_regions_before_convert():
     model = EveryKind().eval()
     data = [torch.randn(2, 8) for _ in range(3)]
     mapping = get_default_qconfig_mapping().set_module_name("head", None)
-    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf])
+    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf], capture="fx")
     lucid_fx.calibrate(prepared, data, progress=False)
     text = str(lucid_fx.explain(prepared)).splitlines()
     at = text.index("convert will run (predicted):")

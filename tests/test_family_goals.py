@@ -23,10 +23,7 @@ from tests.models.measure import run_lucid, run_torch_ao  # noqa: E402
 INT8_FLOP_SHARE, SQNR_WITHOUT_ORACLE_DB = 0.95, 25.0
 
 MISSING = {  # family -> what issue 14 still has to build for it
-    "bert": "issue 14: torch.fx cannot trace BertModel (keyword forward, None defaults); needs torch.export capture",
-    "gpt2": "issue 14: torch.fx cannot trace GPT-2 (control flow on the return, sliced causal mask); needs torch.export capture",
     "vit": "issue 14: 15.8 dB < 25 dB; layer_norm runs in float and the patch embedding module stays float",
-    "convnext": "issue 14: 21.0 dB < torch.ao's 23.3 dB; layer_norm and eval-mode stochastic_depth run in float",
     "mobilenet_v2": "issue 14: 5.3 dB < torch.ao's 6.1 dB on this deliberately hard model (depthwise inputs "
                     "below one int8 step, docs/accuracy.md); flatten and dropout still run in float",
 }
