@@ -35,6 +35,8 @@ from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.insert_qdq import insert_qdq
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.propagate_shapes import propagate_shapes
+from lucid_fx.passes.remove_noops import remove_noops
+from lucid_fx.passes.rewrite_patterns import rewrite_patterns
 from lucid_fx.passes.trace_model import TraceOptions
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry
@@ -90,6 +92,14 @@ def _canonicalize_ops(gm, ctx: PrepareContext):
     return canonicalize_ops(gm, ctx.registry)
 
 
+def _remove_noops(gm, ctx: PrepareContext):
+    return remove_noops(gm)
+
+
+def _rewrite_patterns(gm, ctx: PrepareContext):
+    return rewrite_patterns(gm)
+
+
 def _fuse_patterns(gm, ctx: PrepareContext):
     return fuse_patterns(gm, ctx.registry)
 
@@ -109,7 +119,8 @@ def _insert_observers(gm, ctx: PrepareContext):
 #: The prepare passes, in order, after tracing (lucid_fx.prepare traces, and descends into
 #: untraceable modules, before running these on each graph).
 PREPARE_PASSES: List[Pass] = [
-    _record_trace, _functionalize_inplace, _propagate_shapes, _canonicalize_ops, _fuse_patterns, _analyze_ranges,
+    _record_trace, _functionalize_inplace, _propagate_shapes, _canonicalize_ops, _remove_noops, _rewrite_patterns,
+    _fuse_patterns, _analyze_ranges,
     _choose_observers, _insert_observers,
 ]
 
