@@ -54,6 +54,9 @@ TRACE = "lucid_fx.trace"
 #: Dict[str, str]: the nodes remove_noops took out of the traced graph (no-op casts, eval-mode
 #: dropout, identity), by name, and why (remove_noops).
 REMOVED = "lucid_fx.removed"
+#: Dict[str, Any]: plain attributes of the module a nested GraphModule replaced (``stride``), which its
+#: parent may read; set again after a deep copy (lucid_fx/_fallback.py, prepare and convert).
+ATTRIBUTES = "lucid_fx.attributes"
 
 # Submodules prepare adds to a GraphModule (attributes, not node.meta keys), read by every later verb:
 #: nn.ModuleDict: the activation observers (and a functional weight's), by node name (insert_observers).
@@ -62,4 +65,4 @@ OBSERVERS = "lucid_fx_observers"
 WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
 
 #: The names above that are not node.meta keys.
-NOT_NODE_KEYS = ("TRACE", "REMOVED", "OBSERVERS", "WEIGHT_OBSERVERS")
+NOT_NODE_KEYS = ("TRACE", "REMOVED", "ATTRIBUTES", "OBSERVERS", "WEIGHT_OBSERVERS")

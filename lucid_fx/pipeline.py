@@ -57,7 +57,7 @@ class PrepareContext:
     target: Target  # QAT trains weights on the grid the target's int8 kernels compute exactly
     qat: bool
     example_inputs: Optional[tuple]  # this graph's inputs (a nested part: what it received in the root's run)
-    trace: TraceOptions  # how the root is traced (a nested graph without the root's concrete_args)
+    trace: TraceOptions  # how this graph is traced (a nested part: concrete_args from its parent's call)
     strict: bool = False  # an untraceable module raises instead of staying float
     path: str = ""  # the graph's module path in the root model
 
@@ -76,7 +76,7 @@ class ConvertContext:
 
 # -- prepare --------------------------------------------------------------------------------------
 def _record_trace(gm, ctx: PrepareContext):
-    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else TraceOptions(ctx.trace.leaf_modules, None, ctx.trace.autowrap_functions)
+    gm.meta[_meta.TRACE] = ctx.trace  # a nested part's concrete_args are its parent call's (lucid_fx/_fallback.py)
     return gm  # compare traces the float model the same way
 
 

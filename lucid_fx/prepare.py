@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
@@ -45,58 +46,34 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-class _Capture:
-    """The positional inputs each module (by path from the root) received when the whole float
-    model ran on the user's example inputs, so nested parts get shapes too.
-
-    The model runs once, the first time this is needed: before prepare has changed anything, so
-    no observer sees the example inputs."""
-
-    def __init__(self, root: nn.Module, root_inputs: Optional[tuple]) -> None:
-        self.root, self.root_inputs, self.seen = root, root_inputs, None
-
-    def inputs(self, paths: Sequence[str]) -> Dict[str, tuple]:
-        if self.root_inputs is None:
-            return {}
-        if self.seen is None:
-            seen, hooks = {}, []
-            for path, module in self.root.named_modules():
-                if path:
-                    hooks.append(module.register_forward_pre_hook(lambda mod, args, _p=path: seen.setdefault(_p, tuple(args))))
-            try:
-                with torch.no_grad():
-                    self.root(*self.root_inputs)
-            finally:
-                for h in hooks:
-                    h.remove()
-            self.seen = seen
-        return {path: self.seen[path] for path in paths if path in self.seen}
-
-
 def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     parent_name, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     setattr(parent, attr, new)
 
 
-def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> None:
+def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: Capture, report: PrepareReport) -> None:
     """The recursion over what could not be traced: prepare each submodule of ``owner`` at
-    ``paths`` (relative to it) as a graph of its own, with the inputs it received."""
+    ``paths`` (relative to it) as a graph of its own, with the call it received (keywords and
+    defaults included: lucid_fx/_fallback.py)."""
     if not paths:
         return
     full = {path: f"{ctx.path}.{path}" if ctx.path else path for path in paths}
-    captured = capture.inputs(list(full.values()))
+    captured = capture.calls(list(full.values()))
     for path in paths:
-        part = replace(ctx, path=full[path], example_inputs=captured.get(full[path]))
-        _set_submodule(owner, path, _prepare_one(owner.get_submodule(path), part, capture, report))
+        child = owner.get_submodule(path)
+        inputs, concrete = part_arguments(child, captured.get(full[path]))
+        trace = replace(ctx.trace, concrete_args=concrete)
+        part = replace(ctx, path=full[path], example_inputs=inputs, trace=trace)
+        _set_submodule(owner, path, keep_attributes(child, _prepare_one(child, part, capture, report)))
 
 
-def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> nn.Module:
-    how = ctx.trace
+def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: Capture, report: PrepareReport) -> nn.Module:
+    how = ctx.trace  # a nested part's: the concrete_args its parent's call implies
     result = trace_model(
         model,
         leaf_modules=how.leaf_modules,
-        concrete_args=how.concrete_args if not ctx.path else None,
+        concrete_args=how.concrete_args,
         autowrap_functions=how.autowrap_functions,
         strict=ctx.strict,
         path_prefix=ctx.path,
@@ -107,7 +84,7 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     if gm is None:
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
-        capture.inputs([f"{ctx.path}.{name}" if ctx.path else name for name in children])
+        capture.calls([f"{ctx.path}.{name}" if ctx.path else name for name in children])
         # parameter-free leaves (activations) gain nothing alone
         kept = [name for name in children if any(True for _ in model.get_submodule(name).parameters())
                 or list(model.get_submodule(name).children())]
@@ -117,7 +94,22 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     prefix = ctx.path
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
     _prepare_parts(gm, inner, ctx, capture, report)
-    return run_passes(gm, ctx, PREPARE_PASSES)
+    if how.concrete_args:
+        gm = keyword_placeholders(gm, model)
+    try:
+        return run_passes(gm, ctx, PREPARE_PASSES)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise _in_part(exc, ctx.path, model) from exc
+
+
+def _in_part(exc: Exception, path: str, model: nn.Module) -> Exception:
+    """``exc`` naming the submodule it came from: a nested part's passes know only its own nodes."""
+    if not path:
+        return exc
+    try:
+        return type(exc)(f"prepare: in submodule {path!r} ({type(model).__name__}), prepared as a graph of its own: {exc}")
+    except Exception:  # noqa: BLE001 - an exception type with another constructor: keep it as it is
+        return exc
 
 
 @contextlib.contextmanager
@@ -175,7 +167,7 @@ def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy.deepcopy(model)
     report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
-        prepared = _prepare_one(work, ctx, _Capture(work, ctx.example_inputs), report)
+        prepared = _prepare_one(work, ctx, Capture(work, ctx.example_inputs), report)
     prepared.lucid_fx_report = report
     if ctx.qat:
         prepared.train()
