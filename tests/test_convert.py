@@ -28,7 +28,7 @@ def _kernels(qmodel):
         (lambda: mlp(8, 256), 30, ["dequantize_per_tensor", "linear", "quantize_per_tensor"]),
         (lambda: gated_mlp(8, 256), 28, ["dequantize_per_tensor", "linear", "lut", "mul", "quantize_per_tensor"]),
         (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "dequantize_per_tensor", "linear", "max_pool2d", "quantize_per_tensor"]),
-        (lambda: encoder_block(2, 16, 64), 24, ["add", "dequantize_per_tensor", "linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
+        (lambda: encoder_block(2, 16, 64), 24, ["add", "dequantize_per_tensor", "layer_norm", "linear", "lut", "matmul", "quantize_per_tensor", "softmax"]),
     ],
     ids=["mlp", "gated_mlp", "resnet_like", "encoder"],
 )
@@ -55,9 +55,12 @@ def test_convert_copies_and_reports_float_ops():
     qmodel = lucid_fx.convert(prepared)
     assert all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
     report = qmodel.lucid_fx_convert_report
-    assert set(report.float_ops) == {"norm1", "norm2"}
-    assert "no lowering rule for layer_norm" in report.float_ops["norm1"]
+    assert report.float_ops == {} and report.lowered["norm1"] == report.lowered["norm2"] == "layer_norm"
     assert report.lowered["softmax"] == "softmax"
+    with lucid_fx.registry_scope():  # a layer norm kept float is reported with why
+        lucid_fx.register_float_op("layer_norm")
+        report = lucid_fx.convert(_calibrated(model, example, make_batch)).lucid_fx_convert_report
+    assert report.float_ops == {"norm1": "input of quantized qkv (registered to stay float)", "norm2": "input of quantized fc1 (registered to stay float)"}
 
 
 def test_fixed_qparams_ops_run_as_tables_with_exact_grid():

@@ -4,7 +4,8 @@ computed in float32 inside the kernel (dequantize -> normalise with weight and b
 A norm's output is not bounded by its input's grid: the statistics are those of the whole row, so
 the output gets its own calibrated grid (``out_scale``, ``out_zp``). The CPU kernels skip the
 dequantize: layer norm ignores a shift, so the zero point is never subtracted, and scaling the
-input by ``s`` is the same as dividing ``eps`` by ``s**2``.
+input by ``s`` is the same as dividing ``eps`` by ``s**2``. Every kernel reads its input contiguous
+(rows of the normalised dims next to each other) and returns contiguous codes.
 
 >>> x = torch.randn(2, 8)
 >>> q = torch.ops.lucid_fx.quantize_per_tensor(x, 0.03, 128, 0, 255, torch.uint8)
@@ -29,7 +30,7 @@ def layer_norm(
     bias: Optional[torch.Tensor], eps: float, out_scale: float, out_zp: int,
 ) -> torch.Tensor:
     """``F.layer_norm`` of per-tensor codes, quantized with ``(out_scale, out_zp)``."""
-    y = F.layer_norm(dequant(q, scale, zp), normalized_shape, weight, bias, eps)
+    y = F.layer_norm(dequant(q.contiguous(), scale, zp), normalized_shape, weight, bias, eps)
     return finish(y, "none", out_scale, out_zp, q.dtype)
 
 
@@ -38,7 +39,7 @@ def rms_norm(
     eps: float, out_scale: float, out_zp: int,
 ) -> torch.Tensor:
     """``F.rms_norm`` of per-tensor codes, quantized with ``(out_scale, out_zp)``."""
-    y = F.rms_norm(dequant(q, scale, zp), normalized_shape, weight, eps)
+    y = F.rms_norm(dequant(q.contiguous(), scale, zp), normalized_shape, weight, eps)
     return finish(y, "none", out_scale, out_zp, q.dtype)
 
 
@@ -48,12 +49,12 @@ def fake_norm(q: torch.Tensor, *rest) -> torch.Tensor:
 
 def cpu_layer_norm(q, scale, zp, normalized_shape, weight, bias, eps, out_scale, out_zp):
     """Layer norm of the raw codes: no zero point (a shift), no scale (folded into ``eps``)."""
-    y = F.layer_norm(q.to(torch.float32), normalized_shape, weight, bias, eps / (scale * scale))
+    y = F.layer_norm(q.contiguous().to(torch.float32), normalized_shape, weight, bias, eps / (scale * scale))
     return finish(y, "none", out_scale, out_zp, q.dtype)
 
 
 def cpu_rms_norm(q, scale, zp, normalized_shape, weight, eps, out_scale, out_zp):
     """RMS norm of the centred codes: the scale folds into ``eps``, the zero point does not."""
-    codes = q.to(torch.float32)
+    codes = q.contiguous().to(torch.float32)
     y = F.rms_norm(codes.sub_(zp) if zp else codes, normalized_shape, weight, eps / (scale * scale))
     return finish(y, "none", out_scale, out_zp, q.dtype)

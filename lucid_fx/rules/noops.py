@@ -37,7 +37,7 @@ def _same_dtype_cast(node, call, module) -> Optional[str]:
         return None
     if any(isinstance(a, (str, torch.device, torch.memory_format)) for a in node.args[1:]):
         return None
-    if set(node.kwargs) - {"dtype", "non_blocking"} and node.kwargs.get("copy") is not False:
+    if set(node.kwargs) - {"dtype", "non_blocking", "copy"} or node.kwargs.get("copy"):
         return None
     return f"cast to {str(after).removeprefix('torch.')}, which it already is"
 
