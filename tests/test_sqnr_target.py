@@ -41,8 +41,8 @@ def test_vit_with_a_class_token_reaches_25_db_with_under_10_percent_of_flops_flo
         mapping.set_node_name(name, None)
     flops = graph_flops(lucid_fx.prepare(model, mapping, example))
     share = sum(flops.get(name, 0) for name in report.float_nodes) / sum(flops.values())
-    # the two counters price a layer norm differently (2.7% against 3.2% here): within half a point
-    assert share <= 0.10 and report.float_flops == pytest.approx(share, abs=5e-3)
+    # the two counters price a layer norm differently (2.7% against 3.2% here, 4.1% against 4.7% on AVX2)
+    assert share <= 0.10 and report.float_flops == pytest.approx(share, abs=1e-2)
     plain = lucid_fx.quantize(model, example, calibration)
     with torch.no_grad():
         assert sqnr(torch.cat([outputs(model(*b)) for b in held_out]), torch.cat([outputs(plain(*b)) for b in held_out])) < 18
