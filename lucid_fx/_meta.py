@@ -51,6 +51,12 @@ FOLDED_BN = "lucid_fx.folded_bn"
 #: TraceOptions: how prepare traced this graph (leaf modules, concrete_args, leaf functions), so that
 #: compare traces the float model the same way (prepare; carried to the converted graph by lower_to_int8).
 TRACE = "lucid_fx.trace"
+#: Dict[str, str]: the nodes remove_noops took out of the traced graph (no-op casts, eval-mode
+#: dropout, identity), by name, and why (remove_noops).
+REMOVED = "lucid_fx.removed"
+#: Dict[str, Any]: plain attributes of the module a nested GraphModule replaced (``stride``), which its
+#: parent may read; set again after a deep copy (lucid_fx/_fallback.py, prepare and convert).
+ATTRIBUTES = "lucid_fx.attributes"
 
 # Submodules prepare adds to a GraphModule (attributes, not node.meta keys), read by every later verb:
 #: nn.ModuleDict: the activation observers (and a functional weight's), by node name (insert_observers).
@@ -59,4 +65,4 @@ OBSERVERS = "lucid_fx_observers"
 WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
 
 #: The names above that are not node.meta keys.
-NOT_NODE_KEYS = ("TRACE", "OBSERVERS", "WEIGHT_OBSERVERS")
+NOT_NODE_KEYS = ("TRACE", "REMOVED", "ATTRIBUTES", "OBSERVERS", "WEIGHT_OBSERVERS")

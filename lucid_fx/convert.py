@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
+from lucid_fx._fallback import keep_attributes, restore_attributes
 from lucid_fx._meta import OBSERVERS
 from lucid_fx._convert_report import graph_facts, model_report
 from lucid_fx._placement import ConvertReport
@@ -100,8 +101,8 @@ def _convert_tree(model: nn.Module, ctx: ConvertContext) -> nn.Module:
         if name == OBSERVERS:
             continue
         new = _convert_tree(child, replace(ctx, path=f"{ctx.path}.{name}" if ctx.path else name))
-        if new is not child:
-            setattr(model, name, new)
+        if new is not child:  # a parent may read the child's plain attributes (self.conv1.stride)
+            setattr(model, name, keep_attributes(child, new))
     if isinstance(model, fx.GraphModule) and hasattr(model, OBSERVERS):
         return _convert_graph(model, ctx)
     return model
@@ -145,7 +146,7 @@ def convert(
     require_float32("convert", prepared)
     _require_data(prepared)
     ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
-    work = prepared if inplace else copy.deepcopy(prepared)
+    work = prepared if inplace else restore_attributes(copy.deepcopy(prepared))
     converted = _convert_tree(work, ctx)
     converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)
     return converted

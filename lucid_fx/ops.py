@@ -179,6 +179,7 @@ OP_DEFS: List[OpDef] = [
         tags=frozenset({Tag.NORMALIZATION}),
     ),
     OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=frozenset({Tag.NORMALIZATION})),
+    OpDef("rms_norm", ("input", "normalized_shape", "weight", "eps"), modules={nn.RMSNorm: _none}, tags=frozenset({Tag.NORMALIZATION})),
     OpDef("embedding", ("input", "weight"), modules={nn.Embedding: _none}),
     OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
     OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),

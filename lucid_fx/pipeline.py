@@ -36,6 +36,8 @@ from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.insert_qdq import insert_qdq
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.propagate_shapes import propagate_shapes
+from lucid_fx.passes.remove_noops import remove_noops
+from lucid_fx.passes.rewrite_patterns import rewrite_patterns
 from lucid_fx.passes.trace_model import TraceOptions
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry
@@ -56,7 +58,7 @@ class PrepareContext:
     target: Target  # QAT trains weights on the grid the target's int8 kernels compute exactly
     qat: bool
     example_inputs: Optional[tuple]  # this graph's inputs (a nested part: what it received in the root's run)
-    trace: TraceOptions  # how the root is traced (a nested graph without the root's concrete_args)
+    trace: TraceOptions  # how this graph is traced (a nested part: concrete_args from its parent's call)
     strict: bool = False  # an untraceable module raises instead of staying float
     path: str = ""  # the graph's module path in the root model
     capture: str = "auto"  # "fx", "export", or "auto" (fx, then torch.export where fx fails): lucid_fx/_capture.py
@@ -77,7 +79,7 @@ class ConvertContext:
 
 # -- prepare --------------------------------------------------------------------------------------
 def _record_trace(gm, ctx: PrepareContext):
-    gm.meta[_meta.TRACE] = ctx.trace if not ctx.path else replace(ctx.trace, concrete_args=None)
+    gm.meta[_meta.TRACE] = ctx.trace  # a nested part's concrete_args are its parent call's (lucid_fx/_fallback.py)
     return gm  # compare traces the float model the same way
 
 
@@ -91,6 +93,14 @@ def _propagate_shapes(gm, ctx: PrepareContext):
 
 def _canonicalize_ops(gm, ctx: PrepareContext):
     return canonicalize_ops(gm, ctx.registry)
+
+
+def _remove_noops(gm, ctx: PrepareContext):
+    return remove_noops(gm)
+
+
+def _rewrite_patterns(gm, ctx: PrepareContext):
+    return rewrite_patterns(gm)
 
 
 def _fuse_patterns(gm, ctx: PrepareContext):
@@ -112,7 +122,8 @@ def _insert_observers(gm, ctx: PrepareContext):
 #: The prepare passes, in order, after tracing (lucid_fx.prepare traces, and descends into
 #: untraceable modules, before running these on each graph).
 PREPARE_PASSES: List[Pass] = [
-    _record_trace, _functionalize_inplace, _propagate_shapes, _canonicalize_ops, _fuse_patterns, _analyze_ranges,
+    _record_trace, _functionalize_inplace, _propagate_shapes, _canonicalize_ops, _remove_noops, _rewrite_patterns,
+    _fuse_patterns, _analyze_ranges,
     _choose_observers, _insert_observers,
 ]
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lucid_fx._capture import ExportFailure, check_capture, exported_graph, is_exported, split_inputs
+from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx._flops import counting_module_flops
 from lucid_fx.kernels.target import resolve_target
@@ -61,58 +62,26 @@ class PrepareReport:
         self.captures[path] = "export"
 
 
-class _Capture:
-    """The positional inputs each module (by path from the root) received when the whole float
-    model ran on the user's example inputs, so nested parts get shapes too (and its keyword inputs,
-    which torch.export takes).
-
-    The model runs once, the first time this is needed: before prepare has changed anything, so
-    no observer sees the example inputs."""
-
-    def __init__(self, root: nn.Module, root_inputs: Optional[tuple], root_kwargs: Optional[dict] = None) -> None:
-        self.root, self.root_inputs, self.root_kwargs, self.seen, self.keywords = root, root_inputs, root_kwargs or {}, None, {}
-        self.flops: Dict[str, int] = {}  # module path -> FLOPs of its calls in that run (the report's float share)
-
-    def inputs(self, paths: Sequence[str]) -> Dict[str, tuple]:
-        if self.root_inputs is None and not self.root_kwargs:
-            return {}
-        if self.seen is None:
-            seen, hooks = {}, []
-            for path, module in self.root.named_modules():
-                if path:
-                    hooks.append(module.register_forward_pre_hook(self._hook(path, seen), with_kwargs=True))
-            try:
-                with torch.no_grad(), counting_module_flops(self.root) as self.flops:
-                    self.root(*(self.root_inputs or ()), **self.root_kwargs)
-            finally:
-                for h in hooks:
-                    h.remove()
-            self.seen = seen
-        return {path: self.seen[path] for path in paths if path in self.seen}
-
-    def _hook(self, path: str, seen: dict):
-        def record(module, args, kwargs):
-            if path not in seen:
-                seen[path], self.keywords[path] = tuple(args), dict(kwargs)
-        return record
-
-
 def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     parent_name, _, attr = path.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     setattr(parent, attr, new)
 
 
-def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> None:
+def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: Capture, report: PrepareReport) -> None:
     """The recursion over what could not be traced: prepare each submodule of ``owner`` at
-    ``paths`` (relative to it) as a graph of its own, with the inputs it received."""
+    ``paths`` (relative to it) as a graph of its own, with the call it received (keywords and
+    defaults included: lucid_fx/_fallback.py)."""
     if not paths:
         return
     full = {path: f"{ctx.path}.{path}" if ctx.path else path for path in paths}
-    captured = capture.inputs(list(full.values()))
+    captured = capture.calls(list(full.values()))
     for path in paths:
-        part = replace(ctx, path=full[path], example_inputs=captured.get(full[path]), example_kwargs=capture.keywords.get(full[path]))
-        _set_submodule(owner, path, _prepare_one(owner.get_submodule(path), part, capture, report))
+        child = owner.get_submodule(path)
+        inputs, concrete = part_arguments(child, captured.get(full[path]))
+        trace = replace(ctx.trace, concrete_args=concrete)
+        part = replace(ctx, path=full[path], example_inputs=inputs, example_kwargs=None, trace=trace)
+        _set_submodule(owner, path, keep_attributes(child, _prepare_one(child, part, capture, report)))
 
 
 def _prepare_exported(model: nn.Module, ctx: PrepareContext, report: PrepareReport) -> nn.Module:
@@ -122,14 +91,14 @@ def _prepare_exported(model: nn.Module, ctx: PrepareContext, report: PrepareRepo
     return run_passes(gm, part, PREPARE_PASSES)
 
 
-def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, report: PrepareReport) -> nn.Module:
+def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: Capture, report: PrepareReport) -> nn.Module:
     if ctx.capture == "export" or is_exported(model):
         return _prepare_exported(model, ctx, report)
-    how = ctx.trace
+    how = ctx.trace  # a nested part's: the concrete_args its parent's call implies
     result = trace_model(
         model,
         leaf_modules=how.leaf_modules,
-        concrete_args=how.concrete_args if not ctx.path else None,
+        concrete_args=how.concrete_args,
         autowrap_functions=how.autowrap_functions,
         strict=ctx.strict,
         path_prefix=ctx.path,
@@ -146,7 +115,7 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
         report.captures.setdefault(ctx.path, f"float (torch.fx: {result.untraceable[-1].error})")
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
-        capture.inputs([f"{ctx.path}.{name}" if ctx.path else name for name in children])
+        capture.calls([f"{ctx.path}.{name}" if ctx.path else name for name in children])
         # parameter-free leaves (activations) gain nothing alone
         kept = [name for name in children if any(True for _ in model.get_submodule(name).parameters())
                 or list(model.get_submodule(name).children())]
@@ -158,10 +127,25 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: _Capture, repor
     leaves = [f"{prefix}.{n.target}" if prefix else n.target for n in gm.graph.nodes if n.op == "call_module"
               and ctx.registry.spelling_for("call_module", gm.get_submodule(n.target)) is None]
     if leaves and not ctx.qat:  # a training-mode run would move batch-norm statistics
-        capture.inputs(leaves)  # runs the float model once: the FLOPs inside opaque leaves, for the convert report
+        capture.calls(leaves)  # runs the float model once: the FLOPs inside opaque leaves, for the convert report
     inner = [u.path[len(prefix) + 1 :] if prefix else u.path for u in result.untraceable if u.path and u.path != prefix]
     _prepare_parts(gm, inner, ctx, capture, report)
-    return run_passes(gm, ctx, PREPARE_PASSES)
+    if how.concrete_args:
+        gm = keyword_placeholders(gm, model)
+    try:
+        return run_passes(gm, ctx, PREPARE_PASSES)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise _in_part(exc, ctx.path, model) from exc
+
+
+def _in_part(exc: Exception, path: str, model: nn.Module) -> Exception:
+    """``exc`` naming the submodule it came from: a nested part's passes know only its own nodes."""
+    if not path:
+        return exc
+    try:
+        return type(exc)(f"prepare: in submodule {path!r} ({type(model).__name__}), prepared as a graph of its own: {exc}")
+    except Exception:  # noqa: BLE001 - an exception type with another constructor: keep it as it is
+        return exc
 
 
 @contextlib.contextmanager
@@ -221,7 +205,7 @@ def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy.deepcopy(model)
     report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
-        capture = _Capture(work, ctx.example_inputs, ctx.example_kwargs)
+        capture = Capture(work, ctx.example_inputs, ctx.example_kwargs)
         prepared = _prepare_one(work, ctx, capture, report)
     report.module_flops = capture.flops
     prepared.lucid_fx_report = report

@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _allowlist, _meta, _parametrized
-from lucid_fx._meta import OBSERVERS
+from lucid_fx._meta import ATTRIBUTES, OBSERVERS
 from lucid_fx import _load_modules as M
 from lucid_fx._activation_qparams import BUFFER as ACTIVATION_QPARAMS
 from lucid_fx._activation_qparams import attach_guard, without_guard
@@ -97,12 +97,18 @@ def _encode_graph(gm: fx.GraphModule, path: str, codec: Codec) -> Dict[str, Any]
     return {"nodes": nodes} if specs is None else {"nodes": nodes, "pytree": specs}
 
 
+def _copied(module: nn.Module) -> Dict[str, Any]:
+    """Attributes prepare copied onto a nested graph from the module it replaced (``stride``), for a
+    parent's forward to read (lucid_fx/_fallback.py): not saved, as load sets none on a GraphModule."""
+    return module.meta.get(ATTRIBUTES, {}) if isinstance(module, fx.GraphModule) else {}
+
+
 def _check_attributes_load_takes(module: nn.Module, where: str) -> None:
     """Save writes only the attributes load takes back: those lucid_fx sets, and those the class keeps."""
     own = set(LUCID_FX_ATTRIBUTES()) | (SPEC_ATTRIBUTES if has_pytree_codegen(module) else set())
     if isinstance(module, fx.GraphModule):
         extra = [k for k in module.__dict__ if k not in M.GRAPH_MODULE_STATE and k not in own and k not in RUNTIME_ATTRIBUTES
-                 and not M.TENSOR_CONSTANT.fullmatch(k)]
+                 and not M.TENSOR_CONSTANT.fullmatch(k) and k not in _copied(module)]
         problem = f"attribute {extra[0]!r} may not be set from a file (lucid_fx does not set it on a GraphModule)" if extra else None
     else:
         cls = _parametrized.base_class(module)
@@ -137,7 +143,8 @@ def _encode_module(module: nn.Module, path: str, codec: Codec, seen: Dict[int, s
     else:
         record["class"] = codec.class_name(_parametrized.base_class(module), f"{where} ({type(module).__name__})")
     record["attrs"] = {k: codec.encode(v, f"{where}, attribute {k!r}") for k, v in module.__dict__.items()
-                       if k not in state and k not in RUNTIME_ATTRIBUTES and not (is_graph and k in SPEC_ATTRIBUTES)}
+                       if k not in state and k not in RUNTIME_ATTRIBUTES and not (is_graph and k in SPEC_ATTRIBUTES)
+                       and k not in _copied(module)}
     record["params"] = {k: None if p is None else p.detach() for k, p in module._parameters.items()}
     record["requires_grad"] = {k: p.requires_grad for k, p in module._parameters.items() if p is not None}
     record["buffers"] = dict(module._buffers)

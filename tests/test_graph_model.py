@@ -9,11 +9,12 @@ import lucid_fx
 
 
 class Gate(nn.Module):
-    """linear -> tanh -> (t+1)/2 gates a LayerNorm branch; softmax head. LayerNorm runs in float."""
+    """linear -> tanh -> (t+1)/2 gates a Softplus branch (``ln``); softmax head. Softplus has no int8
+    rule, so it runs in float (LayerNorm did, before it had a kernel)."""
 
     def __init__(self):
         super().__init__()
-        self.l1, self.ln, self.l2 = nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4)
+        self.l1, self.ln, self.l2 = nn.Linear(16, 16), nn.Softplus(), nn.Linear(16, 4)
 
     def forward(self, x):
         g = (torch.tanh(self.l1(x)) + 1) / 2
@@ -118,14 +119,14 @@ def test_layer_norm_is_float_in_every_view(calibrated, tmp_path):
     model, prepared, data = calibrated
     q = lucid_fx.convert(prepared)
     before, after = lucid_fx.to_networkx(prepared), lucid_fx.to_networkx(q)
-    expected = ("float", "float", "no lowering rule for layer_norm")
+    expected = ("float", "float", "no lowering rule for ln")
     assert tuple(before.nodes["ln"][k] for k in ("domain", "runs", "runs_why")) == expected
     ln = [a for a in after.nodes.values() if a.get("source") == "ln" and a["fx_op"] == "call_module"][0]
     assert tuple(ln[k] for k in ("domain", "runs", "runs_why")) == expected
-    assert q.lucid_fx_convert_report.float_ops == {"ln": "no lowering rule for layer_norm"}
+    assert q.lucid_fx_convert_report.float_ops == {"ln": "no lowering rule for ln"}
     row = lucid_fx.compare(model, q, data).by_node()["ln"]
     assert (row.domain, row.runs) == ("float", "float") and row.sqnr_db > 30
     # The tanh table and the x / 2 that only rescales the grid are int8 in every view too.
     assert (before.nodes["tanh"]["runs"], before.nodes["truediv"]["runs"]) == ("table lookup", "shared codes")
     page = lucid_fx.visualize(q, tmp_path / "q.html", layout="layered").read_text()
-    assert '"runs": "table lookup", "runs_why": "tanh"' in page and '"runs_why": "no lowering rule for layer_norm"' in page
+    assert '"runs": "table lookup", "runs_why": "tanh"' in page and '"runs_why": "no lowering rule for ln"' in page

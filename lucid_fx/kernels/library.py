@@ -23,7 +23,7 @@ from typing import Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention, quantize
+from lucid_fx.kernels import attention, norms, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
@@ -191,6 +191,8 @@ _DEFINITIONS = [
     (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),
     (ref.mean, _fake_mean),
     (ref.max_pool2d, _fake_max_pool2d),
+    (norms.layer_norm, norms.fake_norm),
+    (norms.rms_norm, norms.fake_norm),
 ]
 for _fn, _fake in _DEFINITIONS:
     _define(_fn, _fake)

@@ -17,6 +17,8 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
+from lucid_fx.rules.lowering_lookup import lower_embedding
+from lucid_fx.rules.lowering_norm import lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
 from lucid_fx.kernels import make_lut
 from lucid_fx.ops import Tag, canonical, ops_tagged
@@ -234,6 +236,8 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     **{(op,): lower_avg_pool for op in ("avg_pool1d", "avg_pool2d")},  # -> lucid_fx.avg_pool2d on the codes, requantized
     ("stack",): lower_stack,  # stack(xs, dim) -> lucid_fx.cat of the codes, each unsqueezed
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
+    ("embedding",): lower_embedding,  # embedding(ids, W) -> the same lookup in W's codes
+    **{(op,): lower_norm for op in ("layer_norm", "rms_norm")},  # -> lucid_fx.layer_norm / rms_norm, float statistics inside
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
     **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut
 }

@@ -181,8 +181,9 @@ GUARD_RULES: List[ObserverRule] = [
 ]
 OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
-    observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
+    # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
+    observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
 ]

@@ -518,6 +518,9 @@ def _calls():
         ("adaptive_avg_pool2d", (q4.contiguous(memory_format=torch.channels_last), s4, z4, [1, 1], 0.1, 3)),
         ("mean", (q4, s4, z4, [2, 3], True, 0.1, 3)),
         ("max_pool2d", (q4.contiguous(memory_format=torch.channels_last), [3, 3], [2, 2], [1, 1], [1, 1], False)),
+        ("layer_norm", (q4.transpose(1, 3), s4, z4, [6], torch.rand(6), torch.randn(6), 1e-5, 0.1, 3)),
+        ("layer_norm", (qx, xs, xz, [3, 13], None, None, 1e-5, 0.1, 3)),
+        ("rms_norm", (q4.transpose(1, 3), s4, z4, [6], torch.rand(6), 1e-6, 0.1, 3)),
     ]
 
 

@@ -52,16 +52,16 @@ def test_functional_weight_is_quantized_per_channel_on_the_kernel_grid():
 
 
 def test_a_float_op_reads_the_float_input_as_convert_feeds_it():
-    """x feeds an int8 linear (so x is observed) and a LayerNorm (no int8 kernel: float). convert
-    gives the LayerNorm the float x; the reference must too, not x's quantized image."""
+    """x feeds an int8 linear (so x is observed) and a Softplus (no int8 kernel: float). convert
+    gives the Softplus the float x; the reference must too, not x's quantized image."""
 
     class Branches(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc, self.ln = nn.Linear(6, 6), nn.LayerNorm(6)
+            self.fc, self.soft = nn.Linear(6, 6), nn.Softplus()
 
         def forward(self, x):
-            return self.fc(x) + self.ln(x)
+            return self.fc(x) + self.soft(x)
 
     torch.manual_seed(0)
     model = Branches().eval()
@@ -69,9 +69,9 @@ def test_a_float_op_reads_the_float_input_as_convert_feeds_it():
     prepared = lucid_fx.prepare(model, example_inputs=(data[0],))
     lucid_fx.calibrate(prepared, data, progress=False)
     ref = lucid_fx.convert(prepared, reference=True)
-    ln = next(n for n in ref.graph.nodes if n.op == "call_module" and n.target == "ln")
+    soft = next(n for n in ref.graph.nodes if n.op == "call_module" and n.target == "soft")
     fc = next(n for n in ref.graph.nodes if n.op == "call_module" and n.target == "fc")
-    assert ln.args[0].op == "placeholder"  # the raw input
+    assert soft.args[0].op == "placeholder"  # the raw input
     assert "dequantize_per_tensor" in str(fc.args[0].target)  # the int8 kernel's input is quantized
     real = lucid_fx.convert(prepared)
     with torch.no_grad():  # the simulation computes what the kernels compute, up to rounding inside them

@@ -16,7 +16,7 @@ from lucid_fx.passes.lower_to_int8 import lower_to_int8
 
 def _calibrated():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid(), nn.LayerNorm(4)).eval()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid(), nn.Softplus()).eval()
     prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 8),))
     lucid_fx.calibrate(prepared, [torch.randn(16, 8) for _ in range(20)], progress=False)
     return model, prepared
@@ -48,4 +48,4 @@ def test_graph_before_and_after(kind, grid):
     exact_on_onednn = detected_cpu_features().name != "avx2" or grid == (-64, 63)
     with contextlib.nullcontext() if exact_on_onednn else pytest.warns(RuntimeWarning, match="oneDNN would saturate"):
         out = converted(x)
-    assert (out - model(x)).abs().max() < 0.2  # layer_norm over 4 sigmoid outputs magnifies their int8 steps
+    assert (out - model(x)).abs().max() < 0.02  # softplus of sigmoid outputs, a few steps of 1/256

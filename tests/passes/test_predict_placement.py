@@ -31,8 +31,8 @@ def test_prediction_before_convert_matches_what_convert_records():
         "fc1": (Runs.KERNEL, "linear+relu"), "relu": (Runs.KERNEL, "linear+relu"),
         "fc2": (Runs.KERNEL, "linear"), "sigmoid": (Runs.TABLE, "sigmoid"),
         "mul": (Runs.SHARED, "mul"),  # x * 2: the same codes on a grid twice as wide
-        "norm": (Runs.FLOAT, "no lowering rule for layer_norm"),
-        "reshape": (Runs.SHARED, "shared"),  # on the codes the norm's output is quantized to
+        "norm": (Runs.KERNEL, "layer_norm"),
+        "reshape": (Runs.SHARED, "shared"),  # on the norm's codes
     }
     assert predicted["fc1"] == predicted["relu"] == Placement(Runs.KERNEL, "linear+relu", ("fc1", "relu"))
     _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))

@@ -1,0 +1,60 @@
+"""Normalisations on int8 codes: layer norm and RMS norm, codes in and codes out, the statistics
+computed in float32 inside the kernel (dequantize -> normalise with weight and bias -> quantize).
+
+A norm's output is not bounded by its input's grid: the statistics are those of the whole row, so
+the output gets its own calibrated grid (``out_scale``, ``out_zp``). The CPU kernels skip the
+dequantize: layer norm ignores a shift, so the zero point is never subtracted, and scaling the
+input by ``s`` is the same as dividing ``eps`` by ``s**2``. Every kernel reads its input contiguous
+(rows of the normalised dims next to each other) and returns contiguous codes.
+
+>>> x = torch.randn(2, 8)
+>>> q = torch.ops.lucid_fx.quantize_per_tensor(x, 0.03, 128, 0, 255, torch.uint8)
+>>> y = torch.ops.lucid_fx.layer_norm(q, 0.03, 128, [8], None, None, 1e-5, 0.02, 128)
+>>> ref = torch.nn.functional.layer_norm(torch.ops.lucid_fx.dequantize_per_tensor(q, 0.03, 128), [8])
+>>> bool(((torch.ops.lucid_fx.dequantize_per_tensor(y, 0.02, 128) - ref).abs() <= 0.01 + 1e-6).all())
+True
+"""
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from lucid_fx.kernels.codes import dequant, finish
+
+__all__ = ["layer_norm", "rms_norm", "fake_norm", "cpu_layer_norm", "cpu_rms_norm"]
+
+
+def layer_norm(
+    q: torch.Tensor, scale: float, zp: int, normalized_shape: List[int], weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor], eps: float, out_scale: float, out_zp: int,
+) -> torch.Tensor:
+    """``F.layer_norm`` of per-tensor codes, quantized with ``(out_scale, out_zp)``."""
+    y = F.layer_norm(dequant(q.contiguous(), scale, zp), normalized_shape, weight, bias, eps)
+    return finish(y, "none", out_scale, out_zp, q.dtype)
+
+
+def rms_norm(
+    q: torch.Tensor, scale: float, zp: int, normalized_shape: List[int], weight: Optional[torch.Tensor],
+    eps: float, out_scale: float, out_zp: int,
+) -> torch.Tensor:
+    """``F.rms_norm`` of per-tensor codes, quantized with ``(out_scale, out_zp)``."""
+    y = F.rms_norm(dequant(q.contiguous(), scale, zp), normalized_shape, weight, eps)
+    return finish(y, "none", out_scale, out_zp, q.dtype)
+
+
+def fake_norm(q: torch.Tensor, *rest) -> torch.Tensor:
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def cpu_layer_norm(q, scale, zp, normalized_shape, weight, bias, eps, out_scale, out_zp):
+    """Layer norm of the raw codes: no zero point (a shift), no scale (folded into ``eps``)."""
+    y = F.layer_norm(q.contiguous().to(torch.float32), normalized_shape, weight, bias, eps / (scale * scale))
+    return finish(y, "none", out_scale, out_zp, q.dtype)
+
+
+def cpu_rms_norm(q, scale, zp, normalized_shape, weight, eps, out_scale, out_zp):
+    """RMS norm of the centred codes: the scale folds into ``eps``, the zero point does not."""
+    codes = q.contiguous().to(torch.float32)
+    y = F.rms_norm(codes.sub_(zp) if zp else codes, normalized_shape, weight, eps / (scale * scale))
+    return finish(y, "none", out_scale, out_zp, q.dtype)

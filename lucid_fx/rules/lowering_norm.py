@@ -1,0 +1,69 @@
+"""Lowering rules for layer norm and RMS norm (the table entries are in rules/lowering.py).
+
+Both run as one kernel on the codes (``lucid_fx.layer_norm`` / ``lucid_fx.rms_norm``, in
+lucid_fx/kernels/norms.py): the statistics in float32 inside it, the weight and bias float as the
+model has them, the output on its own calibrated grid. An RMSNorm written out by hand
+(``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w``) reaches this rule as one ``rms_norm``
+(rules/patterns.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+from torch import fx
+
+from lucid_fx.ops import canonical
+from lucid_fx.rules.lowering_context import QValue
+
+__all__ = ["lower_norm"]
+
+_ops = torch.ops.lucid_fx
+_NO_TENSOR = object()  # an argument given as a node that is not a constant: the rule declines
+
+
+def _tensor(ctx, value: Any) -> Any:
+    """A weight or bias: None, a constant tensor (get_attr), or _NO_TENSOR for one computed in the graph."""
+    if value is None:
+        return None
+    attr = ctx._attr(value) if isinstance(value, fx.Node) else value
+    return attr if isinstance(attr, torch.Tensor) else _NO_TENSOR
+
+
+def _args(ctx, node: fx.Node) -> Optional[Tuple[List[int], Any, Any, float]]:
+    """(normalized_shape, weight, bias, eps) of a norm module or call; None where the kernel cannot take it."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        shape, weight, bias, eps = m.normalized_shape, m.weight, getattr(m, "bias", None), m.eps
+    else:
+        args = canonical(node).args
+        shape, eps = args.get("normalized_shape"), args.get("eps", 1e-5 if canonical(node).op == "layer_norm" else None)
+        weight, bias = _tensor(ctx, args.get("weight")), _tensor(ctx, args.get("bias"))
+    shape = [shape] if isinstance(shape, int) else list(shape) if isinstance(shape, (list, tuple, torch.Size)) else None
+    if shape is None or not all(isinstance(s, int) for s in shape) or _NO_TENSOR in (weight, bias):
+        return None
+    eps = torch.finfo(torch.float32).eps if eps is None else eps  # F.rms_norm's default
+    return shape, weight, bias, float(eps) if isinstance(eps, (int, float)) else None
+
+
+def _constant(ctx, node: fx.Node, what: str, value: Optional[torch.Tensor]) -> Optional[fx.Node]:
+    return None if value is None else ctx.constant(f"{node.name}_{what}", value.detach().float())
+
+
+def lower_norm(ctx, members, resolve) -> Optional[QValue]:  # layer_norm / rms_norm -> lucid_fx.layer_norm / rms_norm
+    node = members[0]
+    call = canonical(node)
+    source = resolve(call.args.get("input"))
+    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
+    found = _args(ctx, node)
+    if x is None or found is None or found[3] is None or ctx.qparams_of(node) is None:
+        return None
+    shape, weight, bias, eps = found
+    w, b = _constant(ctx, node, "weight", weight), _constant(ctx, node, "bias", bias)
+    scale, zp, _ = ctx.qparams_of(node)
+    if call.op == "layer_norm":
+        out = ctx.call(_ops.layer_norm, x.node, x.scale, x.zero_point, shape, w, b, eps, scale, zp)
+    else:
+        out = ctx.call(_ops.rms_norm, x.node, x.scale, x.zero_point, shape, w, eps, scale, zp)
+    return ctx.output_qvalue(node, out)
