@@ -53,11 +53,8 @@ def test_models_lower_to_int8_and_stay_accurate(factory, floor_db, expected, sqn
     db_fp32, db_ref = sqnr_db(fp32, int8), sqnr_db(ref, rounded)
     print(f"SQNR vs fp32 {db_fp32:.1f} dB, vs reference {db_ref:.1f} dB")
     assert db_fp32 > floor_db
-    if factory is _ENCODER:  # the simulation rounds the residual stream the int8 model keeps in float
-        assert db_fp32 >= sqnr_db(fp32, ref) + 8
-    else:
-        assert db_ref > 40  # the kernels compute what the simulation says (rounding inside kernels aside)
-        assert db_fp32 >= sqnr_db(fp32, ref)  # and one rounding fewer can only help
+    assert db_ref > 40  # the kernels compute what the simulation says (rounding inside kernels aside)
+    assert db_fp32 >= sqnr_db(fp32, ref)  # and one rounding fewer can only help
     assert "torch.ops.lucid_fx" in qmodel.code
 
 
@@ -74,7 +71,9 @@ def test_convert_copies_and_reports_float_ops():
     with lucid_fx.registry_scope():  # a layer norm kept float is reported with why
         lucid_fx.register_float_op("layer_norm")
         report = lucid_fx.convert(_calibrated(model, example, make_batch)).lucid_fx_convert_report
-    assert report.float_ops == {"norm1": "input of quantized qkv (registered to stay float)", "norm2": "input of quantized fc1 (registered to stay float)"}
+    folded = "add runs in float: nothing reads its codes, so int8 would only add a rounding"
+    assert report.float_ops == {"norm1": "input of quantized qkv (registered to stay float)", "norm2": "input of quantized fc1 (registered to stay float)",
+                                "add": folded, "add_1": folded}  # the residual adds feed only float ops now
 
 
 def test_fixed_qparams_ops_run_as_tables_with_exact_grid():

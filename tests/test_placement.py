@@ -90,7 +90,7 @@ def test_all_five_readers_agree_node_by_node(mixed, tmp_path):
     assert str(report).splitlines() == [
         "backend cpu: 10 int8 kernels, 2 ops in float",
         "int8 FLOPs: 99.6% of 132 kFLOP (float: head 0.4%)",
-        "  float op: soft (no lowering rule for soft)",
+        "  float leaf module: ln (no lowering rule for ln)",
         "  kept float: head (QConfig is None for this module/op, 0.4% of FLOPs)",
     ]
     # 3. compare: every measured op node says where it ran; float ones have the float domain.
@@ -128,7 +128,7 @@ def test_a_model_whose_only_op_stays_float_reports_one_op_in_float():
     assert str(q.lucid_fx_convert_report).splitlines() == [
         "backend cpu: 0 int8 kernels, 1 op in float",
         "int8 FLOPs: none counted (no linear, conv, matmul or attention with shapes recorded at prepare)",
-        "  float op: _0 (no observer rule quantizes this op)",
+        "  float leaf module: _0 (no observer rule quantizes this op)",
     ]
     one = lucid_fx.quantize(nn.Sequential(nn.Linear(8, 8)).eval(), (data[0],), data)
     assert str(one.lucid_fx_convert_report).splitlines() == [
