@@ -50,6 +50,14 @@ def _node_reading(model: nn.Module, name: str) -> str:
     return ""
 
 
+def _copy(model: nn.Module) -> nn.Module:
+    """A deep copy. An exported graph holds torch.export's call specs, whose copy makes torch 2.13
+    warn about its own pytree internals (``LeafSpec``): nothing a user can act on, so not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+        return copy.deepcopy(model)
+
+
 def _require_data(model: nn.Module) -> None:
     # A weight on meta has a shape and no values: quantizing it failed deep in a reduction, and a
     # converted weight moved there later ran the kernels' shape-only meta path, returning garbage.
@@ -146,7 +154,7 @@ def convert(
     require_float32("convert", prepared)
     _require_data(prepared)
     ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
-    work = prepared if inplace else restore_attributes(copy.deepcopy(prepared))
+    work = prepared if inplace else restore_attributes(_copy(prepared))
     converted = _convert_tree(work, ctx)
     converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)
     return converted
