@@ -38,4 +38,5 @@ def test_suite_passes_as_on_another_cpu(kind):
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert done.returncode == 0, f"the suite as on a {kind} CPU: {summary}\n{tail}"
     passed = int(re.search(r"(\d+) passed", summary).group(1))
-    assert passed > 1000 and "failed" not in summary and "error" not in summary, summary
+    # "2 xfailed" is an expected failure, not a failed test
+    assert passed > 1000 and not re.search(r"\d+ (failed|errors?)\b", summary), summary
