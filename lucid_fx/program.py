@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx
 
+from lucid_fx.kernels.library import op_name
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
@@ -137,8 +138,8 @@ def runs_int8_kernels(model: fx.GraphModule) -> bool:
     """Whether ``model``'s graph calls an int8 kernel (not only the quantize/dequantize pairs of
     reference mode, whose simulation runs as written)."""
     for node in model.graph.nodes:
-        name = getattr(getattr(node.target, "_overloadpacket", node.target), "_qualified_op_name", "")
-        if node.op == "call_function" and name.startswith("lucid_fx::") and name[len("lucid_fx::"):] not in _BOUNDARY_OPS:
+        name = op_name(node)
+        if name is not None and name not in _BOUNDARY_OPS:
             return True
     return False
 

@@ -20,7 +20,6 @@ report too); a kernel keeps its placement (its rule key), its ``[VALUE_TYPE]`` s
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -29,6 +28,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx._placement import ConvertReport, Placement, Runs
+from lucid_fx.kernels.library import op_name
 
 __all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP"]
 
@@ -41,16 +41,6 @@ FLOAT_OP: Dict[str, Callable] = {"add": torch.add, "mul": torch.mul}
 _POST_OPS = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}  # applied after the float op
 _LAYOUT_METHODS = ("contiguous", "clone")
 _FLOAT_WHY = "runs in float: nothing reads its codes, so int8 would only add a rounding"
-
-
-def _name(node: fx.Node) -> Optional[str]:
-    """``"linear"`` for ``torch.ops.lucid_fx.linear`` (or its ``.default``), else None."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
-        return None
-    schema = target._qualified_op_name if isinstance(target, torch._ops.OpOverloadPacket) else target._schema.name
-    namespace, _, name = schema.partition("::")
-    return name if namespace == "lucid_fx" else None
 
 
 def _producer(dq: fx.Node) -> tuple:
@@ -84,10 +74,10 @@ def _runs_float(node: fx.Node, report: Optional[ConvertReport]) -> None:
 
 def _dequantize(graph: fx.Graph, codes: fx.Node, scale, zp) -> fx.Node:
     """``codes`` in float: the value a quantize read (exact), a dequantize already there, or a new one."""
-    if _name(codes) == "quantize_per_tensor" and tuple(codes.args[1:3]) == (scale, zp):
+    if op_name(codes) == "quantize_per_tensor" and tuple(codes.args[1:3]) == (scale, zp):
         return codes.args[0]
     for user in codes.users:
-        if _name(user) == "dequantize_per_tensor" and tuple(user.args[1:]) == (scale, zp):
+        if op_name(user) == "dequantize_per_tensor" and tuple(user.args[1:]) == (scale, zp):
             codes.append(user)  # moved up to just after the codes: the float op may come before it
             return user
     with graph.inserting_after(codes):
@@ -100,7 +90,7 @@ def _dequantize(graph: fx.Graph, codes: fx.Node, scale, zp) -> fx.Node:
 
 def _fold(graph: fx.Graph, dq: fx.Node, report: Optional[ConvertReport]) -> bool:
     producer, chain = _producer(dq)
-    name = _name(producer) if isinstance(producer, fx.Node) else None
+    name = op_name(producer)
     if name is None or len(producer.users) != 1:
         return False
     if name == "quantize_per_tensor" and not chain:
@@ -142,7 +132,7 @@ def fold_dequantize(gm: fx.GraphModule, report: Optional[ConvertReport] = None) 
     """Fold every dequantize of codes nothing else reads (see the module docstring); works in place."""
     graph = gm.graph
     # Restart after each fold: a fold erases nodes and may make an earlier dequantize foldable.
-    while any(_name(node) == "dequantize_per_tensor" and _fold(graph, node, report) for node in reversed(list(graph.nodes))):
+    while any(op_name(node) == "dequantize_per_tensor" and _fold(graph, node, report) for node in reversed(list(graph.nodes))):
         pass
     gm.recompile()
     return gm

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import fx
 
-from lucid_fx.kernels.library import KERNELS
+from lucid_fx.kernels.library import KERNELS, op_name
 from lucid_fx.rules.program_cpu import PROGRAM_RULES_CPU
 
 __all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES"]
@@ -30,13 +30,6 @@ __all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES
 #: Program rules per device type; a device without rules gets direct kernel calls only.
 PROGRAM_RULES: Dict[str, Dict[str, Callable]] = {"cpu": PROGRAM_RULES_CPU}
 _LUCID = torch.ops.lucid_fx
-
-
-def _op_name(node: Any) -> Optional[str]:
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return None
-    packet = getattr(node.target, "_overloadpacket", node.target)
-    return getattr(packet, "_qualified_op_name", "").partition("lucid_fx::")[2] or None
 
 
 class ProgramBuilder:
@@ -66,7 +59,7 @@ class ProgramBuilder:
 
     def op_name(self, node: Any) -> Optional[str]:
         """``"linear"`` for a call of ``torch.ops.lucid_fx.linear`` or the program node now computing it, else None."""
-        return _op_name(node) or self._portable_ops.get(node)
+        return op_name(node) or self._portable_ops.get(node)
 
     def read_later(self, value: fx.Node, node: fx.Node) -> bool:
         """Whether anything reads ``value`` after ``node`` (or it is an input or output of the model)."""
@@ -98,7 +91,7 @@ class ProgramBuilder:
     # -- the rewrite ----------------------------------------------------------------------------
     def rewrite(self, rules: Dict[str, Callable]) -> None:
         for node in list(self.graph.nodes):
-            name = _op_name(node)
+            name = op_name(node)
             if name is None:
                 continue
             self._current = node

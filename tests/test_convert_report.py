@@ -51,13 +51,18 @@ class EveryKind(nn.Module):
         return self.head(opaque_scale(torch.cumsum(h, dim=-1)))
 
 
-def _converted():
+def _calibrated():
     torch.manual_seed(0)
     model = EveryKind().eval()
     data = [torch.randn(2, 8) for _ in range(3)]
     mapping = get_default_qconfig_mapping().set_module_name("head", None)
     prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf], capture="fx")
     lucid_fx.calibrate(prepared, data, progress=False)
+    return model, data, prepared
+
+
+def _converted():
+    model, data, prepared = _calibrated()
     return model, data, lucid_fx.convert(prepared)
 
 
@@ -96,12 +101,7 @@ def test_the_report_lists_every_kind_of_float_region_with_its_reason_and_flops()
 
 
 def test_explain_predicts_the_same_share_and_regions_before_convert():
-    torch.manual_seed(0)
-    model = EveryKind().eval()
-    data = [torch.randn(2, 8) for _ in range(3)]
-    mapping = get_default_qconfig_mapping().set_module_name("head", None)
-    prepared = lucid_fx.prepare(model, mapping, example_inputs=(data[0],), leaf_modules=[Leaf], capture="fx")
-    lucid_fx.calibrate(prepared, data, progress=False)
+    _, _, prepared = _calibrated()
     text = str(lucid_fx.explain(prepared)).splitlines()
     at = text.index("convert will run (predicted):")
     assert text[at + 1] == "int8 FLOPs: 44.4% of 1.15 kFLOP (float: block 22.2%, leaf 22.2%, head 11.1%)"

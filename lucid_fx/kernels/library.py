@@ -18,7 +18,7 @@ tensor([0.0000, 0.5000, 9.0000])
 
 import functools
 import weakref
-from typing import Callable, Dict, Hashable, List, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from lucid_fx.kernels import attention, norms, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
-__all__ = ["OPS", "LIB", "KERNELS", "WeightCache", "register_kernel", "conv_output_shape"]
+__all__ = ["OPS", "LIB", "KERNELS", "WeightCache", "register_kernel", "conv_output_shape", "op_name"]
 
 _F32 = torch.float32
 # Plain torch.library registration: a call costs ~10 us of dispatch, against ~45 us for a
@@ -48,6 +48,14 @@ def _define(fn: Callable, fake: Callable) -> None:
     KERNELS[name] = {"default": fn}
     torch.library.register_fake(f"lucid_fx::{name}", _no_meta_mix(name, fake), lib=LIB)
     OPS[name] = getattr(torch.ops.lucid_fx, name).default
+
+
+def op_name(node: Any) -> Optional[str]:
+    """``"linear"`` for a graph node calling ``torch.ops.lucid_fx.linear`` (or an overload of it), else None."""
+    if getattr(node, "op", None) != "call_function":
+        return None
+    packet = getattr(node.target, "_overloadpacket", node.target)
+    return getattr(packet, "_qualified_op_name", "").partition("lucid_fx::")[2] or None
 
 
 def register_kernel(name: str, device: str, fn: Callable) -> Callable:

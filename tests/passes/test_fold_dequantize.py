@@ -6,6 +6,7 @@ from torch import fx, nn
 import lucid_fx
 import importlib
 from lucid_fx import _meta
+from lucid_fx.kernels import use_onednn
 from lucid_fx.passes.fold_dequantize import fold_dequantize
 from lucid_fx.pipeline import CONVERT_PASSES
 from lucid_fx.placement import Runs
@@ -193,3 +194,17 @@ def test_an_add_with_its_relu_runs_in_float_with_the_relu():
     x = torch.randn(32, 64)
     with torch.no_grad():
         assert _sqnr(model(x), q(x)) >= 28  # 30.8 dB: the input's 8-bit codes bound it
+
+
+def test_float_results_are_the_same_on_the_int_mm_path():
+    # CPUs without oneDNN's int8 ops run linear/conv through torch._int_mm: the float result there is
+    # the same arithmetic (the first call of a converted model runs the portable graph's kernels)
+    torch.manual_seed(0)
+    model, data = Residual().eval(), _data(8, 64)
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        onednn = _quantize(model, data[0], data)(x)
+        with use_onednn(False):
+            int_mm = _quantize(model, data[0], data)(x)
+    torch.testing.assert_close(int_mm, onednn, rtol=1e-5, atol=1e-5)
+    assert _sqnr(model(x), int_mm) >= 35
