@@ -80,14 +80,19 @@ def model_report(backend: str, reports: Mapping[str, ConvertReport], prepare_rep
     qualified node name, and the float modules with the FLOPs prepare measured in them."""
     merged = ConvertReport(next(iter(reports.values())).backend if reports else backend)
     for prefix, report in reports.items():
+        # A call of a module prepared as a part of its own (captured when its parent's trace could
+        # not see into it) is no float region: the part's own report places its nodes and FLOPs.
+        calls_part = {n for n, (kind, what) in report.opaque.items() if kind == "leaf module" and _qualify(prefix, what) in reports}
         qualified: Dict[int, Placement] = {}  # one Placement per fused group, as in each graph's report
         for name, p in report.placements.items():
+            if name in calls_part:
+                continue
             if id(p) not in qualified:
                 qualified[id(p)] = Placement(p.runs, p.why, tuple(_qualify(prefix, m) for m in p.members)) if prefix else p
             merged.placements[_qualify(prefix, name)] = qualified[id(p)]
-        merged.flops.update((_qualify(prefix, n), f) for n, f in report.flops.items())
+        merged.flops.update((_qualify(prefix, n), f) for n, f in report.flops.items() if n not in calls_part)
         merged.opaque.update((_qualify(prefix, n), (kind, _qualify(prefix, what) if kind == "leaf module" else what))
-                             for n, (kind, what) in report.opaque.items())
+                             for n, (kind, what) in report.opaque.items() if n not in calls_part)
     entries = list(getattr(prepare_report, "float_modules", ()))
     merged.float_modules = {u.path: f"{u.type_name} at {u.source_line}: {u.error}" for u in entries}
     counts = getattr(prepare_report, "module_flops", {}) or {}

@@ -63,6 +63,15 @@ class RuleContext:
         object_type = type(self.gm.get_submodule(node.target)) if node.op == "call_module" else node.target
         return self._plain.qconfig_for(self.module_path(node), object_type, also_types=(self.op_name(node),))
 
+    def qconfig_is_explicit(self, node: fx.Node) -> bool:
+        """Whether ``node``'s QConfig comes from an entry that names it (its node name, module,
+        module pattern or op type), not from the global default."""
+        key = ".".join(p for p in (self.path_prefix, node.name) if p)
+        if key in self.mapping.node_name_qconfigs:
+            return True
+        object_type = type(self.gm.get_submodule(node.target)) if node.op == "call_module" else node.target
+        return self._plain.chose_explicitly(self.module_path(node), (object_type, self.op_name(node)))
+
     def qconfig(self, node: fx.Node) -> Optional[QConfig]:
         """A fused group (linear + relu) is one kernel with one QConfig: its first member's (the
         weighted op's), and None for all of it when the mapping sets None for any member, so

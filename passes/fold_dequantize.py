@@ -8,7 +8,11 @@ to a fixpoint, walking from the outputs up:
   float32: oneDNN writes float32, no requantize pass, no dequantize pass);
 - ``dequantize(add | mul)``: the op runs in float on its dequantized inputs, which may in turn let
   the kernels that feed it give float results (a residual stream that ends the model);
+- ``dequantize(cat)``: ``torch.cat`` of the dequantized inputs, each on its own grid (a ViT's tiny
+  class token concatenated with the patch embeddings keeps its fine grid instead of the shared one);
 - ``dequantize(quantize(x))``: ``x`` itself (an add's float version reads ``x``, not its codes).
+
+A quantize or dequantize left with no reader by a fold is removed.
 
 Each fold drops one rounding (the result can only get closer to the float model's) and one pass
 over the data. Layout calls between the kernel and the dequantize (``contiguous`` to the float
@@ -30,7 +34,7 @@ from lucid_fx import _meta
 from lucid_fx._placement import ConvertReport, Placement, Runs
 from lucid_fx.kernels.library import op_name
 
-__all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP"]
+__all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP", "FOLDS_TO_FLOAT", "FLOAT_WHY"]
 
 _ops = torch.ops.lucid_fx
 #: kernels that can give their float result: the position of their ``out_dtype`` argument (their
@@ -38,9 +42,12 @@ _ops = torch.ops.lucid_fx
 FLOAT_RESULT: Dict[str, int] = {"linear": 9, "conv1d": 13, "conv2d": 13}
 #: elementwise kernels whose float version is one float op on the dequantized inputs.
 FLOAT_OP: Dict[str, Callable] = {"add": torch.add, "mul": torch.mul}
+#: the rule keys (first op) whose kernel runs in float once folded: predict_placement says so before convert.
+FOLDS_TO_FLOAT = frozenset({"add", "mul", "cat", "stack"})
 _POST_OPS = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}  # applied after the float op
 _LAYOUT_METHODS = ("contiguous", "clone")
-_FLOAT_WHY = "runs in float: nothing reads its codes, so int8 would only add a rounding"
+_BOUNDARY = ("quantize_per_tensor", "dequantize_per_tensor")
+FLOAT_WHY = "runs in float: nothing reads its codes, so int8 would only add a rounding"
 
 
 def _producer(dq: fx.Node) -> tuple:
@@ -57,7 +64,7 @@ def _producer(dq: fx.Node) -> tuple:
 def _to_float_meta(nodes: List[fx.Node]) -> None:
     for node in nodes:
         node.meta.pop(_meta.QPARAMS, None)
-        if _meta.VALUE_TYPE in node.meta:
+        if node.meta.get(_meta.VALUE_TYPE) is not None:
             node.meta[_meta.VALUE_TYPE] = (node.meta[_meta.VALUE_TYPE][0], torch.float32)
 
 
@@ -65,7 +72,7 @@ def _runs_float(node: fx.Node, report: Optional[ConvertReport]) -> None:
     placement = node.meta.get(_meta.PLACEMENT)
     if placement is None:
         return
-    new = Placement(Runs.FLOAT, f"{placement.why} {_FLOAT_WHY}", placement.members)
+    new = Placement(Runs.FLOAT, f"{placement.why} {FLOAT_WHY}", placement.members)
     for name, old in list((report.placements if report is not None else {}).items()):
         if old is placement:
             report.placements[name] = new
@@ -106,6 +113,16 @@ def _fold(graph: fx.Graph, dq: fx.Node, report: Optional[ConvertReport]) -> bool
         args[FLOAT_RESULT[name]] = torch.float32
         producer.args = tuple(args)
         _to_float_meta([producer, *chain])  # its placement stays the kernel's: the rule key is what reports read
+    elif name == "cat" and tuple(dq.args[1:]) == tuple(producer.args[4:6]):
+        codes, scales, zps, dim = producer.args[:4]
+        parts = [_dequantize(graph, q, s, z) for q, s, z in zip(codes, scales, zps)]
+        with graph.inserting_before(producer):
+            y = graph.call_function(torch.cat, (parts, dim))
+        y.meta.update({k: producer.meta[k] for k in (_meta.SOURCE, _meta.VALUE_TYPE, _meta.PLACEMENT) if k in producer.meta})
+        _runs_float(y, report)
+        _to_float_meta([y, *chain])
+        producer.replace_all_uses_with(y)
+        graph.erase_node(producer)
     elif name in FLOAT_OP and tuple(dq.args[1:]) == tuple(producer.args[6:8]):
         qa, a_scale, a_zp, qb, b_scale, b_zp, _, _, post_op = producer.args
         a, b = _dequantize(graph, qa, a_scale, a_zp), _dequantize(graph, qb, b_scale, b_zp)
@@ -134,5 +151,8 @@ def fold_dequantize(gm: fx.GraphModule, report: Optional[ConvertReport] = None) 
     # Restart after each fold: a fold erases nodes and may make an earlier dequantize foldable.
     while any(op_name(node) == "dequantize_per_tensor" and _fold(graph, node, report) for node in reversed(list(graph.nodes))):
         pass
+    for node in reversed(list(graph.nodes)):  # a float op that now reads x, not quantize(x), left it unread
+        if op_name(node) in _BOUNDARY and not node.users:
+            graph.erase_node(node)
     gm.recompile()
     return gm

@@ -23,6 +23,7 @@ from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
 from lucid_fx.rules.lowering_context import _is_observer_call
+from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import unfused_mask
@@ -113,4 +114,31 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))
         found.update((name, placement) for name in placement.members)
+    _predict_folds(nodes, found)
     return found
+
+
+def _readers(node: fx.Node) -> List[fx.Node]:
+    """The nodes that read ``node``'s value, through its observer call."""
+    readers = []
+    for user in node.users:
+        readers.extend(user.users if _is_observer_call(user) else [user])
+    return readers
+
+
+def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
+    """What fold_dequantize will do, to its fixpoint: an add, mul or cat kernel whose value only
+    float ops and the graph's output read runs in float."""
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(nodes):
+            placement = found.get(node.name)
+            if placement is None or placement.runs is not Runs.KERNEL or placement.value != node.name \
+                    or placement.why.split("+")[0] not in FOLDS_TO_FLOAT:
+                continue
+            readers = _readers(node)
+            if readers and all(r.op == "output" or getattr(found.get(r.name), "runs", None) is Runs.FLOAT for r in readers):
+                folded = Placement(Runs.FLOAT, f"{placement.why} {FLOAT_WHY}", placement.members)
+                found.update((name, folded) for name in folded.members)
+                changed = True

@@ -23,7 +23,6 @@ from tests.models.measure import run_lucid, run_torch_ao  # noqa: E402
 INT8_FLOP_SHARE, SQNR_WITHOUT_ORACLE_DB = 0.95, 25.0
 
 MISSING = {  # family -> what issue 14 still has to build for it
-    "vit": "issue 14: 15.8 dB < 25 dB; layer_norm runs in float and the patch embedding module stays float",
     "mobilenet_v2": "issue 14: 5.3 dB < torch.ao's 6.1 dB on this deliberately hard model (depthwise inputs "
                     "below one int8 step, docs/accuracy.md); flatten and dropout still run in float",
 }

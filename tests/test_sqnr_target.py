@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import lucid_fx
-from lucid_fx.quantization import get_default_qconfig_mapping
+from lucid_fx.quantization import default_qconfig, get_default_qconfig_mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
 from tests.models.families import FAMILIES  # noqa: E402
@@ -26,10 +26,12 @@ def _vit():
 
 
 def test_vit_with_a_class_token_reaches_25_db_with_under_10_percent_of_flops_float():
-    # measured: 15.8 dB plain; 27.2 dB with 14 nodes float (the layer norms, now int8 by default, the
-    # residual adds, the embedding concat, the class-token slice, the classifier: 2.7% of FLOPs), 5 rounds
+    # With its layer norms forced to int8 (by default they run in float where it pays, and the plain
+    # model then measures 30.6 dB): measured 20.1 dB plain; 31.4 dB with 14 nodes float (4.1% of
+    # FLOPs), 6 rounds
     model, example, calibration, held_out = _vit()
-    qmodel = lucid_fx.quantize(model, example, calibration, target_sqnr_db=25, held_out_data=held_out)
+    int8_norms = get_default_qconfig_mapping().set_object_type("layer_norm", default_qconfig)
+    qmodel = lucid_fx.quantize(model, example, calibration, int8_norms, target_sqnr_db=25, held_out_data=held_out)
     report = qmodel.lucid_fx_target
     assert report.met and report.sqnr_db >= 25 and len(report.rounds) <= 6
     assert 1 <= len(report.float_nodes) <= 16
@@ -41,16 +43,16 @@ def test_vit_with_a_class_token_reaches_25_db_with_under_10_percent_of_flops_flo
         reached = sqnr(torch.cat([outputs(model(*b)) for b in held_out]), torch.cat([outputs(qmodel(*b)) for b in held_out]))
     assert reached == pytest.approx(report.sqnr_db, abs=0.05)
     # the FLOPs left float, counted by the test harness's own counter on the prepared graph
-    mapping = get_default_qconfig_mapping()
+    mapping = get_default_qconfig_mapping().set_object_type("layer_norm", default_qconfig)
     for name in report.float_nodes:
         mapping.set_node_name(name, None)
     flops = graph_flops(lucid_fx.prepare(model, mapping, example))
     share = sum(flops.get(name, 0) for name in report.float_nodes) / sum(flops.values())
     # the two counters price a layer norm differently (2.7% against 3.2% here, 4.1% against 4.7% on AVX2)
     assert share <= 0.10 and report.float_flops == pytest.approx(share, abs=1e-2)
-    plain = lucid_fx.quantize(model, example, calibration)
+    plain = lucid_fx.quantize(model, example, calibration, int8_norms)
     with torch.no_grad():
-        assert sqnr(torch.cat([outputs(model(*b)) for b in held_out]), torch.cat([outputs(plain(*b)) for b in held_out])) < 25  # 21.8 dB: the target needed the search
+        assert sqnr(torch.cat([outputs(model(*b)) for b in held_out]), torch.cat([outputs(plain(*b)) for b in held_out])) < 25  # 20.1 dB: the target needed the search
 
 
 def test_a_target_out_of_reach_says_so_within_the_budget():

@@ -83,6 +83,7 @@ def _probe_qdtype(factory: Factory) -> QDtype:
 
 
 _UNSET = object()
+_GLOBAL = object()  # _lookup's default: the global QConfig
 
 
 class QConfigMapping:
@@ -154,7 +155,14 @@ class QConfigMapping:
         found = self._lookup(module_name, (object_type, *also_types))
         return None if found is _UNSET else found
 
-    def _lookup(self, module_name: str, types: Tuple[Any, ...]) -> Any:
+    def chose_explicitly(self, module_name: str, types: Tuple[Any, ...]) -> bool:
+        """Whether a module-name, module-pattern or object-type entry (not the global QConfig)
+        decides for a node of ``module_name`` and ``types``."""
+        return self._lookup(module_name, types, default=_UNSET) is not _UNSET
+
+    def _lookup(self, module_name: str, types: Tuple[Any, ...], default: Any = _GLOBAL) -> Any:
+        """The entry that decides for a node of ``module_name`` and ``types``; ``default`` (the
+        global QConfig unless given) when none does."""
         if module_name:
             parts = module_name.split(".")
             for i in range(len(parts), 0, -1):
@@ -167,7 +175,7 @@ class QConfigMapping:
         for t in types:
             if t is not None and _hashable(t) and t in self.object_type_qconfigs:
                 return self.object_type_qconfigs[t]
-        return self.global_qconfig
+        return self.global_qconfig if default is _GLOBAL else default
 
     def __repr__(self) -> str:
         return (

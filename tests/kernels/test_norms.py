@@ -9,6 +9,7 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx.kernels import norms
+from lucid_fx.quantization import default_qconfig, get_default_qconfig_mapping as default_qconfig_mapping
 
 ops = torch.ops.lucid_fx
 
@@ -72,14 +73,35 @@ class Block(nn.Module):
         return self.rms(self.down(self.ln(self.up(x))))
 
 
-def test_a_model_with_norms_converts_them_to_int8():
+def _converted(model, x, qconfig_mapping=None):
+    prepared = lucid_fx.prepare(model, qconfig_mapping, example_inputs=(x,))
+    for seed in range(4):
+        prepared(torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(seed)))
+    return lucid_fx.convert(prepared)
+
+
+def test_a_qconfig_for_the_norms_converts_them_to_int8():
     torch.manual_seed(0)
     model, x = Block().eval(), torch.randn(4, 16, 32)
-    prepared = lucid_fx.prepare(model, example_inputs=(x,))
-    for _ in range(4):
-        prepared(torch.randn(4, 16, 32))
-    converted = lucid_fx.convert(prepared)
+    mapping = default_qconfig_mapping().set_object_type("layer_norm", default_qconfig).set_object_type(nn.RMSNorm, default_qconfig)
+    converted = _converted(model, x, mapping)
     targets = [n.target for n in converted.graph.nodes if n.op == "call_function"]
     assert ops.layer_norm in targets and ops.rms_norm in targets
     assert converted.lucid_fx_convert_report.float_ops == {}
     assert _sqnr(model(x), converted(x)) >= 30
+
+
+def test_norms_run_in_float_by_default_and_say_why():
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(4, 16, 32)
+    converted, forced = _converted(model, x), _converted(model, x, default_qconfig_mapping()
+                                                         .set_object_type("layer_norm", default_qconfig)
+                                                         .set_object_type("rms_norm", default_qconfig))
+    targets = [n.target for n in converted.graph.nodes if n.op == "call_function"]
+    assert ops.layer_norm not in targets and ops.rms_norm not in targets
+    assert [t for t in targets if t in (ops.linear, ops.quantize_per_tensor)] == [ops.quantize_per_tensor, ops.linear] * 2
+    floats = converted.lucid_fx_convert_report.float_ops
+    assert sorted(floats) == ["ln", "rms"]
+    assert all("runs in float where it pays" in why for why in floats.values())
+    assert "layer_norm runs in float where it pays" in str(converted.lucid_fx_convert_report)
+    assert _sqnr(model(x), converted(x)) > _sqnr(model(x), forced(x))

@@ -103,6 +103,7 @@ def run_lucid(family: Family, use_concrete: bool) -> Dict[str, Any]:
         prepared = lucid_fx.prepare(model, example_inputs=positional(model, example), **options)
         result["traced"] = isinstance(prepared, fx.GraphModule)
         result["float_modules"] = [u.describe() for u in prepared.lucid_fx_report.float_modules]
+        result["captures"] = dict(prepared.lucid_fx_report.captures)
         stage = "calibrate"
         lucid_fx.calibrate(prepared, [as_batch(b) for b in batches], progress=False)
         stage = "convert"
@@ -170,6 +171,9 @@ def _capture(r: Dict[str, Any]) -> str:
     how = "fx+concrete_args" if r["concrete"] else "fx"
     if "traced" not in r:
         return f"{how}: failed"
+    exported = [p or "<root>" for p, by in r.get("captures", {}).items() if by == "export"]
+    if exported:  # capture="auto": torch.export for what fx could not trace
+        how += f" + export ({', '.join(exported)})"
     return how if r["traced"] else f"{how}: root float, {len(r['float_modules'])} modules float"
 
 

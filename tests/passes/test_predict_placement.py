@@ -9,6 +9,7 @@ from lucid_fx._placement import Placement, Runs
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.predict_placement import predict_placement
+from lucid_fx.quantization import default_qconfig, get_default_qconfig_mapping
 
 
 class Net(nn.Module):
@@ -23,7 +24,9 @@ class Net(nn.Module):
 
 def test_prediction_before_convert_matches_what_convert_records():
     torch.manual_seed(0)
-    prepared = lucid_fx.prepare(Net().eval(), example_inputs=(torch.randn(2, 8),))
+    # the layer norm as an int8 kernel (by default it runs in float where it pays: rules/observers.py)
+    mapping = get_default_qconfig_mapping().set_object_type(nn.LayerNorm, default_qconfig)
+    prepared = lucid_fx.prepare(Net().eval(), mapping, example_inputs=(torch.randn(2, 8),))
     lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(3)], progress=False)
     registry = lucid_fx.current_registry()
     predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))

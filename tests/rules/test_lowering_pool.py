@@ -26,7 +26,8 @@ CASES = {
     "F.avg_pool2d": (lambda: (lambda y: F.avg_pool2d(y, 2)), 2, "avg_pool2d"),
     "AvgPool1d": (lambda: nn.AvgPool1d(3, stride=2, padding=1), 1, "avg_pool2d"),
     "AdaptiveAvgPool1d": (lambda: nn.AdaptiveAvgPool1d(3), 1, "adaptive_avg_pool2d"),
-    "stack": (lambda: (lambda y: torch.stack([y, y * 0.5], 1)), 2, "cat"),
+    # flattened, so that codes leave it: a stack (a cat) only dequantized runs in float (passes/fold_dequantize.py)
+    "stack": (lambda: (lambda y: torch.stack([y, y * 0.5], 1).flatten(1)), 2, "cat"),
     "SiLU": (lambda: nn.SiLU(), 0, "linear"),  # after a linear: its fused post-op (rules/fusions.py)
     "GELU": (lambda: nn.GELU(), 0, "lut"),
     "gelu tanh": (lambda: nn.GELU(approximate="tanh"), 0, "lut"),
