@@ -15,7 +15,7 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx import program as program_module
-from lucid_fx.kernels import KernelInputError, force_cpu_features
+from lucid_fx.kernels import KernelInputError, cpu, force_cpu_features, int_mm
 from lucid_fx.kernels.cpu_features import CPU_KINDS
 from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
@@ -258,6 +258,26 @@ def test_a_linear_on_a_slice_computes_the_portable_values_on_every_route():
             portable, program = q(x), q(x)
             assert torch.equal(program, portable), kind
     assert len(programs_of(q)) == len(CPU_KINDS)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (1, 1, 64)])
+def test_a_batch_one_linear_runs_on_int_mm_where_that_was_measured_faster(shape, sqnr_db):
+    # One row: _int_mm's matrix-vector product with the rescale folded (int_mm.linear_row), on the
+    # kind it was measured faster on (Target.linear_row_on_int_mm); oneDNN elsewhere.
+    torch.manual_seed(0)
+    model, x = MLP(width=64, layers=3).eval(), torch.randn(shape)
+    with force_cpu_features("avx2"):  # weights every kind's kernels take exactly
+        q = _quantize(model, x)
+    for kind in sorted(CPU_KINDS):
+        with force_cpu_features(kind):
+            portable, got = q(x), q(x)
+            assert torch.equal(got, portable), kind  # the run-time kernel takes the same route
+            assert sqnr_db(model(x), got) >= 30, kind
+            program = next(p for key, p in programs_of(q).items() if key[0] == kind)
+            calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+            row = kind == "avx512_vnni" and cpu.row_matches_onednn()  # verified bit-identical to oneDNN here
+            assert calls.count(int_mm.linear_row) == (3 if row else 0), kind
+            assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 
 
 def test_reference_mode_runs_as_written_after_convert_and_after_load():

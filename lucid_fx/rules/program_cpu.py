@@ -17,6 +17,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import cpu_float, program_ops
+from lucid_fx.kernels.int_mm import linear_row, row_bounds, row_linear
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU"]
@@ -41,14 +42,19 @@ def _out_args(out_scale: float, out_zp: int, dtype: torch.dtype):
 def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 1x1 qconv2d (AVX2) on a packed weight
     qx, x_scale, x_zp, qw_n, ws_n, bias_n, out_scale, out_zp, post_op, out_dtype = node.args
     x, dtype = b.value(qx), b.value(node).dtype
+    if x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
+        return None
+    qw = b.attr(qw_n)
+    if qw is not None and x.numel() == qw.shape[1] and onednn._linear_row_on_int_mm(post_op, dtype):
+        return _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op)
     weights = _weights(b, node, qw_n, ws_n, bias_n)
-    if weights is None or x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
+    if weights is None:
         return None
     qw, ws, bias = weights
+    n, k = qw.shape
     zp, bias = onednn._folded_zero_point(qw, ws, bias, x_scale, x_zp)
     if not onednn._zero_point_exact_on_onednn(qw, zp):
         return None
-    n, k = qw.shape
     rows = qx if x.dim() == 2 else b.call_method("reshape", qx, (-1, k))
     if not x.is_contiguous():  # a slice such as h[:, 0]: the routes below read dense rows
         rows = b.call_method("contiguous", rows)
@@ -69,6 +75,15 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     out = b.call(ON.qlinear_pointwise.default, rows, x_scale, zp, b.const(packed, "packed"), b.const(ws, "wscale"),
                  zeros, bias_c, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
+
+
+def _linear_row(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op):
+    """One row (batch 1): int_mm.linear_row, _int_mm's matrix-vector product with the rescale folded (exact on every CPU)."""
+    dtype, k = b.value(node).dtype, qw.shape[1]
+    row = b.const(row_linear(qw, ws, bias, x_scale, x_zp, onednn._row_out_scale(out_scale, dtype)), "row")
+    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (1, k))
+    out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
+    return out if b.value(qx).dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
@@ -206,7 +221,7 @@ def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantiz
 
 
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
-    "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once
+    "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
     "quantize_per_tensor": quantize_per_tensor,  # -> program_ops.quantize_codes (no float32 -> uint8 cast)

@@ -100,3 +100,48 @@ def test_padded_conv_matches_float(groups, stride, padding):
                          torch.float32, pad=True)
     y = F.conv2d(Q.dequantize(qx, xs, xz), _deq_w(qw, ws), None, stride, padding, 1, groups)
     torch.testing.assert_close(out, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1)])
+def test_one_input_feature_is_exact_on_the_cpu_path(shape):
+    # torch._int_mm on CPU returns garbage for K == 1 (2.13: -339796496 for 72 * 100): an outer product instead.
+    qx, xs, xz = _act(shape)
+    qw, ws = _weight((5, 1))
+    out = int_mm.int8_linear(qx, xs, xz, qw, ws, None, 1.0, 0, "none", torch.float32, pad=False)
+    torch.testing.assert_close(out, F.linear(Q.dequantize(qx, xs, xz), _deq_w(qw, ws)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 13, 256])
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("out", [("uint8", 0), ("uint8", 7), ("uint8", 128), ("float32", 0)])
+@pytest.mark.parametrize("x_zp", [0, 117])
+def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_zp):
+    # linear_row serves batch 1 where oneDNN serves every other batch: any difference would make a
+    # row's result depend on the batch around it. 2048 rows x 64 outputs, every rounding compared.
+    from lucid_fx.kernels import cpu, force_cpu_features
+    if not cpu.onednn_available():
+        pytest.skip("this torch build has no oneDNN quantized ops to compare with")
+    dtype, out_zp = getattr(torch, out[0]), out[1]
+    g = torch.Generator().manual_seed(k + x_zp)
+    qx = torch.randint(0, 256, (2048, k), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-64, 64, (64, k), dtype=torch.int8, generator=g)  # a grid oneDNN is exact on, VNNI or not
+    ws, bias = torch.rand(64, generator=g) * 0.01 + 0.001, torch.randn(64, generator=g)
+    out_scale = 0.0371
+    with force_cpu_features("avx512_vnni"):  # oneDNN's linear (not the 1x1 convolution) for the many rows
+        want = cpu.linear(qx, 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
+        row = int_mm.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale)
+        got = int_mm.linear_row(qx, row, out_zp, *int_mm.row_bounds(dtype, out_zp, post_op), dtype)
+        one = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
+    assert got.dtype == dtype and got.shape == (2048, 64)
+    if cpu.row_matches_onednn():  # oneDNN's AVX512-VNNI kernels: where batch 1 takes linear_row
+        assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+        assert torch.equal(one, want[5:6])
+    else:  # its AVX2 kernels round some float32 steps differently; batch 1 stays on oneDNN there
+        assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-5)
+        assert torch.equal(one, cpu.linear(qx[:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)[5:6])
+    y = F.linear(Q.dequantize(qx, 0.0213, x_zp), qw.float() * ws[:, None], bias)
+    y = y.relu() if post_op == "relu" else y
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, y, rtol=1e-5, atol=1e-4)
+    else:
+        assert int(((y / out_scale).round() + out_zp).clamp(0, 255).sub(got.double()).abs().max()) <= 1
