@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache
-from lucid_fx.kernels.program_ops import code_bounds
+from lucid_fx.kernels.program_ops import code_bounds, operand
 from lucid_fx.kernels.zero_point import _folded_zero_point
 from lucid_fx.kernels.target import resolve_target
 
@@ -219,14 +219,15 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     zp)`` clamped to ``[low, high]`` (relu is the lower bound). At one row ``_int_mm`` reads the (K, N)
     column-major weight as a matrix-vector product: 34 against oneDNN's 49 us for 1024 x 1024
     (AVX512-VNNI, measured; see Target.linear_row_on_int_mm). Any number of rows gives the same values."""
-    acc = _int_mm((q ^ 128).view(torch.int8), row.weight.b, row.weight.halves).add_(row.offset)
-    y = acc.mul(row.x_scale).mul_(row.w_scale)
+    # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
+    acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
+    y = acc.add_(row.offset).mul(operand(row.x_scale)).mul_(row.w_scale)
     if row.bias is not None:
         y = y.add_(row.bias)
     if dtype == torch.float32:
         return y.clamp_(low, high) if low > -math.inf else y
-    y = y.mul_(row.inv_out).add_(zp).clamp_(low, high)  # integer bounds: clamping before rounding is the same
-    return y.add_(_MAGIC).view(torch.int32).to(dtype)
+    y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
+    return y.add_(operand(_MAGIC)).view(torch.int32).to(dtype)
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

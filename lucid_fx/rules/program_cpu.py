@@ -103,7 +103,14 @@ def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, 
 def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.qconv2d_pointwise on a packed weight
     qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, post_op, out_dtype = \
         node.args
-    dtype = b.value(node).dtype
+    dtype, x, qw = b.value(node).dtype, b.value(qx), b.attr(qw_n)
+    if (qw is not None and x.dtype == torch.uint8 and onednn.conv_is_row(x.shape, qw.shape, padding, groups)
+            and onednn._linear_row_on_int_mm(post_op, dtype)):  # squeeze-excite: a linear of one row
+        row = b.const(row_linear(qw.flatten(1), b.attr(ws_n), b.attr(bias_n), x_scale, x_zp,
+                                 onednn._row_out_scale(out_scale, dtype)), "row")
+        out = b.call(linear_row, b.call_method("reshape", qx, (1, -1)), row, out_zp, *row_bounds(dtype, out_zp, post_op),
+                     dtype)
+        return b.call_method("view", out, tuple(b.value(node).shape))
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)
     if found is None or dtype not in (torch.uint8, torch.float32):
         return None

@@ -145,3 +145,31 @@ def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_z
         torch.testing.assert_close(got, y, rtol=1e-5, atol=1e-4)
     else:
         assert int(((y / out_scale).round() + out_zp).clamp(0, 255).sub(got.double()).abs().max()) <= 1
+
+
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("out", [("uint8", 131), ("float32", 0)])
+def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(post_op, out, sqnr_db):
+    # A 1x1 convolution of a 1x1 image of batch 1 runs as linear_row (oneDNN took 60-170 us for these);
+    # batch 2 runs on oneDNN's convolution, and the first image's result must not change.
+    from lucid_fx.kernels import cpu, force_cpu_features
+    if not cpu.onednn_available():
+        pytest.skip("this torch build has no oneDNN quantized ops to compare with")
+    dtype, out_zp = getattr(torch, out[0]), out[1]
+    g = torch.Generator().manual_seed(3)
+    qx = torch.randint(0, 256, (2, 96, 1, 1), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    qw = torch.randint(-64, 64, (24, 96, 1, 1), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(24, generator=g) * 0.01 + 0.001, torch.randn(24, generator=g)
+    assert cpu.conv_is_row(qx[:1].shape, qw.shape, [0, 0], 1) and not cpu.conv_is_row(qx.shape, qw.shape, [0, 0], 1)
+    assert not cpu.conv_is_row(qx[:1].shape, qw.shape, [1, 1], 1)  # padded: the image is no longer 1x1
+    args = (0.0213, 9, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1, 0.25, out_zp, post_op, dtype)
+    with force_cpu_features("avx512_vnni"):
+        # linear_row where it is verified against this machine's oneDNN; oneDNN for both elsewhere
+        assert cpu._linear_row_on_int_mm(post_op, dtype) == cpu.row_matches_onednn()
+        one, both = ops.conv2d(qx[:1], *args), ops.conv2d(qx, *args)
+    assert one.shape == (1, 24, 1, 1) and one.dtype == dtype
+    assert torch.equal(one, both[:1])
+    y = F.conv2d(Q.dequantize(qx[:1], 0.0213, 9), qw.float() * ws.view(-1, 1, 1, 1), bias)
+    y = y.relu() if post_op == "relu" else y
+    real = one if dtype == torch.float32 else Q.dequantize(one, 0.25, out_zp)
+    assert sqnr_db(y, real) >= 30
