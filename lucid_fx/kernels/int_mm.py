@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache
-from lucid_fx.kernels.program_ops import code_bounds, operand
+from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.zero_point import _folded_zero_point
 from lucid_fx.kernels.target import resolve_target
 
@@ -183,9 +183,6 @@ def int8_linear(
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
-# 1.5 * 2**23 (program_ops.MAGIC): adding it to a float32 below 2**22 rounds it half to even and
-# leaves the integer in the low bits of the sum's bit pattern.
-_MAGIC = 12582912.0
 
 
 @dataclass(frozen=True)
@@ -227,7 +224,7 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     if dtype == torch.float32:
         return y.clamp_(low, high) if low > -math.inf else y
     y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
-    return y.add_(operand(_MAGIC)).view(torch.int32).to(dtype)
+    return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
