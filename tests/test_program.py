@@ -15,7 +15,8 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx import program as program_module
-from lucid_fx.kernels import KernelInputError, cpu, force_cpu_features, int_mm
+from lucid_fx.kernels import KernelInputError, force_cpu_features
+from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels.cpu_features import CPU_KINDS
 from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
@@ -262,7 +263,7 @@ def test_a_linear_on_a_slice_computes_the_portable_values_on_every_route():
 
 @pytest.mark.parametrize("shape", [(1, 64), (1, 1, 64)])
 def test_a_batch_one_linear_runs_on_int_mm_where_that_was_measured_faster(shape, sqnr_db):
-    # One row: _int_mm's matrix-vector product with the rescale folded (int_mm.linear_row), on the
+    # One row: _int_mm's matrix-vector product with the rescale folded (lr.linear_row), on the
     # kind it was measured faster on (Target.linear_row_on_int_mm); oneDNN elsewhere.
     torch.manual_seed(0)
     model, x = MLP(width=64, layers=3).eval(), torch.randn(shape)
@@ -275,15 +276,14 @@ def test_a_batch_one_linear_runs_on_int_mm_where_that_was_measured_faster(shape,
             assert sqnr_db(model(x), got) >= 30, kind
             program = next(p for key, p in programs_of(q).items() if key[0] == kind)
             calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
-            row = kind == "avx512_vnni" and cpu.row_matches_onednn()  # verified bit-identical to oneDNN here
-            assert calls.count(int_mm.linear_row) == (3 if row else 0), kind
+            row = kind == "avx512_vnni" and lr.row_matches_onednn()  # verified bit-identical to oneDNN here
+            assert calls.count(lr.linear_row) == (3 if row else 0), kind
             assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v3", "efficientnet"])
 def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
-    # A 1x1 convolution of a 1x1 image is a linear of one row: oneDNN's convolution took 60-170 us
-    # for each in the MobileNetV3-like model (measured), linear_row a few.
+    # A 1x1 convolution of a 1x1 image is a linear of one row (lucid_fx/kernels/linear_row.py).
     model, x = MODELS[name]()
     q = _quantize(model, x)
     with force_cpu_features("avx512_vnni"):
@@ -295,10 +295,10 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
     # oneDNN calls left: none that is a row (a 1x1 image, unpadded, ungrouped) with a post-op linear_row folds
     rows_left = [n.name for n in calls if n.target == torch.ops.onednn.qconv2d_pointwise.default
                  and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
-                 and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in int_mm.ROW_POST_OPS]
+                 and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
     se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
-    rows = sum(n.target is int_mm.linear_row for n in calls)
-    if cpu.row_matches_onednn():
+    rows = sum(n.target is lr.linear_row for n in calls)
+    if lr.row_matches_onednn():
         assert not rows_left and rows >= se >= 2  # every gate has a convolution without a fused SiLU
     else:
         assert rows == 0 and len(rows_left) >= se

@@ -29,8 +29,6 @@ exact on the device (``[-64, 63]`` on such CPUs); a weight outside it is run thr
 """
 
 import contextlib
-import functools
-import os
 import warnings
 from typing import Iterator, Optional, Tuple, Union
 
@@ -38,9 +36,8 @@ import torch
 
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
-from lucid_fx.kernels.int_mm import (
-    ROW_POST_OPS, conv_float_out, int8_conv, int8_linear, linear_row, row_bounds, row_linear,
-)
+from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
+from lucid_fx.kernels.linear_row import RowLinear, conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.target import NARROW_GRID, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
@@ -153,33 +150,13 @@ def _linear_as_conv() -> bool:
 
 
 def _linear_row_on_int_mm(post_op: str, dtype: torch.dtype) -> bool:
-    """Whether a one-row linear with this post-op and result runs on ``torch._int_mm`` here
-    (:func:`lucid_fx.kernels.int_mm.linear_row`; Target.linear_row_on_int_mm says where it was measured
-    faster), which needs :func:`row_matches_onednn` too: other rows run on oneDNN, and a row's result
-    must not depend on the batch around it."""
-    return (_cpu_target().linear_row_on_int_mm and _onednn_on() and post_op in ROW_POST_OPS
-            and dtype in (torch.uint8, torch.float32) and row_matches_onednn())
+    return takes_row(_cpu_target(), _onednn_on(), post_op, dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def row_matches_onednn() -> bool:
-    """Whether :func:`~lucid_fx.kernels.int_mm.linear_row` computes what this machine's oneDNN linear
-    computes, bit for bit: verified against oneDNN's AVX512-VNNI kernels (tests/kernels/test_int_mm.py);
-    its AVX2 kernels (a forced kind, or ``ONEDNN_MAX_CPU_ISA``) round some float32 steps differently."""
-    return detected_cpu_features().name == "avx512_vnni" and not os.environ.get("ONEDNN_MAX_CPU_ISA")
-
-
-def conv_is_row(x_shape, w_shape, padding, groups) -> bool:
-    """Whether a convolution is a linear of one row: a 1x1 kernel on a 1x1 image of batch 1, unpadded
-    and ungrouped (squeeze-excite's convolutions). oneDNN's convolution took 60-170 us for these in
-    the MobileNetV3-like model, measured; :func:`~lucid_fx.kernels.int_mm.linear_row` gives its values
-    bit for bit (tests/kernels/test_int_mm.py)."""
-    return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
-            and groups == 1 and not any(padding))
-
-
-def _row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
-    return None if dtype == torch.float32 else out_scale
+def _row(qw: torch.Tensor, w_scale, bias, x_scale: float, zp_u8: int, out_scale: float, dtype) -> RowLinear:
+    """The constants of a one-row linear (a conv's weight flattened), built once per weight and grids."""
+    out = row_out_scale(out_scale, dtype)
+    return PACKED.get(qw, ("row", x_scale, zp_u8, out), lambda: row_linear(qw.flatten(1) if qw.dim() > 2 else qw, w_scale, bias, x_scale, zp_u8, out))
 
 
 def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
@@ -209,10 +186,8 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()
     rows, zp_u8 = _as_uint8(rows, x_zp)
     if rows.shape[0] == 1 and _linear_row_on_int_mm(post_op, dtype):
-        row = PACKED.get(qw, ("row", x_scale, zp_u8, _row_out_scale(out_scale, dtype)),
-                         lambda: row_linear(qw, w_scale, bias, x_scale, zp_u8, _row_out_scale(out_scale, dtype)))
-        out = linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-        return out.view(*qx.shape[:-1], qw.shape[0])
+        row = _row(qw, w_scale, bias, x_scale, zp_u8, out_scale, dtype)
+        return linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype).view(*qx.shape[:-1], -1)
     zp_u8, bias = _folded_zero_point(qw, w_scale, bias, x_scale, zp_u8)
     # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
     # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
@@ -269,8 +244,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     dtype = ref.out_storage(qx, out_dtype)
     if conv_is_row(qx.shape, qw.shape, padding, groups) and _linear_row_on_int_mm(post_op, dtype):
         rows, zp_u8 = _as_uint8(qx.reshape(1, -1), x_zp)
-        row = PACKED.get(qw, ("row", x_scale, zp_u8, _row_out_scale(out_scale, dtype)), lambda: row_linear(
-            qw.flatten(1), w_scale, bias, x_scale, zp_u8, _row_out_scale(out_scale, dtype)))
+        row = _row(qw, w_scale, bias, x_scale, zp_u8, out_scale, dtype)
         return linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype).view(1, -1, 1, 1)
     packed = _conv_pack(qw, w_scale, qx.shape, stride, padding, dilation, groups)
     if packed is None:

@@ -30,7 +30,6 @@ On a CPU without VNNI, oneDNN's ``torch._int_mm`` adds pairs of products in int1
 that range (:func:`split_for_int16_pairs`) and multiplied twice: exact, at twice the cost.
 """
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -40,13 +39,11 @@ import torch.nn.functional as F
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache
-from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
-from lucid_fx.kernels.zero_point import _folded_zero_point
 from lucid_fx.kernels.target import resolve_target
 
 __all__ = [
     "int_mm_padding", "pad_for_int_mm", "int_mm_padded", "split_for_int16_pairs", "int8_linear", "int8_conv",
-    "PREPARED", "RowLinear", "row_linear", "linear_row", "ROW_POST_OPS", "row_bounds",
+    "PREPARED",
 ]
 # The widest right operand oneDNN's int16 pair sums hold on CPUs without VNNI: 2 * 255 * 64 <= 32767.
 PAIR_SAFE = 64
@@ -179,60 +176,6 @@ def int8_linear(
     y = _rescale(_gemm(a.contiguous(), correction, weight, pad), x_scale, w_scale, bias)
     y = y.reshape(*qx.shape[:-1], weight.n)
     return ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
-
-
-# The post-ops a one-row linear folds into its clamp bounds.
-ROW_POST_OPS = ("none", "relu")
-
-
-@dataclass(frozen=True)
-class RowLinear:
-    """A one-row linear's constants, decided once, in the form oneDNN's linear receives them: the
-    zero point left to it (0 where it went into the bias) comes back with the shift into int8 as one
-    int32 ``offset`` per output, ``(128 - zero point) * row sum``."""
-
-    weight: _GemmWeight
-    offset: torch.Tensor  # (N,) int32
-    x_scale: float
-    w_scale: torch.Tensor  # (N,) float32
-    bias: Optional[torch.Tensor]  # (N,) float32, or None
-    inv_out: Optional[float]  # float32 1 / out_scale; None for a float result
-
-
-def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
-               out_scale: Optional[float]) -> RowLinear:
-    """The constants of :func:`linear_row` for uint8 codes with zero point ``x_zp`` (``out_scale`` None:
-    a float result), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``."""
-    zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
-    weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw, False))
-    return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale.to(torch.float32), bias,
-                     None if out_scale is None else ref.f32_reciprocal(out_scale))
-
-
-def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
-    """A linear of one row of uint8 codes ``q`` (1, K) on ``torch._int_mm``, bit for bit what oneDNN's
-    linear gives (``tests/kernels/test_int_mm.py`` compares a million outputs): the int32 sums, then
-    ``acc * x_scale * w_scale + bias`` in float32 one rounding at a time, then ``round(y / out_scale +
-    zp)`` clamped to ``[low, high]`` (relu is the lower bound). At one row ``_int_mm`` reads the (K, N)
-    column-major weight as a matrix-vector product: 34 against oneDNN's 49 us for 1024 x 1024
-    (AVX512-VNNI, measured; see Target.linear_row_on_int_mm). Any number of rows gives the same values."""
-    # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
-    acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
-    y = acc.add_(row.offset).mul(operand(row.x_scale)).mul_(row.w_scale)
-    if row.bias is not None:
-        y = y.add_(row.bias)
-    if dtype == torch.float32:
-        return y.clamp_(low, high) if low > -math.inf else y
-    y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
-    return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
-
-
-def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
-    """The clamp bounds of :func:`linear_row`: codes of ``dtype`` (relu: from the zero point up), or
-    real numbers for float32 (relu: from 0)."""
-    if dtype == torch.float32:
-        return (0.0 if post_op == "relu" else -math.inf), math.inf
-    return code_bounds(dtype, zp, post_op)
 
 
 def _im2col_nhwc(x: torch.Tensor, fill: int, kernel, stride, padding, dilation) -> Tuple[torch.Tensor, List[int]]:

@@ -58,12 +58,12 @@ class Target:
     amx_zero_point_check: bool
     #: torch._int_mm on this CPU sums int16 pairs with saturation: wide weights are split in two.
     split_int_mm: bool
-    #: A one-row CPU linear (batch 1) runs on torch._int_mm with its rescale folded into one addcmul
-    #: (:func:`lucid_fx.kernels.int_mm.linear_row`): measured 34 against oneDNN's 49 us for 1x1024 by
-    #: 1024 on an AVX512-VNNI EPYC, 185 against 205 us with AVX2 (where the 1x1 convolution is
-    #: faster still), and not yet measured on AMX, so it is on for VNNI CPUs without AMX only (and
-    #: only where the machine's oneDNN runs its AVX512-VNNI kernels, whose values it gives bit for
-    #: bit: ``lucid_fx.kernels.cpu.row_matches_onednn``).
+    #: A one-row CPU linear (batch 1) runs on torch._int_mm's matrix-vector product with oneDNN's
+    #: float steps (:mod:`lucid_fx.kernels.linear_row`): measured 165 against 233 us for the batch-1
+    #: MLP on an AVX512-VNNI EPYC; with AVX2 it is slower than oneDNN's linear (152 against 110 us
+    #: for 1x1024 by 1024), and AMX is not yet measured, so it is on for VNNI CPUs
+    #: without AMX only (and where the machine's oneDNN runs its AVX512-VNNI kernels, whose values it
+    #: gives bit for bit: ``linear_row.row_matches_onednn``).
     linear_row_on_int_mm: bool
 
 

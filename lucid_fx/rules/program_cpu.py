@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import cpu_float, program_ops
-from lucid_fx.kernels.int_mm import linear_row, row_bounds, row_linear
+from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU"]
@@ -77,13 +77,13 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
-def _linear_row(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op):
-    """One row (batch 1): int_mm.linear_row, _int_mm's matrix-vector product with the rescale folded (exact on every CPU)."""
-    dtype, k = b.value(node).dtype, qw.shape[1]
-    row = b.const(row_linear(qw, ws, bias, x_scale, x_zp, onednn._row_out_scale(out_scale, dtype)), "row")
-    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (1, k))
+def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op):
+    """One row (batch 1, or a 1x1 image): linear_row, _int_mm's matrix-vector product and oneDNN's float steps."""
+    dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
+    row = b.const(row_linear(qw2d, ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype)), "row")
+    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (1, qw2d.shape[1]))
     out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-    return out if b.value(qx).dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
+    return out if len(shape) == 2 else b.call_method("view", out, shape)
 
 
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
@@ -104,13 +104,10 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, post_op, out_dtype = \
         node.args
     dtype, x, qw = b.value(node).dtype, b.value(qx), b.attr(qw_n)
-    if (qw is not None and x.dtype == torch.uint8 and onednn.conv_is_row(x.shape, qw.shape, padding, groups)
+    if (qw is not None and x.dtype == torch.uint8 and conv_is_row(x.shape, qw.shape, padding, groups)
             and onednn._linear_row_on_int_mm(post_op, dtype)):  # squeeze-excite: a linear of one row
-        row = b.const(row_linear(qw.flatten(1), b.attr(ws_n), b.attr(bias_n), x_scale, x_zp,
-                                 onednn._row_out_scale(out_scale, dtype)), "row")
-        out = b.call(linear_row, b.call_method("reshape", qx, (1, -1)), row, out_zp, *row_bounds(dtype, out_zp, post_op),
-                     dtype)
-        return b.call_method("view", out, tuple(b.value(node).shape))
+        return _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
+                           post_op)
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)
     if found is None or dtype not in (torch.uint8, torch.float32):
         return None

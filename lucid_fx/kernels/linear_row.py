@@ -1,0 +1,117 @@
+"""One-row linears (batch 1) on ``torch._int_mm``, with oneDNN's values bit for bit.
+
+At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product,
+faster than oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC,
+1024 x 1024: 40 against 46 us at one row, 119 against 49 at two, 155 against 76 at eight). Inside a
+model the gain is larger, where oneDNN's call meets a colder cache: the batch-1 MLP of
+``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same
+codes). After the integer product come oneDNN's own float32 steps, one rounding at a time, so the
+values are oneDNN's, bit for bit, and a row's result does not depend on the batch around it.
+
+A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (the
+MobileNetV3-like model: 4.88 against 5.10 ms with and without the route, measured the same way).
+
+>>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
+>>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None)  # codes - 128 are the values
+>>> linear_row(torch.tensor([[130, 126]], dtype=torch.uint8), row, 0, *row_bounds(torch.float32, 0, "none"), torch.float32)
+tensor([[ 3.0000, -1.5000]])
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.cpu_features import detected_cpu_features
+from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
+from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
+from lucid_fx.kernels.target import Target
+from lucid_fx.kernels.zero_point import _folded_zero_point
+
+__all__ = ["ROW_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
+           "row_matches_onednn", "takes_row"]
+
+# The post-ops a one-row linear folds into its clamp bounds.
+ROW_POST_OPS = ("none", "relu")
+
+
+@dataclass(frozen=True)
+class RowLinear:
+    """A one-row linear's constants, decided once, in the form oneDNN's linear receives them: the
+    zero point left to it (0 where it went into the bias) comes back with the shift into int8 as one
+    int32 ``offset`` per output, ``(128 - zero point) * row sum``."""
+
+    weight: _GemmWeight
+    offset: torch.Tensor  # (N,) int32
+    x_scale: float
+    w_scale: torch.Tensor  # (N,) float32
+    bias: Optional[torch.Tensor]  # (N,) float32, or None
+    inv_out: Optional[float]  # float32 1 / out_scale; None for a float result
+
+
+def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
+               out_scale: Optional[float]) -> RowLinear:
+    """The constants of :func:`linear_row` for uint8 codes with zero point ``x_zp`` (``out_scale`` None:
+    a float result), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``."""
+    zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
+    weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw, False))
+    return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale.to(torch.float32), bias,
+                     None if out_scale is None else ref.f32_reciprocal(out_scale))
+
+
+def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+    """The linear of uint8 codes ``q`` (rows, K), as oneDNN's linear computes it: the int32 sums, then
+    ``acc * x_scale * w_scale + bias`` in float32 one rounding at a time, then ``round(y / out_scale +
+    zp)`` clamped to ``[low, high]`` (relu is the lower bound). tests/kernels/test_linear_row.py
+    compares it with oneDNN on 2048 rows per case."""
+    # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
+    acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
+    y = acc.add_(row.offset).mul(operand(row.x_scale)).mul_(row.w_scale)
+    if row.bias is not None:
+        y = y.add_(row.bias)
+    if dtype == torch.float32:
+        return y.clamp_(low, high) if low > -math.inf else y
+    y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
+    return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
+
+
+def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
+    """The clamp bounds of :func:`linear_row`: codes of ``dtype`` (relu: from the zero point up), or
+    real numbers for float32 (relu: from 0)."""
+    if dtype == torch.float32:
+        return (0.0 if post_op == "relu" else -math.inf), math.inf
+    return code_bounds(dtype, zp, post_op)
+
+
+def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
+    """The output scale :func:`row_linear` takes: None for a float result."""
+    return None if dtype == torch.float32 else out_scale
+
+
+def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
+    """Whether a convolution is a linear of one row: a 1x1 kernel on a 1x1 image of batch 1, unpadded
+    and ungrouped (squeeze-excite's convolutions)."""
+    return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
+            and groups == 1 and not any(padding))
+
+
+@functools.lru_cache(maxsize=None)
+def row_matches_onednn() -> bool:
+    """Whether :func:`linear_row` computes what this machine's oneDNN linear computes, bit for bit:
+    verified against oneDNN's AVX512-VNNI kernels; its AVX2 kernels (a forced kind on other hardware,
+    or ``ONEDNN_MAX_CPU_ISA``) round some float32 steps differently."""
+    return detected_cpu_features().name == "avx512_vnni" and not os.environ.get("ONEDNN_MAX_CPU_ISA")
+
+
+def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype) -> bool:
+    """Whether a one-row linear with this post-op and result runs as :func:`linear_row`: where the
+    Target says it was measured faster (``linear_row_on_int_mm``), oneDNN serves the other batches
+    (``onednn_on``) and gives the same values (:func:`row_matches_onednn`)."""
+    return (target.linear_row_on_int_mm and onednn_on and post_op in ROW_POST_OPS
+            and dtype in (torch.uint8, torch.float32) and row_matches_onednn())
