@@ -7,9 +7,9 @@
 dtypes, devices) the same way instead, turned off by emptying every entry of the table.
 
 Each model is converted once and called with and without the check in the same process (the
-check turned off by replacing ``lucid_fx.kernels.quantize.codes_need_clamp`` with "always
-clamp", which is the unchecked kernel). Each
-round runs blocks of ~50 ms of calls in the order on, off, control, control, off, on ("control" is
+check turned off: ``lucid_fx.kernels.native.check_finite = False`` for the native quantize pass,
+and ``codes_need_clamp`` replaced by "always clamp" in the torch kernels, which run where no C
+compiler is). Each round runs blocks of ~50 ms of calls in the order on, off, control, control, off, on ("control" is
 a second "off": its difference from "off" is what noise alone gives), so a slow spell of this
 shared machine hits every variant alike and none always runs first. Times are medians over
 ``--rounds`` rounds of the per-call time, the differences medians over rounds of each round's
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
-from lucid_fx.kernels import checks, program_ops, quantize  # noqa: E402
+from lucid_fx.kernels import checks, native, program_ops, quantize  # noqa: E402
 
 
 def _calls_per_block(fn, x) -> int:
@@ -52,6 +52,7 @@ def _finite_check(on: bool) -> None:
     # The portable kernel's check, and the lowered program's (a converted model runs the program).
     quantize.codes_need_clamp = _REAL_CHECK if on else (lambda codes, quant_min, quant_max, value: True)
     program_ops.codes_need_clamp = _REAL_PROGRAM_CHECK if on else (lambda t, low, high, x: True)
+    native.check_finite = on  # the native pass counts NaN/±inf while it quantizes
 
 
 def _input_checks(on: bool) -> None:
@@ -85,15 +86,32 @@ def measure(qmodel, x, rounds: int, switch=_finite_check) -> dict:
 
 
 def finite_check_alone(x, rounds: int) -> float:
-    """Median seconds of the finite check by itself on the codes of ``x`` (one aminmax, two reads)."""
-    codes = (x * 50).round_()
-    alone = []
+    """Median seconds the check adds to quantizing ``x`` by itself: the native pass with and without
+    its count (interleaved), or the torch kernel's ``aminmax`` and two reads where no compiler is."""
+    if not native.available():
+        codes = (x * 50).round_()
+        return _median_seconds(lambda: _REAL_CHECK(codes, 0, 255, x), rounds)
+    x = x.contiguous()
+    quantize = lambda: native.quantize_codes(x, 50.0, 128, 0, 255, torch.uint8)  # noqa: E731
+    differences = []
+    for _ in range(rounds):
+        timed = {}
+        for on in (True, False):
+            _finite_check(on)
+            timed[on] = _median_seconds(quantize, 1)
+        differences.append(timed[True] - timed[False])
+    _finite_check(True)
+    return statistics.median(differences)
+
+
+def _median_seconds(fn, rounds: int, calls: int = 200) -> float:
+    samples = []
     for _ in range(rounds):
         start = time.perf_counter()
-        for _ in range(100):
-            _REAL_CHECK(codes, 0, 255, x)
-        alone.append((time.perf_counter() - start) / 100)
-    return statistics.median(alone)
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
 
 
 def main() -> None:
@@ -106,7 +124,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)  # one thread is steadier on a shared machine (no spinning barriers)
     what = "the kernels' input checks" if args.input_checks else "the finite check"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds: {what}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds: {what}; "
+          f"native kernels: {native.status()}")
     print("| model | with (ms) | without (ms) | with / without | control / without | check alone (us) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name in args.models.split(","):

@@ -1,16 +1,14 @@
 """The float-to-int8 boundary: ``lucid_fx::quantize_per_tensor`` refusing NaN and ±inf.
 
 The codes are :func:`lucid_fx.kernels.reference.quant`'s, bit for bit: ``clamp(round(x * (1 /
-scale)) + zero_point)``. The finite check rides on that pass: one ``aminmax`` of the unclamped
-codes finds NaN or ±inf (they stay non-finite through the multiply and the round) and also says
-whether the clamp is needed at all, so a value inside the grid skips it. Against the unchecked
-kernel in the same process (``benchmarks/nonfinite_check.py``, 1 thread) it costs 1.5-1.8% of the
-3-layer MLP at batch 64, 2.2-2.6% at batch 1 and 0-0.4% of the ResNet-like model; a separate
-``aminmax`` of the input before the kernel measured about twice that on the MLPs.
+scale)) + zero_point)``. On the CPU the native pass (:mod:`lucid_fx.kernels.native`) computes them
+and counts NaN and ±inf in the same loop. Without it the finite check rides on the torch kernels'
+pass: one ``aminmax`` of the unclamped codes finds NaN or ±inf (they stay non-finite through the
+multiply and the round) and also says whether the clamp is needed at all, so a value inside the
+grid skips it. What each costs is in docs/policies.md (``benchmarks/nonfinite_check.py``).
 
 On CUDA, where reading the min and max back would stall the stream, the input is checked with
-``torch._assert_async`` (:func:`lucid_fx.kernels.checks.require_finite`) and the clamp always runs.
-"""
+``torch._assert_async`` (:func:`lucid_fx.kernels.checks.require_finite`) and the clamp always runs."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import math
 
 import torch
 
-from lucid_fx.kernels import checks
+from lucid_fx.kernels import checks, native
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["quantize_per_tensor"]
@@ -45,6 +43,8 @@ def quantize_per_tensor(
         checks.require_finite("quantize_per_tensor", x)
         return ref.quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype)
     ref._check_range(quant_min, quant_max, dtype)
+    if native.takes(x, dtype) and native.available():  # one pass in C, the finite check included
+        return native.quantize_codes(x, ref.f32_reciprocal(scale), zero_point, quant_min, quant_max, dtype)
     y32 = x.to(torch.float32)
     codes = (y32.mul_(ref.f32_reciprocal(scale)) if y32 is not x else y32 * ref.f32_reciprocal(scale)).round_()
     if zero_point:

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import cpu_float, program_ops
+from lucid_fx.kernels import cpu_float, native, program_ops
 from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
@@ -136,11 +136,12 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
                   out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
 
 
-def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> 4-5 passes, NaN check included
+def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native pass, or 4-5 torch ops; NaN check included
     x, scale, zp, qmin, qmax, dtype = node.args
     if b.value(x).dtype != torch.float32:
         return None
-    return b.call(program_ops.quantize_codes, x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
+    quantize = native.quantize_codes if native.available() else program_ops.quantize_codes
+    return b.call(quantize, x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
 
 
 def max_pool2d(b, node):  # max_pool2d of codes -> the maximum of strided views
@@ -228,7 +229,7 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
-    "quantize_per_tensor": quantize_per_tensor,  # -> program_ops.quantize_codes (no float32 -> uint8 cast)
+    "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "max_pool2d": max_pool2d,  # -> program_ops.max_pool_taps
     "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> program_ops.global_avg_pool_codes
     "lut": lut,  # lut(lut(q)) -> one composed table

@@ -1,0 +1,149 @@
+"""lucid_fx/kernels/native.py: the C quantize pass equals the reference bit for bit, refuses NaN and
+±inf in the same pass, and every caller keeps the torch kernels where no compiler is."""
+
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lucid_fx
+from lucid_fx.kernels import native, program_ops
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.checks import KernelInputError
+from lucid_fx.program import programs_of
+
+
+@pytest.fixture
+def native_on(monkeypatch):
+    """The native kernels compiled here, whatever LUCID_FX_NATIVE the run was started with."""
+    monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
+    native._library.cache_clear()
+    yield
+    native._library.cache_clear()
+
+
+@pytest.fixture
+def native_env(monkeypatch):
+    """Set LUCID_FX_* variables for one fresh load of the native kernels."""
+    def load(**env):
+        monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        native._library.cache_clear()
+    yield load
+    monkeypatch.undo()
+    native._library.cache_clear()
+
+
+def _values(scale: float, n: int = 200_000) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    ties = (torch.randint(-400, 400, (n // 2,), generator=g) + 0.5) * scale  # x * inv near k + 0.5
+    wide = torch.randn(n // 2, generator=g) * 300 * scale  # most of them off the grid
+    return torch.cat([ties, wide, torch.tensor([3e38, -3e38, 1e-45, -0.0, 0.0])])
+
+
+@pytest.mark.parametrize("dtype,qmin,qmax,zp", [(torch.uint8, 0, 255, 128), (torch.uint8, 0, 255, 3),
+                                                (torch.uint8, 0, 127, 64), (torch.int8, -128, 127, 0),
+                                                (torch.int8, -128, 127, -5), (torch.int8, -127, 127, 0)])
+@pytest.mark.parametrize("scale", [0.037, 1.0, 0.0078125])
+def test_codes_equal_the_reference_bit_for_bit(native_on, dtype, qmin, qmax, zp, scale):
+    assert native.available(), native.status()
+    x = _values(scale)
+    out = native.quantize_codes(x, ref.f32_reciprocal(scale), zp, qmin, qmax, dtype)
+    expected = ref.quantize_per_tensor(x, scale, zp, qmin, qmax, dtype)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, expected), f"{int((out != expected).sum())} codes differ"
+    # 3e38 * inv overflows float32 to inf for the small scales: a finite input, clamped, not refused
+    assert out[-5].item() == qmax and out[-4].item() == qmin
+
+
+def test_the_unchecked_pass_gives_the_same_codes(native_on, monkeypatch):
+    x = _values(0.05)
+    checked = native.quantize_codes(x, 20.0, 7, 0, 255, torch.uint8)
+    monkeypatch.setattr(native, "check_finite", False)  # what benchmarks/nonfinite_check.py times
+    assert torch.equal(native.quantize_codes(x, 20.0, 7, 0, 255, torch.uint8), checked)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_is_refused_with_its_count(native_on, bad):
+    x = torch.randn(3, 1000)
+    x[1, 17] = x[2, 999] = bad
+    with pytest.raises(KernelInputError, match=r"NaN or ±inf in 2 of its 3000 elements.*torch.nan_to_num"):
+        native.quantize_codes(x, 10.0, 128, 0, 255, torch.uint8)
+
+
+@pytest.mark.parametrize("make", [lambda x: x.t(), lambda x: x.double(), lambda x: x.half(), lambda x: x[:, ::2],
+                                  lambda x: x.double() * 1e39, lambda x: x.t()[::2]],
+                         ids=["transposed", "float64", "float16", "strided", "float64-beyond-float32", "transposed-strided"])
+def test_other_layouts_and_float_dtypes_give_the_reference_codes(native_on, make):
+    x = make(torch.randn(64, 48) * 4)
+    kept = x.clone()
+    out = native.quantize_codes(x, 12.5, 100, 0, 255, torch.uint8)
+    expected = ref.quantize_per_tensor(x, 0.08, 100, 0, 255, torch.uint8)
+    assert torch.equal(out, expected) and out.stride() == torch.empty_like(x).stride() and torch.equal(x, kept)
+
+
+def test_codes_keep_a_channels_last_layout(native_on):
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    out = native.quantize_codes(x, 10.0, 128, 0, 255, torch.uint8)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert torch.equal(out, ref.quantize_per_tensor(x, 0.1, 128, 0, 255, torch.uint8))
+
+
+def test_it_takes_float_on_the_cpu_into_8_bit_codes_only():
+    x = torch.randn(4)
+    assert native.takes(x, torch.uint8) and native.takes(x.double(), torch.int8)
+    assert not native.takes(x, torch.int32) and not native.takes(x.to(torch.int64), torch.uint8)
+    assert not native.takes(torch.randn(4, device="meta"), torch.uint8)
+
+
+def test_empty_and_scalar_inputs(native_on):
+    assert native.quantize_codes(torch.empty(0, 5), 2.0, 0, -128, 127, torch.int8).shape == (0, 5)
+    assert native.quantize_codes(torch.tensor(2.6), 2.0, 0, -128, 127, torch.int8).item() == 5
+
+
+@pytest.mark.parametrize("env,why", [({"LUCID_FX_NATIVE": "0"}, "off \\(LUCID_FX_NATIVE=0\\)"),
+                                     ({"LUCID_FX_CC": "/nonexistent/cc"}, "no C compiler found"),
+                                     ({"LUCID_FX_CC": "false"}, "false failed")])
+def test_without_a_compiler_the_torch_kernels_run(native_env, env, why):
+    native_env(**env)
+    assert not native.available()
+    assert why.replace("\\", "") in native.status() or pytest.fail(native.status())
+    x = _values(0.1, 2000)
+    assert torch.equal(native.quantize_codes(x, 10.0, 128, 0, 255, torch.uint8),
+                       ref.quantize_per_tensor(x, 0.1, 128, 0, 255, torch.uint8))
+
+
+def test_the_status_names_the_compiler_and_flags(native_on):
+    assert native.status().startswith("compiled with ") and "-O3" in native.status()
+
+
+def _mlp_quantize_steps(monkeypatch, off: bool):
+    monkeypatch.setenv("LUCID_FX_NATIVE", "0" if off else "1")
+    native._library.cache_clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    data = [torch.randn(16, 32) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data)
+    out = qmodel(data[1])  # builds the program for this input
+    (program,) = programs_of(qmodel).values()
+    steps = [n.target for n in program.graph.nodes if n.target in (native.quantize_codes, program_ops.quantize_codes)]
+    return steps, out
+
+
+def test_a_converted_model_quantizes_natively_and_the_same_without(monkeypatch):
+    try:
+        on_steps, on_out = _mlp_quantize_steps(monkeypatch, off=False)
+        off_steps, off_out = _mlp_quantize_steps(monkeypatch, off=True)
+    finally:
+        native._library.cache_clear()
+    assert on_steps == [native.quantize_codes] and off_steps == [program_ops.quantize_codes]
+    assert torch.equal(on_out, off_out)
+
+
+@pytest.mark.skipif(os.environ.get("LUCID_FX_REQUIRE_TOOLS") != "1", reason="CI only: LUCID_FX_REQUIRE_TOOLS=1")
+def test_ci_runs_the_native_kernels():
+    # .ci/run sets LUCID_FX_REQUIRE_TOOLS=1: there a missing compiler fails instead of falling back unseen
+    # (the AVX2 rerun of tests/test_every_cpu_kind.py turns them off on purpose, to run the torch kernels).
+    assert native.available() or os.environ.get("LUCID_FX_NATIVE") == "0", native.status()
