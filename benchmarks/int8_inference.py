@@ -132,9 +132,11 @@ def cpu_line() -> str:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     except OSError:
         pass
+    from lucid_fx.kernels import native
+
     flags = cpu_features()
     return (f"{name}: int8 kind {flags.name} (VNNI {flags.vnni}, AMX {flags.amx}), "
-            f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}")
+            f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; native kernels: {native.status()}")
 
 
 def _peers(model, example, batches, pt2e: bool) -> dict:

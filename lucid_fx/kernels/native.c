@@ -1,6 +1,7 @@
 /* lucid_fx's native CPU kernels: compiled by lucid_fx/kernels/native.py with the machine's C
- * compiler on first use, loaded with ctypes. Plain C99 on flat float32 / 8-bit buffers; the codes
- * must equal lucid_fx.kernels.reference's bit for bit (tests/kernels/test_native.py checks them).
+ * compiler on first use, loaded with ctypes. Plain C99 on dense float32 / 8-bit buffers, one pass
+ * each, where torch 2.13 needs several ops; the codes must equal the torch kernels' bit for bit
+ * (tests/kernels/test_native.py checks them). One function per code dtype: lucid_<kernel>_<dtype>.
  *
  * Quantize: codes = clamp(round_half_even(x * inv) + zp, qmin, qmax), one pass. The same pass counts
  * the NaN and +-inf of x (an exponent of all ones), so the finite check costs no second read; the
@@ -9,6 +10,10 @@
  * for integer bounds, and keeps the float -> int32 conversion in range (NaN clamps to qmin). */
 #include <stdint.h>
 #include <string.h>
+
+/* Requantize v (codes' units, zero point not yet added): clamp to [low - zp, high - zp], round half
+ * to even, add zp. program_ops.requantize_codes's arithmetic, one value at a time. */
+#define REQUANTIZE(v, lo, hi, zp) ((int32_t)__builtin_rintf((v) >= (lo) ? ((v) <= (hi) ? (v) : (hi)) : (lo)) + (zp))
 
 #define QUANTIZE(NAME, CODE)                                                                       \
     int64_t NAME(const float *restrict x, CODE *restrict out, int64_t n, float inv, int32_t zp,   \
@@ -20,17 +25,11 @@
                 uint32_t bits;                                                                     \
                 memcpy(&bits, &x[i], sizeof bits);                                                 \
                 nonfinite += (bits & 0x7f800000u) == 0x7f800000u;                                  \
-                float v = x[i] * inv;                                                              \
-                v = v >= lo ? v : lo; /* NaN -> lo: the conversion below stays defined */       \
-                v = v <= hi ? v : hi;                                                              \
-                out[i] = (CODE)((int32_t)__builtin_rintf(v) + zp);                                 \
+                out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */           \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                float v = x[i] * inv;                                                              \
-                v = v >= lo ? v : lo; /* NaN -> lo: the conversion below stays defined */       \
-                v = v <= hi ? v : hi;                                                              \
-                out[i] = (CODE)((int32_t)__builtin_rintf(v) + zp);                                 \
+                out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */           \
             }                                                                                      \
         }                                                                                          \
         return nonfinite;                                                                          \
@@ -38,3 +37,65 @@
 
 QUANTIZE(lucid_quantize_uint8, uint8_t)
 QUANTIZE(lucid_quantize_int8, int8_t)
+
+/* Squeeze-excite's gate: out = requantize((a - a_zp) * (g - g_zp) * mult) for 8-bit codes a of n
+ * images, c channels and hw positions, and one gate code g per image and channel. a is
+ * channels-last (n, hw, c) when channels_last is set, else (n, c, hw); out has a's layout. The
+ * product of two centred 8-bit codes is exact in float32, then one float32 multiply:
+ * program_ops.mul_codes's values, bit for bit. */
+#define GATE_MUL(NAME, CODE)                                                                       \
+    void NAME(const CODE *restrict a, const CODE *restrict g, CODE *restrict out, int64_t n,         \
+              int64_t hw, int64_t c, int32_t channels_last, int32_t a_zp, int32_t g_zp, float mult,  \
+              int32_t zp, int32_t low, int32_t high) {                                             \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        if (channels_last) {                                                                       \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                for (int64_t p = 0; p < hw; p++) {                                                 \
+                    const int64_t row = (i * hw + p) * c;                                          \
+                    for (int64_t k = 0; k < c; k++) {                                              \
+                        int32_t prod = ((int32_t)a[row + k] - a_zp) * ((int32_t)g[i * c + k] - g_zp); \
+                        out[row + k] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);           \
+                    }                                                                              \
+                }                                                                                  \
+        } else {                                                                                   \
+            for (int64_t plane = 0; plane < n * c; plane++) {                                      \
+                const int32_t gate = (int32_t)g[plane] - g_zp;                                     \
+                for (int64_t p = 0; p < hw; p++) {                                                 \
+                    int32_t prod = ((int32_t)a[plane * hw + p] - a_zp) * gate;                     \
+                    out[plane * hw + p] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);        \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+GATE_MUL(lucid_gate_mul_uint8, uint8_t)
+GATE_MUL(lucid_gate_mul_int8, int8_t)
+
+/* The global average pool of 8-bit codes (channels-last or not, as above): an exact int32 sum per
+ * image and channel, then requantize((sum - zp * hw) * mult), mult = scale / (out_scale * hw) in
+ * float32: program_ops.global_avg_pool_codes's values, bit for bit (the caller keeps the sums below
+ * 2**24, where float32 holds them exactly). acc is scratch for c sums. */
+#define GLOBAL_AVG_POOL(NAME, CODE)                                                                \
+    void NAME(const CODE *restrict q, CODE *restrict out, int32_t *restrict acc, int64_t n,          \
+              int64_t hw, int64_t c, int32_t channels_last, float zp_hw, float mult, int32_t zp,     \
+              int32_t low, int32_t high) {                                                         \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            if (channels_last) {                                                                   \
+                for (int64_t k = 0; k < c; k++) acc[k] = 0;                                        \
+                for (int64_t p = 0; p < hw; p++)                                                   \
+                    for (int64_t k = 0; k < c; k++) acc[k] += q[(i * hw + p) * c + k];             \
+            } else {                                                                               \
+                for (int64_t k = 0; k < c; k++) {                                                  \
+                    int32_t sum = 0;                                                               \
+                    for (int64_t p = 0; p < hw; p++) sum += q[(i * c + k) * hw + p];               \
+                    acc[k] = sum;                                                                  \
+                }                                                                                  \
+            }                                                                                      \
+            for (int64_t k = 0; k < c; k++)                                                        \
+                out[i * c + k] = (CODE)REQUANTIZE(((float)acc[k] - zp_hw) * mult, lo, hi, zp);     \
+        }                                                                                          \
+    }
+
+GLOBAL_AVG_POOL(lucid_global_avg_pool_uint8, uint8_t)
+GLOBAL_AVG_POOL(lucid_global_avg_pool_int8, int8_t)

@@ -156,9 +156,21 @@ def max_pool2d(b, node):  # max_pool2d of codes -> the maximum of strided views
 
 def adaptive_avg_pool2d(b, node):  # global average pool of codes -> an int32 sum and one requantization
     q, scale, zp, size, out_scale, out_zp = node.args
-    if list(size) != [1, 1] or b.value(q).dim() != 4:
+    value = b.value(q)
+    if list(size) != [1, 1] or value.dim() != 4:
         return None
-    return b.call(program_ops.global_avg_pool_codes, q, scale, zp, out_scale, out_zp)
+    pool = native.global_avg_pool_codes if native.available() else program_ops.global_avg_pool_codes  # one pass in C
+    return b.call(pool, q, scale, zp, out_scale, out_zp)
+
+
+def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> the global average pool
+    q, scale, zp, dim, keepdim, out_scale, out_zp = node.args
+    value = b.value(q)
+    if value.dim() != 4 or sorted(d % 4 for d in dim) != [2, 3]:
+        return None
+    pool = native.global_avg_pool_codes if native.available() else program_ops.global_avg_pool_codes
+    pooled = b.call(pool, q, scale, zp, out_scale, out_zp)
+    return pooled if keepdim else b.call_method("reshape", pooled, tuple(value.shape[:2]))
 
 
 def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same codes
@@ -195,7 +207,12 @@ def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multi
     if found is None:
         return None
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
-    return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+    mult = a_scale * b_scale / out_scale
+    if native.is_gate(b.value(qb), b.value(qa)):  # gate * x: the product of two codes commutes exactly
+        qa, a_zp, qb, b_zp = qb, b_zp, qa, a_zp
+    if native.available() and native.is_gate(b.value(qa), b.value(qb)):
+        return b.call(native.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)  # squeeze-excite
+    return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
 
 
 def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
@@ -231,10 +248,11 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
     "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "max_pool2d": max_pool2d,  # -> program_ops.max_pool_taps
-    "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> program_ops.global_avg_pool_codes
+    "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> native / program_ops.global_avg_pool_codes
+    "mean": mean,  # over H and W -> the same global average pool
     "lut": lut,  # lut(lut(q)) -> one composed table
     "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
-    "mul": mul,  # -> program_ops.mul_codes (cpu_float.mul's arithmetic, the fast narrowing)
+    "mul": mul,  # -> native.gate_mul_codes (squeeze-excite) or program_ops.mul_codes
     "matmul": matmul,  # -> program_ops.matmul_codes
     "softmax": softmax,  # -> program_ops.softmax_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> one lookup in a float table

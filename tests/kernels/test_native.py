@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import lucid_fx
 from lucid_fx.kernels import native, program_ops
@@ -147,3 +148,95 @@ def test_ci_runs_the_native_kernels():
     # .ci/run sets LUCID_FX_REQUIRE_TOOLS=1: there a missing compiler fails instead of falling back unseen
     # (the AVX2 rerun of tests/test_every_cpu_kind.py turns them off on purpose, to run the torch kernels).
     assert native.available() or os.environ.get("LUCID_FX_NATIVE") == "0", native.status()
+
+
+def _codes(shape, dtype, seed):
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max + 1, shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+LAYOUTS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype,a_zp,g_zp,zp,bounds", [(torch.uint8, 70, 3, 86, (0, 255)), (torch.uint8, 128, 0, 85, (85, 255)),
+                                                       (torch.int8, 0, -3, 1, (-128, 127)), (torch.int8, -5, 0, 0, (0, 127))])
+@pytest.mark.parametrize("shape", [(1, 96, 28, 28), (2, 19, 7, 5), (3, 1152, 1, 1)])
+def test_the_gate_multiply_equals_the_torch_kernels(native_on, layout, dtype, a_zp, g_zp, zp, bounds, shape):
+    qa = _codes(shape, dtype, 1).contiguous(memory_format=LAYOUTS[layout])
+    qg = _codes((shape[0], shape[1], 1, 1), dtype, 2)
+    for mult in (0.0084, 0.5, 1 / 3):  # 0.5: many products land on ties
+        args = (qa, a_zp, qg, g_zp, mult, zp, *bounds, dtype)
+        out, expected = native.gate_mul_codes(*args), program_ops.mul_codes(*args)
+        assert torch.equal(out, expected), f"{int((out != expected).sum())} codes differ"
+        assert out.stride() == qa.stride()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype,zp,out_zp", [(torch.uint8, 70, 100), (torch.uint8, 0, 3), (torch.int8, -7, 0), (torch.int8, 0, 5)])
+@pytest.mark.parametrize("shape", [(1, 96, 112, 112), (2, 19, 7, 5), (4, 1280, 1, 1)])
+def test_the_global_average_pool_equals_the_torch_kernels(native_on, layout, dtype, zp, out_zp, shape):
+    q = _codes(shape, dtype, 3).contiguous(memory_format=LAYOUTS[layout])
+    for scale, out_scale in ((0.0037, 0.0011), (0.02, 0.02), (0.1, 0.003)):  # equal scales: the mean's ties
+        out = native.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
+        expected = program_ops.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
+        assert out.shape == (shape[0], shape[1], 1, 1) and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("case", ["strided", "not-a-gate", "gate-dtype", "no-native"])
+def test_the_gate_multiply_leaves_what_it_does_not_take_to_the_torch_kernels(native_env, case):
+    native_env(**({"LUCID_FX_NATIVE": "0"} if case == "no-native" else {}))
+    qa, qg = _codes((2, 8, 6, 6), torch.uint8, 4), _codes((2, 8, 1, 1), torch.uint8, 5)
+    if case == "strided":
+        qa = _codes((2, 8, 6, 12), torch.uint8, 4)[..., ::2]
+    elif case == "not-a-gate":
+        qg = _codes((2, 8, 6, 6), torch.uint8, 5)
+    elif case == "gate-dtype":
+        qg = qg.to(torch.int8)
+    args = (qa, 70, qg, 3, 0.01, 86, 0, 255, torch.uint8)
+    assert torch.equal(native.gate_mul_codes(*args), program_ops.mul_codes(*args))
+
+
+def test_a_pool_too_large_for_exact_float32_sums_goes_to_the_torch_kernels(native_on):
+    q = torch.full((1, 2, 260, 260), 255, dtype=torch.uint8)  # 67600 * 255 >= 2**24
+    assert torch.equal(native.global_avg_pool_codes(q, 0.01, 0, 0.01, 0), program_ops.global_avg_pool_codes(q, 0.01, 0, 0.01, 0))
+    assert native.global_avg_pool_codes(q, 0.01, 0, 0.01, 0).flatten().tolist() == [255, 255]
+
+
+class _SqueezeExcite(nn.Module):
+    """A squeeze-excite block as torchvision (adaptive_avg_pool2d) or timm (mean) writes it."""
+
+    def __init__(self, gate_first: bool, pool_by_mean: bool):
+        super().__init__()
+        self.gate_first, self.pool_by_mean = gate_first, pool_by_mean
+        self.conv, self.out = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 8, 1)
+        self.reduce, self.expand = nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        squeezed = x.mean((2, 3), keepdim=True) if self.pool_by_mean else F.adaptive_avg_pool2d(x, 1)
+        gate = torch.sigmoid(self.expand(torch.relu(self.reduce(squeezed))))
+        return self.out(gate * x if self.gate_first else x * gate)
+
+
+@pytest.mark.parametrize("pool_by_mean", [False, True], ids=["adaptive_avg_pool2d", "mean"])
+@pytest.mark.parametrize("gate_first", [False, True], ids=["x*gate", "gate*x"])
+def test_a_squeeze_excite_block_runs_natively_with_the_same_output(native_on, monkeypatch, gate_first, pool_by_mean):
+    torch.manual_seed(0)
+    model, data = _SqueezeExcite(gate_first, pool_by_mean).eval().requires_grad_(False), [torch.randn(2, 3, 12, 12) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data)
+    out = qmodel(data[1])
+    (program,) = programs_of(qmodel).values()
+    targets = {n.target for n in program.graph.nodes}
+    assert {native.quantize_codes, native.gate_mul_codes, native.global_avg_pool_codes} <= targets
+    monkeypatch.setattr(native, "available", lambda: False)  # the same model, programs of torch kernels
+    torch_model = lucid_fx.quantize(model, (data[0],), data)
+    assert torch.equal(torch_model(data[1]), out)
+    (torch_program,) = programs_of(torch_model).values()
+    assert {program_ops.mul_codes, program_ops.global_avg_pool_codes} <= {n.target for n in torch_program.graph.nodes}
+    reference = lucid_fx.quantize(model, (data[0],), data, reference=True)(data[1])
+    assert _sqnr(out, model(data[1])) >= 30 and _sqnr(out, reference) >= 35
+
+
+def _sqnr(x: torch.Tensor, ref_: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref_.pow(2).mean() / (x - ref_).pow(2).mean()))
