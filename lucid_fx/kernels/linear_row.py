@@ -27,6 +27,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from lucid_fx.kernels import native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
@@ -72,6 +73,9 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     compares it with oneDNN on 2048 rows per case."""
     # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
     acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
+    out = native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
+    if out is not None:  # the steps below in one pass
+        return out
     y = acc.add_(row.offset).mul(operand(row.x_scale)).mul_(row.w_scale)
     if row.bias is not None:
         y = y.add_(row.bias)

@@ -99,3 +99,27 @@ GATE_MUL(lucid_gate_mul_int8, int8_t)
 
 GLOBAL_AVG_POOL(lucid_global_avg_pool_uint8, uint8_t)
 GLOBAL_AVG_POOL(lucid_global_avg_pool_int8, int8_t)
+
+/* A one-row linear's float steps after its int32 sums (lucid_fx.kernels.linear_row, oneDNN's order,
+ * one float32 rounding at a time), for rows x cols sums: y = (acc + offset) * x_scale * w_scale +
+ * bias per column; then codes rint(y * inv_out + zp) clamped to [low, high], or, for a float result,
+ * y clamped. bias may be NULL. Compiled with -ffp-contract=off: a fused multiply-add would round
+ * once where oneDNN rounds twice. */
+#define ROW_EPILOGUE(NAME, CODE, FINISH)                                                           \
+    void NAME(const int32_t *restrict acc, const int32_t *restrict offset, const float *restrict w_scale, \
+              const float *restrict bias, CODE *restrict out, int64_t rows, int64_t cols, float x_scale, \
+              float inv_out, int32_t zp, float low, float high) {                                  \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            for (int64_t j = 0; j < cols; j++) {                                                   \
+                float y = (float)(acc[r * cols + j] + offset[j]) * x_scale;                        \
+                y = y * w_scale[j];                                                                \
+                if (bias) y = y + bias[j];                                                         \
+                out[r * cols + j] = FINISH(y);                                                     \
+            }                                                                                      \
+    }
+#define CLAMPED(v) ((v) >= low ? ((v) <= high ? (v) : high) : low)
+#define TO_CODE(y) (int32_t)__builtin_rintf(CLAMPED((y) * inv_out + (float)zp)) /* two roundings: no FMA */
+
+ROW_EPILOGUE(lucid_row_epilogue_uint8, uint8_t, TO_CODE)
+ROW_EPILOGUE(lucid_row_epilogue_int8, int8_t, TO_CODE)
+ROW_EPILOGUE(lucid_row_epilogue_float32, float, CLAMPED)

