@@ -123,3 +123,38 @@ GLOBAL_AVG_POOL(lucid_global_avg_pool_int8, int8_t)
 ROW_EPILOGUE(lucid_row_epilogue_uint8, uint8_t, TO_CODE)
 ROW_EPILOGUE(lucid_row_epilogue_int8, int8_t, TO_CODE)
 ROW_EPILOGUE(lucid_row_epilogue_float32, float, CLAMPED)
+
+/* A 256-entry table lookup per 8-bit code (lucid_fx::lut): out[i] = table[q[i] ^ flip], flip = 128
+ * for int8 codes (their bit pattern with the sign flipped is code + 128). One function per table
+ * dtype: 8-bit codes, or float32 values (a lookup with its dequantize folded in). */
+#define LUT(NAME, OUT)                                                                             \
+    void NAME(const uint8_t *restrict q, const OUT *restrict table, OUT *restrict out, int64_t n,    \
+              int32_t flip) {                                                                      \
+        const uint8_t f = (uint8_t)flip;                                                           \
+        for (int64_t i = 0; i < n; i++) out[i] = table[(uint8_t)(q[i] ^ f)];                       \
+    }
+
+LUT(lucid_lut_uint8, uint8_t)
+LUT(lucid_lut_int8, int8_t)
+LUT(lucid_lut_float32, float)
+
+/* A gated product of two lookups (a gated MLP's act(x) * gate(y)): out = requantize((ta[a ^ fa] -
+ * a_zp) * (tb[b ^ fb] - b_zp) * mult) for n 8-bit codes a and b in the same layout: lut, lut and
+ * program_ops.mul_codes in one pass, the same codes bit for bit (the product of two centred 8-bit
+ * codes is exact in float32, then one float32 multiply). */
+#define LUT_MUL(NAME, CODE)                                                                        \
+    void NAME(const uint8_t *restrict a, const CODE *restrict ta, int32_t fa, const uint8_t *restrict b, \
+              const CODE *restrict tb, int32_t fb, CODE *restrict out, int64_t n, int32_t a_zp,      \
+              int32_t b_zp, float mult, int32_t zp, int32_t low, int32_t high) {                   \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        int32_t ca[256], cb[256];                                                                  \
+        for (int32_t i = 0; i < 256; i++) {                                                        \
+            ca[i] = (int32_t)ta[(uint8_t)(i ^ fa)] - a_zp;                                         \
+            cb[i] = (int32_t)tb[(uint8_t)(i ^ fb)] - b_zp;                                         \
+        }                                                                                          \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            out[i] = (CODE)REQUANTIZE((float)(ca[a[i]] * cb[b[i]]) * mult, lo, hi, zp);            \
+    }
+
+LUT_MUL(lucid_lut_mul_uint8, uint8_t)
+LUT_MUL(lucid_lut_mul_int8, int8_t)

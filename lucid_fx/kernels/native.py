@@ -47,9 +47,10 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from lucid_fx.kernels import checks, program_ops
+from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "takes", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
-           "is_gate", "SOURCE"]
+           "is_gate", "row_epilogue", "lut", "lut_mul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
@@ -67,6 +68,8 @@ SIGNATURES = {
     "gate_mul": ((_P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
     "global_avg_pool": ((_P, _P, _P, _I64, _I64, _I64, _I32, _F, _F, _I32, _I32, _I32), None, _CODES),
     "row_epilogue": ((_P, _P, _P, _P, _P, _I64, _I64, _F, _F, _I32, _F, _F), None, (*_CODES, torch.float32)),
+    "lut": ((_P, _P, _P, _I64, _I32), None, (*_CODES, torch.float32)),  # codes, table, out, n, flip
+    "lut_mul": ((_P, _P, _I32, _P, _P, _I32, _P, _I64, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 
@@ -211,4 +214,39 @@ def row_epilogue(acc: torch.Tensor, offset: torch.Tensor, x_scale: float, w_scal
     out = torch.empty((rows, cols), dtype=dtype)
     fn(acc.data_ptr(), offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(),
        out.data_ptr(), rows, cols, x_scale, 0.0 if inv_out is None else inv_out, zp, low, high)
+    return out
+
+
+def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
+    """``table[code]`` for dense 8-bit codes ``q`` on the CPU and a 256-entry ``table`` (8-bit codes or
+    float32), in ``q``'s layout: :func:`lucid_fx.kernels.reference.lut`'s values. None where the native
+    kernels are not loaded or do not take these operands."""
+    fn = _function("lut", table.dtype)
+    if (fn is None or q.dtype not in _CODES or q.device.type != "cpu" or table.numel() != 256
+            or table.device.type != "cpu" or not table.is_contiguous()):
+        return None
+    out = torch.empty_like(q, dtype=table.dtype)
+    if out.stride() != q.stride():  # not dense: empty_like could not keep its strides
+        return None
+    fn(q.data_ptr(), table.data_ptr(), out.data_ptr(), q.numel(), _flip(q))
+    return out
+
+
+def _flip(q: torch.Tensor) -> int:
+    return 128 if q.dtype == torch.int8 else 0
+
+
+def lut_mul_codes(qa, table_a, a_zp: int, qb, table_b, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
+    """``program_ops.mul_codes(lut(qa, table_a), a_zp, lut(qb, table_b), b_zp, ...)`` in one pass (a
+    gated MLP's ``act(x) * gate(y)``): the same codes, bit for bit. ``qa`` and ``qb`` are 8-bit codes
+    of one shape and layout, the tables 256 codes of ``dtype``."""
+    fn = _function("lut_mul", dtype)
+    if (fn is None or qa.shape != qb.shape or qa.stride() != qb.stride() or qa.dtype not in _CODES
+            or qb.dtype not in _CODES or qa.device.type != "cpu" or table_a.dtype != dtype or table_b.dtype != dtype):
+        return program_ops.mul_codes(ref.lut(qa, table_a), a_zp, ref.lut(qb, table_b), b_zp, mult, zp, low, high, dtype)
+    out = torch.empty_like(qa, dtype=dtype)
+    if out.stride() != qa.stride():  # not dense
+        return program_ops.mul_codes(ref.lut(qa, table_a), a_zp, ref.lut(qb, table_b), b_zp, mult, zp, low, high, dtype)
+    fn(qa.data_ptr(), table_a.data_ptr(), _flip(qa), qb.data_ptr(), table_b.data_ptr(), _flip(qb), out.data_ptr(),
+       qa.numel(), a_zp, b_zp, mult, zp, low, high)
     return out

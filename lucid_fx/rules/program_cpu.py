@@ -208,11 +208,32 @@ def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multi
         return None
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
     mult = a_scale * b_scale / out_scale
+    looked_up = _lookups(b, qa, qb, dtype) if native.available() else None
+    if looked_up is not None:  # a gated MLP's act(x) * gate(y): both lookups and the product in one pass
+        (ca, ta), (cb, tb) = looked_up
+        return b.call(native.lut_mul_codes, ca, ta, a_zp, cb, tb, b_zp, mult, out_zp, low, high, dtype)
     if native.is_gate(b.value(qb), b.value(qa)):  # gate * x: the product of two codes commutes exactly
         qa, a_zp, qb, b_zp = qb, b_zp, qa, a_zp
     if native.available() and native.is_gate(b.value(qa), b.value(qb)):
         return b.call(native.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)  # squeeze-excite
     return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
+
+
+def _lookups(b, qa, qb, dtype):
+    """The codes and tables of ``lut(ca, ta)`` and ``lut(cb, tb)``, if ``qa`` and ``qb`` are such
+    lookups of one shape and layout that nothing else reads (None otherwise)."""
+    found = []
+    for q in (qa, qb):
+        if b.op_name(q) != "lut" or len(q.users) != 1:
+            return None
+        codes, table = q.args
+        found.append((codes, table))
+    (ca, ta), (cb, tb) = found
+    a, c = b.value(ca), b.value(cb)
+    if a.shape != c.shape or a.stride() != c.stride() or any(
+            t is None or t.dtype != dtype or t.numel() != 256 for t in (b.attr(ta), b.attr(tb))):
+        return None
+    return found
 
 
 def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes

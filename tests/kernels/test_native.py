@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lucid_fx
-from lucid_fx.kernels import native, program_ops
+from lucid_fx.kernels import cpu_float, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
@@ -204,3 +204,81 @@ def test_a_squeeze_excite_block_runs_natively_with_the_same_output(native_on, mo
 
 def _sqnr(x: torch.Tensor, ref_: torch.Tensor) -> float:
     return float(10 * torch.log10(ref_.pow(2).mean() / (x - ref_).pow(2).mean()))
+
+
+@pytest.mark.parametrize("table_dtype", [torch.uint8, torch.int8, torch.float32])
+@pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("shape,layout", [((1, 96, 1, 1), "contiguous"), ((2, 16, 9, 7), "channels_last"),
+                                          ((3, 5000), "contiguous")])
+def test_a_table_lookup_equals_the_reference(native_or_torch, table_dtype, code_dtype, shape, layout):
+    q = _codes(shape, code_dtype, 6)
+    q = q.contiguous(memory_format=LAYOUTS[layout]) if q.dim() == 4 else q
+    table = torch.randn(256) if table_dtype == torch.float32 else _codes((256,), table_dtype, 7)
+    out = cpu_float.lut(q, table)
+    assert out.dtype == table_dtype and out.stride() == q.stride()
+    assert torch.equal(out, ref.lut(q, table))
+    if native_or_torch == "native" and (table_dtype == torch.float32 or q.numel() < cpu_float.PAIR_LOOKUP_MIN):
+        assert torch.equal(native.lut(q, table), out)  # the path cpu_float.lut took
+
+
+def test_the_native_lookup_declines_what_it_does_not_take(native_on):
+    q, table = _codes((4, 6), torch.uint8, 8), _codes((256,), torch.uint8, 9)
+    assert native.lut(q[:, ::2], table) is None  # not dense
+    assert native.lut(q.to(torch.int32), table) is None  # not 8-bit codes
+    assert native.lut(q, table[:128]) is None  # not 256 entries
+    assert native.lut(q, table.to(torch.int64)) is None  # no C function for this table dtype
+
+
+@pytest.mark.parametrize("code_dtypes", [(torch.uint8, torch.uint8), (torch.int8, torch.uint8), (torch.int8, torch.int8)])
+@pytest.mark.parametrize("dtype,a_zp,b_zp,zp,bounds", [(torch.uint8, 128, 0, 128, (0, 255)), (torch.uint8, 3, 7, 0, (0, 255)),
+                                                       (torch.int8, 0, -128, 1, (-128, 127)), (torch.int8, 5, 0, 0, (0, 127))])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_gated_product_of_two_lookups_equals_the_torch_kernels(native_on, code_dtypes, dtype, a_zp, b_zp, zp, bounds,
+                                                                  layout):
+    qa = _codes((2, 16, 9, 7), code_dtypes[0], 10).contiguous(memory_format=LAYOUTS[layout])
+    qb = _codes((2, 16, 9, 7), code_dtypes[1], 11).contiguous(memory_format=LAYOUTS[layout])
+    ta, tb = _codes((256,), dtype, 12), _codes((256,), dtype, 13)
+    for mult in (0.00390625, 0.5, 1 / 3):
+        out = native.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, mult, zp, *bounds, dtype)
+        expected = program_ops.mul_codes(ref.lut(qa, ta), a_zp, ref.lut(qb, tb), b_zp, mult, zp, *bounds, dtype)
+        assert torch.equal(out, expected) and out.stride() == qa.stride()
+
+
+@pytest.mark.parametrize("case", ["layouts-differ", "strided", "table-dtype", "no-native"])
+def test_the_gated_product_leaves_what_it_does_not_take_to_the_torch_kernels(native_env, case):
+    native_env(**({"LUCID_FX_NATIVE": "0"} if case == "no-native" else {}))
+    qa, qb = _codes((2, 8, 6, 6), torch.uint8, 14), _codes((2, 8, 6, 6), torch.uint8, 15)
+    ta, tb = _codes((256,), torch.uint8, 16), _codes((256,), torch.uint8, 17)
+    if case == "layouts-differ":
+        qb = qb.contiguous(memory_format=torch.channels_last)
+    elif case == "strided":
+        qa, qb = qa[..., ::2], qb[..., ::2]
+    elif case == "table-dtype":
+        tb = tb.to(torch.int8)
+    out = native.lut_mul_codes(qa, ta, 128, qb, tb, 0, 0.004, 128, 0, 255, torch.uint8)
+    assert torch.equal(out, program_ops.mul_codes(ref.lut(qa, ta), 128, ref.lut(qb, tb), 0, 0.004, 128, 0, 255, torch.uint8))
+
+
+class _GatedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.gate, self.down = nn.Linear(32, 64), nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.down(torch.tanh(self.up(x)) * torch.sigmoid(self.gate(x)))
+
+
+def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, monkeypatch):
+    torch.manual_seed(0)
+    model, data = _GatedMLP().eval().requires_grad_(False), [torch.randn(16, 32) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data)
+    out = qmodel(data[1])
+    (program,) = programs_of(qmodel).values()
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert native.lut_mul_codes in targets and program_ops.mul_codes not in targets
+    monkeypatch.setattr(native, "available", lambda: False)
+    torch_model = lucid_fx.quantize(model, (data[0],), data)
+    assert torch.equal(torch_model(data[1]), out)
+    (torch_program,) = programs_of(torch_model).values()
+    assert program_ops.mul_codes in {n.target for n in torch_program.graph.nodes}
+    assert _sqnr(out, model(data[1])) >= 30
