@@ -85,9 +85,10 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     measured 0.49 ms against 1.05 ms for one lookup per code. Odd, small or non-dense tensors take
     the reference lookup. Where the native kernels are loaded, one C loop does what the pair table
     does not do faster: float tables (192 against 722 us for 1x32x112x112 codes) and small tensors
-    (4.1 against 11.8-17.2 us for squeeze-excite's 96 gates); 8-bit tables of 4096 codes or more keep
-    the pair table (145 against 209 us for 1x32x112x112)."""
-    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN:
+    (4.1 against 11.8-17.2 us for squeeze-excite's 96 gates), and 8-bit tables wherever the build
+    has the AVX512-VBMI path (``native.lut_vectorized``). Without it 8-bit tables of 4096 codes or
+    more keep the pair table (145 against 209 us for 1x32x112x112)."""
+    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
         looked_up = native.lut(q, table)
         if looked_up is not None:
             return looked_up

@@ -126,17 +126,48 @@ ROW_EPILOGUE(lucid_row_epilogue_float32, float, CLAMPED)
 
 /* A 256-entry table lookup per 8-bit code (lucid_fx::lut): out[i] = table[q[i] ^ flip], flip = 128
  * for int8 codes (their bit pattern with the sign flipped is code + 128). One function per table
- * dtype: 8-bit codes, or float32 values (a lookup with its dequantize folded in). */
-#define LUT(NAME, OUT)                                                                             \
+ * dtype: 8-bit codes, or float32 values (a lookup with its dequantize folded in). With AVX512-VBMI
+ * an 8-bit table is four 64-byte registers and 64 codes are looked up at once (two vpermi2b and a
+ * blend on the index's top bit); lucid_lut_vectorized() says whether this build has that path. */
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define LUT_VBMI 1
+static int64_t lut_bytes_vbmi(const uint8_t *restrict q, const uint8_t *restrict table, uint8_t *restrict out,
+                              int64_t n, uint8_t flip) {
+    const __m512i t0 = _mm512_loadu_si512(table), t1 = _mm512_loadu_si512(table + 64);
+    const __m512i t2 = _mm512_loadu_si512(table + 128), t3 = _mm512_loadu_si512(table + 192);
+    const __m512i f = _mm512_set1_epi8((char)flip);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512i idx = _mm512_xor_si512(_mm512_loadu_si512(q + i), f);
+        const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1); /* the index's low 7 bits */
+        const __m512i hi = _mm512_permutex2var_epi8(t2, idx, t3);
+        _mm512_storeu_si512(out + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi));
+    }
+    return i;
+}
+#else
+#define LUT_VBMI 0
+#endif
+
+int32_t lucid_lut_vectorized(void) { return LUT_VBMI; }
+
+#define LUT(NAME, OUT, FAST)                                                                       \
     void NAME(const uint8_t *restrict q, const OUT *restrict table, OUT *restrict out, int64_t n,    \
               int32_t flip) {                                                                      \
         const uint8_t f = (uint8_t)flip;                                                           \
-        for (int64_t i = 0; i < n; i++) out[i] = table[(uint8_t)(q[i] ^ f)];                       \
+        int64_t i = FAST;                                                                          \
+        for (; i < n; i++) out[i] = table[(uint8_t)(q[i] ^ f)];                                    \
     }
 
-LUT(lucid_lut_uint8, uint8_t)
-LUT(lucid_lut_int8, int8_t)
-LUT(lucid_lut_float32, float)
+#if LUT_VBMI
+#define BYTES_FAST lut_bytes_vbmi(q, (const uint8_t *)table, (uint8_t *)out, n, f)
+#else
+#define BYTES_FAST 0
+#endif
+LUT(lucid_lut_uint8, uint8_t, BYTES_FAST)
+LUT(lucid_lut_int8, int8_t, BYTES_FAST)
+LUT(lucid_lut_float32, float, 0)
 
 /* A gated product of two lookups (a gated MLP's act(x) * gate(y)): out = requantize((ta[a ^ fa] -
  * a_zp) * (tb[b ^ fb] - b_zp) * mult) for n 8-bit codes a and b in the same layout: lut, lut and

@@ -1,6 +1,8 @@
 """lucid_fx/kernels/native.py: the C quantize pass equals the reference bit for bit, refuses NaN and
 ±inf in the same pass, and every caller keeps the torch kernels where no compiler is."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -282,3 +284,24 @@ def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, mo
     (torch_program,) = programs_of(torch_model).values()
     assert program_ops.mul_codes in {n.target for n in torch_program.graph.nodes}
     assert _sqnr(out, model(data[1])) >= 30
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 4099])
+def test_8_bit_lookups_are_exact_with_and_without_the_vector_path(native_env, monkeypatch, build, n):
+    # "this CPU": -march=native (AVX512-VBMI here: 64 codes per step, then a scalar tail); "portable":
+    # the flags without it, so the scalar loop alone, as on a CPU without VBMI.
+    if build == "portable":
+        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
+    native_env()
+    if not native.available():
+        pytest.skip(native.status())
+    if build == "portable":
+        assert not native.lut_vectorized()
+    elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():
+        flags = set(Path("/proc/cpuinfo").read_text().split())  # Linux spells VBMI "avx512vbmi"
+        assert native.lut_vectorized() == ({"avx512vbmi", "avx512bw"} <= flags)
+    for code_dtype in (torch.uint8, torch.int8):
+        for table_dtype in (torch.uint8, torch.int8):
+            q, table = _codes((n,), code_dtype, n), _codes((256,), table_dtype, n + 1)
+            assert torch.equal(native.lut(q, table), ref.lut(q, table))
