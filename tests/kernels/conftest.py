@@ -9,17 +9,23 @@ import pytest
 from lucid_fx.kernels import native
 
 
+# One build per configuration in a test session (each takes ~0.3 s; some hundred tests ask).
+_BUILDS = {}
+
+
 @pytest.fixture
 def native_env(monkeypatch):
-    """Set LUCID_FX_* variables for one fresh load of the native kernels."""
+    """Set LUCID_FX_* variables and load the native kernels as a process started with them would
+    (what ``native._library`` returns), leaving the process's own load as it was afterwards."""
     def load(**env):
         monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        native._library.cache_clear()
+        key = tuple(os.environ.get(name) for name in ("LUCID_FX_NATIVE", "LUCID_FX_CC", "CC")) + (native.FLAGS,)
+        if key not in _BUILDS:
+            _BUILDS[key] = native._library.__wrapped__()  # the load itself, past its once-per-process cache
+        monkeypatch.setattr(native, "_library", lambda: _BUILDS[key])
     yield load
-    monkeypatch.undo()
-    native._library.cache_clear()
 
 
 def _require_native() -> None:
