@@ -189,3 +189,15 @@ LUT(lucid_lut_float32, float, 0)
 
 LUT_MUL(lucid_lut_mul_uint8, uint8_t)
 LUT_MUL(lucid_lut_mul_int8, int8_t)
+
+/* Requantize float32 values y (a float matmul's or softmax's result) to codes in one pass:
+ * rint(clamp(y * mult)) + zp, program_ops.requantize_codes(y.mul_(mult), ...) bit for bit. */
+#define REQUANTIZE_SCALED(NAME, CODE)                                                              \
+    void NAME(const float *restrict y, CODE *restrict out, int64_t n, float mult, int32_t zp,        \
+              int32_t low, int32_t high) {                                                         \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        for (int64_t i = 0; i < n; i++) out[i] = (CODE)REQUANTIZE(y[i] * mult, lo, hi, zp);        \
+    }
+
+REQUANTIZE_SCALED(lucid_requantize_uint8, uint8_t)
+REQUANTIZE_SCALED(lucid_requantize_int8, int8_t)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import checks
 
 __all__ = ["operand", "quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
-           "matmul_codes", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+           "matmul_float", "matmul_codes", "softmax_float", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
@@ -111,16 +111,24 @@ def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high
     return requantize_codes(y.mul_(operand(mult)), zp, low, high, dtype)
 
 
+def matmul_float(qa, a_zp: int, qb, b_zp: int) -> torch.Tensor:
+    """The float32 product of two centred code tensors, which :func:`matmul_codes` requantizes."""
+    return torch.matmul(centered(qa, a_zp), centered(qb, b_zp))
+
+
 def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
     """``cpu_float.matmul`` with its multiplier and clamp bounds decided once."""
-    y = torch.matmul(centered(qa, a_zp), centered(qb, b_zp))
-    return requantize_codes(y.mul_(operand(mult)), zp, low, high, dtype)
+    return requantize_codes(matmul_float(qa, a_zp, qb, b_zp).mul_(operand(mult)), zp, low, high, dtype)
+
+
+def softmax_float(q, scale: float, dim: int) -> torch.Tensor:
+    """``softmax`` of codes in float32 (the input zero point never subtracted: softmax ignores a shift)."""
+    return torch.softmax(q.to(torch.float32).mul_(operand(scale)), dim)
 
 
 def softmax_codes(q, scale: float, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
-    """``cpu_float.softmax`` (the input zero point never subtracted: softmax ignores a shift) without the cast."""
-    y = torch.softmax(q.to(torch.float32).mul_(operand(scale)), dim)
-    return requantize_codes(y.mul_(operand(inv_out_scale)), zp, low, high, dtype)
+    """``cpu_float.softmax`` without the cast."""
+    return requantize_codes(softmax_float(q, scale, dim).mul_(operand(inv_out_scale)), zp, low, high, dtype)
 
 
 def max_pool_taps_supported(kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],

@@ -242,7 +242,8 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     if b.kernel("matmul") is not cpu_float.matmul or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    return b.call(program_ops.matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+    matmul_codes = native.matmul_codes if native.available() else program_ops.matmul_codes  # one requantize pass
+    return b.call(matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
 
 
 def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
@@ -251,7 +252,8 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_code
     if b.kernel("softmax") is not cpu_float.softmax or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    return b.call(program_ops.softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
+    softmax_codes = native.softmax_codes if native.available() else program_ops.softmax_codes  # one requantize pass
+    return b.call(softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
 def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
@@ -274,7 +276,7 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "lut": lut,  # lut(lut(q)) -> one composed table
     "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
     "mul": mul,  # -> native.gate_mul_codes (squeeze-excite) or program_ops.mul_codes
-    "matmul": matmul,  # -> program_ops.matmul_codes
-    "softmax": softmax,  # -> program_ops.softmax_codes
+    "matmul": matmul,  # -> native / program_ops.matmul_codes
+    "softmax": softmax,  # -> native / program_ops.softmax_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> one lookup in a float table
 }

@@ -305,3 +305,41 @@ def test_8_bit_lookups_are_exact_with_and_without_the_vector_path(native_env, mo
         for table_dtype in (torch.uint8, torch.int8):
             q, table = _codes((n,), code_dtype, n), _codes((256,), table_dtype, n + 1)
             assert torch.equal(native.lut(q, table), ref.lut(q, table))
+
+
+@pytest.mark.parametrize("dtype,zp,bounds", [(torch.uint8, 128, (0, 255)), (torch.uint8, 3, (0, 255)),
+                                             (torch.int8, -1, (-128, 127)), (torch.int8, 0, (0, 127))])
+@pytest.mark.parametrize("dense", [True, False])
+def test_requantizing_a_float_result_in_one_pass_equals_the_torch_kernels(native_on, dtype, zp, bounds, dense):
+    y = torch.randn(4, 4, 33, 40, generator=torch.Generator().manual_seed(21)) * 300
+    y[0, 0, 0, :8] = torch.arange(8) + 0.5  # ties, with mult 1
+    y = y if dense else y[..., ::2]
+    for mult in (1.0, 0.37, 1 / 3):
+        out = native.requantize_scaled(y.clone(), mult, zp, *bounds, dtype)
+        expected = program_ops.requantize_codes(y.clone().mul_(mult), zp, *bounds, dtype)
+        assert torch.equal(out, expected)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        scores = torch.matmul(self.q(x), self.k(x).transpose(-2, -1)) / 8
+        return torch.matmul(torch.softmax(scores, -1), self.v(x))
+
+
+def test_attention_s_matmuls_and_softmax_requantize_natively(native_on, monkeypatch):
+    torch.manual_seed(0)
+    model, data = _Attention().eval().requires_grad_(False), [torch.randn(2, 16, 32) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data)
+    out = qmodel(data[1])
+    (program,) = programs_of(qmodel).values()
+    assert {native.matmul_codes, native.softmax_codes} <= {n.target for n in program.graph.nodes}
+    monkeypatch.setattr(native, "available", lambda: False)
+    torch_model = lucid_fx.quantize(model, (data[0],), data)
+    assert torch.equal(torch_model(data[1]), out)
+    (torch_program,) = programs_of(torch_model).values()
+    assert {program_ops.matmul_codes, program_ops.softmax_codes} <= {n.target for n in torch_program.graph.nodes}
+    assert _sqnr(out, model(data[1])) >= 25
