@@ -136,12 +136,17 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
                   out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
 
 
+def _step(name: str) -> Callable:
+    """The run-time function ``name``: lucid_fx.kernels.native's one C pass where the native kernels
+    are loaded, else program_ops' torch ops (the same values; both modules define it)."""
+    return getattr(native if native.available() else program_ops, name)
+
+
 def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native pass, or 4-5 torch ops; NaN check included
     x, scale, zp, qmin, qmax, dtype = node.args
     if b.value(x).dtype != torch.float32:
         return None
-    quantize = native.quantize_codes if native.available() else program_ops.quantize_codes
-    return b.call(quantize, x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
+    return b.call(_step("quantize_codes"), x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
 
 
 def max_pool2d(b, node):  # max_pool2d of codes -> the maximum of strided views
@@ -159,8 +164,7 @@ def adaptive_avg_pool2d(b, node):  # global average pool of codes -> an int32 su
     value = b.value(q)
     if list(size) != [1, 1] or value.dim() != 4:
         return None
-    pool = native.global_avg_pool_codes if native.available() else program_ops.global_avg_pool_codes  # one pass in C
-    return b.call(pool, q, scale, zp, out_scale, out_zp)
+    return b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
 
 
 def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> the global average pool
@@ -168,8 +172,7 @@ def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> 
     value = b.value(q)
     if value.dim() != 4 or sorted(d % 4 for d in dim) != [2, 3]:
         return None
-    pool = native.global_avg_pool_codes if native.available() else program_ops.global_avg_pool_codes
-    pooled = b.call(pool, q, scale, zp, out_scale, out_zp)
+    pooled = b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
     return pooled if keepdim else b.call_method("reshape", pooled, tuple(value.shape[:2]))
 
 
@@ -242,8 +245,7 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     if b.kernel("matmul") is not cpu_float.matmul or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    matmul_codes = native.matmul_codes if native.available() else program_ops.matmul_codes  # one requantize pass
-    return b.call(matmul_codes, qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+    return b.call(_step("matmul_codes"), qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
 
 
 def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
@@ -252,8 +254,7 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_code
     if b.kernel("softmax") is not cpu_float.softmax or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    softmax_codes = native.softmax_codes if native.available() else program_ops.softmax_codes  # one requantize pass
-    return b.call(softmax_codes, q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
+    return b.call(_step("softmax_codes"), q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
 def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
