@@ -10,8 +10,10 @@ builds the program for the next calls.
 Everything else sees the portable graph: ``model.graph``, ``print(model.code)``, ``state_dict``,
 ``lucid_fx.save``, compare, explain and the viewer. Programs hold packed weights that cannot be
 copied or pickled, so they are never state: a deep copy, ``.to()``/``.half()``, ``load_state_dict``
-and ``recompile`` drop them, and the next call builds again. Calls with keyword arguments, with
-hooks on the model, or on other devices run the portable graph. A weight changed in place after
+and ``recompile`` drop them, and the next call builds again. Keyword arguments are bound to the
+graph's placeholders (``model(input_ids=..., attention_mask=...)`` runs the same program as the
+positional call, defaults filled in). Calls with hooks on the model, or on other devices, run the
+portable graph. A weight changed in place after
 convert is not seen by a program already built: call ``model.recompile()`` after such an edit.
 
 >>> import torch, lucid_fx
@@ -24,6 +26,7 @@ convert is not seen by a program already built: call ``model.recompile()`` after
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
@@ -43,8 +46,14 @@ _PROGRAMS = "_lucid_programs"
 RUNTIME_ATTRIBUTES = frozenset({_PROGRAMS})
 
 
+_UNSET = object()
+
+
 class _Programs(dict):
-    """Programs by input signature; a copy or a pickle starts empty (packed weights cannot travel)."""
+    """Programs by input signature; a copy or a pickle starts empty (packed weights cannot travel).
+    ``parameters``: the forward's (name, default) pairs that keyword calls bind to, read once."""
+
+    parameters: Any = _UNSET
 
     def __deepcopy__(self, memo: dict) -> "_Programs":
         return _Programs()
@@ -67,6 +76,27 @@ def _signature(args: Tuple[Any, ...]) -> Optional[tuple]:
     return tuple(key)
 
 
+def _parameters(forward) -> Optional[Tuple[Tuple[str, Any], ...]]:
+    """``forward``'s (name, default) pairs in order; None where it takes ``*args``, ``**kwargs`` or
+    keyword-only arguments (such calls run the portable graph)."""
+    parameters = inspect.signature(forward).parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in parameters):
+        return None
+    return tuple((p.name, p.default) for p in parameters)
+
+
+def _bind(parameters, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tuple[Any, ...]]:
+    """``args`` and ``kwargs`` as positional arguments of a forward with ``parameters`` (defaults
+    filled in); None where they do not bind (the portable call raises Python's own message)."""
+    if parameters is None or len(args) > len(parameters):
+        return None
+    rest = parameters[len(args):]
+    if not kwargs.keys() <= {name for name, _ in rest}:
+        return None
+    bound = args + tuple(kwargs.get(name, default) for name, default in rest)
+    return None if any(v is inspect.Parameter.empty for v in bound) else bound
+
+
 class ProgramRunner:
     """Mixed into a converted GraphModule's class: calls run the program for their input signature."""
 
@@ -74,10 +104,19 @@ class ProgramRunner:
         programs: Dict[tuple, Optional[fx.GraphModule]] = self.__dict__.get(_PROGRAMS)
         if programs is None:
             programs = self.__dict__[_PROGRAMS] = _Programs()
-        key = None if kwargs or self._forward_hooks or self._forward_pre_hooks else _signature(args)
+        if self._forward_hooks or self._forward_pre_hooks:
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        if kwargs:
+            if programs.parameters is _UNSET:
+                programs.parameters = _parameters(self.forward)
+            bound = _bind(programs.parameters, args, kwargs)
+            if bound is None:
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+            args, kwargs = bound, {}
+        key = _signature(args)
         program = programs.get(key) if key is not None else None
         if program is not None:
-            return program(*args)
+            return program.forward(*args)  # a program has no hooks: skip Module.__call__'s own checks
         if key is None or key in programs or len(programs) >= MAX_SIGNATURES:
             # The portable graph. Not super().__call__: fx's call wrapper looks itself up on the
             # instance's class, which would come back here.

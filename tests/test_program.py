@@ -71,7 +71,7 @@ def test_program_computes_the_portable_graphs_values(name):
     # Same codes: the rules take each decision the run-time kernels take, with the same helpers.
     assert torch.equal(got, portable), (got - portable).abs().max()
     calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
-    assert calls & ONEDNN, f"no oneDNN call in the program of {name}"
+    assert calls & (ONEDNN | {lr.linear_row}), f"no oneDNN call (or _int_mm linear) in the program of {name}"
     assert not any(getattr(t, "_qualified_op_name", "").startswith("lucid_fx::") for t in calls), \
         "a program calls kernel functions, not the dispatcher's lucid_fx ops"
 
@@ -161,13 +161,48 @@ def test_a_weight_edited_after_convert_reaches_the_program_after_recompile():
     assert torch.equal(after_portable, after_program) and not torch.equal(after_program, before)
 
 
-def test_keyword_calls_and_hooks_run_the_portable_graph():
+class _Keyword(nn.Module):
+    """A forward called with keywords and a default, as transformers models are."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x, mask=None):
+        y = self.fc(x)
+        return y if mask is None else y + mask
+
+
+def test_keyword_calls_run_the_program_of_the_positional_call():
+    torch.manual_seed(0)
+    model, x, mask = _Keyword().eval(), torch.randn(4, 64), torch.randn(4, 64)
+    q = lucid_fx.quantize(model, (x, mask), [(x, mask), (2 * x, mask)])
+    portable = q(x, mask)
+    assert torch.equal(q(x=x, mask=mask), portable) and torch.equal(q(x, mask=mask), portable)
+    assert len(programs_of(q)) == 1, "keywords bind to the same signature as the positional call"
+    assert torch.equal(q(mask=mask, x=x), portable) and len(programs_of(q)) == 1
+    with pytest.raises(TypeError, match="masks"):
+        q(x=x, masks=mask)  # a keyword the forward does not take: Python's own message
+    assert len(programs_of(q)) == 1
+
+
+def test_keywords_bind_to_positions_with_defaults_filled_in():
+    def forward(pixel_values, interpolate_pos_encoding=None, return_dict=True):
+        pass
+
+    params = program_module._parameters(forward)
+    assert program_module._bind(params, (1,), {"return_dict": False}) == (1, None, False)
+    assert program_module._bind(params, (), {"pixel_values": 1}) == (1, None, True)
+    assert program_module._bind(params, (1,), {"pixel_values": 2}) is None  # given twice: Python's error
+    assert program_module._bind(params, (), {"return_dict": False}) is None  # pixel_values missing
+    assert program_module._bind(params, (1, 2, 3, 4), {"x": 1}) is None
+    assert program_module._parameters(lambda x, *rest: x) is None
+    assert program_module._parameters(lambda x, **rest: x) is None
+
+
+def test_hooks_run_the_portable_graph():
     model, x = _mlp()
     q = _quantize(model, x)
-    (placeholder,) = [n.name for n in q.graph.nodes if n.op == "placeholder"]
-    q(**{placeholder: x})
-    q(**{placeholder: x})
-    assert programs_of(q) == {}
     seen = []
     q.register_forward_hook(lambda module, args, out: seen.append(out))
     q(x)

@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import cpu_float, native, program_ops
-from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale
+from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, small_gemm
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU"]
@@ -45,7 +45,8 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     if x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
         return None
     qw = b.attr(qw_n)
-    if qw is not None and x.numel() == qw.shape[1] and onednn._linear_row_on_int_mm(post_op, dtype):
+    if (qw is not None and small_gemm(x.numel() // qw.shape[1], *qw.shape)
+            and onednn._linear_row_on_int_mm(post_op, dtype)):
         return _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op)
     weights = _weights(b, node, qw_n, ws_n, bias_n)
     if weights is None:
@@ -78,10 +79,12 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
 
 
 def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op):
-    """One row (batch 1, or a 1x1 image): linear_row, _int_mm's matrix-vector product and oneDNN's float steps."""
+    """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row, _int_mm
+    and oneDNN's float steps. The program owns a copy of the weight, as it owns oneDNN's packed one:
+    an edit in place reaches it only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
-    row = b.const(row_linear(qw2d, ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype)), "row")
-    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (1, qw2d.shape[1]))
+    row = b.const(row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype)), "row")
+    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))
     out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     return out if len(shape) == 2 else b.call_method("view", out, shape)
 

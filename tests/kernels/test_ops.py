@@ -210,6 +210,27 @@ def test_folded_biases_stay_bounded_and_follow_replaced_tensors():
         assert cpu.FOLDED_BIASES.count(qw, lambda k: k[0] == "zero point in bias") == cpu.FOLDED_GRIDS
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_replaced_or_edited_bias_reaches_the_result_at_every_batch(rows):
+    # One row runs on linear_row where the Target says so: its constants once came from a cache
+    # keyed by the weight alone, so a new bias (or one edited in place) was silently ignored, and
+    # every dynamic-quantization grid added an entry that lived as long as the weight.
+    qw, ws = weight((8, 16))
+    qx, xs, xz = act((rows, 16), scale=0.03, seed=0)
+    builds = cpu.PACKED.builds
+    with K.use_onednn(True):
+        for i in range(3):
+            bias = torch.full((8,), float(i))
+            y = F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws), bias)
+            assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 1.0, 0, "none", torch.float32), y)
+            bias.add_(0.5)  # the same tensor, edited
+            assert_close(ops.linear(qx, xs, xz, qw, ws, bias, 1.0, 0, "none", torch.float32), y + 0.5)
+        for i in range(3 * cpu.FOLDED_GRIDS):  # one grid per batch, as dynamic quantization makes
+            ops.linear(qx, 0.03 + 0.001 * i, xz, qw, ws, bias, 1.0, 0, "none", torch.float32)
+    assert cpu.PACKED.count(qw, lambda k: k[0] == "row") == 0
+    assert cpu.PACKED.builds - builds <= 1  # at most the one oneDNN pack (rows > 1)
+
+
 @pytest.mark.parametrize("kind", ["avx2", "avx512_vnni", "amx"])
 def test_no_fold_where_the_accumulator_could_round_in_float32(kind):
     # 255 * sum|w| >= 2^24: the raw accumulator would lose bits in float32, so the zero point stays

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 import lucid_fx
+from lucid_fx.kernels.linear_row import linear_row
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from models import ResNetLike, _init_bn
 
@@ -37,8 +38,9 @@ def test_table_chains_and_the_float_boundary_become_one_lookup():
     portable = [getattr(t, "__name__", str(t)) for t in _targets(q)]
     assert portable == ["quantize_per_tensor", "linear", "lut", "lut", "dequantize_per_tensor"]
     lowered = _targets(program)
-    # quantize, the linear (oneDNN's linear, or a 1x1 convolution on CPUs without VNNI), one float lookup
-    assert lowered[1] in (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default) and len(lowered) == 3
+    # quantize, the linear (oneDNN's linear, a 1x1 convolution on CPUs without VNNI, or at this
+    # size _int_mm's linear_row where the Target takes it), one float lookup
+    assert lowered[1] in (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default, linear_row) and len(lowered) == 3
     assert [n.name for n in program.graph.nodes if n.op == "call_function"][-1] == "dequantize_per_tensor"
     assert torch.equal(program(x), out)
 
