@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels.library import KERNELS, op_name
+from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
 from lucid_fx.rules.program_cpu import PROGRAM_RULES_CPU
 
 __all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES"]
@@ -63,7 +64,7 @@ class ProgramBuilder:
 
     def read_later(self, value: fx.Node, node: fx.Node) -> bool:
         """Whether anything reads ``value`` after ``node`` (or it is an input or output of the model)."""
-        if value.op == "placeholder":
+        if value.op in ("placeholder", "get_attr"):  # an input, or a constant every call reads
             return True
         return any(u is not node and (u.op == "output" or self._order.get(u, -1) > self._order[node]) for u in value.users)
 
@@ -105,7 +106,7 @@ class ProgramBuilder:
             name = node.name
             self.graph.erase_node(node)
             new.name = name  # errors name the portable node (the namespace keeps the name reserved)
-        self.graph.eliminate_dead_code()
+        self.graph.eliminate_dead_code(is_impure_node=kept_by_dead_code_elimination)
 
 
 class _Recorder(fx.Interpreter):
@@ -140,6 +141,7 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     for node in program.graph.nodes:
         if node.name in values:
             node.meta["val"] = values[node.name]
+    fold_signature_constants(program, values)
     builder = ProgramBuilder(program, device)
     builder.rewrite(PROGRAM_RULES.get(device, {}))
     program.graph.lint()

@@ -201,3 +201,42 @@ LUT_MUL(lucid_lut_mul_int8, int8_t)
 
 REQUANTIZE_SCALED(lucid_requantize_uint8, uint8_t)
 REQUANTIZE_SCALED(lucid_requantize_int8, int8_t)
+
+/* Dequantize n dense 8-bit codes: out = ((float)q - zp) * scale, lucid_fx.kernels.codes.dequant's
+ * two float32 steps (the subtraction is exact), one pass. */
+#define DEQUANTIZE(NAME, CODE)                                                                     \
+    void NAME(const CODE *restrict q, float *restrict out, int64_t n, int32_t zp, float scale) {   \
+        const float z = (float)zp;                                                                 \
+        for (int64_t i = 0; i < n; i++) out[i] = ((float)q[i] - z) * scale;                        \
+    }
+
+DEQUANTIZE(lucid_dequantize_uint8, uint8_t)
+DEQUANTIZE(lucid_dequantize_int8, int8_t)
+
+/* The product of two 8-bit code tensors of any strides, broadcast to a 6-d shape: geometry holds
+ * the shape, then a's, b's and out's strides in elements (0 along a broadcast dim), 6 each.
+ * out = requantize((a - a_zp) * (b - b_zp) * mult): program_ops.mul_codes's values bit for bit
+ * (the product of two centred codes is exact in float32, then one float32 multiply). */
+#define MUL_STRIDED(NAME, CODE)                                                                    \
+    void NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out,                   \
+              const int64_t *restrict g, int32_t a_zp, int32_t b_zp, float mult, int32_t zp,         \
+              int32_t low, int32_t high) {                                                         \
+        const int64_t *s = g, *sa = g + 6, *sb = g + 12, *so = g + 18;                              \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        for (int64_t i0 = 0; i0 < s[0]; i0++)                                                      \
+        for (int64_t i1 = 0; i1 < s[1]; i1++)                                                      \
+        for (int64_t i2 = 0; i2 < s[2]; i2++)                                                      \
+        for (int64_t i3 = 0; i3 < s[3]; i3++)                                                      \
+        for (int64_t i4 = 0; i4 < s[4]; i4++) {                                                    \
+            const int64_t oa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3] + i4 * sa[4];      \
+            const int64_t ob = i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3] + i4 * sb[4];      \
+            const int64_t oo = i0 * so[0] + i1 * so[1] + i2 * so[2] + i3 * so[3] + i4 * so[4];      \
+            for (int64_t i5 = 0; i5 < s[5]; i5++) {                                                \
+                int32_t prod = ((int32_t)a[oa + i5 * sa[5]] - a_zp) * ((int32_t)b[ob + i5 * sb[5]] - b_zp); \
+                out[oo + i5 * so[5]] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);           \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+MUL_STRIDED(lucid_mul_strided_uint8, uint8_t)
+MUL_STRIDED(lucid_mul_strided_int8, int8_t)

@@ -73,6 +73,8 @@ SIGNATURES = {
     "lut": ((_P, _P, _P, _I64, _I32), None, (*_CODES, torch.float32)),  # codes, table, out, n, flip
     "requantize": ((_P, _P, _I64, _F, _I32, _I32, _I32), None, _CODES),  # y, out, n, mult, zp, low, high
     "lut_mul": ((_P, _P, _I32, _P, _P, _I32, _P, _I64, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
+    "dequantize": ((_P, _P, _I64, _I32, _F), None, _CODES),  # codes, out, n, zp, scale
+    "mul_strided": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),  # a, b, out, geometry, ...
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

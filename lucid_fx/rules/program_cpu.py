@@ -16,9 +16,11 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import cpu_float, native, program_ops
+from lucid_fx.kernels import cpu_float, program_ops
 from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, small_gemm
-from lucid_fx.kernels.reference import ONEDNN_POST_OPS, dequant, f32_reciprocal
+from lucid_fx.kernels.reference import ONEDNN_POST_OPS
+from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
+from lucid_fx.rules.program_cpu_elementwise import step as _step
 
 __all__ = ["PROGRAM_RULES_CPU"]
 
@@ -139,19 +141,6 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
                   out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
 
 
-def _step(name: str) -> Callable:
-    """The run-time function ``name``: lucid_fx.kernels.native's one C pass where the native kernels
-    are loaded, else program_ops' torch ops (the same values; both modules define it)."""
-    return getattr(native if native.available() else program_ops, name)
-
-
-def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native pass, or 4-5 torch ops; NaN check included
-    x, scale, zp, qmin, qmax, dtype = node.args
-    if b.value(x).dtype != torch.float32:
-        return None
-    return b.call(_step("quantize_codes"), x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
-
-
 def max_pool2d(b, node):  # max_pool2d of codes -> the maximum of strided views
     q, kernel, stride, padding, dilation, ceil_mode = node.args
     kernel = list(kernel)
@@ -179,69 +168,6 @@ def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> 
     return pooled if keepdim else b.call_method("reshape", pooled, tuple(value.shape[:2]))
 
 
-def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same codes
-    inner, outer_table = node.args
-    if b.op_name(inner) != "lut" or len(inner.users) != 1:
-        return None
-    q, inner_table = inner.args
-    t1, t2 = b.attr(inner_table), b.attr(outer_table)
-    index = (t1.view(torch.uint8) ^ 128).long() if t1.dtype == torch.int8 else t1.long()
-    return b.call(b.kernel("lut"), q, b.const(t2[index].contiguous(), "lut"))
-
-
-def _binary_args(b, node):
-    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op = node.args
-    a, other, out = b.value(qa), b.value(qb), b.value(node)
-    if a.dtype not in (torch.uint8, torch.int8) or other.dtype != a.dtype or out.dtype != a.dtype or post_op not in (
-            "none", "relu"):
-        return None
-    bounds = program_ops.code_bounds(a.dtype, out_zp, post_op)
-    return qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, bounds, a.dtype
-
-
-def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multipliers once, no float32 -> 8-bit cast
-    found = _binary_args(b, node) if b.kernel("add") is cpu_float.add else None
-    if found is None:
-        return None
-    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
-    return b.call(program_ops.add_codes, qa, a_zp, a_scale / out_scale, qb, b_zp, b_scale / out_scale, out_zp, low,
-                  high, dtype)
-
-
-def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast
-    found = _binary_args(b, node) if b.kernel("mul") is cpu_float.mul else None
-    if found is None:
-        return None
-    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
-    mult = a_scale * b_scale / out_scale
-    looked_up = _lookups(b, qa, qb, dtype) if native.available() else None
-    if looked_up is not None:  # a gated MLP's act(x) * gate(y): both lookups and the product in one pass
-        (ca, ta), (cb, tb) = looked_up
-        return b.call(native.lut_mul_codes, ca, ta, a_zp, cb, tb, b_zp, mult, out_zp, low, high, dtype)
-    if native.is_gate(b.value(qb), b.value(qa)):  # gate * x: the product of two codes commutes exactly
-        qa, a_zp, qb, b_zp = qb, b_zp, qa, a_zp
-    if native.available() and native.is_gate(b.value(qa), b.value(qb)):
-        return b.call(native.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)  # squeeze-excite
-    return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
-
-
-def _lookups(b, qa, qb, dtype):
-    """The codes and tables of ``lut(ca, ta)`` and ``lut(cb, tb)``, if ``qa`` and ``qb`` are such
-    lookups of one shape and layout that nothing else reads (None otherwise)."""
-    found = []
-    for q in (qa, qb):
-        if b.op_name(q) != "lut" or len(q.users) != 1:
-            return None
-        codes, table = q.args
-        found.append((codes, table))
-    (ca, ta), (cb, tb) = found
-    a, c = b.value(ca), b.value(cb)
-    if a.shape != c.shape or a.stride() != c.stride() or any(
-            t is None or t.dtype != dtype or t.numel() != 256 for t in (b.attr(ta), b.attr(tb))):
-        return None
-    return found
-
-
 def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
@@ -260,27 +186,14 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_code
     return b.call(_step("softmax_codes"), q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
-def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
-    q, scale, zp = node.args
-    if b.op_name(q) != "lut" or len(q.users) != 1:
-        return None
-    codes, table = q.args
-    floats = dequant(b.attr(table), scale, zp)  # the same float32 arithmetic, once per table entry
-    return b.call(b.kernel("lut"), codes, b.const(floats.contiguous(), "lut"))
-
-
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
-    "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "max_pool2d": max_pool2d,  # -> program_ops.max_pool_taps
     "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> native / program_ops.global_avg_pool_codes
     "mean": mean,  # over H and W -> the same global average pool
-    "lut": lut,  # lut(lut(q)) -> one composed table
-    "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
-    "mul": mul,  # -> native.gate_mul_codes (squeeze-excite) or program_ops.mul_codes
     "matmul": matmul,  # -> native / program_ops.matmul_codes
     "softmax": softmax,  # -> native / program_ops.softmax_codes
-    "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> one lookup in a float table
+    **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
 }

@@ -1,0 +1,86 @@
+"""Native one-pass kernels for elementwise steps of programs: dequantize, and the product of two
+code tensors of any strides and broadcast (llama's rotary ``q * cos``, a layer scale, a norm's
+weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
+kernels are not loaded (:mod:`lucid_fx.kernels.native`) or the operands are not what the program
+was built for.
+
+>>> a = torch.tensor([[130, 126]], dtype=torch.uint8)  # values 2 and -2 (zero point 128)
+>>> b = torch.tensor([[1], [3]], dtype=torch.uint8)  # values 1 and 3 (zero point 0)
+>>> plan = broadcast_plan(a, b, torch.empty(2, 2, dtype=torch.uint8))
+>>> mul_codes(a, 128, b, 0, 1.0, 100, 0, 255, torch.uint8, plan)  # codes of a * b on zero point 100
+tensor([[102,  98],
+        [106,  94]], dtype=torch.uint8)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from lucid_fx.kernels import program_ops
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.codes import f32
+from lucid_fx.kernels.native import _function
+
+__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "dequantize_codes", "MAX_DIMS"]
+
+MAX_DIMS = 6
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """How two operands broadcast to an output, decided when a program is built: the strides the
+    operands must have at run time, the output's shape and strides, and the C loop's geometry
+    (shape, then a's, b's and out's strides in elements, ``MAX_DIMS`` each, outermost first)."""
+
+    a_stride: Tuple[int, ...]
+    b_stride: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    out_stride: Tuple[int, ...]
+    geometry: torch.Tensor  # int64 (4 * MAX_DIMS,)
+
+
+def _broadcast_strides(t: torch.Tensor, shape: Tuple[int, ...]) -> list:
+    lead = len(shape) - t.dim()
+    return [0] * lead + [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+
+
+def broadcast_plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Optional[Broadcast]:
+    """The plan for ``out = a * b`` with these (fake or real) values' shapes and strides; None past
+    ``MAX_DIMS`` dims or where ``a`` and ``b`` do not broadcast to ``out``'s shape."""
+    shape = tuple(out.shape)
+    if len(shape) > MAX_DIMS or tuple(torch.broadcast_shapes(a.shape, b.shape)) != shape:
+        return None
+    sa, sb, so = _broadcast_strides(a, shape), _broadcast_strides(b, shape), list(out.stride())
+    order = sorted(range(len(shape)), key=lambda d: -so[d])  # the output's memory order: inner loop last
+    pad = MAX_DIMS - len(shape)
+    rows = [[1] * pad + [shape[d] for d in order]] + [[0] * pad + [s[d] for d in order] for s in (sa, sb, so)]
+    geometry = torch.tensor([v for row in rows for v in row], dtype=torch.int64)
+    return Broadcast(tuple(a.stride()), tuple(b.stride()), shape, tuple(out.stride()), geometry)
+
+
+def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, plan: Broadcast):
+    """:func:`lucid_fx.kernels.program_ops.mul_codes` in one pass, for operands with the strides of
+    ``plan``; its values bit for bit, in the layout the program recorded."""
+    fn = _function("mul_strided", dtype)
+    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
+            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
+        return program_ops.mul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
+    out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
+    fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, zp, low, high)
+    return out
+
+
+def dequantize_codes(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+    """``lucid_fx::dequantize_per_tensor`` (float32 ``(q - zp) * scale``) of dense 8-bit codes in one
+    pass, in ``q``'s layout: the reference kernel's values bit for bit."""
+    fn = _function("dequantize", q.dtype)
+    if fn is None or q.device.type != "cpu":
+        return ref.dequantize_per_tensor(q, scale, zp)
+    out = torch.empty_like(q, dtype=torch.float32)
+    if out.stride() != q.stride():  # not dense: the reference kernel's layout
+        return ref.dequantize_per_tensor(q, scale, zp)
+    fn(q.data_ptr(), out.data_ptr(), q.numel(), zp, f32(scale))
+    return out

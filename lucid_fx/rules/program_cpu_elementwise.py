@@ -1,0 +1,140 @@
+"""Program rules for the CPU's elementwise steps: the float boundary, table lookups, add, mul and cat.
+
+Rules as in :mod:`lucid_fx.rules.program_cpu` (whose table includes these): ``rule(b, node)`` returns
+the program node computing the same codes, or None to decline. Run-time steps come from
+:mod:`lucid_fx.kernels.native` (one C pass) where it is loaded, else from
+:mod:`lucid_fx.kernels.program_ops` (torch ops, the same values).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import torch
+from torch import fx
+
+from lucid_fx.kernels import cpu_float, native, native_elementwise, program_ops
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.reference import dequant, f32_reciprocal
+
+__all__ = ["PROGRAM_RULES_CPU_ELEMENTWISE", "step"]
+
+
+def step(name: str) -> Callable:
+    """The run-time function ``name``: lucid_fx.kernels.native's one C pass where the native kernels
+    are loaded, else program_ops' torch ops (the same values; both modules define it)."""
+    return getattr(native if native.available() else program_ops, name)
+
+
+def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native pass, or 4-5 torch ops; NaN check included
+    x, scale, zp, qmin, qmax, dtype = node.args
+    if b.value(x).dtype != torch.float32:
+        return None
+    return b.call(step("quantize_codes"), x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
+
+
+def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same codes
+    inner, outer_table = node.args
+    if b.op_name(inner) != "lut" or len(inner.users) != 1:
+        return None
+    q, inner_table = inner.args
+    t1, t2 = b.attr(inner_table), b.attr(outer_table)
+    index = (t1.view(torch.uint8) ^ 128).long() if t1.dtype == torch.int8 else t1.long()
+    return b.call(b.kernel("lut"), q, b.const(t2[index].contiguous(), "lut"))
+
+
+def _binary_args(b, node):
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op = node.args
+    a, other, out = b.value(qa), b.value(qb), b.value(node)
+    if a.dtype not in (torch.uint8, torch.int8) or other.dtype != a.dtype or out.dtype != a.dtype or post_op not in (
+            "none", "relu"):
+        return None
+    bounds = program_ops.code_bounds(a.dtype, out_zp, post_op)
+    return qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, bounds, a.dtype
+
+
+def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multipliers once, no float32 -> 8-bit cast
+    found = _binary_args(b, node) if b.kernel("add") is cpu_float.add else None
+    if found is None:
+        return None
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
+    return b.call(program_ops.add_codes, qa, a_zp, a_scale / out_scale, qb, b_zp, b_scale / out_scale, out_zp, low,
+                  high, dtype)
+
+
+def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast
+    found = _binary_args(b, node) if b.kernel("mul") is cpu_float.mul else None
+    if found is None:
+        return None
+    qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
+    mult = a_scale * b_scale / out_scale
+    looked_up = _lookups(b, qa, qb, dtype) if native.available() else None
+    if looked_up is not None:  # a gated MLP's act(x) * gate(y): both lookups and the product in one pass
+        (ca, ta), (cb, tb) = looked_up
+        return b.call(native.lut_mul_codes, ca, ta, a_zp, cb, tb, b_zp, mult, out_zp, low, high, dtype)
+    if native.is_gate(b.value(qb), b.value(qa)):  # gate * x: the product of two codes commutes exactly
+        qa, a_zp, qb, b_zp = qb, b_zp, qa, a_zp
+    if native.available() and native.is_gate(b.value(qa), b.value(qb)):
+        return b.call(native.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)  # squeeze-excite
+    plan = native_elementwise.broadcast_plan(b.value(qa), b.value(qb), b.value(node)) if native.available() else None
+    if plan is not None:  # any strides and broadcast (a rotary q * cos, a layer scale): one pass
+        return b.call(native_elementwise.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype, b.const(plan, "plan"))
+    return b.call(program_ops.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
+
+
+def _lookups(b, qa, qb, dtype):
+    """The codes and tables of ``lut(ca, ta)`` and ``lut(cb, tb)``, if ``qa`` and ``qb`` are such
+    lookups of one shape and layout that nothing else reads (None otherwise)."""
+    found = []
+    for q in (qa, qb):
+        if b.op_name(q) != "lut" or len(q.users) != 1:
+            return None
+        codes, table = q.args
+        found.append((codes, table))
+    (ca, ta), (cb, tb) = found
+    a, c = b.value(ca), b.value(cb)
+    if a.shape != c.shape or a.stride() != c.stride() or any(
+            t is None or t.dtype != dtype or t.numel() != 256 for t in (b.attr(ta), b.attr(tb))):
+        return None
+    return found
+
+
+def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
+    q, scale, zp = node.args
+    if b.op_name(q) != "lut" or len(q.users) != 1:
+        return b.call(native_elementwise.dequantize_codes, q, scale, zp) if native.available() else None
+    codes, table = q.args
+    floats = dequant(b.attr(table), scale, zp)  # the same float32 arithmetic, once per table entry
+    return b.call(b.kernel("lut"), codes, b.const(floats.contiguous(), "lut"))
+
+
+def _all_codes(dtype: torch.dtype) -> torch.Tensor:
+    """Every code of ``dtype`` in table order (int8 from -128: ``lucid_fx::lut``'s index)."""
+    info = torch.iinfo(dtype)
+    return torch.arange(info.min, info.max + 1).to(dtype)
+
+
+def cat(b, node):  # cat of codes -> torch.cat, an input on another grid through its 256-entry table first
+    qs, scales, zps, dim, out_scale, out_zp = node.args
+    dtype = b.value(node).dtype
+    if dtype not in (torch.uint8, torch.int8) or any(b.value(q).dtype != dtype for q in qs):
+        return None
+    parts = []
+    for q, scale, zp in zip(qs, scales, zps):
+        if (scale, zp) == (out_scale, out_zp):
+            parts.append(q)
+            continue
+        # The reference requantization of every code, once: the same arithmetic per element.
+        table = ref.cat([_all_codes(dtype)], [scale], [zp], 0, out_scale, out_zp)
+        parts.append(b.call(b.kernel("lut"), q, b.const(table, "lut")))
+    return b.call(torch.cat, parts, dim)
+
+
+PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
+    "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
+    "lut": lut,  # lut(lut(q)) -> one composed table
+    "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
+    "mul": mul,  # -> native.gate_mul_codes (squeeze-excite), native_elementwise.mul_codes, or program_ops.mul_codes
+    "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> a float table; else one native pass
+    "cat": cat,  # -> torch.cat; inputs on other grids through a requantizing table
+}

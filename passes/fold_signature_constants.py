@@ -1,0 +1,176 @@
+"""fold_signature_constants: values a program would compute the same way on every call become constants.
+
+A program is built for one input signature (:mod:`lucid_fx.program`): the inputs' shapes, dtypes and
+strides are fixed, so everything computed only from the model's constants and the inputs' shapes is
+the same on every call. Transformers models compute a lot of it per call: Llama's rotary cos/sin
+tables from ``arange(seq_len)`` (a quantize, a matmul, a cat and two lookups per call), ViT's class
+token expanded to the batch. This pass computes such values once, with the same kernels, and the
+program reads them as constants: the same values, none of the calls.
+
+What counts as constant: ``get_attr`` (the converted model's tensors), reads of an input's
+``shape``/``size()``/``dim()``/``dtype`` (fixed by the signature; the recorded values say what
+they are), and a pure call whose inputs are all constant. Never folded:
+
+- ``call_module`` (a child may keep state), impure calls (``Node.is_impure``: asserts, random ops)
+  and anything named like a random or uninitialised op;
+- every value an in-place op writes (``x.copy_(...)``, ``x[i] = v``, ``inplace=True``, a mutable
+  schema), and everything it was computed from: a folded tensor is shared by every call;
+- a returned value, and what it is a view of: the caller may write into what it gets back.
+
+Weights edited in place after convert reach a program only through ``recompile`` (documented in
+:mod:`lucid_fx.program`); folded values follow the same rule.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from typing import Any, Dict, Set
+
+import torch
+from torch import fx
+
+__all__ = ["fold_signature_constants", "writes_in_place", "kept_by_dead_code_elimination", "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
+
+#: Attributes and methods of an input tensor the signature fixes.
+SHAPE_ATTRIBUTES = frozenset({"shape", "dtype", "ndim"})
+SHAPE_METHODS = frozenset({"size", "dim", "numel", "stride"})
+_UNSTABLE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "empty", "seed")
+# Calls whose result may share the memory of their first argument.
+_ALIASING = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "transpose", "permute", "t", "unsqueeze",
+    "squeeze", "flatten", "unflatten", "getitem", "narrow", "select", "as_strided", "contiguous", "to", "type_as",
+    "float", "detach", "split", "chunk", "unbind", "movedim", "swapaxes", "diagonal", "real", "alias", "unfold",
+})
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+def writes_in_place(node: fx.Node) -> bool:
+    """Whether ``node`` writes into its first argument."""
+    name = _name(node)
+    if node.target is operator.setitem or node.kwargs.get("inplace") is True or "out" in node.kwargs:
+        return True
+    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+        return True
+    return node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("_")
+
+
+def _ancestors(nodes, through_all: bool) -> Set[fx.Node]:
+    """``nodes`` and what they were computed from: through every input, or only through views."""
+    seen: Set[fx.Node] = set()
+    stack = [n for n in nodes if isinstance(n, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if through_all:
+            stack.extend(node.all_input_nodes)
+        elif _name(node) in _ALIASING and node.args and isinstance(node.args[0], fx.Node):
+            stack.append(node.args[0])
+    return seen
+
+
+def _pinned(graph: fx.Graph) -> Set[fx.Node]:
+    """Values folding must leave to run time: written in place (and their sources), or returned (and their views' bases)."""
+    written = [n.args[0] for n in graph.nodes if writes_in_place(n) and n.args]
+    outputs = []
+    for n in graph.nodes:
+        if n.op == "output":
+            fx.node.map_arg(n.args, outputs.append)
+    return _ancestors(written, through_all=True) | _ancestors(outputs, through_all=False) | set(written)
+
+
+def _shape_read(node: fx.Node, values: Dict[str, Any]) -> bool:
+    source = node.args[0] if node.args else None
+    if not (isinstance(source, fx.Node) and isinstance(values.get(source.name), torch.Tensor)):
+        return False
+    if node.op == "call_function" and node.target is builtins.getattr:
+        return node.args[1] in SHAPE_ATTRIBUTES
+    return node.op == "call_method" and node.target in SHAPE_METHODS
+
+
+def _foldable(node: fx.Node, known: Dict[fx.Node, Any], pinned: Set[fx.Node], values: Dict[str, Any]) -> bool:
+    if node.op not in ("call_function", "call_method") or node.is_impure():
+        return False
+    if node in pinned and isinstance(values.get(node.name), torch.Tensor):  # numbers and shapes cannot be written
+        return False
+    if any(word in _name(node).lower() for word in _UNSTABLE):
+        return False
+    return all(n in known for n in node.all_input_nodes)
+
+
+def _evaluate(node: fx.Node, known: Dict[fx.Node, Any]) -> Any:
+    args = fx.node.map_arg(node.args, known.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, known.__getitem__)
+    if node.op == "call_method":
+        self_arg, *rest = args
+        return getattr(self_arg, node.target)(*rest, **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def fold_signature_constants(gm: fx.GraphModule, values: Dict[str, Any]) -> int:
+    """Fold, in place, what ``gm`` computes the same on every call with the signature ``values``
+    were recorded on (node name -> meta tensor, :func:`~lucid_fx.passes.lower_to_program.record_values`).
+    Folded tensors become plain attributes (never state) read by ``get_attr``; folded numbers and
+    shapes go into their users' arguments. Returns how many nodes were folded."""
+    graph, pinned = gm.graph, _pinned(gm.graph)
+    known: Dict[fx.Node, Any] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            known[node] = value
+        elif node.op == "call_function" and node.target is builtins.getattr and _shape_read(node, values):
+            known[node] = getattr(values[node.args[0].name], node.args[1])
+        elif node.op == "call_method" and _shape_read(node, values):
+            meta = values[node.args[0].name]
+            known[node] = getattr(meta, node.target)(*node.args[1:], **node.kwargs)
+        elif _foldable(node, known, pinned, values):
+            with torch.no_grad():
+                known[node] = _evaluate(node, known)
+    folded = 0
+    for node in list(graph.nodes):
+        if node not in known or node.op == "get_attr" or not node.users:
+            continue
+        value = known[node]
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "meta":
+                continue  # a shape-only value: the data is not known here
+            name = f"_folded_{node.name}"
+            gm.__dict__[name] = value  # a plain attribute, not a buffer: never state
+            with graph.inserting_before(node):
+                new = graph.create_node("get_attr", name)
+            new.meta = dict(node.meta)
+            node.replace_all_uses_with(new)
+        elif _inlinable(value):
+            for user in list(node.users):
+                user.args = fx.node.map_aggregate(user.args, lambda a: value if a is node else a)
+                user.kwargs = fx.node.map_aggregate(user.kwargs, lambda a: value if a is node else a)
+        else:
+            continue
+        folded += 1
+    graph.eliminate_dead_code(is_impure_node=kept_by_dead_code_elimination)
+    return folded
+
+
+def kept_by_dead_code_elimination(node: fx.Node) -> bool:
+    """What dead-code elimination must keep, read or not: impure calls, calls that write in place
+    (fx's own test keeps neither ``x.copy_(y)`` nor ``x[i] = v`` when nothing reads the result), and children."""
+    return node.is_impure() or writes_in_place(node) or node.op == "call_module"
+
+
+def _inlinable(value: Any) -> bool:
+    """Whether ``value`` can stand in an fx argument (numbers, shapes, dtypes, devices, tuples of them)."""
+    if isinstance(value, (int, float, bool, str, torch.dtype, torch.device, type(None))):
+        return True
+    return isinstance(value, (tuple, list, torch.Size)) and all(_inlinable(v) for v in value)

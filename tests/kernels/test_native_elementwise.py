@@ -1,0 +1,87 @@
+"""lucid_fx/kernels/native_elementwise.py: the one-pass product of broadcast code tensors and the
+one-pass dequantize give program_ops' and the reference kernel's values bit for bit, in the layout
+the program recorded, and fall back to them where the native kernels are off or the strides moved."""
+
+import pytest
+import torch
+
+from lucid_fx.kernels import native_elementwise as ne
+from lucid_fx.kernels import program_ops
+from lucid_fx.kernels import reference as ref
+
+
+def _codes(shape, dtype, seed):
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max + 1, shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _out_like(a, b):
+    """The output torch's own product gives (its shape and strides), as the program recorded it."""
+    return torch.mul(a.to(torch.float32), b.to(torch.float32))
+
+
+CASES = {
+    "same shape": (lambda d: (_codes((2, 4, 16, 16), d, 0), _codes((2, 4, 16, 16), d, 1))),
+    "rotary q * cos": (lambda d: (_codes((2, 4, 16, 16), d, 0), _codes((1, 1, 16, 16), d, 1))),
+    "transposed heads": (lambda d: (_codes((2, 16, 4, 16), d, 0).transpose(1, 2), _codes((1, 1, 16, 16), d, 1))),
+    "layer scale, channels-last": (lambda d: (_codes((2, 8, 5, 5), d, 0).contiguous(memory_format=torch.channels_last),
+                                              _codes((8, 1, 1), d, 1))),
+    "row vector": (lambda d: (_codes((3, 7), d, 0), _codes((7,), d, 1))),
+    "both broadcast": (lambda d: (_codes((3, 1, 5), d, 0), _codes((1, 4, 1), d, 1))),
+    "six dims": (lambda d: (_codes((2, 1, 3, 2, 1, 4), d, 0), _codes((1, 2, 1, 2, 3, 4), d, 1))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype,zps,out_zp", [(torch.uint8, (128, 3), 100), (torch.uint8, (0, 255), 7),
+                                              (torch.int8, (0, -5), 0), (torch.int8, (3, 0), -1)])
+def test_the_product_equals_program_ops_bit_for_bit_in_the_recorded_layout(native_on, case, dtype, zps, out_zp):
+    a, b = CASES[case](dtype)
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
+    plan = ne.broadcast_plan(a, b, _out_like(a, b))
+    assert plan is not None
+    for mult in (0.0123, 1.0 / 3, 0.5):  # 0.5 puts products on exact ties
+        got = ne.mul_codes(a, zps[0], b, zps[1], mult, out_zp, low, high, dtype, plan)
+        expected = program_ops.mul_codes(a, zps[0], b, zps[1], mult, out_zp, low, high, dtype)
+        assert got.stride() == expected.stride() and got.dtype == dtype
+        assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
+
+
+def test_relu_bounds_and_an_operand_with_other_strides_than_planned(native_on):
+    a, b = _codes((2, 4, 16, 16), torch.uint8, 0), _codes((1, 1, 16, 16), torch.uint8, 1)
+    low, high = program_ops.code_bounds(torch.uint8, 90, "relu")
+    plan = ne.broadcast_plan(a, b, _out_like(a, b))
+    got = ne.mul_codes(a, 128, b, 128, 0.01, 90, low, high, torch.uint8, plan)
+    assert int(got.min()) >= 90 and torch.equal(got, program_ops.mul_codes(a, 128, b, 128, 0.01, 90, low, high, torch.uint8))
+    moved = a.transpose(2, 3)  # not what the plan was built for: the torch kernels, the same values
+    got = ne.mul_codes(moved, 128, b, 128, 0.01, 90, low, high, torch.uint8, plan)
+    assert torch.equal(got, program_ops.mul_codes(moved, 128, b, 128, 0.01, 90, low, high, torch.uint8))
+
+
+def test_no_plan_past_six_dims_or_for_shapes_that_do_not_broadcast():
+    a = torch.zeros((1,) * 7, dtype=torch.uint8)
+    assert ne.broadcast_plan(a, a, a) is None
+    a, b = torch.zeros(3, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.uint8)
+    assert ne.broadcast_plan(a, b, torch.zeros(2, 3, 4)) is None
+
+
+def test_without_the_native_kernels_the_torch_kernels_run(native_env):
+    native_env(LUCID_FX_NATIVE="0")
+    a, b = _codes((2, 4, 16, 16), torch.uint8, 0), _codes((1, 1, 16, 16), torch.uint8, 1)
+    plan = ne.broadcast_plan(a, b, _out_like(a, b))
+    assert torch.equal(ne.mul_codes(a, 1, b, 2, 0.1, 3, 0, 255, torch.uint8, plan),
+                       program_ops.mul_codes(a, 1, b, 2, 0.1, 3, 0, 255, torch.uint8))
+    q = _codes((3, 5), torch.int8, 2)
+    assert torch.equal(ne.dequantize_codes(q, 0.1, 4), ref.dequantize_per_tensor(q, 0.1, 4))
+
+
+@pytest.mark.parametrize("dtype,zp", [(torch.uint8, 128), (torch.uint8, 0), (torch.int8, -3), (torch.int8, 0)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed", "sliced"])
+def test_dequantize_equals_the_reference_bit_for_bit_in_its_layout(native_on, dtype, zp, layout):
+    q = _codes((2, 6, 7, 9), dtype, 3)
+    q = {"contiguous": q, "channels_last": q.contiguous(memory_format=torch.channels_last),
+         "transposed": q.transpose(1, 3), "sliced": q[:, ::2]}[layout]
+    for scale in (0.0371, 1.0 / 3, 2.0 ** -7):
+        got, expected = ne.dequantize_codes(q, scale, zp), ref.dequantize_per_tensor(q, scale, zp)
+        assert got.dtype == torch.float32 and got.stride() == expected.stride()
+        assert torch.equal(got, expected)
