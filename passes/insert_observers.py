@@ -22,7 +22,7 @@ from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 from lucid_fx.ops import Tag, canonical, ops_tagged
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
 
 __all__ = ["insert_observers"]
 
@@ -126,7 +126,9 @@ def insert_observers(
             observers[key] = observer
             _insert_call(gm, node, key)
         elif decision.kind is DecisionKind.SHARED:
-            source = next((n for n in canonical(node).tensor_inputs() if _observer_of(n)), None)
+            item_of = item_source(node)  # chunk(x)[i] shares x's observer
+            sources = [item_of] if item_of is not None else canonical(node).tensor_inputs()
+            source = next((n for n in sources if _observer_of(n)), None)
             if source is not None:
                 _insert_call(gm, node, _observer_of(source))
         if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and canonical(node).op in _WEIGHTED:

@@ -24,7 +24,7 @@ from lucid_fx.kernels import make_lut
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -100,6 +100,8 @@ def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
 
 def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on the codes as they are
     node = members[0]
+    if item_source(node) is not None:
+        return _item_of_codes(ctx, node, resolve)
     tensors = _tensor_inputs(node, resolve)
     if len(tensors) != 1:
         return None
@@ -115,6 +117,19 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
         x = ctx.float_layout_of(tensors[0])
     new = ctx.graph.node_copy(node, lambda n: x.node if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
     return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)
+
+
+def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:
+    """chunk(x)[i] -> chunk(codes of x)[i] on x's grid: the item is a view of x's codes (each item
+    makes its own chunk call, a view)."""
+    source = resolve(item_source(node))
+    if _qin(ctx, source) is None:
+        return None
+    x = ctx.float_layout_of(source)  # chunk reads dims as the float model lays them out
+    mover = canonical(node).tensor_inputs()[0]
+    moved = ctx.graph.node_copy(mover, lambda n: x.node if resolve(n) is source else ctx.float_of(resolve(n)))
+    item = ctx.graph.node_copy(node, lambda n: moved if n is mover else ctx.float_of(resolve(n)))
+    return QValue(item, x.scale, x.zero_point, x.qdtype, False, True)
 
 
 def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:

@@ -17,7 +17,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
-    "compose_observer_rules", "SHARED_OPS", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
+    "compose_observer_rules", "SHARED_OPS", "TUPLE_MOVERS", "item_source", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
 ]
 
 ANY = "*"
@@ -74,6 +74,21 @@ def observer_rule(ops, action) -> ObserverRule:
 
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
 SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
+# Of those, the ones that return a tuple of tensors: their items (``getitem``) share the input's qparams.
+TUPLE_MOVERS = frozenset({"chunk"})
+
+
+def item_source(node) -> Optional[Any]:
+    """``x`` for ``node`` = ``chunk(x, ...)[i]`` (an item of a tuple that moves ``x``'s values), else None."""
+    call = canonical(node)
+    if call is None or call.op != "getitem":
+        return None
+    inputs = call.tensor_inputs()
+    mover = canonical(inputs[0]) if len(inputs) == 1 else None
+    if mover is None or mover.op not in TUPLE_MOVERS:
+        return None
+    sources = mover.tensor_inputs()
+    return sources[0] if len(sources) == 1 else None
 # Ops lucid_fx keeps in float on purpose, and why: no observer, no weight observer; a fused group
 # holding one runs in float too. Every other op an observer rule quantizes has a lowering
 # (tests/test_op_table.py).
@@ -152,7 +167,9 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
 
 
 def _shared(node, ctx) -> Optional[Decision]:
-    if not any(ctx.is_float_tensor(source) for source in canonical(node).tensor_inputs()):
+    item_of = item_source(node)  # chunk(x)[i]: x's values, on x's grid
+    sources = [item_of] if item_of is not None else canonical(node).tensor_inputs()
+    if not any(ctx.is_float_tensor(source) for source in sources):
         return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
     return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 

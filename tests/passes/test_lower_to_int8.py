@@ -12,6 +12,7 @@ from lucid_fx.kernels import force_cpu_features
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8
+from lucid_fx.passes.lower_to_program import record_values
 
 
 def _calibrated():
@@ -49,3 +50,32 @@ def test_graph_before_and_after(kind, grid):
     with contextlib.nullcontext() if exact_on_onednn else pytest.warns(RuntimeWarning, match="oneDNN would saturate"):
         out = converted(x)
     assert (out - model(x)).abs().max() < 0.02  # softplus of sigmoid outputs, a few steps of 1/256
+
+
+class ChannelSplit(nn.Module):
+    """ShuffleNet's split: x.chunk(2, dim=1), one half through a conv, the halves concatenated."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.branch = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        left, right = self.stem(x).relu().chunk(2, dim=1)
+        return torch.cat([left, self.branch(right).relu()], dim=1)
+
+
+def test_the_items_of_a_chunk_are_views_of_the_codes_on_the_inputs_grid():
+    torch.manual_seed(0)
+    model, x = ChannelSplit().eval(), torch.randn(2, 3, 8, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    items = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target.__name__ == "getitem"]
+    assert [n.meta[_meta.DECISION].kind.value for n in items] == ["shared", "shared"]
+    lucid_fx.calibrate(prepared, [x, torch.randn_like(x)], progress=False)
+    q = lucid_fx.convert(prepared)
+    assert set(q.lucid_fx_convert_report.float_ops) == {"cat"}  # the output: float by design, no getitem
+    chunks = [n for n in q.graph.nodes if n.op == "call_method" and n.target == "chunk"]
+    y, values = record_values(q, (x,))
+    assert chunks and all(values[n.args[0].name].dtype == torch.uint8 for n in chunks), "the chunk reads codes"
+    expected = model(x)
+    sqnr = 10 * torch.log10(expected.pow(2).mean() / (y - expected).pow(2).mean())
+    assert sqnr > 25, f"{sqnr:.1f} dB"
