@@ -264,6 +264,7 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "mul": _binary("mul"),  # two code tensors on one device
     "matmul": _binary("matmul"),  # two code tensors on one device
     "lut": _unary("lut"),  # codes (the table is indexed by code)
+    "channel_lut": _unary("channel_lut"),  # codes (each channel's table is indexed by code)
     "softmax": _unary("softmax"),  # codes
     "masked_softmax": _masked_softmax,  # the scores are codes, the (float or bool) mask on their device
     "cat": _cat,  # every part is codes, on one device

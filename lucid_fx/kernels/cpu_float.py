@@ -9,7 +9,7 @@ tests in ``tests/kernels/test_ops.py`` bound how often. Table lookups read two c
 
 import torch
 
-from lucid_fx.kernels import attention, native, norms
+from lucid_fx.kernels import attention, native, native_elementwise, norms
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes
@@ -110,5 +110,6 @@ register_kernel("matmul", "cpu", matmul)
 register_kernel("softmax", "cpu", softmax)
 register_kernel("masked_softmax", "cpu", masked_softmax)
 register_kernel("lut", "cpu", lut)
+register_kernel("channel_lut", "cpu", native_elementwise.channel_lut)  # one C pass where the native kernels are loaded
 register_kernel("layer_norm", "cpu", norms.cpu_layer_norm)
 register_kernel("rms_norm", "cpu", norms.cpu_rms_norm)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention, norms, quantize
+from lucid_fx.kernels import attention, channel_lut, norms, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
@@ -192,6 +192,7 @@ _DEFINITIONS = [
     (ref.mul, _fake_binary),
     (ref.matmul, _fake_matmul),
     (ref.lut, _fake_lut),
+    (channel_lut.channel_lut, channel_lut.fake_channel_lut),  # a table per channel: a standalone batch norm
     (ref.softmax, lambda q, scale, zp, dim, out_scale, out_zp: _empty(q.shape, q, q.dtype)),  # contiguous, as torch.softmax
     (attention.masked_softmax, attention.fake_masked_softmax),
     (ref.cat, _fake_cat),

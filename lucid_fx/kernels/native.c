@@ -240,3 +240,22 @@ DEQUANTIZE(lucid_dequantize_int8, int8_t)
 
 MUL_STRIDED(lucid_mul_strided_uint8, uint8_t)
 MUL_STRIDED(lucid_mul_strided_int8, int8_t)
+
+/* A 256-entry table per channel (lucid_fx::channel_lut): codes laid out as (outer, c, inner), dense;
+ * out[o, k, i] = tables[k][q[o, k, i] ^ flip]. Contiguous (N, C, H, W) codes are outer N, inner H*W;
+ * channels-last ones outer N*H*W, inner 1. One function per table dtype, as LUT. */
+#define CHANNEL_LUT(NAME, OUT)                                                                     \
+    void NAME(const uint8_t *restrict q, const OUT *restrict tables, OUT *restrict out, int64_t outer, \
+              int64_t c, int64_t inner, int32_t flip) {                                            \
+        const uint8_t f = (uint8_t)flip;                                                           \
+        for (int64_t o = 0; o < outer; o++)                                                        \
+            for (int64_t k = 0; k < c; k++) {                                                      \
+                const OUT *t = tables + k * 256;                                                   \
+                const int64_t base = (o * c + k) * inner;                                          \
+                for (int64_t i = 0; i < inner; i++) out[base + i] = t[(uint8_t)(q[base + i] ^ f)]; \
+            }                                                                                      \
+    }
+
+CHANNEL_LUT(lucid_channel_lut_uint8, uint8_t)
+CHANNEL_LUT(lucid_channel_lut_int8, int8_t)
+CHANNEL_LUT(lucid_channel_lut_float32, float)

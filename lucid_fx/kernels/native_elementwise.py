@@ -19,12 +19,13 @@ from typing import Optional, Tuple
 
 import torch
 
+from lucid_fx.kernels import channel_lut as _channel_lut
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
 
-__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "dequantize_codes", "MAX_DIMS"]
+__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "dequantize_codes", "channel_lut", "MAX_DIMS"]
 
 MAX_DIMS = 6
 
@@ -83,4 +84,24 @@ def dequantize_codes(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
     if out.stride() != q.stride():  # not dense: the reference kernel's layout
         return ref.dequantize_per_tensor(q, scale, zp)
     fn(q.data_ptr(), out.data_ptr(), q.numel(), zp, f32(scale))
+    return out
+
+
+def channel_lut(q: torch.Tensor, tables: torch.Tensor, dim: int) -> torch.Tensor:
+    """``lucid_fx::channel_lut`` on the CPU: one pass over contiguous codes, or channels-last 4-d codes
+    with ``dim`` 1; the reference kernel's values, in ``q``'s layout (anything else takes it)."""
+    fn = _function("channel_lut", tables.dtype)
+    dim = dim % max(q.dim(), 1)
+    if fn is None or q.device.type != "cpu" or q.dtype not in (torch.uint8, torch.int8) or tables.dim() != 2 \
+            or tables.shape != (q.shape[dim], 256) or tables.device.type != "cpu":
+        return _channel_lut.channel_lut(q, tables, dim)
+    c = q.shape[dim]
+    if q.is_contiguous():
+        outer, inner = q.shape[:dim].numel(), q.shape[dim + 1:].numel()
+    elif q.dim() == 4 and dim == 1 and q.is_contiguous(memory_format=torch.channels_last):
+        outer, inner = q.numel() // max(c, 1), 1
+    else:
+        return _channel_lut.channel_lut(q, tables, dim)
+    out, tables = torch.empty_like(q, dtype=tables.dtype), tables.contiguous()  # held while the C loop reads it
+    fn(q.data_ptr(), tables.data_ptr(), out.data_ptr(), outer, c, inner, 128 if q.dtype == torch.int8 else 0)
     return out

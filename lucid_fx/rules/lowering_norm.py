@@ -14,10 +14,11 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import fx
 
+from lucid_fx.kernels.channel_lut import batch_norm_tables
 from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_context import QValue
 
-__all__ = ["lower_norm"]
+__all__ = ["lower_norm", "lower_batch_norm"]
 
 _ops = torch.ops.lucid_fx
 _NO_TENSOR = object()  # an argument given as a node that is not a constant: the rule declines
@@ -67,3 +68,38 @@ def lower_norm(ctx, members, resolve) -> Optional[QValue]:  # layer_norm / rms_n
     else:
         out = ctx.call(_ops.rms_norm, x.node, x.scale, x.zero_point, shape, w, eps, scale, zp)
     return ctx.output_qvalue(node, out)
+
+
+def _batch_norm_args(ctx, node: fx.Node) -> Optional[Tuple[Any, Any, Any, Any, float]]:
+    """(running mean, running var, weight, bias, eps) of an eval-mode batch norm module or call over
+    constants; None for one in training mode, without running statistics or over computed values."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        if m.training or m.running_mean is None:
+            return None
+        found = (m.running_mean, m.running_var, m.weight, m.bias, m.eps)
+    else:
+        args = canonical(node).args
+        if args.get("training", False) is not False:
+            return None
+        found = tuple(_tensor(ctx, args.get(k)) for k in ("running_mean", "running_var", "weight", "bias")) + (
+            args.get("eps", 1e-5),)
+    mean, var, _, _, eps = found
+    if _NO_TENSOR in found[:4] or mean is None or var is None or not isinstance(eps, (int, float)):
+        return None
+    return found[:4] + (float(eps),)
+
+
+def lower_batch_norm(ctx, members, resolve) -> Optional[QValue]:  # batch_norm no conv folds -> lucid_fx.channel_lut
+    node = members[0]
+    source = resolve(canonical(node).args.get("input"))
+    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
+    found = _batch_norm_args(ctx, node)
+    if len(members) != 1 or x is None or found is None or ctx.qparams_of(node) is None:
+        return None
+    mean, var, weight, bias, eps = found
+    scale, zp, qdtype = ctx.qparams_of(node)
+    tables = batch_norm_tables(mean, var, weight, bias, eps, x.scale, x.zero_point, (x.qdtype.quant_min, x.qdtype.quant_max),
+                               scale, zp, (qdtype.quant_min, qdtype.quant_max), qdtype.storage)
+    out = ctx.call(_ops.channel_lut, x.node, ctx.constant(f"{node.name}_tables", tables), 1)
+    return QValue(out, scale, zp, qdtype, x.channels_last)  # each code looked up where it lies: x's layout

@@ -199,6 +199,13 @@ def _folded_group_end(node, ctx) -> Optional[Decision]:
     return _calibrated(node, ctx) if ctx.lowers(ctx.lowering_key(node)) else None  # the key once folded
 
 
+def _standalone_batch_norm(node, ctx) -> Optional[Decision]:
+    """A batch norm no conv or linear folds (DenseNet's after a cat): one table per channel on the codes."""
+    if ctx.fused_into(node) is not None:
+        return None
+    return _calibrated(node, ctx) if ctx.lowers(("batch_norm",)) else None
+
+
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
         return Decision(DecisionKind.NONE, "graph input (observed only if a quantized op reads it)")
@@ -223,6 +230,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
+    observer_rule("batch_norm", _standalone_batch_norm),  # after a cat, an input, ... -> observer; a table per channel
 ]
 FALLBACK_RULE = observer_rule(ANY, _leave_float)  # anything else -> float
 

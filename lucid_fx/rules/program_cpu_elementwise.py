@@ -33,14 +33,20 @@ def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native 
     return b.call(step("quantize_codes"), x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
 
 
-def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]): one pass, the same codes
+def _index(table: torch.Tensor) -> torch.Tensor:
+    """A table of codes as indices into the next table (int8 codes index from -128)."""
+    return (table.view(torch.uint8) ^ 128).long() if table.dtype == torch.int8 else table.long()
+
+
+def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]); lut(channel_lut(q, T), t2) -> channel_lut(q, t2[T])
     inner, outer_table = node.args
-    if b.op_name(inner) != "lut" or len(inner.users) != 1:
+    if b.op_name(inner) not in ("lut", "channel_lut") or len(inner.users) != 1:
         return None
-    q, inner_table = inner.args
-    t1, t2 = b.attr(inner_table), b.attr(outer_table)
-    index = (t1.view(torch.uint8) ^ 128).long() if t1.dtype == torch.int8 else t1.long()
-    return b.call(b.kernel("lut"), q, b.const(t2[index].contiguous(), "lut"))
+    q, inner_table, *dim = inner.args
+    composed = b.attr(outer_table)[_index(b.attr(inner_table))].contiguous()  # a relu after a batch norm: one pass
+    if dim:
+        return b.call(b.kernel("channel_lut"), q, b.const(composed, "tables"), *dim)
+    return b.call(b.kernel("lut"), q, b.const(composed, "lut"))
 
 
 def _binary_args(b, node):
@@ -101,11 +107,13 @@ def _lookups(b, qa, qb, dtype):
 
 def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
     q, scale, zp = node.args
-    if b.op_name(q) != "lut" or len(q.users) != 1:
+    if b.op_name(q) not in ("lut", "channel_lut") or len(q.users) != 1:
         return b.call(native_elementwise.dequantize_codes, q, scale, zp) if native.available() else None
-    codes, table = q.args
-    floats = dequant(b.attr(table), scale, zp)  # the same float32 arithmetic, once per table entry
-    return b.call(b.kernel("lut"), codes, b.const(floats.contiguous(), "lut"))
+    codes, table, *dim = q.args
+    floats = dequant(b.attr(table), scale, zp).contiguous()  # the same float32 arithmetic, once per table entry
+    if dim:
+        return b.call(b.kernel("channel_lut"), codes, b.const(floats, "tables"), *dim)
+    return b.call(b.kernel("lut"), codes, b.const(floats, "lut"))
 
 
 def _all_codes(dtype: torch.dtype) -> torch.Tensor:
@@ -130,6 +138,26 @@ def cat(b, node):  # cat of codes -> torch.cat, an input on another grid through
     return b.call(torch.cat, parts, dim)
 
 
+def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut(cat([x, y]), T composed with t)
+    q, tables, dim = node.args
+    value, table = b.value(q), b.attr(tables)
+    dim = dim % value.dim()
+    if not (b.op_name(q) == "cat" and q.target is torch.cat and len(q.users) == 1 and table is not None
+            and q.args[1] % value.dim() == dim):
+        return None
+    parts, rows, start = [], [], 0
+    for part in q.args[0]:
+        looked_up = part.target is b.kernel("lut") and len(part.users) == 1 and b.attr(part.args[1]) is not None
+        codes = part.args[0] if looked_up else part
+        width = b.value(codes).shape[dim]
+        block = table[start:start + width]
+        rows.append(block[:, _index(b.attr(part.args[1]))] if looked_up else block)  # a requantization, composed
+        parts.append(codes)
+        start += width
+    joined = b.call(torch.cat, parts, q.args[1])
+    return b.call(b.kernel("channel_lut"), joined, b.const(torch.cat(rows).contiguous(), "tables"), dim)
+
+
 PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "lut": lut,  # lut(lut(q)) -> one composed table
@@ -137,4 +165,6 @@ PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "mul": mul,  # -> native.gate_mul_codes (squeeze-excite), native_elementwise.mul_codes, or program_ops.mul_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> a float table; else one native pass
     "cat": cat,  # -> torch.cat; inputs on other grids through a requantizing table
+    "channel_lut": channel_lut,  # after such a cat: the parts' tables composed into the channels' tables
+    # (and lut(channel_lut) / dequantize(channel_lut) compose in the lut and dequantize rules above)
 }

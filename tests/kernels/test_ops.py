@@ -533,6 +533,8 @@ def _calls():
         ("lut", (q4, torch.arange(256, dtype=torch.uint8))),
         ("lut", (act((2, 8, 16, 16))[0].contiguous(memory_format=torch.channels_last), torch.arange(256, dtype=torch.uint8))),
         ("lut", (q4.transpose(1, 3), torch.arange(256, dtype=torch.uint8))),
+        ("channel_lut", (q4, torch.randint(0, 256, (q4.shape[1], 256), dtype=torch.uint8), 1)),
+        ("channel_lut", (act((2, 8, 5, 5))[0].contiguous(memory_format=torch.channels_last), torch.randn(8, 256), 1)),
         ("softmax", (q4, s4, z4, -1, 1 / 256, 0)),
         ("softmax", (q4.contiguous(memory_format=torch.channels_last), s4, z4, 1, 1 / 256, 0)),
         ("masked_softmax", (q4.transpose(1, 3), s4, z4, torch.rand(1, 1, 1, 6) < 0.3, float("-inf"), -1, 1 / 256, 0)),
