@@ -82,8 +82,9 @@ def demo_page(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def densenet_page(tmp_path_factory):
-    """A converted DenseNet-121-like model (torchvision's blocks 6, 12, 24, 16 at toy width): 571
-    nodes whose concatenations send edges across up to 200 layers. Graphviz dot ran past 120 s on
+    """A converted DenseNet-121-like model (torchvision's blocks 6, 12, 24, 16 at toy width): 379
+    nodes (571 while its standalone batch norms ran in float) whose concatenations send edges
+    across up to 200 layers. Graphviz dot ran past 120 s on
     it, and the layered layout's page opened on a blank screen."""
     with mock.patch.object(densenet, "BLOCKS", (6, 12, 24, 16)):
         model = densenet.make_model()
@@ -260,7 +261,7 @@ def test_the_demo_opens_readable_with_its_worst_node_and_output_sqnr(browser, de
 
 def test_a_densenet_121_is_laid_out_quickly_and_opens_readable(browser, densenet_page):
     path, graph, comparison, seconds = densenet_page
-    assert graph.number_of_nodes() >= 500
+    assert graph.number_of_nodes() >= 350
     assert seconds < 30, seconds  # dot ran 120 s here, then raised
     start = time.perf_counter()
     browser.get(path.as_uri())
