@@ -151,6 +151,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}, tags=_TABLE),
     OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}, tags=_TABLE),
     OpDef("exp", tags=_TABLE),
+    OpDef("pow", ("input", "exponent"), tags=_TABLE),  # x ** c (GPT-2's tanh GELU: x ** 3): a table; x ** y stays float
     OpDef("abs", tags=_TABLE),
     OpDef("neg", aliases=("negative",), tags=_TABLE),
     OpDef("log_softmax", ("input", "dim", "dtype"), modules={nn.LogSoftmax: _attrs(dim="dim")}),
@@ -202,6 +203,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("cat", ("tensors", "dim"), aliases=("concat", "concatenate")),
     OpDef("stack", ("tensors", "dim")),
     OpDef("chunk", ("input", "chunks", "dim"), tags=_MOVES_VIEW),
+    OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
     OpDef("size", ("input", "dim"), derive=False),
 ]
 

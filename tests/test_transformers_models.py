@@ -17,11 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` u
 from tests.models.hf_check import hf_families  # noqa: E402
 from tests.models.measure import run_lucid  # noqa: E402
 
-MISSING = {  # model -> what issue 14 still has to build for it (measured with transformers 5.24, 2026-12-01)
-    "bert": "issue 14: scaled_dot_product_attention (transformers' default attention) has no int8 lowering: "
-            "94.1% of FLOPs in int8",
-    "vit": "issue 14: scaled_dot_product_attention has no int8 lowering: 94.7% of FLOPs in int8",
-}
+MISSING = {}  # model -> what issue 14 still has to build for it: all four meet the goals (transformers 5.24, 2026-12-01)
 
 
 @pytest.mark.slow

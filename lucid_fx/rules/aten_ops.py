@@ -81,7 +81,8 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("expand.default", "expand", "expand", "self", "size"),  # x.expand(size)
     _row("contiguous.default", "contiguous", "contiguous", "self"),  # x.contiguous()
     _row("slice.Tensor", "getitem", None, special="slice"),  # slice(x, d, a, b, s) -> x[:, ..., a:b:s]
-    _row("split_with_sizes.default", None, torch.split, "self", "split_sizes", "dim"),
+    _row("split_with_sizes.default", "split", torch.split, "self", "split_sizes", "dim"),
+    _row("split.Tensor", "split", torch.split, "self", "split_size", "dim"),
     _row("copy_.default", None, "copy_", "self", "src"),  # x.copy_(y): functionalize_inplace decides
     _row("to.dtype", None, "to", "self", "dtype"),  # x.to(dtype), as fx records it
     _row("to.dtype_layout", None, "to", "self", dtype="dtype"),

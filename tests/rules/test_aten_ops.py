@@ -63,6 +63,7 @@ CASES = {
     "contiguous.default": (aten.contiguous.default, (t(2, 6),), {}, None),
     "slice.Tensor": (aten.slice.Tensor, (t(2, 6, 3), 1, 2, 9223372036854775807, 2), {}, None),
     "split_with_sizes.default": (aten.split_with_sizes.default, (t(2, 6), [2, 4], 1), {}, 1),
+    "split.Tensor": (aten.split.Tensor, (t(2, 6), 3, 1), {}, 1),
     "copy_.default": (aten.copy_.default, (t(2, 6), t(2, 6)), {}, None),
     "to.dtype": (aten.to.dtype, (t(2, 6), torch.float32), {}, None),
     "to.dtype_layout": (aten.to.dtype_layout, (t(2, 6),), {"dtype": torch.float64}, None),
