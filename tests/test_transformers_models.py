@@ -2,7 +2,7 @@
 ViTForImageClassification), built from small configs with random weights (nothing downloaded,
 tests/models/hf_check.py), through prepare / calibrate / convert as a user runs them: issue 14's
 goals, at least 95% of the matrix FLOPs in int8 and an output SQNR of at least 25 dB (torch.ao's
-FX quantization cannot trace any of them). Needs the test extra: ``pip install -e '.[test,transformers]'``.
+FX quantization cannot trace any of them). The test extra installs it: ``pip install -e '.[test]'``.
 """
 
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[test,transformers]'")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[test]'")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
 from tests.models.hf_check import hf_families  # noqa: E402
