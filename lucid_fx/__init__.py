@@ -9,7 +9,8 @@ live in :mod:`lucid_fx.passes`.
 from lucid_fx import quantization
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import Comparison, NodeError, compare
-from lucid_fx.convert import ConvertReport, convert, quantize
+from lucid_fx.convert import ConvertReport, convert
+from lucid_fx.one_call import quantize
 from lucid_fx.distributed import register_observer_merge, sync_observers
 from lucid_fx.explain import Explanation, explain
 from lucid_fx.graph_model import to_networkx

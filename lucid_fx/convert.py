@@ -1,5 +1,6 @@
-"""convert / quantize: calibrated graphs become int8 kernels (or their simulated reference), through
-the convert pipeline (lucid_fx.pipeline.CONVERT_PASSES) on each graph.
+"""convert: calibrated graphs become int8 kernels (or their simulated reference), through the convert
+pipeline (lucid_fx.pipeline.CONVERT_PASSES) on each graph (``lucid_fx.quantize``, all three verbs
+in one call, is lucid_fx/one_call.py).
 
     fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> record_activation_qparams
     -> install_programs
@@ -11,7 +12,7 @@ import copy
 import itertools
 import warnings
 from dataclasses import replace
-from typing import Any, Iterable, Optional
+from typing import Optional
 
 import torch
 from torch import fx, nn
@@ -20,12 +21,9 @@ from lucid_fx._fallback import keep_attributes, restore_attributes
 from lucid_fx._meta import OBSERVERS
 from lucid_fx._convert_report import graph_facts, model_report
 from lucid_fx._placement import ConvertReport
-from lucid_fx._validate import check_backend_device, model_device, require_float32, require_module, require_prepared
-from lucid_fx.calibrate import calibrate
+from lucid_fx._validate import check_backend_device, model_device, require_float32, require_prepared
 from lucid_fx.kernels.target import check_backend, resolve_target
 from lucid_fx.pipeline import CONVERT_PASSES, ConvertContext, run_passes
-from lucid_fx.prepare import prepare
-from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry, current_registry
 
 __all__ = ["convert", "quantize", "ConvertReport"]
@@ -158,61 +156,3 @@ def convert(
     converted = _convert_tree(work, ctx)
     converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)
     return converted
-
-
-def quantize(
-    model: nn.Module,
-    example_inputs: Any,
-    calibration_data: Iterable,
-    qconfig_mapping: Optional[QConfigMapping] = None,
-    *,
-    backend: Optional[str] = None,
-    reference: bool = False,
-    progress: Optional[bool] = None,
-    registry: Optional[Registry] = None,
-    target_sqnr_db: Optional[float] = None,
-    held_out_data: Optional[Iterable] = None,
-    max_rounds: int = 6,
-    **prepare_options: Any,
-) -> nn.Module:
-    """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged.
-
-    With ``target_sqnr_db``, the fewest nodes are kept float until the output SQNR on
-    ``held_out_data`` (default: the last quarter of ``calibration_data``, then not calibrated on)
-    meets it, in at most ``max_rounds`` rounds of prepare/calibrate/convert/compare
-    (``lucid_fx.sqnr_target``); the result carries a ``TargetReport`` as ``lucid_fx_target``.
-    ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default)."""
-    require_module("quantize", model)
-    if isinstance(example_inputs, QConfigMapping):
-        warnings.warn(
-            "quantize: took the arguments as prepare's torch.ao order, (model, qconfig_mapping, example_inputs, "
-            "calibration_data); quantize's order is (model, example_inputs, calibration_data, qconfig_mapping=None): "
-            "pass qconfig_mapping= by keyword to silence this",
-            stacklevel=2,
-        )
-        example_inputs, calibration_data, qconfig_mapping = calibration_data, qconfig_mapping, example_inputs
-    if target_sqnr_db is not None:
-        from lucid_fx.sqnr_target import quantize_to_target  # it runs prepare/convert/compare, all above it
-
-        calibration, held_out = _split(list(calibration_data), held_out_data)
-        return quantize_to_target(
-            model, example_inputs, calibration, held_out, target_sqnr_db, qconfig_mapping, max_rounds=max_rounds,
-            convert_options=dict(backend=backend, reference=reference, registry=registry),
-            prepare_options=dict(backend=backend, registry=registry, **prepare_options),
-        )
-    prepared = prepare(model, qconfig_mapping, example_inputs, backend=backend, registry=registry, **prepare_options)
-    calibrate(prepared, calibration_data, progress=progress)
-    return convert(prepared, backend=backend, reference=reference, inplace=True, registry=registry)
-
-
-def _split(calibration: list, held_out_data: Optional[Iterable]) -> tuple:
-    """Calibration and held-out batches for a target SQNR; held-out batches as compare takes them."""
-    if held_out_data is None:
-        if len(calibration) < 2:
-            raise ValueError("quantize: target_sqnr_db needs held-out data: pass held_out_data, or at least 2 calibration batches")
-        cut = len(calibration) - max(1, len(calibration) // 4)
-        calibration, held_out_data = calibration[:cut], calibration[cut:]
-    held_out = list(held_out_data)
-    if not held_out or any(isinstance(b, dict) for b in held_out):
-        raise ValueError("quantize: held-out data for target_sqnr_db must be batches of positional inputs (tensors or tuples)")
-    return calibration, [b if isinstance(b, tuple) else tuple(b) if isinstance(b, list) else (b,) for b in held_out]

@@ -29,6 +29,7 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import compare
+from lucid_fx.convert import convert
 from lucid_fx.prepare import prepare
 from lucid_fx.quantization.qconfig import QConfigMapping, get_default_qconfig_mapping
 
@@ -164,7 +165,6 @@ def quantize_to_target(
 ) -> nn.Module:
     """The search behind ``quantize(..., target_sqnr_db=...)`` (module docstring); returns the
     converted model of the best round, its :class:`TargetReport` in ``model.lucid_fx_target``."""
-    from lucid_fx.convert import convert  # convert.quantize calls this function
 
     if max_rounds < 1:
         raise ValueError(f"quantize: max_rounds must be at least 1, got {max_rounds!r}")

@@ -154,10 +154,8 @@ def _linear_row_on_int_mm(post_op: str, dtype: torch.dtype) -> bool:
 
 
 def _row(qw: torch.Tensor, w_scale, bias, x_scale: float, zp_u8: int, out_scale: float, dtype) -> RowLinear:
-    """The constants of a one-row linear (a conv's weight flattened), from this call's scale and bias.
-    Not cached per weight: the weight's _int_mm form and its folded bias are, each stamped with
-    the tensors it was built from (a RowLinear cached by weight alone kept a replaced bias, and
-    grew by one entry per dynamic-quantization grid)."""
+    """A one-row linear's constants from this call's scale and bias (its parts are cached, each stamped
+    with what it was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
     return row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype))
 
 

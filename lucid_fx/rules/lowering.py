@@ -20,7 +20,6 @@ from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_lookup import lower_embedding
 from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
-from lucid_fx.kernels import make_lut
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
