@@ -18,10 +18,12 @@ from lucid_fx import program as program_module
 from lucid_fx.kernels import KernelInputError, force_cpu_features
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels.cpu_features import CPU_KINDS
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
 from models import MLP, EfficientNetLike, MobileNetV3Like, ResNetLike, SqueezeExcite, _init_bn
 
+ON_CONV = torch.ops.onednn.qconv2d_pointwise.default
 ONEDNN = {torch.ops.onednn.qlinear_pointwise.default, torch.ops.onednn.qconv2d_pointwise.default,
           torch.ops.onednn.qconv2d_pointwise.binary}
 
@@ -352,3 +354,36 @@ def test_reference_mode_runs_as_written_after_convert_and_after_load():
     loaded = lucid_fx.load(buffer)
     assert not isinstance(loaded, program_module.ProgramRunner) and torch.equal(loaded(x), simulated(x))
     assert program_module.runs_int8_kernels(_quantize(model, x))
+
+
+class Patches(nn.Module):
+    """ViT's patch embedding: a convolution whose kernel tiles the image (stride = kernel, unpadded)."""
+
+    def __init__(self, relu=False):
+        super().__init__()
+        self.proj, self.relu = nn.Conv2d(3, 16, 4, stride=4), relu
+
+    def forward(self, x):
+        y = self.proj(x)
+        return (y.relu() if self.relu else y).flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_patchify_convolution_runs_as_a_small_linear_of_its_patches_with_the_same_codes(relu):
+    torch.manual_seed(0)
+    model, x = Patches(relu).eval(), torch.randn(2, 3, 16, 16)
+    q = _quantize(model, x)
+    portable = q(x)
+    assert torch.equal(q(x), portable)
+    calls = {n.target for n in _program(q).graph.nodes if n.op == "call_function"}
+    takes_row = lr.takes_row(resolve_target("cpu"), True, "relu" if relu else "none", torch.uint8)
+    assert (lr.linear_row in calls) == takes_row and (ON_CONV in calls) != takes_row
+
+
+def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
+    torch.manual_seed(0)
+    model, x = Patches().eval(), torch.randn(2, 3, 18, 18)  # 18 is not a multiple of 4
+    q = _quantize(model, x)
+    portable = q(x)
+    assert torch.equal(q(x), portable)
+    assert ON_CONV in {n.target for n in _program(q).graph.nodes if n.op == "call_function"}

@@ -80,15 +80,38 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
-def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op):
+def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, rows=None):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row, _int_mm
     and oneDNN's float steps. The program owns a copy of the weight, as it owns oneDNN's packed one:
     an edit in place reaches it only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
     row = b.const(row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype)), "row")
+    if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
+        return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))
     out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     return out if len(shape) == 2 else b.call_method("view", out, shape)
+
+
+def _is_patchify(x, qw, stride, padding, dilation, groups) -> bool:
+    """A convolution whose kernel tiles the image (ViT's patch embedding: stride = kernel, unpadded):
+    a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes."""
+    kh, kw = qw.shape[2:]
+    return (x.dim() == 4 and groups == 1 and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
+            and x.shape[2] % kh == 0 and x.shape[3] % kw == 0 and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op):
+    """A patchify convolution as linear_row on the patches, (kh, kw, C) per row as the weight is permuted."""
+    n, c, h, w = b.value(qx).shape
+    kh, kw = qw.shape[2:]
+    nhwc = b.call_method("permute", qx, (0, 2, 3, 1))  # the channels-last codes as they lie
+    tiles = b.call_method("permute", b.call_method("view", nhwc, (n, h // kh, kh, w // kw, kw, c)), (0, 1, 3, 2, 4, 5))
+    rows = b.call_method("reshape", tiles, (-1, kh * kw * c))
+    weight = qw.permute(0, 2, 3, 1).reshape(qw.shape[0], -1)
+    out = _linear_row(b, node, qx, x_scale, x_zp, weight, ws, bias, out_scale, out_zp, post_op, rows=rows)
+    grid = b.call_method("view", out, (n, h // kh, w // kw, qw.shape[0]))
+    return b.call_method("permute", grid, (0, 3, 1, 2))  # channels-last, as oneDNN's convolution returns it
 
 
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
@@ -113,6 +136,10 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
             and onednn._linear_row_on_int_mm(post_op, dtype)):  # squeeze-excite: a linear of one row
         return _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
                            post_op)
+    if (qw is not None and x.dtype == torch.uint8 and _is_patchify(x, qw, stride, padding, dilation, groups)
+            and small_gemm(x.numel() // qw[0].numel(), qw.shape[0], qw[0].numel())
+            and onednn._linear_row_on_int_mm(post_op, dtype)):  # ViT's patch embedding: a small linear of its patches
+        return _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op)
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)
     if found is None or dtype not in (torch.uint8, torch.float32):
         return None
