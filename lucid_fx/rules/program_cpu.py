@@ -95,9 +95,11 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
 
 def _is_patchify(x, qw, stride, padding, dilation, groups) -> bool:
     """A convolution whose kernel tiles the image (ViT's patch embedding: stride = kernel, unpadded):
-    a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes."""
+    a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes. Not
+    a 1x1 convolution: measured slower than oneDNN's inside models whose rows run to thousands
+    (the MobileNetV2-like family 3.44 against 3.00 ms, the EfficientNet-like 2.76 against 2.59)."""
     kh, kw = qw.shape[2:]
-    return (x.dim() == 4 and groups == 1 and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
+    return (x.dim() == 4 and groups == 1 and kh * kw > 1 and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
             and x.shape[2] % kh == 0 and x.shape[3] % kw == 0 and x.is_contiguous(memory_format=torch.channels_last))
 
 
