@@ -56,6 +56,7 @@ from int8_inference import _engine_set, cpu_line, torch_ao_int8  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
+from lucid_fx.kernels import native  # noqa: E402
 
 # Ops that move no data (their time is bookkeeping, counted outside kernels).
 METADATA_OPS = {
@@ -97,10 +98,16 @@ def _quiet_stderr():
 
 
 def profile_split(fn: Callable, x, calls: int) -> Dict[str, float]:
-    """Per call: ``kernel_us`` (self time of kernel ops), ``ops`` (top-level op calls) and ``kernels``."""
-    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            fn(x)
+    """Per call: ``kernel_us`` (self time of kernel ops), ``ops`` (top-level op calls) and ``kernels``.
+    lucid_fx's native C kernels are recorded as ``native::<kernel>`` events while profiling (a ctypes
+    call is no torch op), so their work counts as kernel time and each call as an op."""
+    native.record_in_profiler(True)
+    try:
+        with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn(x)
+    finally:
+        native.record_in_profiler(False)
     events = [e for e in prof.events() if "::" in e.name]
     kernel_us = sum(e.self_cpu_time_total for e in events if _is_kernel(e))
     top = sum(1 for e in events if e.cpu_parent is None)

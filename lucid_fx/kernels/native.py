@@ -1,32 +1,22 @@
 """Native CPU kernels: ``native.c`` compiled by the machine's C compiler on first use, called by ctypes.
 
 Programs (:mod:`lucid_fx.rules.program_cpu`) call these where torch 2.13 needs several ops for one
-step. The float-to-int8 boundary is one pass in C: codes and the NaN/±inf count of the input together, so
-the finite check (``docs/policies.md``) costs no second read. Measured on an AVX512-VNNI EPYC, 1 thread,
-against :func:`lucid_fx.kernels.program_ops.quantize_codes` (four torch ops plus its ``aminmax``
-check): 4.1 against 11.8 us for 1x1024 values, 13.4 against 40.2 us for 64x1024, 25.8 against 78.0
-us for 1x3x224x224; the codes are the same bit for bit. Squeeze-excite's gate multiply and global
-average pool are one pass each too (``program_ops.mul_codes`` takes up to ten torch ops): with all
-three, same process, same codes, the EfficientNet-like benchmark model ran in 14.0 against 16.3 ms
-per image, the MobileNetV3-like in 4.70 against 5.15 ms and the batch-1 MLP in 144 against 153 us.
-A one-row linear's float steps after ``_int_mm`` (:mod:`lucid_fx.kernels.linear_row`) are one pass:
-9.6-10.4 against 20.4-20.6 us for squeeze-excite's 96x4, 4x96 and 1152x48 rows, 28.9 against 49.2 us
-for 1024x1024, the same values bit for bit (and so still oneDNN's). Requantizing attention's float
-matmuls and softmax in one pass measured 10.07 against 10.31 ms for the encoder block.
+step, each the torch kernels' values bit for bit. The float-to-int8 boundary is one pass: codes and
+the input's NaN/±inf count together, so the finite check (``docs/policies.md``) costs no second
+read (4.1 against 11.8 us for 1x1024 values, 25.8 against 78.0 us for 1x3x224x224, AVX512-VNNI
+EPYC, 1 thread). Squeeze-excite's gate multiply and global pool, a one-row linear's float steps,
+table lookups and requantizations are one pass each too; docs/benchmarks.md has each measurement
+(the EfficientNet-like model 14.0 against 16.3 ms with the first three, same process, same codes).
 
 Choices:
 
-- **Compiled per process, never cached on disk.** ``cc -O3 -march=native`` takes ~0.2 s, once, at
-  the first convert or load. A cached binary would have to be keyed by every CPU feature that
-  ``-march=native`` used (a home directory shared by two machines would otherwise run illegal
-  instructions) and would be one more file that could be swapped under the user; the ``.so`` is
-  built in a private temporary directory, loaded, and the directory removed.
-- **Optional.** Without a compiler (or with ``LUCID_FX_NATIVE=0``) every caller keeps its torch
-  path, which gives the same codes; :func:`status` says which one runs and why. ``LUCID_FX_CC``
-  (else ``CC``, else ``cc``) names the compiler.
-- **Float input on the CPU:** a dense float32 input (contiguous, channels-last, ...) is read in
-  place and its codes keep its layout; other float inputs are converted first, as the torch
-  kernels convert them.
+- **Compiled per process, never cached on disk** (~0.2 s at the first convert or load): a cached
+  ``-march=native`` binary would need a key of every CPU feature it used, and would be one more file
+  that could be swapped under the user. It is built in a private temporary directory, then loaded.
+- **Optional.** Without a compiler (or with ``LUCID_FX_NATIVE=0``) the torch path runs, with the
+  same codes; :func:`status` says which and why. ``LUCID_FX_CC`` (else ``CC``, else ``cc``) names it.
+- **Float input on the CPU:** a dense float32 input is read in place and its codes keep its layout;
+  other float inputs are converted first, as the torch kernels convert them.
 
 >>> x = torch.tensor([-1.0, 0.0, 0.5, 0.25, 9.0])
 >>> quantize_codes(x, 1 / 0.1, 3, 0, 255, torch.uint8)
@@ -50,7 +40,7 @@ import torch
 from lucid_fx.kernels import checks, program_ops
 from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "takes", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
+__all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
            "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes",
            "requantize_scaled", "matmul_codes", "softmax_codes", "SOURCE"]
 
@@ -123,9 +113,27 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
     return functions
 
 
+_recording = []  # non-empty: each call is a torch profiler event (record_in_profiler)
+
+
 def _function(kernel: str, dtype: Any) -> Optional[Callable]:
     functions = _library()[0]
-    return None if functions is None else functions.get((kernel, dtype))
+    fn = None if functions is None else functions.get((kernel, dtype))
+    return _recorded(kernel, fn) if _recording and callable(fn) else fn
+
+
+def _recorded(kernel: str, fn: Callable) -> Callable:
+    def call(*args):
+        with torch.profiler.record_function(f"native::{kernel}"):
+            return fn(*args)
+    return call
+
+
+def record_in_profiler(on: bool) -> None:
+    """Make every native kernel call a ``native::<kernel>`` event of torch's profiler (a ctypes call is
+    no torch op, so a profile would count its work as time outside kernels); benchmarks/overhead.py
+    turns it on while it profiles. Off, a call costs nothing extra."""
+    _recording[:] = [True] if on else []
 
 
 def available() -> bool:

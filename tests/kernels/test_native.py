@@ -343,3 +343,22 @@ def test_attention_s_matmuls_and_softmax_requantize_natively(native_on, monkeypa
     (torch_program,) = programs_of(torch_model).values()
     assert {program_ops.matmul_codes, program_ops.softmax_codes} <= {n.target for n in torch_program.graph.nodes}
     assert _sqnr(out, model(data[1])) >= 25
+
+
+def test_native_calls_are_profiler_events_only_while_recording_is_on(native_on):
+    x = torch.randn(4, 64)
+
+    def events():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            codes = native.quantize_codes(x, 10.0, 3, 0, 255, torch.uint8)
+        return codes, [e.name for e in prof.events()]
+
+    plain, names = events()
+    assert "native::quantize" not in names
+    native.record_in_profiler(True)
+    try:
+        recorded, names = events()
+    finally:
+        native.record_in_profiler(False)
+    assert names.count("native::quantize") == 1 and torch.equal(recorded, plain)
+    assert native._function("quantize", torch.uint8) is native._library()[0]["quantize", torch.uint8]  # off again
