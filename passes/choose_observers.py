@@ -48,6 +48,8 @@ class RuleContext:
         self._plain.object_type_qconfigs = self._types
         self._groups: Optional[Dict[str, List[fx.Node]]] = None
         self._mask_only: Optional[Set[fx.Node]] = None
+        # propagate_shapes ran (example inputs were given): every tensor value has its tensor_meta
+        self._shapes_known = any(_meta.TENSOR_META in n.meta for n in gm.graph.nodes)
 
     def op_name(self, node: fx.Node) -> str:
         return canonical(node).op
@@ -134,7 +136,9 @@ class RuleContext:
             value = getattr(self.gm, node.target, None) if "." not in node.target else None
             return value is None or getattr(value, "is_floating_point", lambda: False)()
         if node.op == "placeholder":
-            return True  # no example inputs: assume a float tensor
+            # no example inputs: assume a float tensor; with them, an input that got no tensor_meta
+            # held a number, None or a string (forward(x, scale: float = 2.0)), and is no tensor
+            return not self._shapes_known
         # Without shapes, a value computed only from non-tensors (x.shape[-1] ** 0.5) is not one.
         sources = canonical(node).tensor_inputs() or [a for a in node.all_input_nodes]
         return any(self.is_float_tensor(source) for source in sources) if sources else True

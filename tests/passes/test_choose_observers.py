@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+import lucid_fx
 import lucid_fx.quantization as Q
 from lucid_fx import _meta
 from lucid_fx.passes.analyze_ranges import analyze_ranges
@@ -111,3 +112,26 @@ def test_a_linear_batch_norm_group_is_observed_at_its_end_only_where_it_folds():
         rows = lucid_fx.explain(prepared).by_node()
         assert (rows["_0"]["kind"], rows["_1"]["kind"]) == ("fused", kind), shape
         assert ("_1" in prepared.lucid_fx_observers) == (kind == "statistics")
+
+
+class ScaledByAnArgument(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, scale: float = 2.0):
+        return self.fc(x) * scale
+
+
+def test_a_number_input_with_example_inputs_gets_no_observer_and_converts():
+    # Before: with shapes recorded, `scale` (a float default) was taken for a float tensor and
+    # observed; convert then said its observer "saw no data; run lucid_fx.calibrate" after calibrate.
+    torch.manual_seed(0)
+    model, x = ScaledByAnArgument().eval(), torch.randn(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    scale = next(n for n in prepared.graph.nodes if n.op == "placeholder" and n.name == "scale")
+    assert scale.meta[_meta.DECISION].kind.value == "none"
+    lucid_fx.calibrate(prepared, [x, 2 * x], progress=False)
+    q = lucid_fx.convert(prepared)
+    for s in (2.0, 3.0):
+        torch.testing.assert_close(q(x, s), model(x, s), atol=0.1, rtol=0.05)
