@@ -30,18 +30,17 @@ from typing import Any, Dict, Set
 import torch
 from torch import fx
 
+from lucid_fx.ops import OP_DEFS, VIEW_SPELLINGS, Tag
+
 __all__ = ["fold_signature_constants", "writes_in_place", "kept_by_dead_code_elimination", "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
 
 #: Attributes and methods of an input tensor the signature fixes.
 SHAPE_ATTRIBUTES = frozenset({"shape", "dtype", "ndim"})
 SHAPE_METHODS = frozenset({"size", "dim", "numel", "stride"})
 _UNSTABLE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "empty", "seed")
-# Calls whose result may share the memory of their first argument.
-_ALIASING = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "transpose", "permute", "t", "unsqueeze",
-    "squeeze", "flatten", "unflatten", "getitem", "narrow", "select", "as_strided", "contiguous", "to", "type_as",
-    "float", "detach", "split", "chunk", "unbind", "movedim", "swapaxes", "diagonal", "real", "alias", "unfold",
-})
+# Calls whose result may share the memory of their first argument: the op table's views (their
+# aliases included: ``view`` is reshape's) and the view spellings functionalize_inplace reads.
+_ALIASING = VIEW_SPELLINGS | {name for op in OP_DEFS if Tag.VIEW in op.tags for name in (op.name, *op.aliases)}
 
 
 def _name(node: fx.Node) -> str:

@@ -34,7 +34,7 @@ def test_vit_with_a_class_token_reaches_25_db_with_under_10_percent_of_flops_flo
     qmodel = lucid_fx.quantize(model, example, calibration, int8_norms, target_sqnr_db=25, held_out_data=held_out)
     report = qmodel.lucid_fx_target
     assert report.met and report.sqnr_db >= 25 and len(report.rounds) <= 6
-    assert 1 <= len(report.float_nodes) <= 16
+    assert len(report.float_nodes) == 14  # measured on every CPU kind (AVX2, AVX512-VNNI, AMX forced; native kernels off)
     # among them the class-token slice, sequence_output[:, 0, :], found by what it does, not by its name
     nodes = {n.name: n for n in lucid_fx.prepare(model, example_inputs=example).graph.nodes}
     assert any(nodes[name].target is operator.getitem and nodes[name].args[1][:2] == (slice(None), 0)

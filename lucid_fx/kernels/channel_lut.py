@@ -19,10 +19,11 @@ import torch
 
 from lucid_fx.kernels.codes import quant
 
-__all__ = ["channel_lut", "fake_channel_lut", "batch_norm_tables"]
+__all__ = ["channel_lut", "fake_channel_lut", "batch_norm_tables", "code_index"]
 
 
-def _index(q: torch.Tensor) -> torch.Tensor:
+def code_index(q: torch.Tensor) -> torch.Tensor:
+    """The 256-entry table index of each 8-bit code (int8 codes index from -128)."""
     if q.dtype == torch.int8:
         return q.view(torch.uint8) ^ 128  # code + 128: the sign bit flipped, read as uint8
     if q.dtype == torch.uint8:
@@ -39,7 +40,7 @@ def channel_lut(q: torch.Tensor, tables: torch.Tensor, dim: int) -> torch.Tensor
     channel = [1] * q.dim()
     channel[dim] = -1
     offsets = 256 * torch.arange(tables.shape[0], device=q.device).view(channel)
-    out = tables.to(q.device).flatten()[_index(q).long() + offsets]
+    out = tables.to(q.device).flatten()[code_index(q).long() + offsets]
     like = torch.empty_like(q, dtype=out.dtype)
     return out if like.stride() == out.stride() else like.copy_(out)
 

@@ -15,6 +15,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu_float, native, native_elementwise, program_ops
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.channel_lut import code_index
 from lucid_fx.kernels.reference import dequant, f32_reciprocal
 
 __all__ = ["PROGRAM_RULES_CPU_ELEMENTWISE", "step"]
@@ -34,8 +35,8 @@ def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native 
 
 
 def _index(table: torch.Tensor) -> torch.Tensor:
-    """A table of codes as indices into the next table (int8 codes index from -128)."""
-    return (table.view(torch.uint8) ^ 128).long() if table.dtype == torch.int8 else table.long()
+    """A table of codes as indices into the next table."""
+    return code_index(table).long()
 
 
 def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]); lut(channel_lut(q, T), t2) -> channel_lut(q, t2[T])
