@@ -46,8 +46,8 @@ __all__ = ["ROW_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds"
 ROW_POST_OPS = ("none", "relu")
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
-# thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.57 at 16 x K x N for K, N <= 256, 0.90
-# at 2 x 512 x 512, 0.82-0.98 at M*N*K = 2^22, 1.0-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20)
+# thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
+# at 2 x 512 x 512, 0.82-1.03 at M*N*K = 2^22, 0.92-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20)
 # oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
