@@ -17,7 +17,7 @@ import lucid_fx
 from lucid_fx import program as program_module
 from lucid_fx.kernels import KernelInputError, force_cpu_features
 from lucid_fx.kernels import linear_row as lr
-from lucid_fx.kernels.cpu_features import CPU_KINDS
+from lucid_fx.kernels.cpu_features import CPU_KINDS, detected_cpu_features
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
@@ -299,9 +299,9 @@ def test_a_linear_on_a_slice_computes_the_portable_values_on_every_route():
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (1, 1, 64)])
-def test_a_batch_one_linear_runs_on_int_mm_where_that_was_measured_faster(shape, sqnr_db):
-    # One row: _int_mm's matrix-vector product with the rescale folded (lr.linear_row), on the
-    # kind it was measured faster on (Target.linear_row_on_int_mm); oneDNN elsewhere.
+def test_a_batch_one_linear_runs_off_onednn_where_that_was_measured_faster(shape, sqnr_db):
+    # One row: lr.linear_row on the engine of the kind (Target.linear_row: _int_mm with VNNI, the
+    # native GEMM without), where this machine's oneDNN gives its values; oneDNN elsewhere.
     torch.manual_seed(0)
     model, x = MLP(width=64, layers=3).eval(), torch.randn(shape)
     with force_cpu_features("avx2"):  # weights every kind's kernels take exactly
@@ -313,7 +313,8 @@ def test_a_batch_one_linear_runs_on_int_mm_where_that_was_measured_faster(shape,
             assert sqnr_db(model(x), got) >= 30, kind
             program = next(p for key, p in programs_of(q).items() if key[0] == kind)
             calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
-            row = kind == "avx512_vnni" and lr.row_matches_onednn()  # verified bit-identical to oneDNN here
+            row = lr.row_engine(resolve_target("cpu")) is not None  # verified bit-identical to oneDNN here
+            assert row == (kind == detected_cpu_features().name and lr.engine_here() is not None), kind
             assert calls.count(lr.linear_row) == (3 if row else 0), kind
             assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 
@@ -323,22 +324,25 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
     # A 1x1 convolution of a 1x1 image is a linear of one row (lucid_fx/kernels/linear_row.py).
     model, x = MODELS[name]()
     q = _quantize(model, x)
-    with force_cpu_features("avx512_vnni"):
-        portable, got = q(x), q(x)
-        program = next(p for key, p in programs_of(q).items() if key[0] == "avx512_vnni")
-    assert torch.equal(got, portable)
+    for kind in ("avx512_vnni", "avx2"):  # the kinds with a row engine
+        with force_cpu_features(kind):
+            portable, got = q(x), q(x)
+            program = next(p for key, p in programs_of(q).items() if key[0] == kind)
+            engine = lr.row_engine(resolve_target("cpu"))
+        assert torch.equal(got, portable), kind
 
-    calls = [n for n in program.graph.nodes if n.op == "call_function"]
-    # oneDNN calls left: none that is a row (a 1x1 image, unpadded, ungrouped) with a post-op linear_row folds
-    rows_left = [n.name for n in calls if n.target == torch.ops.onednn.qconv2d_pointwise.default
-                 and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
-                 and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
-    se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
-    rows = sum(n.target is lr.linear_row for n in calls)
-    if lr.row_matches_onednn():
-        assert not rows_left and rows >= se >= 2  # every gate has a convolution without a fused SiLU
-    else:
-        assert rows == 0 and len(rows_left) >= se
+        calls = [n for n in program.graph.nodes if n.op == "call_function"]
+        # oneDNN calls left: none that is a row (a 1x1 image, unpadded, ungrouped) with a post-op linear_row folds
+        rows_left = [n.name for n in calls if n.target == torch.ops.onednn.qconv2d_pointwise.default
+                     and "val" in n.args[0].meta  # not a linear's (1, K, 1, M) view (Target.linear_as_conv)
+                     and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
+                     and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
+        se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
+        rows = sum(n.target is lr.linear_row for n in calls)
+        if engine is not None:
+            assert not rows_left and rows >= se >= 2, kind  # every gate has a convolution without a fused SiLU
+        else:
+            assert rows == 0 and len(rows_left) >= se, kind
 
 
 def test_reference_mode_runs_as_written_after_convert_and_after_load():
@@ -376,7 +380,7 @@ def test_a_patchify_convolution_runs_as_a_small_linear_of_its_patches_with_the_s
     portable = q(x)
     assert torch.equal(q(x), portable)
     calls = {n.target for n in _program(q).graph.nodes if n.op == "call_function"}
-    takes_row = lr.takes_row(resolve_target("cpu"), True, "relu" if relu else "none", torch.uint8)
+    takes_row = lr.takes_row(resolve_target("cpu"), True, "relu" if relu else "none", torch.uint8, 32, 16, 48) is not None
     assert (lr.linear_row in calls) == takes_row and (ON_CONV in calls) != takes_row
 
 

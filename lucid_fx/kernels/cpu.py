@@ -37,7 +37,7 @@ import torch
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.linear_row import RowLinear, conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
+from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.target import NARROW_GRID, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
@@ -142,21 +142,20 @@ def _from_uint8(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _linear_as_conv() -> bool:
-    # Measured on AVX2 without VNNI: oneDNN's 1x1 convolution computes a linear layer with the same
-    # codes 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us
-    # at 64, 8.2 vs 9.5 ms at 1024). With VNNI the linear primitive was measured at 91% of peak, so
-    # it is kept there (Target.linear_as_conv).
+    # Measured on AVX2 without VNNI: oneDNN's 1x1 convolution computes a linear with the same codes
+    # 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us at 64, 8.2
+    # vs 9.5 ms at 1024). With VNNI its linear runs at 91% of peak and is kept (Target.linear_as_conv).
     return _cpu_target().linear_as_conv
 
 
-def _linear_row_on_int_mm(post_op: str, dtype: torch.dtype) -> bool:
-    return takes_row(_cpu_target(), _onednn_on(), post_op, dtype)
-
-
-def _row(qw: torch.Tensor, w_scale, bias, x_scale: float, zp_u8: int, out_scale: float, dtype) -> RowLinear:
-    """A one-row linear's constants from this call's scale and bias (its parts are cached, each stamped
-    with what it was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
-    return row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype))
+def _small_linear(rows, zp_u8: int, qw, w_scale, bias, x_scale: float, out_scale: float, out_zp: int, post_op: str,
+                  dtype) -> Optional[torch.Tensor]:
+    """The linear of uint8 ``rows`` (M, K) on the engine that takes it off oneDNN here, or None. Its
+    constants come from this call's scale and bias (their parts are cached, each stamped with what it
+    was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
+    engine = takes_row(_cpu_target(), _onednn_on(), post_op, dtype, rows.shape[0], qw.shape[0], qw[0].numel())
+    row = None if engine is None else row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine)
+    return None if row is None else linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
 
 def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
@@ -185,9 +184,9 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     # point goes into the bias where that is exact.
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()
     rows, zp_u8 = _as_uint8(rows, x_zp)
-    if rows.shape[0] == 1 and _linear_row_on_int_mm(post_op, dtype):
-        row = _row(qw, w_scale, bias, x_scale, zp_u8, out_scale, dtype)
-        return linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype).view(*qx.shape[:-1], -1)
+    out = _small_linear(rows, zp_u8, qw, w_scale, bias, x_scale, out_scale, out_zp, post_op, dtype)
+    if out is not None:
+        return out.view(*qx.shape[:-1], -1)
     zp_u8, bias = _folded_zero_point(qw, w_scale, bias, x_scale, zp_u8)
     # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
     # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
@@ -242,10 +241,11 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
           out_dtype):
     ref.check_post_op(post_op)
     dtype = ref.out_storage(qx, out_dtype)
-    if conv_is_row(qx.shape, qw.shape, padding, groups) and _linear_row_on_int_mm(post_op, dtype):
-        rows, zp_u8 = _as_uint8(qx.reshape(1, -1), x_zp)
-        row = _row(qw, w_scale, bias, x_scale, zp_u8, out_scale, dtype)
-        return linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype).view(1, -1, 1, 1)
+    if conv_is_row(qx.shape, qw.shape, padding, groups):  # squeeze-excite's: a linear of one row
+        out = _small_linear(*_as_uint8(qx.reshape(1, -1), x_zp), qw, w_scale, bias, x_scale, out_scale, out_zp,
+                            post_op, dtype)
+        if out is not None:
+            return out.view(1, -1, 1, 1)
     packed = _conv_pack(qw, w_scale, qx.shape, stride, padding, dilation, groups)
     if packed is None:
         return int8_conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp,

@@ -1,4 +1,8 @@
-"""One-row linears (batch 1) on ``torch._int_mm``, with oneDNN's values bit for bit.
+"""Small linears (batch 1, or few small rows) off oneDNN, with oneDNN's values bit for bit.
+
+Two engines (``Target.linear_row``): ``torch._int_mm`` with VNNI, described below, and without VNNI
+lucid_fx's own GEMM (:mod:`lucid_fx.kernels.linear_native`), followed by the float steps of oneDNN's
+AVX2 kernels, which multiply the two scales first.
 
 At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product,
 faster than oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC,
@@ -27,11 +31,11 @@ import functools
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from lucid_fx.kernels import native
+from lucid_fx.kernels import linear_native, native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
@@ -40,7 +44,7 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
-           "row_matches_onednn", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK"]
+           "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
@@ -51,15 +55,20 @@ ROW_POST_OPS = ("none", "relu")
 # oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
+# The native engine (one thread) was measured faster than oneDNN's 1x1 convolution at every size tried
+# on an AVX2 EPYC, up to 1024 x 1024 x 1024 at one thread; with more threads oneDNN's parallel
+# kernels win past about this many multiply-adds.
+NATIVE_GEMM_MNK = 1 << 24
 
 
 @dataclass(frozen=True)
 class RowLinear:
-    """A one-row linear's constants, decided once, in the form oneDNN's linear receives them: the
-    zero point left to it (0 where it went into the bias) comes back with the shift into int8 as one
-    int32 ``offset`` per output, ``(128 - zero point) * row sum``."""
+    """A small linear's constants, decided once, in the form oneDNN's linear receives them: the zero
+    point left to it (0 where it went into the bias) comes back as one int32 ``offset`` per output,
+    ``(128 - zero point) * row sum`` on ``_int_mm`` (whose codes are shifted into int8), ``-zero point *
+    row sum`` on the native engine, whose ``x_scale`` is 1 and ``w_scale`` the two scales' product."""
 
-    weight: _GemmWeight
+    weight: Union[_GemmWeight, linear_native.PackedWeight]
     offset: torch.Tensor  # (N,) int32
     x_scale: float
     w_scale: torch.Tensor  # (N,) float32
@@ -68,14 +77,23 @@ class RowLinear:
 
 
 def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
-               out_scale: Optional[float]) -> RowLinear:
-    """The constants of :func:`linear_row` for uint8 codes with zero point ``x_zp`` (``out_scale`` None:
-    a float result), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``.
+               out_scale: Optional[float], engine: str = "int_mm") -> Optional[RowLinear]:
+    """The constants of :func:`linear_row` on ``engine`` for uint8 codes with zero point ``x_zp``
+    (``out_scale`` None: a float result), from the same zero-point fold as the oneDNN call of
+    ``lucid_fx.kernels.cpu.linear``; None where the native engine does not take ``qw``'s codes.
     ``qw`` is a linear's (N, K) weight or a 1x1 convolution's (N, K, 1, 1)."""
     zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
+    inv_out = None if out_scale is None else ref.f32_reciprocal(out_scale)
+    w_scale = w_scale.to(torch.float32)
+    if engine == "native":
+        weight = PREPARED.get(qw, ("native gemm",), lambda: linear_native.takes_weight(qw)
+                              and linear_native.packed_weight(qw.flatten(1)))
+        if not weight:
+            return None
+        scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale  # oneDNN's AVX2 kernels: one product first
+        return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out)
     weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw.flatten(1), False))
-    return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale.to(torch.float32), bias,
-                     None if out_scale is None else ref.f32_reciprocal(out_scale))
+    return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
 
 def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
@@ -83,6 +101,9 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     ``acc * x_scale * w_scale + bias`` in float32 one rounding at a time, then ``round(y / out_scale +
     zp)`` clamped to ``[low, high]`` (relu is the lower bound). tests/kernels/test_linear_row.py
     compares it with oneDNN on 2048 rows per case."""
+    if isinstance(row.weight, linear_native.PackedWeight):
+        return linear_native.gemm_rows(q, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                       0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype)
     # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
     acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
     out = native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
@@ -110,10 +131,13 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
     return None if dtype == torch.float32 else out_scale
 
 
-def small_gemm(m: int, n: int, k: int) -> bool:
-    """Whether an (m, k) by (k, n) linear runs faster as :func:`linear_row` than in oneDNN's linear:
-    one row always; several rows while the weight and the product are small (SMALL_GEMM_*)."""
-    return m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK)
+def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
+    """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
+    row always, several while the weight and the product are small (SMALL_GEMM_*); on the native
+    engine any at one thread, up to NATIVE_GEMM_MNK at more."""
+    if engine == "native":
+        return m * n * k <= NATIVE_GEMM_MNK or torch.get_num_threads() == 1
+    return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
 
 def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
@@ -123,17 +147,59 @@ def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequenc
             and groups == 1 and not any(padding))
 
 
+def row_engine(target: Target) -> Optional[str]:
+    """``target.linear_row`` where its float steps are this machine's oneDNN's, bit for bit, else None:
+    ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` where it runs its AVX2 ones and
+    this build has the vectorized GEMM. Verified on real CPUs of each kind; a forced kind (or a lower
+    ``ONEDNN_MAX_CPU_ISA``) on other hardware keeps oneDNN, whose kernels there round otherwise."""
+    return target.linear_row if target.linear_row is not None and target.linear_row == engine_here() else None
+
+
 @functools.lru_cache(maxsize=None)
-def row_matches_onednn() -> bool:
-    """Whether :func:`linear_row` computes what this machine's oneDNN linear computes, bit for bit:
-    verified against oneDNN's AVX512-VNNI kernels; its AVX2 kernels (a forced kind on other hardware,
-    or ``ONEDNN_MAX_CPU_ISA``) round some float32 steps differently."""
-    return detected_cpu_features().name == "avx512_vnni" and not os.environ.get("ONEDNN_MAX_CPU_ISA")
+def engine_here() -> Optional[str]:
+    """The engine whose float steps are those of the oneDNN kernels this machine runs, or None."""
+    kind, isa = detected_cpu_features().name, os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    if kind == "avx512_vnni" and not isa:
+        return "int_mm"
+    # an AVX2 CPU capped at AVX2 (tests force every kind so) runs the same oneDNN kernels
+    return "native" if kind == "avx2" and isa.upper() in ("", "AVX2") and linear_native.available() else None
 
 
-def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype) -> bool:
-    """Whether a one-row linear with this post-op and result runs as :func:`linear_row`: where the
-    Target says it was measured faster (``linear_row_on_int_mm``), oneDNN serves the other batches
-    (``onednn_on``) and gives the same values (:func:`row_matches_onednn`)."""
-    return (target.linear_row_on_int_mm and onednn_on and post_op in ROW_POST_OPS
-            and dtype in (torch.uint8, torch.float32) and row_matches_onednn())
+def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,
+              k: int) -> Optional[str]:
+    """The engine an (m, k) by (k, n) linear with this post-op and result runs on (:func:`row_engine`,
+    where :func:`small_gemm` says it is faster there), while oneDNN serves the others (``onednn_on``);
+    None for oneDNN."""
+    if not (onednn_on and post_op in ROW_POST_OPS and dtype in (torch.uint8, torch.float32)):
+        return None
+    engine = row_engine(target)
+    return engine if engine is not None and small_gemm(m, n, k, engine) else None
+
+
+def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
+    """The clamp bounds of :func:`linear_row`: codes of ``dtype`` (relu: from the zero point up), or
+    real numbers for float32 (relu: from 0)."""
+    if dtype == torch.float32:
+        return (0.0 if post_op == "relu" else -math.inf), math.inf
+    return code_bounds(dtype, zp, post_op)
+
+
+def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
+    """The output scale :func:`row_linear` takes: None for a float result."""
+    return None if dtype == torch.float32 else out_scale
+
+
+def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
+    """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
+    row always, several while the weight and the product are small (SMALL_GEMM_*); on the native
+    engine any at one thread, up to NATIVE_GEMM_MNK at more."""
+    if engine == "native":
+        return m * n * k <= NATIVE_GEMM_MNK or torch.get_num_threads() == 1
+    return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
+
+
+def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
+    """Whether a convolution is a linear of one row: a 1x1 kernel on a 1x1 image of batch 1, unpadded
+    and ungrouped (squeeze-excite's convolutions)."""
+    return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
+            and groups == 1 and not any(padding))

@@ -45,6 +45,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
            "requantize_scaled", "matmul_codes", "softmax_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
+SOURCES = (SOURCE, SOURCE.with_name("native_gemm.c"))  # one library: the elementwise kernels, the int8 GEMM
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
@@ -53,8 +54,7 @@ check_finite = True
 
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 _CODES = (torch.uint8, torch.int8)
-# Each C function of native.c: {kernel: (argument types, result type, the dtypes it writes)}; one C
-# function per dtype, named lucid_<kernel>_<dtype>.
+# The C functions, {kernel: (argument types, result type, the dtypes it writes)}: lucid_<kernel>_<dtype>.
 SIGNATURES = {
     "quantize": ((_P, _P, _I64, _F, _I32, _I32, _I32, _I32), _I64, _CODES),  # x, out, n, inv, zp, qmin, qmax, check
     "gate_mul": ((_P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
@@ -66,6 +66,7 @@ SIGNATURES = {
     "dequantize": ((_P, _P, _I64, _I32, _F), None, _CODES),  # codes, out, n, zp, scale
     "mul_strided": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),  # a, b, out, geometry, ...
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
+    "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F), None, (*_CODES, torch.float32)),  # native_gemm.c
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 
@@ -89,13 +90,13 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
     with tempfile.TemporaryDirectory(prefix="lucid_fx_native_") as tmp:
         so = Path(tmp) / "lucid_fx_native.so"
         for flags in FLAGS:
-            command = [*shlex.split(cc), *flags, "-shared", "-fPIC", "-o", str(so), str(SOURCE)]
+            command = [*shlex.split(cc), *flags, "-shared", "-fPIC", "-o", str(so), *map(str, SOURCES)]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.TimeoutExpired) as error:
                 return None, f"{cc} could not run ({error}): the torch kernels run"
             if done.returncode == 0:
-                return _bind(ctypes.CDLL(str(so))), f"compiled with {' '.join(command[:-5])}"  # stays mapped
+                return _bind(ctypes.CDLL(str(so))), f"compiled with {' '.join(command[:-4 - len(SOURCES)])}"  # stays mapped
             errors.append(done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"])
     return None, f"{cc} failed ({errors[-1][0]}): the torch kernels run"
 
@@ -107,9 +108,10 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
             fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}")
             fn.argtypes, fn.restype = argtypes, restype
             functions[kernel, dtype] = fn
-    vectorized = lib.lucid_lut_vectorized
-    vectorized.argtypes, vectorized.restype = (), ctypes.c_int32
-    functions["lut", "vectorized"] = bool(vectorized())  # a fact of this build, kept with its functions
+    for kernel in ("lut", "gemm"):  # facts of this build, kept with its functions
+        vectorized = getattr(lib, f"lucid_{kernel}_vectorized")
+        vectorized.argtypes, vectorized.restype = (), ctypes.c_int32
+        functions[kernel, "vectorized"] = bool(vectorized())
     return functions
 
 

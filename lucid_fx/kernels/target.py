@@ -58,13 +58,13 @@ class Target:
     amx_zero_point_check: bool
     #: torch._int_mm on this CPU sums int16 pairs with saturation: wide weights are split in two.
     split_int_mm: bool
-    #: A one-row CPU linear (batch 1) runs on torch._int_mm's matrix-vector product with oneDNN's
-    #: float steps (:mod:`lucid_fx.kernels.linear_row`): measured 165 against 233 us for the batch-1
-    #: MLP on an AVX512-VNNI EPYC; with AVX2 it is slower than oneDNN's linear (152 against 110 us
-    #: for 1x1024 by 1024), and AMX is not yet measured, so it is on for VNNI CPUs
-    #: without AMX only (and where the machine's oneDNN runs its AVX512-VNNI kernels, whose values it
-    #: gives bit for bit: ``linear_row.row_matches_onednn``).
-    linear_row_on_int_mm: bool
+    #: The engine of small CPU linears (:mod:`lucid_fx.kernels.linear_row`; one row, or few and small
+    #: ones: ``linear_row.small_gemm``), each with oneDNN's values bit for bit where it runs:
+    #: ``"int_mm"`` with VNNI (torch._int_mm's matrix-vector product: 165 against 233 us for the batch-1
+    #: MLP on an AVX512-VNNI EPYC), ``"native"`` without (lucid_fx's GEMM,
+    #: :mod:`lucid_fx.kernels.linear_native`: 22 against 141 us for 1x1024 by 1024, oneDNN's int8
+    #: calls costing 45-100 us there whatever the size), None with AMX (not yet measured).
+    linear_row: Optional[str]
 
 
 def check_backend(backend: str) -> str:
@@ -95,5 +95,5 @@ def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
         fold_zero_point=on_cpu,
         amx_zero_point_check=cpu.amx,
         split_int_mm=not cpu.vnni,
-        linear_row_on_int_mm=on_cpu and cpu.vnni and not cpu.amx,
+        linear_row=None if not on_cpu or cpu.amx else "int_mm" if cpu.vnni else "native",
     )

@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import cpu_float, program_ops
-from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, small_gemm
+from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
@@ -47,9 +47,11 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     if x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
         return None
     qw = b.attr(qw_n)
-    if (qw is not None and small_gemm(x.numel() // qw.shape[1], *qw.shape)
-            and onednn._linear_row_on_int_mm(post_op, dtype)):
-        return _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op)
+    engine = None if qw is None else _engine(post_op, dtype, x.numel() // qw.shape[1], *qw.shape)
+    out = None if engine is None else _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n),
+                                                  out_scale, out_zp, post_op, engine)
+    if out is not None:
+        return out
     weights = _weights(b, node, qw_n, ws_n, bias_n)
     if weights is None:
         return None
@@ -80,12 +82,21 @@ def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
-def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, rows=None):
-    """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row, _int_mm
-    and oneDNN's float steps. The program owns a copy of the weight, as it owns oneDNN's packed one:
-    an edit in place reaches it only through ``recompile`` (which rebuilds the folded bias too)."""
+def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int) -> Optional[str]:
+    """The engine an (m, k) by (k, n) linear takes off oneDNN (linear_row.takes_row), or None."""
+    return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k)
+
+
+def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None):
+    """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
+    ``engine`` with oneDNN's float steps; None where the engine does not take the weight. The program
+    owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it only through
+    ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
-    row = b.const(row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype)), "row")
+    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine)
+    if row is None:
+        return None
+    row = b.const(row, "row")
     if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
         return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))
@@ -93,17 +104,18 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
     return out if len(shape) == 2 else b.call_method("view", out, shape)
 
 
-def _is_patchify(x, qw, stride, padding, dilation, groups) -> bool:
+def _is_patchify(x, qw, stride, padding, dilation, groups, engine) -> bool:
     """A convolution whose kernel tiles the image (ViT's patch embedding: stride = kernel, unpadded):
-    a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes. Not
-    a 1x1 convolution: measured slower than oneDNN's inside models whose rows run to thousands
-    (the MobileNetV2-like family 3.44 against 3.00 ms, the EfficientNet-like 2.76 against 2.59)."""
+    a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes. A 1x1
+    convolution only on the native engine: on ``_int_mm`` it was measured slower than oneDNN's inside
+    models whose rows run to thousands (the MobileNetV2-like family 3.44 against 3.00 ms, the
+    EfficientNet-like 2.76 against 2.59)."""
     kh, kw = qw.shape[2:]
-    return (x.dim() == 4 and groups == 1 and kh * kw > 1 and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
+    return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or engine == "native") and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
             and x.shape[2] % kh == 0 and x.shape[3] % kw == 0 and x.is_contiguous(memory_format=torch.channels_last))
 
 
-def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op):
+def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op, engine):
     """A patchify convolution as linear_row on the patches, (kh, kw, C) per row as the weight is permuted."""
     n, c, h, w = b.value(qx).shape
     kh, kw = qw.shape[2:]
@@ -111,7 +123,9 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
     tiles = b.call_method("permute", b.call_method("view", nhwc, (n, h // kh, kh, w // kw, kw, c)), (0, 1, 3, 2, 4, 5))
     rows = b.call_method("reshape", tiles, (-1, kh * kw * c))
     weight = qw.permute(0, 2, 3, 1).reshape(qw.shape[0], -1)
-    out = _linear_row(b, node, qx, x_scale, x_zp, weight, ws, bias, out_scale, out_zp, post_op, rows=rows)
+    out = _linear_row(b, node, qx, x_scale, x_zp, weight, ws, bias, out_scale, out_zp, post_op, engine, rows=rows)
+    if out is None:
+        return None
     grid = b.call_method("view", out, (n, h // kh, w // kw, qw.shape[0]))
     return b.call_method("permute", grid, (0, 3, 1, 2))  # channels-last, as oneDNN's convolution returns it
 
@@ -134,14 +148,17 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, post_op, out_dtype = \
         node.args
     dtype, x, qw = b.value(node).dtype, b.value(qx), b.attr(qw_n)
-    if (qw is not None and x.dtype == torch.uint8 and conv_is_row(x.shape, qw.shape, padding, groups)
-            and onednn._linear_row_on_int_mm(post_op, dtype)):  # squeeze-excite: a linear of one row
-        return _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
-                           post_op)
-    if (qw is not None and x.dtype == torch.uint8 and _is_patchify(x, qw, stride, padding, dilation, groups)
-            and small_gemm(x.numel() // qw[0].numel(), qw.shape[0], qw[0].numel())
-            and onednn._linear_row_on_int_mm(post_op, dtype)):  # ViT's patch embedding: a small linear of its patches
-        return _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op)
+    engine = None if qw is None or x.dtype != torch.uint8 else _engine(post_op, dtype, x.numel() // qw[0].numel(),
+                                                                        qw.shape[0], qw[0].numel())
+    out = None
+    if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
+        out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
+                          post_op, engine)
+    elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
+        out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
+                            engine)
+    if out is not None:
+        return out
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)
     if found is None or dtype not in (torch.uint8, torch.float32):
         return None

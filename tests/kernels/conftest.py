@@ -17,13 +17,15 @@ _BUILDS = {}
 def native_env(monkeypatch):
     """Set LUCID_FX_* variables and load the native kernels as a process started with them would
     (what ``native._library`` returns), leaving the process's own load as it was afterwards."""
+    library = native._library  # the process's own, whatever a first load in this test patches in
+
     def load(**env):
         monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         key = tuple(os.environ.get(name) for name in ("LUCID_FX_NATIVE", "LUCID_FX_CC", "CC")) + (native.FLAGS,)
         if key not in _BUILDS:
-            _BUILDS[key] = native._library.__wrapped__()  # the load itself, past its once-per-process cache
+            _BUILDS[key] = library.__wrapped__()  # the load itself, past its once-per-process cache
         monkeypatch.setattr(native, "_library", lambda: _BUILDS[key])
     yield load
 

@@ -6,22 +6,27 @@ import torch
 import torch.nn.functional as F
 
 import lucid_fx.quantization as Q
-from lucid_fx.kernels import cpu, force_cpu_features, native
+from lucid_fx.kernels import cpu, force_cpu_features, native, resolve_target
 from lucid_fx.kernels import linear_row as lr
 
 ops = torch.ops.lucid_fx
 
 
+# The CPU kind whose Target names each engine.
+ENGINE_KIND = {"int_mm": "avx512_vnni", "native": "avx2"}
+
+
+@pytest.mark.parametrize("engine", ["int_mm", "native"])
 @pytest.mark.parametrize("k", [1, 13, 256])
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 @pytest.mark.parametrize("out", [("uint8", 0), ("uint8", 7), ("uint8", 128), ("float32", 0)])
 @pytest.mark.parametrize("x_zp", [0, 117])
-def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_zp, native_or_torch):
-    # linear_row serves batch 1 where oneDNN serves every other batch: any difference would make a
+def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, out, x_zp, native_or_torch, monkeypatch):
+    # linear_row serves small batches where oneDNN serves the others: any difference would make a
     # row's result depend on the batch around it. 2048 rows x 64 outputs, every rounding compared.
     if not cpu.onednn_available():
         pytest.skip("this torch build has no oneDNN quantized ops to compare with")
-    # native_or_torch: the float steps after the int32 sums in one C pass, or as torch ops
+    # native_or_torch: the steps after the int32 sums in one C pass, or as torch ops
     assert native.available() == (native_or_torch == "native"), native.status()
     dtype, out_zp = getattr(torch, out[0]), out[1]
     g = torch.Generator().manual_seed(k + x_zp)
@@ -29,18 +34,21 @@ def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_z
     qw = torch.randint(-64, 64, (64, k), dtype=torch.int8, generator=g)  # a grid oneDNN is exact on, VNNI or not
     ws, bias = torch.rand(64, generator=g) * 0.01 + 0.001, torch.randn(64, generator=g)
     out_scale = 0.0371
-    with force_cpu_features("avx512_vnni"):  # oneDNN's linear (not the 1x1 convolution) for the many rows
-        want = cpu.linear(qx, 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
-        row = lr.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale)
-        got = lr.linear_row(qx, row, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
+    with force_cpu_features(ENGINE_KIND[engine]):  # oneDNN's call for this kind: its linear, or its 1x1 convolution
+        here = lr.row_engine(resolve_target("cpu"))
         one = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
+        row = lr.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale, engine)
+        got = lr.linear_row(qx, row, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
+        monkeypatch.setattr(cpu, "takes_row", lambda *args: None)  # every batch on oneDNN
+        want = cpu.linear(qx, 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
+        one_onednn = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
     assert got.dtype == dtype and got.shape == (2048, 64)
-    if lr.row_matches_onednn():  # oneDNN's AVX512-VNNI kernels: where batch 1 takes linear_row
+    assert torch.equal(one, want[5:6])  # batch 1 gives the row it gives in a batch of 2048, whatever the route
+    if here == engine:  # this machine's oneDNN runs the kernels whose steps the engine copies
         assert torch.equal(got, want), (got.double() - want.double()).abs().max()
-        assert torch.equal(one, want[5:6])
-    else:  # its AVX2 kernels round some float32 steps differently; batch 1 stays on oneDNN there
+    else:  # a forced kind: oneDNN's kernels here round some float32 steps otherwise; batch 1 stays on oneDNN
+        assert here is None and torch.equal(one, one_onednn)
         assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-5)
-        assert torch.equal(one, cpu.linear(qx[:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)[5:6])
     y = F.linear(Q.dequantize(qx, 0.0213, x_zp), qw.float() * ws[:, None], bias)
     y = y.relu() if post_op == "relu" else y
     if dtype == torch.float32:
@@ -51,7 +59,7 @@ def test_a_one_row_linear_gives_onednn_s_values_bit_for_bit(k, post_op, out, x_z
 
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 @pytest.mark.parametrize("out", [("uint8", 131), ("float32", 0)])
-def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(post_op, out, sqnr_db):
+def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(post_op, out, sqnr_db, monkeypatch):
     # A 1x1 convolution of a 1x1 image of batch 1 runs as linear_row (oneDNN took 60-173 us for each in the MobileNetV3-like model, profiled);
     # batch 2 runs on oneDNN's convolution, and the first image's result must not change.
     if not cpu.onednn_available():
@@ -64,12 +72,15 @@ def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(p
     assert lr.conv_is_row(qx[:1].shape, qw.shape, [0, 0], 1) and not lr.conv_is_row(qx.shape, qw.shape, [0, 0], 1)
     assert not lr.conv_is_row(qx[:1].shape, qw.shape, [1, 1], 1)  # padded: the image is no longer 1x1
     args = (0.0213, 9, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1, 0.25, out_zp, post_op, dtype)
-    with force_cpu_features("avx512_vnni"):
-        # linear_row where it is verified against this machine's oneDNN; oneDNN for both elsewhere
-        assert cpu._linear_row_on_int_mm(post_op, dtype) == lr.row_matches_onednn()
-        one, both = ops.conv2d(qx[:1], *args), ops.conv2d(qx, *args)
+    for kind in ENGINE_KIND.values():
+        with force_cpu_features(kind):
+            # linear_row where it is verified against this machine's oneDNN; oneDNN for both elsewhere
+            calls = []
+            monkeypatch.setattr(cpu, "linear_row", lambda *a: calls.append(a) or lr.linear_row(*a))
+            one, both = ops.conv2d(qx[:1], *args), ops.conv2d(qx, *args)
+            assert len(calls) == (1 if lr.takes_row(resolve_target("cpu"), True, post_op, dtype, 1, 24, 96) else 0), kind
+            assert torch.equal(one, both[:1]), kind
     assert one.shape == (1, 24, 1, 1) and one.dtype == dtype
-    assert torch.equal(one, both[:1])
     y = F.conv2d(Q.dequantize(qx[:1], 0.0213, 9), qw.float() * ws.view(-1, 1, 1, 1), bias)
     y = y.relu() if post_op == "relu" else y
     real = one if dtype == torch.float32 else Q.dequantize(one, 0.25, out_zp)

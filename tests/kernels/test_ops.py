@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import lucid_fx.kernels as K
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu
+from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 
 ops = torch.ops.lucid_fx
@@ -153,7 +154,8 @@ def test_weight_quant_range_of_this_cpu():
 # ---- packed-weight cache ----
 
 
-def test_weight_is_packed_once_and_repacked_when_it_changes():
+def test_weight_is_packed_once_and_repacked_when_it_changes(monkeypatch):
+    monkeypatch.setattr(cpu, "takes_row", lambda *args: None)  # oneDNN for every batch (row engines: test_linear_row.py)
     qx, xs, xz = act((4, 16))
     qw, ws = weight((8, 16))
     with K.use_onednn(True):
@@ -257,12 +259,15 @@ def test_no_fold_where_the_accumulator_could_round_in_float32(kind):
     builds = cpu.PACKED.builds
     with K.use_onednn(True), K.force_cpu_features(kind):
         codes = ops.linear(qx, 0.02, 254, qw, torch.full((4,), 0.01), None, 0.02 * 0.01, 128, "none", None)
+        # a row engine (the native GEMM on a real AVX2 CPU) takes the zero point as exact int32 offsets
+        engine = lr.takes_row(K.resolve_target("cpu"), True, "none", torch.uint8, 64, 4, k)
     truth = (qx.int() - 254)[:, -64:].sum(1, keepdim=True) + 128
     assert torch.equal(codes.int(), truth.expand(64, 4))
-    assert cpu.PACKED.builds == builds + (0 if kind == "amx" else 1)  # AMX: not given to oneDNN at all
+    assert cpu.PACKED.builds == builds + (0 if kind == "amx" or engine else 1)  # AMX: not given to oneDNN at all
 
 
-def test_each_backend_runs_its_own_path():
+def test_each_backend_runs_its_own_path(monkeypatch):
+    monkeypatch.setattr(cpu, "takes_row", lambda *args: None)  # oneDNN for every batch (row engines: test_linear_row.py)
     from lucid_fx.kernels import int_mm
 
     qx, xs, xz = act((4, 16))

@@ -1,0 +1,93 @@
+"""int8 linears on CPUs without VNNI in lucid_fx's own GEMM (``native_gemm.c``), with oneDNN's values.
+
+Without VNNI, oneDNN's int8 calls carry a large fixed cost (measured, 1 thread, AVX2 EPYC, torch
+2.13: 45 us for its linear and 85-100 us for its convolution, whatever the size), and fbgemm, which
+torch.ao uses there, is reachable only through ``quint8`` tensors. The native GEMM takes uint8 codes
+and 7-bit weights (the grid of these CPUs, where int16 pair sums are exact) and fuses the float steps
+after the sums. Measured against oneDNN's 1x1 convolution (lucid_fx's route for a linear there), in
+us: 22 against 141 at 1x1024x1024, 53 against 156 at 4x1024x1024, 1.7 against 102 at 16x64x64, 14
+against 114 at 197x64x64, 789 against 864 at 64x1024x1024, 843 against 876 at 1024x256x256.
+
+The float steps are those of oneDNN's AVX2 kernels, one float32 rounding at a time:
+``acc * (x_scale * w_scale) + bias`` with the two scales multiplied first (its VNNI kernels multiply
+them one at a time: :mod:`lucid_fx.kernels.linear_row`), then ``rint(y / out_scale + zp)`` clamped.
+tests/kernels/test_linear_native.py compares them with this machine's oneDNN where its AVX2 kernels
+run, and with exact integer sums everywhere.
+
+>>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
+>>> w = packed_weight(qw)
+>>> gemm_rows(torch.tensor([[130, 126]], dtype=torch.uint8), w, -128 * w.row_sums, 1.0,
+...           torch.tensor([0.5, 0.25]), None, 0.0, 0, -math.inf, math.inf, torch.float32)
+tensor([[ 3.0000, -1.5000]])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from lucid_fx.kernels.native import _function
+
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "available", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
+
+BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
+# The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
+PAIR_SAFE = 64
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """An (N, K) int8 weight in native_gemm.c's blocks, with its row sums (for a zero point)."""
+
+    packed: torch.Tensor  # int8 (ceil(N/16), ceil(K/4), 16, 4), zero-padded
+    row_sums: torch.Tensor  # (N,) int32
+    n: int
+    k: int
+
+
+def available() -> bool:
+    """Whether this build has the vectorized GEMM (AVX2): the plain loop is correct but slow."""
+    return bool(_function("gemm", "vectorized"))
+
+
+def takes_weight(qw: torch.Tensor) -> bool:
+    """Whether ``qw``'s codes keep the int16 pair sums exact (``|w| <= PAIR_SAFE``)."""
+    return bool(qw.numel() == 0 or (int(qw.min()) >= -PAIR_SAFE and int(qw.max()) <= PAIR_SAFE))
+
+
+def packed_weight(w2d: torch.Tensor) -> PackedWeight:
+    """``w2d`` (N, K) int8 in blocks of 16 outputs by 4 inputs: a copy, the weight's own storage untouched."""
+    n, k = w2d.shape
+    nb, kg = -(-n // BLOCK), -(-k // STEP)
+    padded = torch.zeros(nb * BLOCK, kg * STEP, dtype=torch.int8)
+    padded[:n, :k] = w2d
+    packed = padded.view(nb, BLOCK, kg, STEP).permute(0, 2, 1, 3).contiguous()
+    return PackedWeight(packed, w2d.sum(1, dtype=torch.int32), n, k)
+
+
+def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
+              bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
+              dtype: torch.dtype) -> torch.Tensor:
+    """``FINISH(((q @ w^T + offset) * x_scale) * w_scale + bias)`` for uint8 rows ``q`` (M, K): codes
+    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or ``y`` clamped for float32. Offsets
+    are int32, scales and bias float32, one per output. Without the native kernels, torch computes
+    the same values (an int64 matrix product, exact)."""
+    q = q if q.is_contiguous() else q.contiguous()
+    m = q.shape[0]
+    fn = _function("gemm", dtype)
+    if fn is not None:
+        out = torch.empty((m, weight.n), dtype=dtype)
+        fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), m, weight.n, weight.k, offset.data_ptr(),
+           w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low, high)
+        return out
+    w = weight.packed.permute(0, 2, 1, 3).reshape(-1, weight.packed.shape[1] * STEP)[:weight.n, :weight.k]
+    acc = (q.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32).add_(offset)
+    y = acc.to(torch.float32).mul_(torch.tensor(x_scale, dtype=torch.float32)).mul_(w_scale)
+    y = y if bias is None else y.add_(bias)
+    if dtype == torch.float32:
+        return y.clamp_(low, high) if low > -math.inf else y
+    y = y.mul_(torch.tensor(inv_out, dtype=torch.float32)).add_(torch.tensor(float(zp), dtype=torch.float32))
+    return y.clamp_(low, high).round_().to(dtype)

@@ -1,0 +1,106 @@
+"""lucid_fx/kernels/linear_native.py and native_gemm.c: exact int32 sums of uint8 codes and 7-bit
+weights, then the float steps one float32 rounding at a time, with the AVX2 path and without it."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lucid_fx.kernels import linear_native as ln
+from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import native
+
+f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+
+
+def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
+    """The oracle: int64 sums, then each float32 step as the C comment gives it."""
+    acc = (q.to(torch.int64) @ w.to(torch.int64).T + offset).to(torch.float32)
+    y = acc * f32(x_scale) * w_scale
+    y = y if bias is None else y + bias
+    if dtype == torch.float32:
+        return y.clamp(low, high)
+    return (y * f32(inv_out) + f32(float(zp))).clamp(low, high).round().to(dtype)
+
+
+SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64)]
+FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (torch.int8, -2, -128.0, 127.0),
+            (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_the_gemm_equals_exact_sums_and_the_float_steps(native_env, monkeypatch, build, m, k, n):
+    # "this CPU": -march=native (AVX2 here: 4 rows by 16 outputs per block, tails in every dimension);
+    # "portable": the flags without it, so the plain loop alone.
+    if build == "portable":
+        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
+    native_env()
+    if not native.available():
+        pytest.skip(native.status())
+    if build == "portable":
+        assert not ln.available()
+    elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():
+        assert ln.available() == ("avx2" in Path("/proc/cpuinfo").read_text().split())
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE + 1, (n, k), dtype=torch.int8, generator=g)
+    w[0, :4] = -ln.PAIR_SAFE  # the widest pair sums: 255 * -64 twice
+    q[0, :4] = 255
+    weight = ln.packed_weight(w)
+    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
+    w_scale, bias = torch.rand(n, generator=g) * 0.01 + 1e-4, torch.randn(n, generator=g)
+    for dtype, zp, low, high in FINISHES:
+        for b in (bias, None):
+            got = ln.gemm_rows(q, weight, offset, 0.37, w_scale, b, 5.5, zp, low, high, dtype)
+            want = _steps(q, w, offset, 0.37, w_scale, b, 5.5, zp, low, high, dtype)
+            assert got.dtype == dtype and got.shape == (m, n)
+            assert torch.equal(got, want), (dtype, (got.double() - want.double()).abs().max())
+
+
+def test_without_the_native_kernels_torch_computes_the_same_values(native_env):
+    native_env()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 256, (6, 37), dtype=torch.uint8, generator=g)
+    w = torch.randint(-64, 65, (21, 37), dtype=torch.int8, generator=g)
+    weight, offset = ln.packed_weight(w), torch.randint(-99, 99, (21,), dtype=torch.int32, generator=g)
+    args = (offset, 1.0, torch.rand(21, generator=g), torch.randn(21, generator=g), 3.0, 7, 0.0, 255.0, torch.uint8)
+    compiled = ln.gemm_rows(q, weight, *args)
+    native_env(LUCID_FX_NATIVE="0")
+    assert torch.equal(ln.gemm_rows(q, weight, *args), compiled)
+    assert torch.equal(compiled, _steps(q, w, *args))
+
+
+def test_the_packed_weight_is_a_copy_in_blocks_of_16_outputs_by_4_inputs():
+    w = torch.arange(-40, 40, dtype=torch.int8).view(20, 4)[:, :3]  # a strided weight: 20 outputs, 3 inputs
+    weight = ln.packed_weight(w)
+    assert weight.packed.shape == (2, 1, 16, 4) and (weight.n, weight.k) == (20, 3)
+    assert weight.packed[0, 0, 5].tolist() == [*w[5].tolist(), 0]  # output 5, inputs 0-2, then a zero pad
+    assert weight.packed[1, 0, 3].tolist() == [*w[19].tolist(), 0] and not weight.packed[1, 0, 4:].any()
+    assert weight.row_sums.tolist() == w.sum(1).tolist()
+    w[0, 0] = 9
+    assert weight.packed[0, 0, 0, 0] == -40  # the weight's later edits do not reach the pack
+
+
+def test_a_weight_past_the_exact_pair_sums_is_left_to_onednn():
+    # Codes past +-64 could saturate the int16 pair sums: the native engine declines, oneDNN serves.
+    ws = torch.full((8,), 0.01)
+    ok = torch.randint(-64, 65, (8, 16), dtype=torch.int8)
+    wide = ok.clone()
+    wide[3, 7] = -65
+    assert ln.takes_weight(ok) and not ln.takes_weight(wide)
+    assert lr.row_linear(ok, ws, None, 0.1, 0, 0.2, "native") is not None
+    assert lr.row_linear(wide, ws, None, 0.1, 0, 0.2, "native") is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_native_engine_takes_small_linears_and_every_size_at_one_thread(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert lr.small_gemm(16, 64, 64, "native") and lr.small_gemm(1, 4096, 4096, "native")
+        assert lr.small_gemm(1024, 1024, 1024, "native") == (threads == 1)  # 2^30 multiply-adds
+        assert not lr.small_gemm(1, 64, 64, None)
+    finally:
+        torch.set_num_threads(before)
