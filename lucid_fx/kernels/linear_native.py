@@ -17,13 +17,12 @@ run, and with exact integer sums everywhere.
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
 >>> w = packed_weight(qw)
 >>> gemm_rows(torch.tensor([[130, 126]], dtype=torch.uint8), w, -128 * w.row_sums, 1.0,
-...           torch.tensor([0.5, 0.25]), None, 0.0, 0, -math.inf, math.inf, torch.float32)
+...           torch.tensor([0.5, 0.25]), None, 0.0, 0, -float('inf'), float('inf'), torch.float32)
 tensor([[ 3.0000, -1.5000]])
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,7 +30,8 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "available", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "takes_weight", "BLOCK",
+           "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
@@ -70,24 +70,40 @@ def packed_weight(w2d: torch.Tensor) -> PackedWeight:
 
 def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
               bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
-              dtype: torch.dtype) -> torch.Tensor:
+              dtype: torch.dtype, hardswish: bool = False) -> torch.Tensor:
     """``FINISH(((q @ w^T + offset) * x_scale) * w_scale + bias)`` for uint8 rows ``q`` (M, K): codes
-    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or ``y`` clamped for float32. Offsets
-    are int32, scales and bias float32, one per output. Without the native kernels, torch computes
-    the same values (an int64 matrix product, exact)."""
+    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or ``y`` clamped for float32; with
+    ``hardswish``, oneDNN's post-op on ``y`` first (:func:`hardswish`). Offsets are int32, scales and
+    bias float32, one per output. Without the native kernels, torch computes the same values (an
+    int64 matrix product, exact)."""
     q = q if q.is_contiguous() else q.contiguous()
     m = q.shape[0]
     fn = _function("gemm", dtype)
     if fn is not None:
         out = torch.empty((m, weight.n), dtype=dtype)
         fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), m, weight.n, weight.k, offset.data_ptr(),
-           w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low, high)
+           w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low, high, hardswish)
         return out
     w = weight.packed.permute(0, 2, 1, 3).reshape(-1, weight.packed.shape[1] * STEP)[:weight.n, :weight.k]
     acc = (q.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32).add_(offset)
     y = acc.to(torch.float32).mul_(torch.tensor(x_scale, dtype=torch.float32)).mul_(w_scale)
-    y = y if bias is None else y.add_(bias)
+    return finish(y if bias is None else y.add_(bias), inv_out, zp, low, high, dtype, hardswish)
+
+
+def hardswish(y: torch.Tensor) -> torch.Tensor:
+    """oneDNN's hardswish post-op in float32, as its AVX2 kernels compute it (measured equal on every
+    value): ``y * min(max(y * (1/6) + 1/2, 0), 1)``, one rounding per step (``F.hardswish`` rounds
+    otherwise)."""
+    gate = y * torch.tensor(1 / 6, dtype=torch.float32) + torch.tensor(0.5, dtype=torch.float32)
+    return y * gate.clamp_(0.0, 1.0)
+
+
+def finish(y: torch.Tensor, inv_out: float, zp: int, low: float, high: float, dtype: torch.dtype,
+           post_hardswish: bool) -> torch.Tensor:
+    """The torch path's steps after ``y = acc * scale + bias`` (float32): the post-op, then codes
+    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or for a float result ``y`` clamped."""
+    y = hardswish(y) if post_hardswish else y
     if dtype == torch.float32:
-        return y.clamp_(low, high) if low > -math.inf else y
+        return y.clamp_(low, high)
     y = y.mul_(torch.tensor(inv_out, dtype=torch.float32)).add_(torch.tensor(float(zp), dtype=torch.float32))
     return y.clamp_(low, high).round_().to(dtype)

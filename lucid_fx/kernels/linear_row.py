@@ -43,11 +43,13 @@ from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
-__all__ = ["ROW_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
+__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
+# The post-ops of each engine: the native one also computes oneDNN's hardswish (linear_native.hardswish).
+ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish")}
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
 # thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
@@ -74,13 +76,15 @@ class RowLinear:
     w_scale: torch.Tensor  # (N,) float32
     bias: Optional[torch.Tensor]  # (N,) float32, or None
     inv_out: Optional[float]  # float32 1 / out_scale; None for a float result
+    hardswish: bool = False  # oneDNN's hardswish post-op (the native engine only)
 
 
 def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
-               out_scale: Optional[float], engine: str = "int_mm") -> Optional[RowLinear]:
+               out_scale: Optional[float], engine: str = "int_mm", post_op: str = "none") -> Optional[RowLinear]:
     """The constants of :func:`linear_row` on ``engine`` for uint8 codes with zero point ``x_zp``
-    (``out_scale`` None: a float result), from the same zero-point fold as the oneDNN call of
-    ``lucid_fx.kernels.cpu.linear``; None where the native engine does not take ``qw``'s codes.
+    (``out_scale`` None: a float result; ``post_op`` one of the engine's, relu as the caller's clamp
+    bounds), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``; None
+    where the native engine does not take ``qw``'s codes.
     ``qw`` is a linear's (N, K) weight or a 1x1 convolution's (N, K, 1, 1)."""
     zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
     inv_out = None if out_scale is None else ref.f32_reciprocal(out_scale)
@@ -91,7 +95,8 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
         if not weight:
             return None
         scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale  # oneDNN's AVX2 kernels: one product first
-        return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out)
+        return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out, post_op == "hardswish")
+    assert post_op in ENGINE_POST_OPS["int_mm"], post_op
     weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw.flatten(1), False))
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
@@ -103,7 +108,7 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     compares it with oneDNN on 2048 rows per case."""
     if isinstance(row.weight, linear_native.PackedWeight):
         return linear_native.gemm_rows(q, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                       0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype)
+                                       0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish)
     # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
     acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
     out = native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
@@ -170,10 +175,8 @@ def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype,
     """The engine an (m, k) by (k, n) linear with this post-op and result runs on (:func:`row_engine`,
     where :func:`small_gemm` says it is faster there), while oneDNN serves the others (``onednn_on``);
     None for oneDNN."""
-    if not (onednn_on and post_op in ROW_POST_OPS and dtype in (torch.uint8, torch.float32)):
-        return None
-    engine = row_engine(target)
-    return engine if engine is not None and small_gemm(m, n, k, engine) else None
+    engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
+    return engine if engine is not None and post_op in ENGINE_POST_OPS[engine] and small_gemm(m, n, k, engine) else None
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

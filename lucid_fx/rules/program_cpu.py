@@ -10,13 +10,14 @@ program computes the same codes.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Optional
 
 import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import cpu_float, program_ops
+from lucid_fx.kernels import conv_native, cpu_float, program_ops
 from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
@@ -93,7 +94,7 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
     owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it only through
     ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
-    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine)
+    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op)
     if row is None:
         return None
     row = b.const(row, "row")
@@ -130,6 +131,19 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
     return b.call_method("permute", grid, (0, 3, 1, 2))  # channels-last, as oneDNN's convolution returns it
 
 
+def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op):
+    """A convolution on lucid_fx's own kernels (kernels/conv_native.py: oneDNN's values, without its
+    85-100 us a call on CPUs without VNNI); None where they do not take the weight or the layout."""
+    x, dtype = b.value(qx), b.value(node).dtype
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    conv = conv_native.native_conv(qw, ws, bias, x_scale, x_zp, padding, groups, row_out_scale(out_scale, dtype), post_op)
+    if conv is None:
+        return None
+    return b.call(conv_native.conv_codes, qx, b.const(conv, "conv"), list(stride), list(padding), list(dilation), x_zp,
+                  out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
+
+
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
     x = b.value(qx)
     weights = _weights(b, node, qw_n, ws_n, bias_n)
@@ -148,8 +162,10 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, post_op, out_dtype = \
         node.args
     dtype, x, qw = b.value(node).dtype, b.value(qx), b.attr(qw_n)
-    engine = None if qw is None or x.dtype != torch.uint8 else _engine(post_op, dtype, x.numel() // qw[0].numel(),
-                                                                        qw.shape[0], qw[0].numel())
+    engine = None
+    if qw is not None and x.dtype == torch.uint8 and x.dim() == 4:  # an (pixels, taps * c) by (taps * c, cout) product
+        pixels = x.shape[0] * math.prod(conv_native.out_size(*x.shape[2:], qw.shape[2:], stride, padding, dilation))
+        engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel())
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
@@ -157,6 +173,9 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
         out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
                             engine)
+    elif engine == "native" and conv_native.takes_conv(x.shape, qw, groups, stride, padding, dilation):
+        out = _native_conv(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), stride, padding, dilation,
+                           groups, out_scale, out_zp, post_op)
     if out is not None:
         return out
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)

@@ -1,0 +1,132 @@
+"""int8 convolutions on CPUs without VNNI in lucid_fx's own kernels (``native_conv.c``), with oneDNN's values.
+
+oneDNN's int8 convolution costs 85-100 us a call there whatever its size (measured, 1 thread, AVX2
+EPYC, torch 2.13: 84 us for 8 channels on 4x4); the small convolutions of mobile networks and of
+small images are mostly that cost. Two kernels: an implicit GEMM for dense convolutions (the blocks
+of :mod:`lucid_fx.kernels.linear_native`, each pixel's row read tap by tap) and a depthwise one.
+Both take uint8 channels-last codes and 7-bit weights, and end with the float steps of oneDNN's
+AVX2 kernels (:mod:`lucid_fx.kernels.linear_native`), so their codes are oneDNN's, bit for bit
+(tests/kernels/test_conv_native.py compares them on this machine's oneDNN where it runs those
+kernels, and with exact sums everywhere).
+
+>>> qw = torch.ones(1, 4, 3, 3, dtype=torch.int8)  # a 3x3 box sum over 4 channels
+>>> conv = native_conv(qw, torch.ones(1), None, 1.0, 0, (1, 1), 1, None, "none")
+>>> x = torch.full((1, 4, 3, 3), 2, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+>>> y = conv_codes(x, conv, (1, 1), (1, 1), (1, 1), 0, 0, -float('inf'), float('inf'), torch.float32)
+>>> y[0, 0] / 4  # 2 per tap inside the image: 4 taps at a corner, 6 on an edge, 9 in the middle
+tensor([[ 8., 12.,  8.],
+        [12., 18., 12.],
+        [ 8., 12.,  8.]])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from lucid_fx.kernels import linear_native
+from lucid_fx.kernels.codes import f32_reciprocal
+from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.zero_point import _unpadded_zero_point
+
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS"]
+
+
+# A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
+# EPYC, 1 thread, 123 against 336 us (oneDNN) for 72 channels 3x3 stride 2 on 56x56, 104 against 320
+# for 576 channels 5x5 on 7x7, but 912 against 600 for 144 channels 3x3 on 56x56 (4.1M).
+DEPTHWISE_MACS = 1 << 21
+
+
+@dataclass(frozen=True)
+class NativeConv:
+    """A convolution's constants for :func:`conv_codes`, decided once: the weight in native_conv.c's
+    layout (dense: a linear of (kh, kw, c rounded up to 4) inputs in native_gemm.c's blocks;
+    depthwise: int16 (kh * kw, c rounded up to 16)), and oneDNN's float steps (its AVX2 kernels:
+    ``x_scale * w_scale`` multiplied first, the zero point folded into the bias where it folds it,
+    else taken away by the int32 ``offset``)."""
+
+    weight: torch.Tensor
+    depthwise: bool
+    kernel: Tuple[int, int]
+    cout: int
+    int8: torch.Tensor  # (cout, c/groups, kh, kw): the codes, for the torch path
+    offset: torch.Tensor  # (cout,) int32
+    scale: torch.Tensor  # (cout,) float32
+    bias: Optional[torch.Tensor]  # (cout,) float32
+    inv_out: float  # float32 1 / out_scale (0 for a float result)
+    hardswish: bool  # oneDNN's hardswish post-op (linear_native.hardswish)
+
+
+def takes_conv(x_shape: Sequence[int], qw: torch.Tensor, groups: int, stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether the kernels take this convolution, and are measured faster there than oneDNN: dense
+    with channels a multiple of 4 (fewer, as an RGB stem's 3, were measured 4x slower), or depthwise
+    (one output per channel) up to DEPTHWISE_MACS."""
+    n, cin, h, w = x_shape
+    if qw.dim() != 4 or not (groups == 1 and cin % 4 == 0 or groups == cin == qw.shape[0] and qw.shape[1] == 1):
+        return False
+    ho, wo = out_size(h, w, qw.shape[2:], stride, padding, dilation)
+    return groups == 1 or n * ho * wo * cin * qw.shape[2] * qw.shape[3] <= DEPTHWISE_MACS
+
+
+def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
+                padding: Sequence[int], groups: int, out_scale: Optional[float], post_op: str) -> Optional[NativeConv]:
+    """The constants of :func:`conv_codes` (``out_scale`` None: a float result; ``post_op`` none, relu
+    (the caller's clamp bounds) or hardswish), from a copy of ``qw``; None where a code is past the
+    exact int16 pair sums (:data:`linear_native.PAIR_SAFE`)."""
+    cout, cin, kh, kw = qw.shape
+    if not linear_native.takes_weight(qw):
+        return None
+    zp_left, bias = _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding)
+    sums = qw.flatten(1).sum(1, dtype=torch.int32)
+    scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale.to(torch.float32)  # oneDNN's AVX2 order
+    inv_out = 0.0 if out_scale is None else f32_reciprocal(out_scale)
+    if groups > 1:  # centred sums: the offset puts back what oneDNN's folded bias expects
+        taps = torch.zeros(kh * kw, -(-cout // 16) * 16, dtype=torch.int16)
+        taps[:, :cout] = qw.reshape(cout, kh * kw).T
+        return NativeConv(taps, True, (kh, kw), cout, qw.clone(), (x_zp - zp_left) * sums, scale, bias, inv_out,
+                          post_op == "hardswish")
+    rows = torch.zeros(cout, kh, kw, -(-cin // 4) * 4, dtype=torch.int8)
+    rows[..., :cin] = qw.permute(0, 2, 3, 1)
+    packed = linear_native.packed_weight(rows.reshape(cout, -1)).packed
+    return NativeConv(packed, False, (kh, kw), cout, qw.clone(), -zp_left * sums, scale, bias, inv_out,
+                      post_op == "hardswish")
+
+
+def out_size(h, w, kernel, stride, padding, dilation) -> Tuple[int, int]:
+    """A convolution's output (height, width)."""
+    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1
+                 for size, k, s, p, d in zip((h, w), kernel, stride, padding, dilation))
+
+
+def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], x_zp: int, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+    """The convolution of uint8 channels-last codes ``x`` (zero point ``x_zp``, the padding's code):
+    ``FINISH(((sums + offset) * scale + bias)`` with the clamp and rounding of
+    :func:`lucid_fx.kernels.linear_native.gemm_rows`, where ``sums`` are the dense kernel's raw sums
+    (the padding read as ``x_zp``) or the depthwise kernel's centred ones. A channels-last result."""
+    n, c, h, w = x.shape
+    ho, wo = out_size(h, w, conv.kernel, stride, padding, dilation)
+    out = torch.empty((n, conv.cout, ho, wo), dtype=dtype, memory_format=torch.channels_last)
+    fn = _function("conv", dtype)
+    if fn is None or not x.is_contiguous(memory_format=torch.channels_last):
+        return _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out)
+    geometry = torch.tensor([n, h, w, c, *conv.kernel, *stride, *padding, *dilation, ho, wo, conv.cout], dtype=torch.int64)
+    fn(x.data_ptr(), conv.weight.data_ptr(), out.data_ptr(), geometry.data_ptr(), int(conv.depthwise), x_zp,
+       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(), 1.0,
+       conv.inv_out, zp, low, high, conv.hardswish)
+    return out
+
+
+def _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out):
+    """The same values in torch: float64 sums are exact at these sizes (< 2^53)."""
+    xd = F.pad(x.to(torch.float64), [padding[1], padding[1], padding[0], padding[0]], value=float(x_zp))
+    groups = x.shape[1] if conv.depthwise else 1
+    sums = F.conv2d(xd - (x_zp if conv.depthwise else 0), conv.int8.to(torch.float64), None, stride, 0, dilation, groups)
+    y = sums.to(torch.int32).add_(conv.offset.view(1, -1, 1, 1)).to(torch.float32).mul_(conv.scale.view(1, -1, 1, 1))
+    y = y if conv.bias is None else y.add_(conv.bias.view(1, -1, 1, 1))
+    return out.copy_(linear_native.finish(y, conv.inv_out, zp, low, high, out.dtype, conv.hardswish))

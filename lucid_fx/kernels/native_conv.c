@@ -1,0 +1,184 @@
+/* lucid_fx's native int8 convolutions for CPUs without VNNI (lucid_fx.kernels.conv_native): uint8
+ * channels-last codes, 7-bit weights, the float steps of native_gemm.h fused in, a channels-last
+ * result. geometry = {n, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, cout}.
+ *
+ * Dense (groups 1): an implicit GEMM, native_gemm.c's blocks of 4 output pixels by 16 output channels.
+ * A pixel's row is read tap by tap from the image where the tap falls inside it, else from a row of
+ * x_zp codes (the padding's real 0); the weight is packed as a linear of (kh, kw, cp) inputs, cp = c
+ * rounded up to 4 with zero weights. The sums thus hold x_zp * (row sum) too, which the caller's
+ * offset takes away: exact int32, as in native_gemm.c (|w| <= 64).
+ *
+ * Depthwise (groups = c = cout): per pixel and channel, the sum over the taps inside the image of
+ * (x - x_zp) * w (the padding adds 0), exact in int16 pairs and int32 sums (see conv_depthwise). */
+#include <stdlib.h>
+
+#include "native_gemm.h"
+
+enum { G_N, G_H, G_W, G_C, G_KH, G_KW, G_SH, G_SW, G_PH, G_PW, G_DH, G_DW, G_HO, G_WO, G_COUT };
+
+/* Where output pixel p's taps start: its image's first code, and the input row and column of tap (0, 0). */
+typedef struct {
+    const uint8_t *image;
+    int64_t h0, w0;
+} conv_pixel_t;
+
+static inline conv_pixel_t conv_pixel(const uint8_t *x, const int64_t *g, int64_t p) {
+    const int64_t ow = p % g[G_WO], oh = (p / g[G_WO]) % g[G_HO], img = p / (g[G_WO] * g[G_HO]);
+    return (conv_pixel_t){x + img * g[G_H] * g[G_W] * g[G_C], oh * g[G_SH] - g[G_PH], ow * g[G_SW] - g[G_PW]};
+}
+
+/* The codes of a pixel's tap (i, j), or `pad` where it falls in the padding. */
+static inline const uint8_t *conv_tap(conv_pixel_t px, const int64_t *g, int64_t i, int64_t j, const uint8_t *pad) {
+    const int64_t ih = px.h0 + i * g[G_DH], iw = px.w0 + j * g[G_DW];
+    if (ih < 0 || ih >= g[G_H] || iw < 0 || iw >= g[G_W]) return pad;
+    return px.image + (ih * g[G_W] + iw) * g[G_C];
+}
+
+/* 4 codes of a tap's row from channel 4 * q: the c % 4 last ones, then zeros. */
+static inline int32_t conv_tail4(const uint8_t *row, int64_t q, int64_t c) {
+    uint32_t v = 0;
+    for (int64_t k = 4 * q; k < c; k++) v |= (uint32_t)row[k] << (8 * (k - 4 * q));
+    return (int32_t)v;
+}
+
+#if GEMM_AVX2
+#define CONV_STEP(r, v)                                                                               \
+    {                                                                                                 \
+        const __m256i xv = _mm256_set1_epi32(v);                                                      \
+        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));  \
+        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));  \
+    }
+#define CONV_LOAD(r) (memcpy(&v, s##r + 4 * q, 4), v)
+#define CONV_TAIL(r) conv_tail4(s##r, q, c)
+#define CONV_STEPS(LOAD)                                                                              \
+    {                                                                                                 \
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wt + q * 64));                       \
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wt + q * 64 + 32));                  \
+        CONV_STEP(0, LOAD(0)) CONV_STEP(1, LOAD(1)) CONV_STEP(2, LOAD(2)) CONV_STEP(3, LOAD(3))       \
+    }
+
+/* Output pixels i..i+rows-1 (rows <= 4) by the 16 output channels of block b. */
+static void conv_block4(const uint8_t *x, const int64_t *g, int64_t i, int64_t rows, const int8_t *wb,
+                        const uint8_t *pad, int64_t j0, const gemm_finish_t *f, char *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const int64_t c = g[G_C], cq = (c + 3) / 4, full = c / 4, n = g[G_COUT];
+    conv_pixel_t px[4];
+    for (int64_t r = 0; r < 4; r++) px[r] = conv_pixel(x, g, i + (r < rows ? r : 0));
+    int32_t v;
+    for (int64_t ki = 0; ki < g[G_KH]; ki++)
+        for (int64_t kj = 0; kj < g[G_KW]; kj++) {
+            const uint8_t *s0 = conv_tap(px[0], g, ki, kj, pad), *s1 = conv_tap(px[1], g, ki, kj, pad);
+            const uint8_t *s2 = conv_tap(px[2], g, ki, kj, pad), *s3 = conv_tap(px[3], g, ki, kj, pad);
+            const int8_t *wt = wb + (ki * g[G_KW] + kj) * cq * 64;
+            int64_t q = 0;
+            for (; q < full; q++) CONV_STEPS(CONV_LOAD)
+            if (q < cq) CONV_STEPS(CONV_TAIL)
+        }
+    const size_t row = n * gemm_size(f->kind), at = j0 * gemm_size(f->kind);
+    gemm_finish16(a00, a01, j0, n, f, out + at);
+    if (rows > 1) gemm_finish16(a10, a11, j0, n, f, out + row + at);
+    if (rows > 2) gemm_finish16(a20, a21, j0, n, f, out + 2 * row + at);
+    if (rows > 3) gemm_finish16(a30, a31, j0, n, f, out + 3 * row + at);
+}
+#endif
+
+static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const int64_t *g, int32_t x_zp,
+                       const gemm_finish_t *f) {
+    const int64_t c = g[G_C], cq = (c + 3) / 4, m = g[G_N] * g[G_HO] * g[G_WO], n = g[G_COUT];
+    const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = g[G_KH] * g[G_KW] * cq;
+    const size_t size = gemm_size(f->kind);
+    uint8_t *pad = malloc((size_t)(4 * cq));
+    if (!pad) return;
+    memset(pad, x_zp, (size_t)(4 * cq));
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = 0; i < m; i += 4) {
+#if GEMM_AVX2
+            conv_block4(x, g, i, m - i < 4 ? m - i : 4, packed + b * kg * 64, pad, b * GEMM_NB, f, out + i * n * size);
+#else
+            for (int64_t p = i; p < m && p < i + 4; p++) {
+                const conv_pixel_t px = conv_pixel(x, g, p);
+                for (int64_t o = b * GEMM_NB; o < n && o < (b + 1) * GEMM_NB; o++) {
+                    int32_t s = 0;
+                    for (int64_t t = 0; t < g[G_KH] * g[G_KW]; t++) {
+                        const uint8_t *src = conv_tap(px, g, t / g[G_KW], t % g[G_KW], pad);
+                        const int8_t *wt = packed + (b * kg + t * cq) * 64 + (o % GEMM_NB) * 4;
+                        for (int64_t k = 0; k < c; k++) s += (int32_t)src[k] * wt[(k / 4) * 64 + k % 4];
+                    }
+                    gemm_finish1(s, o, f, out + (p * n + o) * size);
+                }
+            }
+#endif
+        }
+    free(pad);
+}
+
+/* w: int16 (kh * kw, c16) weights, c16 = c rounded up to 16 with zeros. With AVX2, 16 channels at a
+ * time: (x - x_zp) * w in int16 (|255 * 64| <= 16320), two taps' products added in int16 (<= 32640),
+ * then widened to int32 sums; the last c % 16 channels 8 at a time in int32. */
+static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const int64_t *g, int32_t x_zp,
+                           const gemm_finish_t *f) {
+    const int64_t c = g[G_C], c16 = (c + 15) / 16 * 16, m = g[G_N] * g[G_HO] * g[G_WO], taps = g[G_KH] * g[G_KW];
+    const size_t size = gemm_size(f->kind);
+    const uint8_t **src = malloc((size_t)taps * sizeof *src);
+    const int16_t **wt = malloc((size_t)taps * sizeof *wt);
+    if (!src || !wt) {
+        free(src), free(wt);
+        return;
+    }
+    for (int64_t p = 0; p < m; p++) {
+        const conv_pixel_t px = conv_pixel(x, g, p);
+        int64_t valid = 0; /* the taps inside the image: the padding adds 0 */
+        for (int64_t t = 0; t < taps; t++) {
+            const uint8_t *s0 = conv_tap(px, g, t / g[G_KW], t % g[G_KW], NULL);
+            if (s0) src[valid] = s0, wt[valid++] = w + t * c16;
+        }
+        char *row = out + p * c * size;
+        int64_t c0 = 0;
+#if GEMM_AVX2
+        const __m256i zp16 = _mm256_set1_epi16((int16_t)x_zp), zp32 = _mm256_set1_epi32(x_zp);
+#define DW_PRODUCT(t) _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src[t] + c0))), zp16), \
+                                         _mm256_loadu_si256((const __m256i *)(wt[t] + c0)))
+        for (; c0 + 16 <= c; c0 += 16) {
+            __m256i lo = _mm256_setzero_si256(), hi = lo;
+            for (int64_t t = 0; t < valid; t += 2) {
+                const __m256i s2 = t + 1 < valid ? _mm256_add_epi16(DW_PRODUCT(t), DW_PRODUCT(t + 1)) : DW_PRODUCT(t);
+                lo = _mm256_add_epi32(lo, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s2)));
+                hi = _mm256_add_epi32(hi, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s2, 1)));
+            }
+            gemm_finish8(lo, c0, f, row + c0 * size);
+            gemm_finish8(hi, c0 + 8, f, row + (c0 + 8) * size);
+        }
+        for (; c0 + 8 <= c; c0 += 8) {
+            __m256i acc = _mm256_setzero_si256();
+            for (int64_t t = 0; t < valid; t++) {
+                int64_t bytes;
+                memcpy(&bytes, src[t] + c0, 8);
+                const __m256i xv = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes)), zp32);
+                const __m256i wv = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(wt[t] + c0)));
+                acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(xv, wv));
+            }
+            gemm_finish8(acc, c0, f, row + c0 * size);
+        }
+#endif
+        for (; c0 < c; c0++) {
+            int32_t sum = 0;
+            for (int64_t t = 0; t < valid; t++) sum += ((int32_t)src[t][c0] - x_zp) * wt[t][c0];
+            gemm_finish1(sum, c0, f, row + c0 * size);
+        }
+    }
+    free(src), free(wt);
+}
+
+#define CONV_EXPORT(NAME, CODE, KIND)                                                                 \
+    void NAME(const uint8_t *x, const void *w, CODE *out, const int64_t *geometry, int32_t depthwise,  \
+              int32_t x_zp, const int32_t *offset, const float *w_scale, const float *bias,             \
+              float x_scale, float inv_out, int32_t zp, float low, float high, \
+              int32_t hardswish) { \
+        const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, KIND, hardswish}; \
+        if (depthwise) conv_depthwise(x, (const int16_t *)w, (char *)out, geometry, x_zp, &f);        \
+        else conv_dense(x, (const int8_t *)w, (char *)out, geometry, x_zp, &f);                        \
+    }
+CONV_EXPORT(lucid_conv_uint8, uint8_t, GEMM_UINT8)
+CONV_EXPORT(lucid_conv_int8, int8_t, GEMM_INT8)
+CONV_EXPORT(lucid_conv_float32, float, GEMM_FLOAT32)

@@ -1,0 +1,112 @@
+"""lucid_fx/kernels/conv_native.py and native_conv.c: dense and depthwise int8 convolutions with
+oneDNN's values bit for bit where this machine's oneDNN runs its AVX2 kernels, and the exact sums
+and float steps of the torch path everywhere, with the AVX2 path and without it."""
+
+import unittest.mock
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lucid_fx
+from lucid_fx.kernels import conv_native as cn
+from lucid_fx.kernels import cpu, force_cpu_features, native
+from lucid_fx.kernels import linear_native as ln
+from lucid_fx.kernels import linear_row as lr
+from lucid_fx.program import programs_of
+
+# (n, c, h, w, cout, kernel, stride, padding, groups): dense with channel tails of 4 and output
+# tails of 16, depthwise with channel tails of 16 and 8, strides, 1x1, 5x5.
+CASES = [(1, 16, 8, 8, 16, 3, 1, 1, 1), (2, 12, 9, 7, 20, 3, 2, 1, 1), (1, 8, 5, 5, 33, 1, 1, 0, 1),
+         (2, 24, 9, 9, 24, 3, 1, 1, 24), (1, 40, 7, 7, 40, 5, 2, 2, 40), (1, 9, 6, 6, 9, 3, 1, 1, 9)]
+FINISHES = [(torch.uint8, 7, "none"), (torch.uint8, 100, "relu"), (torch.uint8, 30, "hardswish"),
+            (torch.float32, 0, "none"), (torch.float32, 0, "relu"), (torch.float32, 0, "hardswish")]
+
+
+def _case(n, c, h, w, cout, k, groups, x_zp):
+    g = torch.Generator().manual_seed(c * h + cout + x_zp)
+    x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    qw = torch.randint(-64, 64, (cout, c // groups, k, k), dtype=torch.int8, generator=g)  # the grid oneDNN is exact on
+    return x, qw, torch.rand(cout, generator=g) * 0.01 + 0.001, torch.randn(cout, generator=g)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("x_zp", [0, 3, 128])
+def test_the_native_convolution_gives_onednn_s_values_bit_for_bit(case, x_zp, native_on):
+    if not cpu.onednn_available():
+        pytest.skip("this torch build has no oneDNN quantized ops to compare with")
+    n, c, h, w, cout, k, s, p, groups = case
+    x, qw, ws, bias = _case(n, c, h, w, cout, k, groups, x_zp)
+    for dtype, out_zp, post_op in FINISHES:
+        conv = cn.native_conv(qw, ws, bias, 0.0213, x_zp, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op)
+        got = cn.conv_codes(x, conv, [s, s], [p, p], [1, 1], x_zp, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
+        with force_cpu_features("avx2"):  # oneDNN's convolution, as the program would call it without the kernel
+            want = cpu._conv(x, 0.0213, x_zp, qw, ws, bias, [s, s], [p, p], [1, 1], groups, 0.37, out_zp, post_op, dtype)
+        assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
+        if lr.engine_here() == "native":  # this machine's oneDNN runs the AVX2 kernels whose steps these copy
+            assert torch.equal(got, want), (dtype, post_op, (got.double() - want.double()).abs().max())
+        else:  # other kernels round some float32 steps otherwise: within a code, or float32 rounding
+            assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-4)
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("case", CASES)
+def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_env, monkeypatch, build, case):
+    # The torch path: float64 sums (exact), then the same float32 steps one rounding at a time.
+    if build == "portable":
+        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
+    native_env()
+    if not native.available():
+        pytest.skip(native.status())
+    n, c, h, w, cout, k, s, p, groups = case
+    x, qw, ws, bias = _case(n, c, h, w, cout, k, groups, 5)
+    for dtype, out_zp, post_op in FINISHES:
+        conv = cn.native_conv(qw, ws, bias, 0.0213, 5, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op)
+        args = ([s, s], [p, p], [1, 1], 5, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
+        got = cn.conv_codes(x, conv, *args)
+        with unittest.mock.patch.object(cn, "_function", lambda *a: None):
+            want = cn.conv_codes(x, conv, *args)
+        assert torch.equal(got, want), (build, dtype, post_op)
+
+
+def test_what_the_kernels_take():
+    qw3 = torch.zeros(16, 3, 3, 3, dtype=torch.int8)  # an RGB stem: 3 channels, measured slower here
+    assert not cn.takes_conv((1, 3, 32, 32), qw3, 1, [2, 2], [1, 1], [1, 1])
+    assert cn.takes_conv((1, 4, 32, 32), torch.zeros(16, 4, 3, 3, dtype=torch.int8), 1, [2, 2], [1, 1], [1, 1])
+    grouped = torch.zeros(16, 8, 3, 3, dtype=torch.int8)  # 2 groups of 8: neither dense nor depthwise
+    assert not cn.takes_conv((1, 16, 8, 8), grouped, 2, [1, 1], [1, 1], [1, 1])
+    dw = torch.zeros(144, 1, 3, 3, dtype=torch.int8)
+    assert cn.takes_conv((1, 144, 28, 28), dw, 144, [1, 1], [1, 1], [1, 1])  # 1.0M multiply-adds
+    assert not cn.takes_conv((1, 144, 56, 56), dw, 144, [1, 1], [1, 1], [1, 1])  # 4.1M: oneDNN was faster
+    wide = torch.zeros(8, 4, 3, 3, dtype=torch.int8)
+    wide[0, 0, 0, 0] = 65  # past the exact int16 pair sums
+    assert cn.native_conv(wide, torch.ones(8), None, 1.0, 0, [1, 1], 1, 1.0, "none") is None
+
+
+class Mobile(nn.Module):
+    """A dense 3x3 convolution, a depthwise one with hardswish, and a 1x1 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16),
+                                  nn.Hardswish(), nn.Conv2d(16, 8, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_a_program_runs_the_convolutions_natively_where_the_engine_is_here_with_the_portable_codes(native_on, sqnr_db):
+    torch.manual_seed(0)
+    model, x = Mobile().eval(), torch.randn(1, 8, 12, 12)
+    with force_cpu_features("avx2"):
+        prepared = lucid_fx.prepare(model, example_inputs=(x,))
+        lucid_fx.calibrate(prepared, [(torch.randn(1, 8, 12, 12),) for _ in range(4)], progress=False)
+        q = lucid_fx.convert(prepared)
+        portable, got = q(x), q(x)
+        program = next(p for key, p in programs_of(q).items() if key[0] == "avx2")
+    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    native_here = lr.engine_here() == "native" and ln.available()
+    assert calls.count(cn.conv_codes) == (2 if native_here else 0)  # the 3x3 and the depthwise; the 1x1 is a linear
+    assert (lr.linear_row in calls) == native_here
+    assert torch.equal(got, portable)
+    assert sqnr_db(model(x), got) >= 30
