@@ -11,6 +11,7 @@ import lucid_fx.kernels as K
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels.target import onednn_exact
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 
 ops = torch.ops.lucid_fx
@@ -276,7 +277,9 @@ def test_each_backend_runs_its_own_path(monkeypatch):
         before, other_before = cache.builds, other.builds
         with K.use_onednn(onednn):
             ops.linear(qx, xs, xz, qw, ws, None, 0.05, 100, "none", None)
-        assert (cache.builds, other.builds) == (before + 1, other_before)
+        # oneDNN inexact on this grid (a VNNI kind forced on an AVX2 CPU): its pack is refused, _int_mm serves
+        fallback = onednn and not onednn_exact(K.resolve_target("cpu"))
+        assert (cache.builds, other.builds) == (before + 1, other_before + fallback)
 
 
 # ---- convolutions ----
@@ -318,7 +321,8 @@ def test_unpadded_convolutions_fold_the_zero_point_into_the_bias(case):
     with K.use_onednn(True):
         before = cpu.FOLDED_BIASES.builds
         assert_close(ops.conv2d(qx, xs, xz, qw, ws, bias, s, p, d, g, 0.06, 90, "none", None), expected)
-        assert cpu.FOLDED_BIASES.builds - before == (0 if any(p) else 2)  # the weight's sums and the bias
+        folds = not any(p) and onednn_exact(K.resolve_target("cpu"))  # else no oneDNN call to fold for
+        assert cpu.FOLDED_BIASES.builds - before == (2 if folds else 0)  # the weight's sums and the bias
 
 
 @pytest.mark.parametrize("case", CONV2D[:3])

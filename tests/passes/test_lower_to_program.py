@@ -5,6 +5,7 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx.kernels.linear_row import linear_row
+from lucid_fx.kernels.target import onednn_exact, resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from models import ResNetLike, _init_bn
 
@@ -39,8 +40,10 @@ def test_table_chains_and_the_float_boundary_become_one_lookup():
     assert portable == ["quantize_per_tensor", "linear", "lut", "lut", "dequantize_per_tensor"]
     lowered = _targets(program)
     # quantize, the linear (oneDNN's linear, a 1x1 convolution on CPUs without VNNI, or at this
-    # size _int_mm's linear_row where the Target takes it), one float lookup
-    assert lowered[1] in (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default, linear_row) and len(lowered) == 3
+    # size linear_row where the Target's row engine takes it; the exact fallback kernel where oneDNN
+    # is not exact on the grid: a VNNI kind forced on an AVX2 CPU), one float lookup
+    calls = (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default, linear_row)
+    assert (lowered[1] in calls) == onednn_exact(resolve_target("cpu")) and len(lowered) == 3
     assert [n.name for n in program.graph.nodes if n.op == "call_function"][-1] == "dequantize_per_tensor"
     assert torch.equal(program(x), out)
 
@@ -50,7 +53,8 @@ def test_residual_sum_writes_into_the_residual_codes_only_when_nothing_reads_the
     x = torch.randn(1, 3, 32, 32)
     q, out, program = _lowered(_init_bn(ResNetLike(num_classes=10, width=8)).eval(), x)
     sums = [n for n in program.graph.nodes if n.target is ON.qconv2d_pointwise.binary]
-    assert len(sums) == sum(1 for t in _targets(q) if "conv2d_add" in str(t)) > 0
+    residuals = sum(1 for t in _targets(q) if "conv2d_add" in str(t))
+    assert residuals > 0 and len(sums) == (residuals if onednn_exact(resolve_target("cpu")) else 0)  # else fallback
     order = {n: i for i, n in enumerate(program.graph.nodes)}
     clones = 0
     for node in sums:
@@ -60,7 +64,7 @@ def test_residual_sum_writes_into_the_residual_codes_only_when_nothing_reads_the
             continue
         # oneDNN writes the sum into these codes: nothing may read them after it.
         assert accum.op != "placeholder" and all(order[u] < order[node] for u in accum.users if u is not node), accum
-    assert clones < len(sums)  # the common case (a block's input read by its first conv only) needs no copy
+    assert not sums or clones < len(sums)  # the common case (a block's input read by its first conv only) needs no copy
     assert torch.equal(program(x), out)
     assert not any("lucid_fx::" in str(getattr(t, "_qualified_op_name", "")) for t in _targets(program))
 
