@@ -32,13 +32,19 @@ from lucid_fx.kernels.codes import f32_reciprocal
 from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
-__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS"]
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS"]
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
 # EPYC, 1 thread, 123 against 336 us (oneDNN) for 72 channels 3x3 stride 2 on 56x56, 104 against 320
 # for 576 channels 5x5 on 7x7, but 912 against 600 for 144 channels 3x3 on 56x56 (4.1M).
 DEPTHWISE_MACS = 1 << 21
+# A dense convolution takes it up to this many multiply-adds, where oneDNN's fixed cost a call weighs
+# most. Measured the same way against oneDNN's call on a prepacked weight: native / oneDNN 0.46-0.78
+# for 3x3 convolutions of 2.4M (16-64 channels, 8x8 to 32x32); 0.95-1.06 at 58-116M (ResNet-18's
+# first widths); inside models, the DenseNet-like family 1.54 against 1.70 ms, but the ResNet-18-like
+# model with native convolutions up to 4096 output pixels 28.4 against 27.6 ms.
+DENSE_MACS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -64,13 +70,14 @@ class NativeConv:
 def takes_conv(x_shape: Sequence[int], qw: torch.Tensor, groups: int, stride: Sequence[int],
                padding: Sequence[int], dilation: Sequence[int]) -> bool:
     """Whether the kernels take this convolution, and are measured faster there than oneDNN: dense
-    with channels a multiple of 4 (fewer, as an RGB stem's 3, were measured 4x slower), or depthwise
-    (one output per channel) up to DEPTHWISE_MACS."""
+    with channels a multiple of 4 (fewer, as an RGB stem's 3, were measured 4x slower) up to
+    DENSE_MACS multiply-adds, or depthwise (one output per channel) up to DEPTHWISE_MACS."""
     n, cin, h, w = x_shape
     if qw.dim() != 4 or not (groups == 1 and cin % 4 == 0 or groups == cin == qw.shape[0] and qw.shape[1] == 1):
         return False
     ho, wo = out_size(h, w, qw.shape[2:], stride, padding, dilation)
-    return groups == 1 or n * ho * wo * cin * qw.shape[2] * qw.shape[3] <= DEPTHWISE_MACS
+    macs = n * ho * wo * qw.shape[1] * qw.shape[2] * qw.shape[3] * (qw.shape[0] if groups == 1 else 1)
+    return macs <= (DENSE_MACS if groups == 1 else DEPTHWISE_MACS)
 
 
 def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,

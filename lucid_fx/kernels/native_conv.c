@@ -91,8 +91,10 @@ static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const 
     uint8_t *pad = malloc((size_t)(4 * cq));
     if (!pad) return;
     memset(pad, x_zp, (size_t)(4 * cq));
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t i = 0; i < m; i += 4) {
+    const int64_t tile = gemm_tile(m, kg * 4);
+    for (int64_t i0 = 0; i0 < m; i0 += tile) /* a tile of pixels meets every block while in cache */
+      for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = i0; i < m && i < i0 + tile; i += 4) {
 #if GEMM_AVX2
             conv_block4(x, g, i, m - i < 4 ? m - i : 4, packed + b * kg * 64, pad, b * GEMM_NB, f, out + i * n * size);
 #else

@@ -65,24 +65,26 @@ int32_t lucid_gemm_vectorized(void) { return GEMM_AVX2; }
 
 static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                  const gemm_finish_t *f) {
-    const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = (k + GEMM_KB - 1) / GEMM_KB;
+    const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = (k + GEMM_KB - 1) / GEMM_KB, tile = gemm_tile(m, k);
     const size_t size = gemm_size(f->kind);
-    for (int64_t b = 0; b < nb; b++) {
-        const int8_t *w = packed + b * kg * GEMM_NB * GEMM_KB;
+    for (int64_t i0 = 0; i0 < m; i0 += tile) /* a tile of rows meets every block while it is in cache */
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *w = packed + b * kg * GEMM_NB * GEMM_KB;
+            const int64_t end = i0 + tile < m ? i0 + tile : m;
 #if GEMM_AVX2
-        int64_t i = 0;
-        for (; i + 4 <= m; i += 4) gemm_block4(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
-        for (; i < m; i++) gemm_block1(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
+            int64_t i = i0;
+            for (; i + 4 <= end; i += 4) gemm_block4(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
+            for (; i < end; i++) gemm_block1(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
 #else
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = b * GEMM_NB; j < n && j < (b + 1) * GEMM_NB; j++) {
-                int32_t s = 0;
-                for (int64_t kk = 0; kk < k; kk++)
-                    s += (int32_t)x[i * k + kk] * w[(kk / GEMM_KB) * 64 + (j % GEMM_NB) * GEMM_KB + kk % GEMM_KB];
-                gemm_finish1(s, j, f, (char *)out + (i * n + j) * size);
-            }
+            for (int64_t i = i0; i < end; i++)
+                for (int64_t j = b * GEMM_NB; j < n && j < (b + 1) * GEMM_NB; j++) {
+                    int32_t s = 0;
+                    for (int64_t kk = 0; kk < k; kk++)
+                        s += (int32_t)x[i * k + kk] * w[(kk / GEMM_KB) * 64 + (j % GEMM_NB) * GEMM_KB + kk % GEMM_KB];
+                    gemm_finish1(s, j, f, (char *)out + (i * n + j) * size);
+                }
 #endif
-    }
+        }
 }
 
 #define GEMM_EXPORT(NAME, CODE, KIND)                                                                 \

@@ -41,6 +41,15 @@ static inline void gemm_finish1(int32_t acc, int64_t j, const gemm_finish_t *f, 
 
 static inline size_t gemm_size(int kind) { return kind == GEMM_FLOAT32 ? 4 : 1; }
 
+/* Rows per tile, a multiple of 4. Rows of m x k codes that fit in L2 (256 KiB) are one tile: the
+ * weight is then read once, block by block. Else a tile is about 64 KiB of rows, which stay in cache
+ * while it meets every block of the weight (a large image is read once, not once per 16 outputs). */
+static inline int64_t gemm_tile(int64_t m, int64_t k) {
+    if (m * k <= 262144) return m + 3 - (m + 3) % 4;
+    const int64_t rows = (65536 / (k > 0 ? k : 1)) & ~(int64_t)3;
+    return rows > 4 ? rows : 4;
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #define GEMM_AVX2 1

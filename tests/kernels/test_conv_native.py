@@ -72,7 +72,11 @@ def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_env, monk
 def test_what_the_kernels_take():
     qw3 = torch.zeros(16, 3, 3, 3, dtype=torch.int8)  # an RGB stem: 3 channels, measured slower here
     assert not cn.takes_conv((1, 3, 32, 32), qw3, 1, [2, 2], [1, 1], [1, 1])
-    assert cn.takes_conv((1, 4, 32, 32), torch.zeros(16, 4, 3, 3, dtype=torch.int8), 1, [2, 2], [1, 1], [1, 1])
+    dense = torch.zeros(16, 4, 3, 3, dtype=torch.int8)
+    assert cn.takes_conv((1, 4, 32, 32), dense, 1, [2, 2], [1, 1], [1, 1])
+    big = torch.zeros(64, 64, 3, 3, dtype=torch.int8)
+    assert cn.takes_conv((1, 64, 16, 16), big, 1, [1, 1], [1, 1], [1, 1])  # 9.4M multiply-adds
+    assert not cn.takes_conv((1, 64, 56, 56), big, 1, [1, 1], [1, 1], [1, 1])  # 116M: oneDNN as fast
     grouped = torch.zeros(16, 8, 3, 3, dtype=torch.int8)  # 2 groups of 8: neither dense nor depthwise
     assert not cn.takes_conv((1, 16, 8, 8), grouped, 2, [1, 1], [1, 1], [1, 1])
     dw = torch.zeros(144, 1, 3, 3, dtype=torch.int8)
