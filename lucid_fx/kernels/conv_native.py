@@ -76,7 +76,7 @@ def takes_conv(x_shape: Sequence[int], qw: torch.Tensor, groups: int, stride: Se
     if qw.dim() != 4 or not (groups == 1 and cin % 4 == 0 or groups == cin == qw.shape[0] and qw.shape[1] == 1):
         return False
     ho, wo = out_size(h, w, qw.shape[2:], stride, padding, dilation)
-    macs = n * ho * wo * qw.shape[1] * qw.shape[2] * qw.shape[3] * (qw.shape[0] if groups == 1 else 1)
+    macs = n * ho * wo * qw.numel()  # each output pixel: cout x (cin / groups) x kh x kw
     return macs <= (DENSE_MACS if groups == 1 else DEPTHWISE_MACS)
 
 
