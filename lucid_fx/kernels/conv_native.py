@@ -1,8 +1,8 @@
 """int8 convolutions on CPUs without VNNI in lucid_fx's own kernels (``native_conv.c``), with oneDNN's values.
 
-oneDNN's int8 convolution costs 85-100 us a call there whatever its size (measured, 1 thread, AVX2
-EPYC, torch 2.13: 84 us for 8 channels on 4x4); the small convolutions of mobile networks and of
-small images are mostly that cost. Two kernels: an implicit GEMM for dense convolutions (the blocks
+oneDNN's int8 convolution costs 66 us a call there for 8 channels on 4x4 (measured, 1 thread, AVX2
+EPYC, torch 2.13, on a prepacked weight; 17 us here); the small convolutions of mobile networks and
+of small images are mostly that cost. Two kernels: an implicit GEMM for dense convolutions (the blocks
 of :mod:`lucid_fx.kernels.linear_native`, each pixel's row read tap by tap) and a depthwise one.
 Both take uint8 channels-last codes and 7-bit weights, and end with the float steps of oneDNN's
 AVX2 kernels (:mod:`lucid_fx.kernels.linear_native`), so their codes are oneDNN's, bit for bit

@@ -1,12 +1,14 @@
 """int8 linears on CPUs without VNNI in lucid_fx's own GEMM (``native_gemm.c``), with oneDNN's values.
 
 Without VNNI, oneDNN's int8 calls carry a large fixed cost (measured, 1 thread, AVX2 EPYC, torch
-2.13: 45 us for its linear and 85-100 us for its convolution, whatever the size), and fbgemm, which
-torch.ao uses there, is reachable only through ``quint8`` tensors. The native GEMM takes uint8 codes
-and 7-bit weights (the grid of these CPUs, where int16 pair sums are exact) and fuses the float steps
-after the sums. Measured against oneDNN's 1x1 convolution (lucid_fx's route for a linear there), in
-us: 22 against 141 at 1x1024x1024, 53 against 156 at 4x1024x1024, 1.7 against 102 at 16x64x64, 14
-against 114 at 197x64x64, 789 against 864 at 64x1024x1024, 843 against 876 at 1024x256x256.
+2.13, on prepacked weights: 48-51 us for a 16 x 64 x 64 linear, as its linear or as its 1x1
+convolution, 66 us for a convolution of 8 channels on 4x4), and fbgemm, which torch.ao uses there,
+is reachable only through ``quint8`` tensors. The native GEMM takes uint8 codes and 7-bit weights
+(the grid of these CPUs, where int16 pair sums are exact) and fuses the float steps after the sums.
+Against oneDNN's 1x1 convolution on a prepacked weight (its faster route for a linear there), in us,
+calls from Python: 7.7 against 51 at 16 x 64 x 64, 32 against 79 at 1 x 1024 x 1024, 61 against 101
+at 64 x 256 x 256, 767-1141 against 865-1077 at 64 x 1024 x 1024 (runs differ); slower past 2^26
+multiply-adds (``linear_row.NATIVE_GEMM_MNK``).
 
 The float steps are those of oneDNN's AVX2 kernels, one float32 rounding at a time:
 ``acc * (x_scale * w_scale) + bias`` with the two scales multiplied first (its VNNI kernels multiply

@@ -57,10 +57,12 @@ ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish"
 # oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
-# The native engine (one thread) was measured faster than oneDNN's 1x1 convolution at every size tried
-# on an AVX2 EPYC, up to 1024 x 1024 x 1024 at one thread; with more threads oneDNN's parallel
-# kernels win past about this many multiply-adds.
-NATIVE_GEMM_MNK = 1 << 24
+# The native engine against oneDNN's 1x1 convolution on a prepacked weight (its route for a linear
+# there), measured on an AVX2 EPYC at one thread: 0.41 of its time at 1 x 1024 x 1024, 0.60-0.76 at
+# 2^21-2^23 multiply-adds, 0.82-0.96 at 2^24-2^25, 0.89-1.06 at 2^26 (64 x 1024 x 1024), 1.0-1.4
+# past it. It takes linears up to this many multiply-adds at one thread, a quarter of it at more
+# (oneDNN's threads), where it was measured 2 threads against 1: 0.2 of the fixed cost or less.
+NATIVE_GEMM_MNK = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,9 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
 def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
     """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
     row always, several while the weight and the product are small (SMALL_GEMM_*); on the native
-    engine any at one thread, up to NATIVE_GEMM_MNK at more."""
+    engine up to NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
     if engine == "native":
-        return m * n * k <= NATIVE_GEMM_MNK or torch.get_num_threads() == 1
+        return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 else NATIVE_GEMM_MNK >> 2)
     return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
 
@@ -177,32 +179,3 @@ def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype,
     None for oneDNN."""
     engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
     return engine if engine is not None and post_op in ENGINE_POST_OPS[engine] and small_gemm(m, n, k, engine) else None
-
-
-def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
-    """The clamp bounds of :func:`linear_row`: codes of ``dtype`` (relu: from the zero point up), or
-    real numbers for float32 (relu: from 0)."""
-    if dtype == torch.float32:
-        return (0.0 if post_op == "relu" else -math.inf), math.inf
-    return code_bounds(dtype, zp, post_op)
-
-
-def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
-    """The output scale :func:`row_linear` takes: None for a float result."""
-    return None if dtype == torch.float32 else out_scale
-
-
-def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
-    """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
-    row always, several while the weight and the product are small (SMALL_GEMM_*); on the native
-    engine any at one thread, up to NATIVE_GEMM_MNK at more."""
-    if engine == "native":
-        return m * n * k <= NATIVE_GEMM_MNK or torch.get_num_threads() == 1
-    return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
-
-
-def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
-    """Whether a convolution is a linear of one row: a 1x1 kernel on a 1x1 image of batch 1, unpadded
-    and ungrouped (squeeze-excite's convolutions)."""
-    return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
-            and groups == 1 and not any(padding))

@@ -62,8 +62,8 @@ class Target:
     #: ones: ``linear_row.small_gemm``), each with oneDNN's values bit for bit where it runs:
     #: ``"int_mm"`` with VNNI (torch._int_mm's matrix-vector product: 165 against 233 us for the batch-1
     #: MLP on an AVX512-VNNI EPYC), ``"native"`` without (lucid_fx's GEMM,
-    #: :mod:`lucid_fx.kernels.linear_native`: 22 against 141 us for 1x1024 by 1024, oneDNN's int8
-    #: calls costing 45-100 us there whatever the size), None with AMX (not yet measured).
+    #: :mod:`lucid_fx.kernels.linear_native`: 32 against 79 us for 1x1024 by 1024, oneDNN's int8
+    #: calls costing ~50 us there however small), None with AMX (not yet measured).
     linear_row: Optional[str]
 
 
