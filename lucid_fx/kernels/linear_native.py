@@ -13,7 +13,7 @@ multiply-adds (``linear_row.NATIVE_GEMM_MNK``).
 The float steps are those of oneDNN's AVX2 kernels, one float32 rounding at a time:
 ``acc * (x_scale * w_scale) + bias`` with the two scales multiplied first (its VNNI kernels multiply
 them one at a time: :mod:`lucid_fx.kernels.linear_row`), then ``rint(y / out_scale + zp)`` clamped.
-tests/kernels/test_linear_native.py compares them with this machine's oneDNN where its AVX2 kernels
+tests/kernels/test_linear_row.py compares them with this machine's oneDNN where its AVX2 kernels
 run, and with exact integer sums everywhere.
 
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
