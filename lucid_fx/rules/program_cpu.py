@@ -133,7 +133,7 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
 
 def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op):
     """A convolution on lucid_fx's own kernels (kernels/conv_native.py: oneDNN's values, without its
-    85-100 us a call on CPUs without VNNI); None where they do not take the weight or the layout."""
+    ~50-70 us a call on CPUs without VNNI); None where they do not take the weight or the layout."""
     x, dtype = b.value(qx), b.value(node).dtype
     if not x.is_contiguous(memory_format=torch.channels_last):
         return None

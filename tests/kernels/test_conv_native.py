@@ -49,6 +49,21 @@ def test_the_native_convolution_gives_onednn_s_values_bit_for_bit(case, x_zp, na
             assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-4)
 
 
+@pytest.mark.parametrize("groups", [1, 12])
+def test_a_dilated_convolution_gives_onednn_s_values(groups, native_on):
+    if not cpu.onednn_available():
+        pytest.skip("this torch build has no oneDNN quantized ops to compare with")
+    x, qw, ws, bias = _case(2, 12, 11, 9, 12, 3, groups, 9)
+    conv = cn.native_conv(qw, ws, bias, 0.0213, 9, [2, 2], groups, 0.37, "relu")
+    got = cn.conv_codes(x, conv, [1, 2], [2, 2], [2, 2], 9, 4, *lr.row_bounds(torch.uint8, 4, "relu"), torch.uint8)
+    with force_cpu_features("avx2"):
+        want = cpu._conv(x, 0.0213, 9, qw, ws, bias, [1, 2], [2, 2], [2, 2], groups, 0.37, 4, "relu", torch.uint8)
+    with unittest.mock.patch.object(cn, "_function", lambda *a: None):
+        torch_path = cn.conv_codes(x, conv, [1, 2], [2, 2], [2, 2], 9, 4, *lr.row_bounds(torch.uint8, 4, "relu"), torch.uint8)
+    assert got.shape == want.shape == (2, 12, 11, 5) and torch.equal(got, torch_path)
+    assert int((got.int() - want.int()).abs().max()) <= (0 if lr.engine_here() == "native" else 1)
+
+
 @pytest.mark.parametrize("build", ["this CPU", "portable"])
 @pytest.mark.parametrize("case", CASES)
 def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_env, monkeypatch, build, case):
