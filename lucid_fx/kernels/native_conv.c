@@ -42,19 +42,13 @@ static inline int32_t conv_tail4(const uint8_t *row, int64_t q, int64_t c) {
 }
 
 #if GEMM_AVX2
-#define CONV_STEP(r, v)                                                                               \
-    {                                                                                                 \
-        const __m256i xv = _mm256_set1_epi32(v);                                                      \
-        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));  \
-        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));  \
-    }
 #define CONV_LOAD(r) (memcpy(&v, s##r + 4 * q, 4), v)
 #define CONV_TAIL(r) conv_tail4(s##r, q, c)
 #define CONV_STEPS(LOAD)                                                                              \
     {                                                                                                 \
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wt + q * 64));                       \
         const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wt + q * 64 + 32));                  \
-        CONV_STEP(0, LOAD(0)) CONV_STEP(1, LOAD(1)) CONV_STEP(2, LOAD(2)) CONV_STEP(3, LOAD(3))       \
+        GEMM_STEP(0, LOAD(0)) GEMM_STEP(1, LOAD(1)) GEMM_STEP(2, LOAD(2)) GEMM_STEP(3, LOAD(3))       \
     }
 
 /* Output pixels i..i+rows-1 (rows <= 4) by the 16 output channels of block b. */

@@ -17,13 +17,6 @@
 #include "native_gemm.h"
 
 #if GEMM_AVX2
-/* One step of row r: its 4 codes v times the block's weights w0, w1, added to its sums a<r>0, a<r>1. */
-#define GEMM_STEP(r, v)                                                                               \
-    {                                                                                                 \
-        const __m256i xv = _mm256_set1_epi32(v);                                                      \
-        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));  \
-        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));  \
-    }
 #define GEMM_LOAD(r) (memcpy(&v, x + (r) * k + g * GEMM_KB, GEMM_KB), v) /* one 4-byte load */
 /* The steps of one block: the full ones, then the last, zero-padded, if k % 4. */
 #define GEMM_STEPS(STEPS)                                                                             \

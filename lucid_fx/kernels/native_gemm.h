@@ -108,5 +108,12 @@ static inline void gemm_finish16(__m256i lo8, __m256i hi8, int64_t j0, int64_t n
     for (int64_t c = 0; j0 + c < n; c++) gemm_finish1(sums[c], j0 + c, f, row + c * size);
 }
 
+/* One step of row r: its 4 codes v times the block's weights w0, w1, added to its sums a<r>0, a<r>1. */
+#define GEMM_STEP(r, v)                                                                               \
+    {                                                                                                 \
+        const __m256i xv = _mm256_set1_epi32(v);                                                      \
+        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));  \
+        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));  \
+    }
 #endif /* __AVX2__ */
 #endif /* LUCID_NATIVE_GEMM_H */

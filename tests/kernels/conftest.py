@@ -51,3 +51,15 @@ def native_or_torch(request, native_env):
     if request.param == "native":
         _require_native()
     return request.param
+
+
+@pytest.fixture
+def native_build(native_env, monkeypatch):
+    """Load the native kernels as one build: "this CPU" (-march=native: the vector paths this CPU has)
+    or "portable" (the flags without it: the plain C loops alone, as on a CPU without them)."""
+    def load(build: str) -> None:
+        if build == "portable":
+            monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
+        native_env()
+        _require_native()
+    return load

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import lucid_fx
 from lucid_fx.kernels import conv_native as cn
-from lucid_fx.kernels import cpu, force_cpu_features, native
+from lucid_fx.kernels import cpu, force_cpu_features
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.program import programs_of
@@ -66,13 +66,9 @@ def test_a_dilated_convolution_gives_onednn_s_values(groups, native_on):
 
 @pytest.mark.parametrize("build", ["this CPU", "portable"])
 @pytest.mark.parametrize("case", CASES)
-def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_env, monkeypatch, build, case):
+def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_build, build, case):
     # The torch path: float64 sums (exact), then the same float32 steps one rounding at a time.
-    if build == "portable":
-        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
-    native_env()
-    if not native.available():
-        pytest.skip(native.status())
+    native_build(build)
     n, c, h, w, cout, k, s, p, groups = case
     x, qw, ws, bias = _case(n, c, h, w, cout, k, groups, 5)
     for dtype, out_zp, post_op in FINISHES:

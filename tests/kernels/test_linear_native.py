@@ -31,14 +31,10 @@ FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (tor
 
 @pytest.mark.parametrize("build", ["this CPU", "portable"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_the_gemm_equals_exact_sums_and_the_float_steps(native_env, monkeypatch, build, m, k, n):
+def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, k, n):
     # "this CPU": -march=native (AVX2 here: 4 rows by 16 outputs per block, tails in every dimension);
-    # "portable": the flags without it, so the plain loop alone.
-    if build == "portable":
-        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
-    native_env()
-    if not native.available():
-        pytest.skip(native.status())
+    # "portable": the plain loop alone.
+    native_build(build)
     if build == "portable":
         assert not ln.available()
     elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():

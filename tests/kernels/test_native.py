@@ -288,14 +288,10 @@ def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, mo
 
 @pytest.mark.parametrize("build", ["this CPU", "portable"])
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 4099])
-def test_8_bit_lookups_are_exact_with_and_without_the_vector_path(native_env, monkeypatch, build, n):
-    # "this CPU": -march=native (AVX512-VBMI here: 64 codes per step, then a scalar tail); "portable":
-    # the flags without it, so the scalar loop alone, as on a CPU without VBMI.
-    if build == "portable":
-        monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
-    native_env()
-    if not native.available():
-        pytest.skip(native.status())
+def test_8_bit_lookups_are_exact_with_and_without_the_vector_path(native_build, build, n):
+    # "this CPU": -march=native (AVX512-VBMI where the CPU has it: 64 codes per step, then a scalar
+    # tail); "portable": the scalar loop alone, as on a CPU without VBMI.
+    native_build(build)
     if build == "portable":
         assert not native.lut_vectorized()
     elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():
