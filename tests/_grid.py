@@ -1,6 +1,19 @@
-"""Rounding an int8 model's float result onto an observer's grid, to compare it with the reference model."""
+"""Grids in tests: rounding an int8 model's float result onto an observer's grid, to compare it with
+the reference model; and whether this machine's oneDNN is exact on a Target's weight grid."""
 
 import torch
+
+from lucid_fx.kernels.cpu_features import detected_cpu_features
+from lucid_fx.kernels.target import NARROW_GRID, Target
+
+
+def onednn_exact(target: Target) -> bool:
+    """Whether this machine's oneDNN computes products on ``target``'s weight grid exactly: always on
+    a VNNI CPU; without VNNI, only on the narrow grid (``cpu._exact_on_onednn``, per weight). A VNNI
+    kind forced on an AVX2 machine quantizes to the full grid, and its linears and convolutions take
+    the exact fallback kernels, not oneDNN."""
+    low, high = target.weight_range
+    return detected_cpu_features().vnni or (low >= NARROW_GRID[0] and high <= NARROW_GRID[1])
 
 
 def on_output_grid(prepared, node: str, y: torch.Tensor):

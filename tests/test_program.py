@@ -18,10 +18,11 @@ from lucid_fx import program as program_module
 from lucid_fx.kernels import KernelInputError, force_cpu_features
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels.cpu_features import CPU_KINDS, detected_cpu_features
-from lucid_fx.kernels.target import onednn_exact, resolve_target
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
 from models import MLP, EfficientNetLike, MobileNetV3Like, ResNetLike, SqueezeExcite, _init_bn
+from _grid import onednn_exact
 
 ON_CONV = torch.ops.onednn.qconv2d_pointwise.default
 ONEDNN = {torch.ops.onednn.qlinear_pointwise.default, torch.ops.onednn.qconv2d_pointwise.default,

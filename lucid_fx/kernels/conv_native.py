@@ -36,13 +36,14 @@ __all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", 
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
-# EPYC, 1 thread, 123 against 336 us (oneDNN) for 72 channels 3x3 stride 2 on 56x56, 104 against 320
-# for 576 channels 5x5 on 7x7, but 912 against 600 for 144 channels 3x3 on 56x56 (4.1M).
+# EPYC, 1 thread, against oneDNN's call on a prepacked weight: 108 against 143 us for 72 channels 3x3
+# stride 2 on 56x56, 71 against 141 for 576 channels 5x5 on 7x7, 163 against 205 for 144 channels 3x3
+# on 28x28; but 604 against 590 for 144 channels on 56x56 (4.1M), 872 against 463 for 32 on 112x112.
 DEPTHWISE_MACS = 1 << 21
 # A dense convolution takes it up to this many multiply-adds, where oneDNN's fixed cost a call weighs
 # most. Measured the same way against oneDNN's call on a prepacked weight: native / oneDNN 0.46-0.78
 # for 3x3 convolutions of 2.4M (16-64 channels, 8x8 to 32x32); 0.95-1.06 at 58-116M (ResNet-18's
-# first widths); inside models, the DenseNet-like family 1.54 against 1.70 ms, but the ResNet-18-like
+# first widths); inside models, the DenseNet-like family 1.59 against 1.86 ms, but the ResNet-18-like
 # model with native convolutions up to 4096 output pixels 28.4 against 27.6 ms.
 DENSE_MACS = 1 << 24
 

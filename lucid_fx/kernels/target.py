@@ -23,9 +23,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
+from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features
 
-__all__ = ["Target", "resolve_target", "check_backend", "onednn_exact", "BACKENDS", "FULL_GRID", "NARROW_GRID"]
+__all__ = ["Target", "resolve_target", "check_backend", "BACKENDS", "FULL_GRID", "NARROW_GRID"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
 BACKENDS = ("cpu", "cuda")
@@ -97,11 +97,3 @@ def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
         split_int_mm=not cpu.vnni,
         linear_row=None if not on_cpu or cpu.amx else "int_mm" if cpu.vnni else "native",
     )
-
-
-def onednn_exact(target: Target) -> bool:
-    """Whether this machine's oneDNN computes products on ``target``'s weight grid exactly: always on
-    a VNNI CPU; without VNNI, only on the narrow grid. A VNNI kind forced on an AVX2 machine (tests)
-    quantizes to the full grid, and its linears and convolutions take the exact fallback kernels."""
-    low, high = target.weight_range
-    return detected_cpu_features().vnni or (low >= NARROW_GRID[0] and high <= NARROW_GRID[1])

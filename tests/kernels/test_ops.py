@@ -11,8 +11,8 @@ import lucid_fx.kernels as K
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu
 from lucid_fx.kernels import linear_row as lr
-from lucid_fx.kernels.target import onednn_exact
 from lucid_fx.kernels.cpu_features import detected_cpu_features
+from _grid import onednn_exact
 
 ops = torch.ops.lucid_fx
 W_RANGE = K.weight_quant_range("cpu")

@@ -73,9 +73,7 @@ def _calls(name):
 def test_only_the_target_asks_the_cpu_what_it_is():
     # Kernels may check the real CPU before a call that would be wrong there (detected_cpu_features).
     assert _calls("cpu_features") == {"lucid_fx/kernels/target.py"}
-    # linear_row.py: a row engine only where its values are this machine's oneDNN's; target.py's
-    # onednn_exact: whether this machine's oneDNN is exact on a Target's weight grid.
+    # linear_row.py: a row engine only where its values are this machine's oneDNN's.
     assert _calls("detected_cpu_features") <= {"lucid_fx/kernels/cpu.py", "lucid_fx/kernels/int_mm.py",
-                                               "lucid_fx/kernels/linear_row.py", "lucid_fx/kernels/cpu_features.py",
-                                               "lucid_fx/kernels/target.py"}
+                                               "lucid_fx/kernels/linear_row.py", "lucid_fx/kernels/cpu_features.py"}
     assert _calls("weight_quant_range") == set()  # kept for users; lucid_fx reads Target.weight_range

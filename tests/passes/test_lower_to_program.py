@@ -5,9 +5,10 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx.kernels.linear_row import linear_row
-from lucid_fx.kernels.target import onednn_exact, resolve_target
+from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from models import ResNetLike, _init_bn
+from _grid import onednn_exact
 
 ON = torch.ops.onednn
 
