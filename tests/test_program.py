@@ -4,6 +4,7 @@ The program must compute what the portable graph computes, on every CPU kind, an
 state: copies, ``.to()``, ``load_state_dict``, ``recompile`` and save/load drop it and build again.
 """
 
+import collections
 import copy
 import io
 import math
@@ -399,3 +400,29 @@ def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
     assert torch.equal(q(x), portable)
     calls = {n.target for n in _program(q).graph.nodes if n.op == "call_function"}
     assert (ON_CONV in calls) == onednn_exact(resolve_target("cpu")) and lr.linear_row not in calls
+
+
+@pytest.mark.parametrize("family", ["llama", "vit"])
+def test_attention_families_programs_compute_the_portable_values_through_the_native_routes(family):
+    # Llama's rotary embedding (rotate_half's cat of a negated half), its additive causal mask, grouped
+    # query attention's expanded keys, ViT's plain softmax: each on the program's own route.
+    from lucid_fx.kernels import matmul_native, native, native_elementwise, program_ops
+    from tests.models.families import FAMILIES, as_batch
+    from tests.models.measure import positional
+
+    spec = FAMILIES[family]
+    torch.manual_seed(0)
+    model, (args, kwargs) = spec.make_model(), spec.example_inputs()
+    q = lucid_fx.quantize(model, positional(model, (args, kwargs)), [as_batch(b) for b in spec.calibration_batches(4)])
+    with torch.no_grad():
+        portable, got = q(*args, **kwargs), q(*args, **kwargs)
+    for a, b in zip(torch.utils._pytree.tree_leaves(portable), torch.utils._pytree.tree_leaves(got)):
+        assert torch.equal(a, b)
+    calls = collections.Counter(n.target for n in _program(q).graph.nodes if n.op == "call_function")
+    assert calls[matmul_native.matmul_codes] == (4 if native.available() else 0)
+    if family == "llama":
+        assert calls[program_ops.masked_softmax_float] == 2
+        fused = native.available() and native_elementwise.fused_add()
+        assert calls[native_elementwise.add_codes] == (4 if fused else 0)  # q * cos + rotate_half(q) * sin, and k's
+        # each rotate_half: two lookups (-x2 and its requantization composed in one table; x1's requantization)
+        assert sum(n for t, n in calls.items() if getattr(t, "__name__", "") == "lut") == 8

@@ -8,12 +8,11 @@
  * caller raises when the count is not 0 and never uses the codes then. A finite x whose product
  * overflows to +-inf is clamped like any other value. Clamping before rounding gives the same codes
  * for integer bounds, and keeps the float -> int32 conversion in range (NaN clamps to qmin). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* Requantize v (codes' units, zero point not yet added): clamp to [low - zp, high - zp], round half
- * to even, add zp. program_ops.requantize_codes's arithmetic, one value at a time. */
-#define REQUANTIZE(v, lo, hi, zp) ((int32_t)__builtin_rintf((v) >= (lo) ? ((v) <= (hi) ? (v) : (hi)) : (lo)) + (zp))
+#include "native_codes.h" /* REQUANTIZE */
 
 #define QUANTIZE(NAME, CODE)                                                                       \
     int64_t NAME(const float *restrict x, CODE *restrict out, int64_t n, float inv, int32_t zp,   \
@@ -213,33 +212,58 @@ REQUANTIZE_SCALED(lucid_requantize_int8, int8_t)
 DEQUANTIZE(lucid_dequantize_uint8, uint8_t)
 DEQUANTIZE(lucid_dequantize_int8, int8_t)
 
-/* The product of two 8-bit code tensors of any strides, broadcast to a 6-d shape: geometry holds
- * the shape, then a's, b's and out's strides in elements (0 along a broadcast dim), 6 each.
- * out = requantize((a - a_zp) * (b - b_zp) * mult): program_ops.mul_codes's values bit for bit
- * (the product of two centred codes is exact in float32, then one float32 multiply). */
+/* Binary steps on two 8-bit code tensors of any strides, broadcast to a 6-d shape: geometry g holds
+ * the shape, then a's, b's and out's strides in elements (0 along a broadcast dim), 6 each. ELEMENT
+ * writes out[io] from a[ia] and b[ib]. */
+#define BROADCAST_LOOP(g, ELEMENT)                                                                 \
+    const int64_t *s = g, *sa = g + 6, *sb = g + 12, *so = g + 18;                                  \
+    for (int64_t i0 = 0; i0 < s[0]; i0++)                                                          \
+    for (int64_t i1 = 0; i1 < s[1]; i1++)                                                          \
+    for (int64_t i2 = 0; i2 < s[2]; i2++)                                                          \
+    for (int64_t i3 = 0; i3 < s[3]; i3++)                                                          \
+    for (int64_t i4 = 0; i4 < s[4]; i4++) {                                                        \
+        const int64_t oa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3] + i4 * sa[4];          \
+        const int64_t ob = i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3] + i4 * sb[4];          \
+        const int64_t oo = i0 * so[0] + i1 * so[1] + i2 * so[2] + i3 * so[3] + i4 * so[4];          \
+        for (int64_t i5 = 0; i5 < s[5]; i5++) {                                                    \
+            const int64_t ia = oa + i5 * sa[5], ib = ob + i5 * sb[5], io = oo + i5 * so[5];        \
+            ELEMENT;                                                                               \
+        }                                                                                          \
+    }
+
+/* out = requantize((a - a_zp) * (b - b_zp) * mult): program_ops.mul_codes's values bit for bit (the
+ * product of two centred codes is exact in float32, then one float32 multiply). */
 #define MUL_STRIDED(NAME, CODE)                                                                    \
     void NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out,                   \
               const int64_t *restrict g, int32_t a_zp, int32_t b_zp, float mult, int32_t zp,         \
               int32_t low, int32_t high) {                                                         \
-        const int64_t *s = g, *sa = g + 6, *sb = g + 12, *so = g + 18;                              \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
-        for (int64_t i0 = 0; i0 < s[0]; i0++)                                                      \
-        for (int64_t i1 = 0; i1 < s[1]; i1++)                                                      \
-        for (int64_t i2 = 0; i2 < s[2]; i2++)                                                      \
-        for (int64_t i3 = 0; i3 < s[3]; i3++)                                                      \
-        for (int64_t i4 = 0; i4 < s[4]; i4++) {                                                    \
-            const int64_t oa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2] + i3 * sa[3] + i4 * sa[4];      \
-            const int64_t ob = i0 * sb[0] + i1 * sb[1] + i2 * sb[2] + i3 * sb[3] + i4 * sb[4];      \
-            const int64_t oo = i0 * so[0] + i1 * so[1] + i2 * so[2] + i3 * so[3] + i4 * so[4];      \
-            for (int64_t i5 = 0; i5 < s[5]; i5++) {                                                \
-                int32_t prod = ((int32_t)a[oa + i5 * sa[5]] - a_zp) * ((int32_t)b[ob + i5 * sb[5]] - b_zp); \
-                out[oo + i5 * so[5]] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);           \
-            }                                                                                      \
-        }                                                                                          \
+        BROADCAST_LOOP(g, {                                                                        \
+            const int32_t prod = ((int32_t)a[ia] - a_zp) * ((int32_t)b[ib] - b_zp);                \
+            out[io] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);                            \
+        })                                                                                         \
     }
 
 MUL_STRIDED(lucid_mul_strided_uint8, uint8_t)
 MUL_STRIDED(lucid_mul_strided_int8, int8_t)
+
+/* out = requantize(fma(b - b_zp, b_mult, (a - a_zp) * a_mult)): program_ops.add_codes's values bit for
+ * bit where torch's vectorized add (torch.add(x, y, alpha=b_mult)) fuses its multiply-add, as its
+ * AVX2 and AVX-512 kernels do (the caller checks; fmaf rounds once whatever the flags). */
+#define ADD_STRIDED(NAME, CODE)                                                                    \
+    void NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out,                   \
+              const int64_t *restrict g, int32_t a_zp, float a_mult, int32_t b_zp, float b_mult,     \
+              int32_t zp, int32_t low, int32_t high) {                                             \
+        const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        BROADCAST_LOOP(g, {                                                                        \
+            const float ya = (float)((int32_t)a[ia] - a_zp) * a_mult;                              \
+            const float y = fmaf((float)((int32_t)b[ib] - b_zp), b_mult, ya);                      \
+            out[io] = (CODE)REQUANTIZE(y, lo, hi, zp);                                             \
+        })                                                                                         \
+    }
+
+ADD_STRIDED(lucid_add_strided_uint8, uint8_t)
+ADD_STRIDED(lucid_add_strided_int8, int8_t)
 
 /* A 256-entry table per channel (lucid_fx::channel_lut): codes laid out as (outer, c, inner), dense;
  * out[o, k, i] = tables[k][q[o, k, i] ^ flip]. Contiguous (N, C, H, W) codes are outer N, inner H*W;

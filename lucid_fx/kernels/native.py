@@ -45,7 +45,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
            "requantize_scaled", "matmul_codes", "softmax_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv")))  # one library
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul")))  # one library
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
@@ -65,6 +65,8 @@ SIGNATURES = {
     "lut_mul": ((_P, _P, _I32, _P, _P, _I32, _P, _I64, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
     "dequantize": ((_P, _P, _I64, _I32, _F), None, _CODES),  # codes, out, n, zp, scale
     "mul_strided": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),  # a, b, out, geometry, ...
+    "add_strided": ((_P, _P, _P, _P, _I32, _F, _I32, _F, _I32, _I32, _I32), None, _CODES),
+    "matmul": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), _I32, _CODES),  # native_matmul.c
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_gemm.c
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
@@ -109,7 +111,7 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
             fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}")
             fn.argtypes, fn.restype = argtypes, restype
             functions[kernel, dtype] = fn
-    for kernel in ("lut", "gemm"):  # facts of this build, kept with its functions
+    for kernel in ("lut", "gemm", "matmul"):  # facts of this build, kept with its functions
         vectorized = getattr(lib, f"lucid_{kernel}_vectorized")
         vectorized.argtypes, vectorized.restype = (), ctypes.c_int32
         functions[kernel, "vectorized"] = bool(vectorized())
@@ -133,9 +135,8 @@ def _recorded(kernel: str, fn: Callable) -> Callable:
 
 
 def record_in_profiler(on: bool) -> None:
-    """Make every native kernel call a ``native::<kernel>`` event of torch's profiler (a ctypes call is
-    no torch op, so a profile would count its work as time outside kernels); benchmarks/overhead.py
-    turns it on while it profiles. Off, a call costs nothing extra."""
+    """Make every native kernel call a ``native::<kernel>`` event of torch's profiler (a ctypes call is no
+    torch op: a profile would count it outside kernels); benchmarks/overhead.py turns it on. Off: free."""
     _recording[:] = [True] if on else []
 
 
@@ -175,8 +176,7 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
 
 
 def _layout(q: torch.Tensor, dtype: torch.dtype) -> Optional[int]:
-    """1 for dense channels-last 4-d ``dtype`` codes on the CPU, 0 for contiguous ones, None for
-    anything else (which the torch kernels take)."""
+    """1: dense channels-last 4-d ``dtype`` codes on the CPU, 0: contiguous ones, None: others (torch's)."""
     if q.dtype != dtype or q.dim() != 4 or q.device.type != "cpu":
         return None
     if q.is_contiguous(memory_format=torch.channels_last):
@@ -238,23 +238,23 @@ def row_epilogue(acc: torch.Tensor, offset: torch.Tensor, x_scale: float, w_scal
 
 
 def lut_vectorized() -> bool:
-    """Whether this build looks 8-bit tables up 64 codes at a time (AVX512-VBMI): 14 against 145 us
-    for the pair-table lookup of 1x32x112x112 codes, measured; without it a scalar loop is slower
-    than the pair table from ~4096 codes (lucid_fx.kernels.cpu_float.lut chooses)."""
+    """Whether this build looks 8-bit tables up 64 codes at a time (AVX512-VBMI: 14 against 145 us for the pair
+    table's 1x32x112x112 codes); a scalar loop loses to the pair table from ~4096 codes (cpu_float.lut chooses)."""
     return bool(_function("lut", "vectorized"))
 
 
 def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
-    """``table[code]`` for dense 8-bit codes ``q`` on the CPU and a 256-entry ``table`` (8-bit codes or
-    float32), in ``q``'s layout: :func:`lucid_fx.kernels.reference.lut`'s values. None where the native
-    kernels are not loaded or do not take these operands."""
+    """``table[code]`` for 8-bit codes ``q`` on the CPU and a 256-entry ``table`` (8-bit codes or float32),
+    in ``q``'s layout where it is dense (else contiguous, as the reference's): :func:`lucid_fx.kernels.reference.lut`'s
+    values. None where the native kernels are not loaded or do not take these operands."""
     fn = _function("lut", table.dtype)
     if (fn is None or q.dtype not in _CODES or q.device.type != "cpu" or table.numel() != 256
             or table.device.type != "cpu" or not table.is_contiguous()):
         return None
     out = torch.empty_like(q, dtype=table.dtype)
-    if out.stride() != q.stride():  # not dense: empty_like could not keep its strides
-        return None
+    if out.stride() != q.stride():  # not dense (a slice): one copy first, the reference's contiguous layout
+        q = q.contiguous()
+        out = torch.empty_like(q, dtype=table.dtype)
     fn(q.data_ptr(), table.data_ptr(), out.data_ptr(), q.numel(), _flip(q))
     return out
 

@@ -1,6 +1,6 @@
-"""Native one-pass kernels for elementwise steps of programs: dequantize, and the product of two
-code tensors of any strides and broadcast (llama's rotary ``q * cos``, a layer scale, a norm's
-weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
+"""Native one-pass kernels for elementwise steps of programs: dequantize, and the product and sum of
+two code tensors of any strides and broadcast (llama's rotary ``q * cos + rotate_half(q) * sin``, a
+layer scale, a norm's weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
 kernels are not loaded (:mod:`lucid_fx.kernels.native`) or the operands are not what the program
 was built for.
 
@@ -25,7 +25,8 @@ from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
 
-__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "dequantize_codes", "channel_lut", "MAX_DIMS"]
+__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "dequantize_codes", "channel_lut",
+           "MAX_DIMS"]
 
 MAX_DIMS = 6
 
@@ -71,6 +72,26 @@ def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high
         return program_ops.mul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
     out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
     fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, zp, low, high)
+    return out
+
+
+def fused_add() -> bool:
+    """Whether this process's torch adds ``x + alpha * y`` with one rounding (a fused multiply-add), as
+    its AVX2 and AVX-512 kernels do, measured here for every length, stride and broadcast; its
+    DEFAULT kernels round twice. :func:`add_codes` has the fused arithmetic, so it runs only then."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: int, low: int, high: int, dtype,
+              plan: Broadcast):
+    """:func:`lucid_fx.kernels.program_ops.add_codes` in one pass, for operands with the strides of
+    ``plan`` where :func:`fused_add`; its values bit for bit, in the layout the program recorded."""
+    fn = _function("add_strided", dtype)
+    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
+            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
+        return program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype)
+    out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
+    fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, a_mult, b_zp, b_mult, zp, low, high)
     return out
 
 

@@ -24,7 +24,7 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import checks
+from lucid_fx.kernels import attention, checks
 
 __all__ = ["operand", "quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
            "matmul_float", "matmul_codes", "softmax_float", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
@@ -124,6 +124,13 @@ def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, h
 def softmax_float(q, scale: float, dim: int) -> torch.Tensor:
     """``softmax`` of codes in float32 (the input zero point never subtracted: softmax ignores a shift)."""
     return torch.softmax(q.to(torch.float32).mul_(operand(scale)), dim)
+
+
+def masked_softmax_float(q, zp: int, scale: float, mask: torch.Tensor, fill, dim: int) -> torch.Tensor:
+    """``cpu_float.masked_softmax``'s float32 probabilities (a row masked everywhere with -inf as zeros),
+    which the program requantizes in one pass (``native.requantize_scaled``)."""
+    y = attention.apply_mask(centered(q, zp).mul_(operand(scale)), mask, fill)
+    return torch.softmax(y, dim).nan_to_num_(nan=0.0)
 
 
 def softmax_codes(q, scale: float, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):

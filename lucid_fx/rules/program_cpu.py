@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import conv_native, cpu_float, program_ops
+from lucid_fx.kernels import conv_native, cpu_float, matmul_native, native, program_ops
 from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
@@ -239,7 +239,11 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     if b.kernel("matmul") is not cpu_float.matmul or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    return b.call(_step("matmul_codes"), qa, a_zp, qb, b_zp, a_scale * b_scale / out_scale, out_zp, low, high, dtype)
+    mult = a_scale * b_scale / out_scale
+    plan = matmul_native.matmul_plan(b.value(qa), b.value(qb), a_zp, b_zp) if native.available() else None
+    if plan is not None:  # exact int32 sums in one call: attention's q @ k^T and p @ v
+        return b.call(matmul_native.matmul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype, b.const(plan, "plan"))
+    return b.call(_step("matmul_codes"), qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
 
 
 def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
@@ -251,6 +255,17 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_code
     return b.call(_step("softmax_codes"), q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
+def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> its float steps, then one requantization
+    q, scale, zp, mask, fill, dim, out_scale, out_zp = node.args
+    dtype = b.value(node).dtype
+    if (b.kernel("masked_softmax") is not cpu_float.masked_softmax or dtype not in (torch.uint8, torch.int8)
+            or (fill is not None and b.value(mask).dtype != torch.bool)):  # the kernel's own error then
+        return None
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
+    y = b.call(program_ops.masked_softmax_float, q, zp, scale, mask, fill, dim)
+    return b.call(native.requantize_scaled, y, 1.0 / out_scale, out_zp, low, high, dtype)
+
+
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
@@ -260,5 +275,6 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "mean": mean,  # over H and W -> the same global average pool
     "matmul": matmul,  # -> native / program_ops.matmul_codes
     "softmax": softmax,  # -> native / program_ops.softmax_codes
+    "masked_softmax": masked_softmax,  # -> program_ops.masked_softmax_float, native.requantize_scaled
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
 }

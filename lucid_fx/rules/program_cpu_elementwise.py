@@ -65,8 +65,13 @@ def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multiplie
     if found is None:
         return None
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, (low, high), dtype = found
-    return b.call(program_ops.add_codes, qa, a_zp, a_scale / out_scale, qb, b_zp, b_scale / out_scale, out_zp, low,
-                  high, dtype)
+    mults = a_scale / out_scale, b_scale / out_scale
+    plan = native_elementwise.broadcast_plan(b.value(qa), b.value(qb), b.value(node)) if (
+        native.available() and native_elementwise.fused_add()) else None
+    if plan is not None:  # any strides and broadcast (rotary embedding's sum, a residual): one pass
+        return b.call(native_elementwise.add_codes, qa, a_zp, mults[0], qb, b_zp, mults[1], out_zp, low, high, dtype,
+                      b.const(plan, "plan"))
+    return b.call(program_ops.add_codes, qa, a_zp, mults[0], qb, b_zp, mults[1], out_zp, low, high, dtype)
 
 
 def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast
@@ -135,7 +140,10 @@ def cat(b, node):  # cat of codes -> torch.cat, an input on another grid through
             continue
         # The reference requantization of every code, once: the same arithmetic per element.
         table = ref.cat([_all_codes(dtype)], [scale], [zp], 0, out_scale, out_zp)
-        parts.append(b.call(b.kernel("lut"), q, b.const(table, "lut")))
+        if b.op_name(q) == "lut" and len(q.users) == 1 and b.attr(q.args[1]) is not None:
+            q, inner = q.args  # rotate_half's cat((-x2, x1)): the negation and the requantization, one table
+            table = table[_index(b.attr(inner))]
+        parts.append(b.call(b.kernel("lut"), q, b.const(table.contiguous(), "lut")))
     return b.call(torch.cat, parts, dim)
 
 
@@ -162,7 +170,7 @@ def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut(
 PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "lut": lut,  # lut(lut(q)) -> one composed table
-    "add": add,  # -> program_ops.add_codes (cpu_float.add's arithmetic, the fast narrowing)
+    "add": add,  # -> native_elementwise.add_codes, or program_ops.add_codes (cpu_float.add's arithmetic)
     "mul": mul,  # -> native.gate_mul_codes (squeeze-excite), native_elementwise.mul_codes, or program_ops.mul_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> a float table; else one native pass
     "cat": cat,  # -> torch.cat; inputs on other grids through a requantizing table

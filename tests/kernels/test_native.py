@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lucid_fx
-from lucid_fx.kernels import cpu_float, native, program_ops
+from lucid_fx.kernels import cpu_float, matmul_native, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
@@ -223,9 +223,16 @@ def test_a_table_lookup_equals_the_reference(native_or_torch, table_dtype, code_
         assert torch.equal(native.lut(q, table), out)  # the path cpu_float.lut took
 
 
+@pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int8])
+def test_the_native_lookup_of_a_slice_copies_it_first_with_the_references_values(native_on, code_dtype):
+    q, table = _codes((2, 16, 4, 16), code_dtype, 8).transpose(1, 2), _codes((256,), torch.uint8, 9)
+    half = q[..., 8:]  # rotate_half's second half of a transposed projection: not dense
+    out, expected = native.lut(half, table), ref.lut(half, table)
+    assert torch.equal(out, expected) and out.is_contiguous()
+
+
 def test_the_native_lookup_declines_what_it_does_not_take(native_on):
     q, table = _codes((4, 6), torch.uint8, 8), _codes((256,), torch.uint8, 9)
-    assert native.lut(q[:, ::2], table) is None  # not dense
     assert native.lut(q.to(torch.int32), table) is None  # not 8-bit codes
     assert native.lut(q, table[:128]) is None  # not 256 entries
     assert native.lut(q, table.to(torch.int64)) is None  # no C function for this table dtype
@@ -332,7 +339,7 @@ def test_attention_s_matmuls_and_softmax_requantize_natively(native_on, monkeypa
     qmodel = lucid_fx.quantize(model, (data[0],), data)
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
-    assert {native.matmul_codes, native.softmax_codes} <= {n.target for n in program.graph.nodes}
+    assert {matmul_native.matmul_codes, native.softmax_codes} <= {n.target for n in program.graph.nodes}
     monkeypatch.setattr(native, "available", lambda: False)
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)

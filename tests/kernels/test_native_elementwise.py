@@ -47,6 +47,37 @@ def test_the_product_equals_program_ops_bit_for_bit_in_the_recorded_layout(nativ
         assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype,zps,out_zp", [(torch.uint8, (128, 3), 100), (torch.int8, (0, -5), 0), (torch.int8, (3, 0), -1)])
+def test_the_sum_equals_program_ops_bit_for_bit_in_the_recorded_layout(native_on, case, dtype, zps, out_zp):
+    if not ne.fused_add():
+        pytest.skip("this torch's add rounds twice (DEFAULT CPU kernels): programs keep program_ops.add_codes")
+    a, b = CASES[case](dtype)
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
+    plan = ne.broadcast_plan(a, b, _out_like(a, b))
+    for a_mult, b_mult in ((0.9883788483913524, 0.8654469443651346), (1.0 / 3, 2.0 / 3), (0.5, 0.25), (1.7, 0.031)):
+        got = ne.add_codes(a, zps[0], a_mult, b, zps[1], b_mult, out_zp, low, high, dtype, plan)
+        expected = program_ops.add_codes(a, zps[0], a_mult, b, zps[1], b_mult, out_zp, low, high, dtype)
+        assert got.stride() == expected.stride() and got.dtype == dtype
+        assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
+
+
+def test_torch_adds_with_one_rounding_where_fused_add_says_so():
+    # The premise of native add_codes: torch.add(x, y, alpha=m) is fma(y, m, x) rounded once, for every
+    # length (vector body and tail), stride and broadcast. float64 holds y * m exactly, so rounding
+    # x + y * m from float64 to float32 is the one rounding of a fused multiply-add (ties aside).
+    torch.manual_seed(0)
+    x, y = torch.randn(1003) * 100, torch.randint(-255, 256, (1003,)).to(torch.float32)
+    m = torch.tensor(0.8654469443651346, dtype=torch.float32)
+    fused = (x.double() + y.double() * m.double()).float()
+    twice = x + y * m
+    for got in (torch.add(x, y, alpha=float(m)), torch.add(x[::2], y[::2], alpha=float(m)),
+                torch.add(x.view(-1, 1), y.view(-1, 1).expand(-1, 3), alpha=float(m))[:, 2]):
+        n = got.numel()
+        assert torch.equal(got, fused[::2] if n < 1003 else fused) == ne.fused_add()
+    assert not torch.equal(twice, fused)  # the two roundings are told apart on these values
+
+
 def test_relu_bounds_and_an_operand_with_other_strides_than_planned(native_on):
     a, b = _codes((2, 4, 16, 16), torch.uint8, 0), _codes((1, 1, 16, 16), torch.uint8, 1)
     low, high = program_ops.code_bounds(torch.uint8, 90, "relu")

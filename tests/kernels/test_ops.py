@@ -438,14 +438,15 @@ def test_lut_pair_path_and_its_fallbacks_equal_a_plain_lookup(case, native_env):
     # The CPU kernel reads two codes at a time from a 65536-entry pair table; tensors it cannot
     # read that way (odd sizes or offsets, non-dense, small) take the one-code lookup. The native
     # kernels, which take most lookups where they are loaded, are off here (tests/kernels/test_native.py).
-    from lucid_fx.kernels.cpu_float import PAIR_TABLES
+    from lucid_fx.kernels.cpu_float import PAIR_LOOKUP_MIN, PAIR_TABLES
 
     native_env(LUCID_FX_NATIVE="0")
 
     torch.manual_seed(1)
     dtype = torch.int8 if case == "int8-table" else torch.uint8
-    codes = torch.randint(0, 256, (8194,), dtype=torch.uint8)
-    codes = {"odd-size": codes[:8193], "odd-offset": codes[1:8193], "transposed": codes[:8192].view(64, 128).t(),
+    n = PAIR_LOOKUP_MIN + 256  # past the size from which the pair table pays
+    codes = torch.randint(0, 256, (n + 2,), dtype=torch.uint8)
+    codes = {"odd-size": codes[:n + 1], "odd-offset": codes[1:n + 1], "transposed": codes[:n].view(256, -1).t(),
              "small": codes[:100]}.get(case, codes)
     table = torch.randint(-128, 128, (256,), dtype=torch.int8) if dtype == torch.int8 else torch.randint(0, 256, (256,), dtype=torch.uint8)
     builds = PAIR_TABLES.builds
