@@ -13,14 +13,12 @@ weight window and the raw accumulator is exact in float32 (linears, unpadded con
 packed for the input shape they meet (up to :data:`SHAPED_PACKS` shapes; 0.83 against 1.29 ms
 for 512 channels 3x3 on 7x7); int8 activations enter as uint8 (s8 measured 5x slower).
 
-oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy of the result
-(measured 1.15 ms NHWC against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56), so models
-should feed channels-last activations. Each oneDNN call also has a fixed cost of ~50-100 us
-on this class of machine, more than the arithmetic of a tiny (e.g. 1x64x64) linear.
+oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy of the result (1.15 ms NHWC
+against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56), so models should feed channels-last activations.
+Each oneDNN call also has a fixed cost of ~50-100 us here, more than the arithmetic of a tiny linear.
 
-Hardware caveat, measured on an AVX2 CPU without VNNI: oneDNN's u8 x s8 kernels add pairs of
-products in int16 with saturation (``vpmaddubsw``), so a full-range int8 weight can give
-errors of many quantization steps. :func:`weight_quant_range` gives the weight grid that is
+Hardware caveat, measured on an AVX2 CPU without VNNI: oneDNN's u8 x s8 kernels add pairs of products in
+int16 with saturation (``vpmaddubsw``), so a full-range int8 weight can give errors of many quantization steps. :func:`weight_quant_range` gives the weight grid that is
 exact on the device (``[-64, 63]`` on such CPUs); a weight outside it is run through the
 ``_int_mm`` fallback instead (correct, slower), with a warning.
 
@@ -37,7 +35,8 @@ import torch
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
+from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
+                                         row_out_scale, takes_row)
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.target import NARROW_GRID, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
@@ -180,8 +179,9 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     if not _onednn_on() or qx.numel() == 0:
         return int8_linear(*args, pad=False)
     dtype = ref.out_storage(qx, out_dtype)
-    # int8 activations go in as uint8 (s8 inputs measured 5x slower without VNNI), and the zero
-    # point goes into the bias where that is exact.
+    if float_post_op(_cpu_target(), True, post_op, dtype):  # SiLU without VNNI: after the float result, at every size
+        return post_op_codes(linear(*args[:6], 1.0, 0, "none", torch.float32), post_op, out_scale, out_zp, dtype)
+    # int8 activations go in as uint8 (s8 measured 5x slower without VNNI); the zero point into the bias where exact.
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()
     rows, zp_u8 = _as_uint8(rows, x_zp)
     out = _small_linear(rows, zp_u8, qw, w_scale, bias, x_scale, out_scale, out_zp, post_op, dtype)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 from lucid_fx.kernels import linear_native, native
 from lucid_fx.kernels import reference as ref
@@ -43,13 +44,19 @@ from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
-__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
+__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
 # The post-ops of each engine: the native one also computes oneDNN's hardswish (linear_native.hardswish).
 ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish")}
+
+#: Post-ops a linear computes in torch after its float32 result, on an engine whose kernels cannot give
+#: oneDNN's values for them: SiLU on the native engine (oneDNN's swish approximates exp). There such a
+#: linear never meets oneDNN's fused post-op, at any size, so its codes depend neither on the route
+#: (the native GEMM and oneDNN give equal float32 results) nor on the batch.
+FLOAT_POST_OPS = {"native": ("silu",)}
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
 # thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
@@ -170,6 +177,20 @@ def engine_here() -> Optional[str]:
         return "int_mm"
     # an AVX2 CPU capped at AVX2 (tests force every kind so) runs the same oneDNN kernels
     return "native" if kind == "avx2" and isa.upper() in ("", "AVX2") and linear_native.available() else None
+
+
+def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype) -> bool:
+    """Whether a linear with ``post_op`` and uint8 codes out computes the post-op after its float32
+    result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`)."""
+    return onednn_on and dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())
+
+
+def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:
+    """torch's ``post_op`` (a :data:`FLOAT_POST_OPS` one) on float32 ``y`` in place, then the codes
+    ``quantize_per_tensor`` gives the result, in one pass (:func:`lucid_fx.kernels.native.quantize_codes`)."""
+    assert post_op == "silu", post_op
+    info = torch.iinfo(dtype)
+    return native.quantize_codes(F.silu(y, inplace=True), ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,

@@ -18,7 +18,8 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import conv_native, cpu_float, matmul_native, native, program_ops
-from lucid_fx.kernels.linear_row import conv_is_row, linear_row, row_bounds, row_linear, row_out_scale, takes_row
+from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
+                                         row_out_scale, takes_row)
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
@@ -43,14 +44,23 @@ def _out_args(out_scale: float, out_zp: int, dtype: torch.dtype):
 
 
 def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 1x1 qconv2d (AVX2) on a packed weight
-    qx, x_scale, x_zp, qw_n, ws_n, bias_n, out_scale, out_zp, post_op, out_dtype = node.args
-    x, dtype = b.value(qx), b.value(node).dtype
+    post_op, dtype = node.args[8], b.value(node).dtype
+    if not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype):
+        return _linear(b, node, post_op, dtype)
+    y = _linear(b, node, "none", torch.float32)  # SiLU without VNNI: after the float result, as cpu.linear
+    return None if y is None else b.call(post_op_codes, y, post_op, node.args[6], node.args[7], dtype)
+
+
+def _linear(b, node, post_op: str, dtype: torch.dtype):
+    """The linear of ``node`` with this post-op and result dtype (``node``'s, or float32 for a post-op after it)."""
+    qx, x_scale, x_zp, qw_n, ws_n, bias_n, out_scale, out_zp, _, out_dtype = node.args
+    x = b.value(qx)
     if x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
         return None
     qw = b.attr(qw_n)
     engine = None if qw is None else _engine(post_op, dtype, x.numel() // qw.shape[1], *qw.shape)
     out = None if engine is None else _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n),
-                                                  out_scale, out_zp, post_op, engine)
+                                                  out_scale, out_zp, post_op, engine, dtype=dtype)
     if out is not None:
         return out
     weights = _weights(b, node, qw_n, ws_n, bias_n)
@@ -88,12 +98,12 @@ def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int) -> Optiona
     return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k)
 
 
-def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None):
+def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
     ``engine`` with oneDNN's float steps; None where the engine does not take the weight. The program
     owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it only through
     ``recompile`` (which rebuilds the folded bias too)."""
-    dtype, shape = b.value(node).dtype, tuple(b.value(node).shape)
+    dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
     row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op)
     if row is None:
         return None

@@ -85,3 +85,34 @@ def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(p
     y = y.relu() if post_op == "relu" else y
     real = one if dtype == torch.float32 else Q.dequantize(one, 0.25, out_zp)
     assert sqnr_db(y, real) >= 30
+
+
+@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512)])  # the native GEMM's route, and oneDNN's past it
+def test_a_silu_linear_without_vnni_applies_torch_s_silu_after_the_float_result_at_every_size(m, n, k):
+    # oneDNN's swish approximates exp, which no other route reproduces: on the native engine a SiLU linear
+    # computes its float32 result (equal on both routes), then torch's SiLU and quantize_per_tensor's codes,
+    # so a row gives the same codes alone and in a batch, on the native GEMM and on oneDNN.
+    if lr.row_engine(resolve_target("cpu")) != "native":
+        pytest.skip(f"the native engine does not run here ({resolve_target('cpu').name}, engine {lr.engine_here()})")
+    assert lr.float_post_op(resolve_target("cpu"), True, "silu", torch.uint8)
+    g = torch.Generator().manual_seed(m)
+    qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-64, 64, (n, k), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(n, generator=g) * 0.01 + 0.001, torch.randn(n, generator=g)
+    assert lr.small_gemm(m, n, k, "native") == (m == 32)
+    got = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8)
+    y = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 1.0, 0, "none", torch.float32)
+    expected = Q.quantize(F.silu(y), 0.0371, 9, torch.uint8)
+    assert expected.dtype == torch.uint8 and torch.equal(got, expected)
+    assert torch.equal(cpu.linear(qx[3:4], 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8), got[3:4])
+
+
+def test_only_silu_into_uint8_codes_on_the_native_engine_runs_after_the_float_result():
+    for kind in ("avx2", "avx512_vnni", "amx"):
+        with force_cpu_features(kind):
+            target = resolve_target("cpu")
+            native_here = lr.row_engine(target) == "native"
+            assert lr.float_post_op(target, True, "silu", torch.uint8) == native_here
+            assert not lr.float_post_op(target, False, "silu", torch.uint8)  # oneDNN off: the exact fallbacks
+            assert not any(lr.float_post_op(target, True, p, d) for p, d in [("silu", torch.int8), ("silu", torch.float32),
+                                                                              ("relu", torch.uint8), ("hardswish", torch.uint8)])
