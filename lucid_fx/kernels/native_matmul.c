@@ -8,81 +8,118 @@
  * max|b - b_zp| <= 2^24), then makes the same float32 multiply: the codes are equal bit for bit.
  *
  * g: the 4 batch sizes (outermost first), m, n, k; then a's strides (4 batch, row, column) and b's,
- * in elements (0 along a broadcast batch dim). out is contiguous (batch..., m, n). Each batch's
- * operands are centred into int16 rows first (a as m x k, b transposed as n x k, zero-padded to 16),
- * so a sum is a dot product of two int16 rows: vpmaddwd with AVX2, 4 outputs at a time. Returns 0,
- * or -1 when the buffer cannot be allocated (nothing written then). */
+ * in elements (0 along a broadcast batch dim). out is contiguous (batch..., m, n).
+ *
+ * Each batch's operands are centred into int16 first, zero-padded: a as rows of kp values (m rounded
+ * up to 4 rows, kp = k rounded up to 2), b as pairs of rows interleaved, [kp / 2][np][2] (np = n
+ * rounded up to 16). With AVX2 a step broadcasts two values of each of 4 rows of a and multiplies
+ * them with 16 columns' pairs (vpmaddwd: two products summed into each int32 lane), 4 rows x 16
+ * outputs at a time, no horizontal sums; the 8 sums of a vector are requantized together. Without
+ * AVX2 a plain loop computes the same sums. Returns 0, or -1 when the buffers cannot be allocated
+ * (nothing written then). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */
 
+#define MM_ROWS 4
+#define MM_COLS 16
+
 #if defined(__AVX2__)
 #include <immintrin.h>
+#define MATMUL_AVX2 1
 
-static inline int32_t hsum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+/* rint(clamp(sum * mult)) + zp of 8 sums: the scalar REQUANTIZE's steps (one float32 multiply, the
+ * clamp, round half to even as vcvtps2dq does), bit for bit; sums are finite, so min/max clamp as
+ * the scalar compare does. */
+static inline __m256i requantize8(__m256i sums, __m256 mult, __m256 lo, __m256 hi, __m256i zp) {
+    const __m256 v = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), mult), hi), lo);
+    return _mm256_add_epi32(_mm256_cvtps_epi32(v), zp);
 }
 
-/* The sums of row x (kp int16) with rows y..y+count-1 (count <= 4), into sums[0..count). */
-static inline void dot_rows(const int16_t *x, const int16_t *y, int64_t kp, int count, int32_t *sums) {
-    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int64_t k = 0; k < kp; k += 16) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(x + k));
-        for (int t = 0; t < count; t++)
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(y + t * kp + k))));
+/* The codes of rows i..i+3, columns j..j+15 (those below m and n written). */
+#define MATMUL_BLOCK(CODE)                                                                         \
+    {                                                                                              \
+        __m256i acc[MM_ROWS][2];                                                                   \
+        for (int r = 0; r < MM_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();         \
+        for (int64_t p = 0; p < kp / 2; p++) {                                                     \
+            const int16_t *w = pb + (p * np + j) * 2;                                              \
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)w);                            \
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 16));                     \
+            for (int r = 0; r < MM_ROWS; r++) {                                                    \
+                int32_t pair;                                                                      \
+                memcpy(&pair, pa + (i + r) * kp + 2 * p, sizeof pair);                             \
+                const __m256i x = _mm256_set1_epi32(pair);                                         \
+                acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(x, w0));                 \
+                acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, w1));                 \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < MM_ROWS && i + r < m; r++) {                                           \
+            int32_t codes[MM_COLS];                                                                \
+            _mm256_storeu_si256((__m256i *)codes, requantize8(acc[r][0], vmult, vlo, vhi, vzp));   \
+            _mm256_storeu_si256((__m256i *)(codes + 8), requantize8(acc[r][1], vmult, vlo, vhi, vzp)); \
+            CODE *row = out + (i + r) * n + j;                                                     \
+            for (int64_t t = 0; t < MM_COLS && j + t < n; t++) row[t] = (CODE)codes[t];            \
+        }                                                                                          \
     }
-    for (int t = 0; t < count; t++) sums[t] = hsum8(acc[t]);
-}
 #else
-static inline void dot_rows(const int16_t *x, const int16_t *y, int64_t kp, int count, int32_t *sums) {
-    for (int t = 0; t < count; t++) {
-        int32_t s = 0;
-        for (int64_t k = 0; k < kp; k++) s += (int32_t)x[k] * (int32_t)y[t * kp + k];
-        sums[t] = s;
-    }
-}
+#define MATMUL_AVX2 0
+#define MATMUL_BLOCK(CODE)                                                                         \
+    for (int64_t r = i; r < i + MM_ROWS && r < m; r++)                                             \
+        for (int64_t c = j; c < j + MM_COLS && c < n; c++) {                                       \
+            int32_t s = 0;                                                                         \
+            for (int64_t t = 0; t < kp; t++) s += (int32_t)pa[r * kp + t] * (int32_t)pb[((t / 2) * np + c) * 2 + t % 2]; \
+            out[r * n + c] = (CODE)REQUANTIZE((float)s * mult, lo, hi, zp);                        \
+        }
 #endif
 
-int32_t lucid_matmul_vectorized(void) {
-#if defined(__AVX2__)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int32_t lucid_matmul_vectorized(void) { return MATMUL_AVX2; }
+
+/* STORE for every i < rows and t < cols, the loop along the smaller of the strides innermost. */
+#define PACK(rows, cols, row_stride, col_stride, STORE)                                            \
+    if ((col_stride) <= (row_stride)) {                                                            \
+        for (int64_t i = 0; i < (rows); i++)                                                       \
+            for (int64_t t = 0; t < (cols); t++) STORE;                                            \
+    } else {                                                                                       \
+        for (int64_t t = 0; t < (cols); t++)                                                       \
+            for (int64_t i = 0; i < (rows); i++) STORE;                                            \
+    }
 
 #define MATMUL(NAME, CODE)                                                                         \
     int32_t NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out, const int64_t *restrict g, \
                  int32_t a_zp, int32_t b_zp, float mult, int32_t zp, int32_t low, int32_t high) {    \
-        const int64_t m = g[4], n = g[5], k = g[6], *sa = g + 7, *sb = g + 13, kp = (k + 15) & ~(int64_t)15; \
+        const int64_t m = g[4], n = g[5], k = g[6], *sa = g + 7, *sb = g + 13;                     \
+        const int64_t kp = k + k % 2, mp = (m + MM_ROWS - 1) / MM_ROWS * MM_ROWS;                  \
+        const int64_t np = (n + MM_COLS - 1) / MM_COLS * MM_COLS;                                  \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
-        int16_t *pa = calloc((size_t)((m + n) * kp), sizeof *pa);                                  \
+        (void)lo; (void)hi;                                                                        \
+        MATMUL_CONSTANTS                                                                           \
+        int16_t *pa = calloc((size_t)(mp * kp + kp * np), sizeof *pa);                             \
         if (!pa) return -1;                                                                        \
-        int16_t *pb = pa + m * kp;                                                                 \
-        int32_t sums[4];                                                                           \
+        int16_t *pb = pa + mp * kp;                                                                \
         for (int64_t b0 = 0; b0 < g[0]; b0++)                                                      \
         for (int64_t b1 = 0; b1 < g[1]; b1++)                                                      \
         for (int64_t b2 = 0; b2 < g[2]; b2++)                                                      \
-        for (int64_t b3 = 0; b3 < g[3]; b3++) {                                                    \
+        for (int64_t b3 = 0; b3 < g[3]; b3++, out += m * n) {                                      \
             const CODE *x = a + b0 * sa[0] + b1 * sa[1] + b2 * sa[2] + b3 * sa[3];                   \
             const CODE *y = b + b0 * sb[0] + b1 * sb[1] + b2 * sb[2] + b3 * sb[3];                   \
-            for (int64_t i = 0; i < m; i++)                                                        \
-                for (int64_t t = 0; t < k; t++) pa[i * kp + t] = (int16_t)((int32_t)x[i * sa[4] + t * sa[5]] - a_zp); \
-            for (int64_t j = 0; j < n; j++)                                                        \
-                for (int64_t t = 0; t < k; t++) pb[j * kp + t] = (int16_t)((int32_t)y[t * sb[4] + j * sb[5]] - b_zp); \
-            for (int64_t i = 0; i < m; i++, out += n)                                              \
-                for (int64_t j = 0; j < n; j += 4) {                                               \
-                    const int count = n - j < 4 ? (int)(n - j) : 4;                                \
-                    dot_rows(pa + i * kp, pb + j * kp, kp, count, sums);                           \
-                    for (int t = 0; t < count; t++) out[j + t] = (CODE)REQUANTIZE((float)sums[t] * mult, lo, hi, zp); \
-                }                                                                                  \
+            /* each operand read along its smaller stride (a transposed view of keys: down its columns) */ \
+            PACK(m, k, sa[4], sa[5], pa[i * kp + t] = (int16_t)((int32_t)x[i * sa[4] + t * sa[5]] - a_zp)) \
+            PACK(n, k, sb[5], sb[4], pb[((t / 2) * np + i) * 2 + t % 2] = (int16_t)((int32_t)y[t * sb[4] + i * sb[5]] - b_zp)) \
+            for (int64_t i = 0; i < m; i += MM_ROWS)                                               \
+                for (int64_t j = 0; j < n; j += MM_COLS) MATMUL_BLOCK(CODE)                        \
         }                                                                                          \
         free(pa);                                                                                  \
         return 0;                                                                                  \
     }
+
+#if MATMUL_AVX2
+#define MATMUL_CONSTANTS                                                                           \
+    const __m256 vmult = _mm256_set1_ps(mult), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi); \
+    const __m256i vzp = _mm256_set1_epi32(zp);
+#else
+#define MATMUL_CONSTANTS
+#endif
 
 MATMUL(lucid_matmul_uint8, uint8_t)
 MATMUL(lucid_matmul_int8, int8_t)
