@@ -10,8 +10,10 @@ The first of these runs (the poorest kind but this one) also turns the native ke
 (``LUCID_FX_NATIVE=0``), as on a machine without a C compiler, so the torch kernels they replace
 pass the whole suite too, on every machine.
 
-The runs go side by side (the first test starts them all, each waits for its own): this process
-only waits meanwhile, so on CI's two cores the reruns take the time of one.
+The runs go side by side, one torch thread each (the first test starts them all, each waits for
+its own): this process only waits meanwhile, so on CI's two cores the reruns take the time of one,
+and they cover the one-thread decisions (``linear_row.small_gemm``) the main run at its default
+threads does not.
 """
 
 import os
@@ -41,6 +43,9 @@ def _start(kind: str):
         env["ONEDNN_MAX_CPU_ISA"] = ONEDNN_CAP[kind]
     if kind == OTHER_KINDS[0]:
         env["LUCID_FX_NATIVE"] = "0"
+    # One thread each: side by side, torch's default threads oversubscribe the cores (tests/kernels,
+    # measured on 2 cores: two runs 100 s at default threads, 46 s at one each, against 44 s for one).
+    env["OMP_NUM_THREADS"] = "1"
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ignore", "tests/viewer",
         "--ignore", "tests/test_every_cpu_kind.py", "--ignore", "tests/test_fresh_install.py", "tests",

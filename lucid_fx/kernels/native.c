@@ -127,7 +127,8 @@ ROW_EPILOGUE(lucid_row_epilogue_float32, float, CLAMPED)
  * for int8 codes (their bit pattern with the sign flipped is code + 128). One function per table
  * dtype: 8-bit codes, or float32 values (a lookup with its dequantize folded in). With AVX512-VBMI
  * an 8-bit table is four 64-byte registers and 64 codes are looked up at once (two vpermi2b and a
- * blend on the index's top bit); lucid_lut_vectorized() says whether this build has that path. */
+ * blend on the index's top bit); with AVX2, 32 codes through 16 vpshufb; lucid_lut_vectorized() says
+ * whether this build has either path. */
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define LUT_VBMI 1
@@ -145,11 +146,37 @@ static int64_t lut_bytes_vbmi(const uint8_t *restrict q, const uint8_t *restrict
     }
     return i;
 }
-#else
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define LUT_AVX2 1
+/* AVX2 has no 256-byte permute: the table is 16 rows of 16 bytes, each looked up by the codes' low
+ * nibble (vpshufb) and kept where the high nibble names its row, 32 codes at a time. */
+static int64_t lut_bytes_avx2(const uint8_t *restrict q, const uint8_t *restrict table, uint8_t *restrict out,
+                              int64_t n, uint8_t flip) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f), f = _mm256_set1_epi8((char)flip);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i idx = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), f);
+        const __m256i lo = _mm256_and_si256(idx, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(idx, 4), nibble);
+        __m256i got = _mm256_setzero_si256();
+        for (int r = 0; r < 16; r++) {
+            const __m256i row = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(table + 16 * r)));
+            const __m256i mine = _mm256_cmpeq_epi8(hi, _mm256_set1_epi8((char)r));
+            got = _mm256_or_si256(got, _mm256_and_si256(mine, _mm256_shuffle_epi8(row, lo)));
+        }
+        _mm256_storeu_si256((__m256i *)(out + i), got);
+    }
+    return i;
+}
+#endif
+#ifndef LUT_AVX2
+#define LUT_AVX2 0
+#endif
+#ifndef LUT_VBMI
 #define LUT_VBMI 0
 #endif
 
-int32_t lucid_lut_vectorized(void) { return LUT_VBMI; }
+int32_t lucid_lut_vectorized(void) { return LUT_VBMI || LUT_AVX2; }
 
 #define LUT(NAME, OUT, FAST)                                                                       \
     void NAME(const uint8_t *restrict q, const OUT *restrict table, OUT *restrict out, int64_t n,    \
@@ -161,6 +188,8 @@ int32_t lucid_lut_vectorized(void) { return LUT_VBMI; }
 
 #if LUT_VBMI
 #define BYTES_FAST lut_bytes_vbmi(q, (const uint8_t *)table, (uint8_t *)out, n, f)
+#elif LUT_AVX2
+#define BYTES_FAST lut_bytes_avx2(q, (const uint8_t *)table, (uint8_t *)out, n, f)
 #else
 #define BYTES_FAST 0
 #endif

@@ -92,8 +92,9 @@ def test_a_silu_linear_without_vnni_applies_torch_s_silu_after_the_float_result_
     # oneDNN's swish approximates exp, which no other route reproduces: on the native engine a SiLU linear
     # computes its float32 result (equal on both routes), then torch's SiLU and quantize_per_tensor's codes,
     # so a row gives the same codes alone and in a batch, on the native GEMM and on oneDNN.
-    if lr.row_engine(resolve_target("cpu")) != "native":
-        pytest.skip(f"the native engine does not run here ({resolve_target('cpu').name}, engine {lr.engine_here()})")
+    target = resolve_target("cpu")
+    if lr.row_engine(target) != "native":  # its float steps are oneDNN's AVX2 ones: an AVX2 CPU's own kind only
+        pytest.skip(f"no native engine here (Target.linear_row {target.linear_row!r}, this CPU's {lr.engine_here()!r})")
     assert lr.float_post_op(resolve_target("cpu"), True, "silu", torch.uint8)
     g = torch.Generator().manual_seed(m)
     qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
