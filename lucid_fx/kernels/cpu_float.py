@@ -76,9 +76,10 @@ def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
     return pairs.to(torch.int16)  # values above 32767 wrap to the same bit pattern
 
 
-# Codes: below this the pair table's setup costs more than it saves. Its six torch ops lose to the
-# native loop up to 262144 codes on an AVX2 EPYC (36 against 13 us at 4096, 118 against 62 at 65536,
-# 310 against 206 at 262144); on an AVX512-VNNI Xeon the pair table won at 1x32x112x112 (145 against 209).
+# Codes: below this the pair table's setup costs more than a scalar native loop (a build without
+# vector lookups). Its six torch ops lost to that loop up to 262144 codes on an AVX2 EPYC (36 against
+# 13 us at 4096, 118 against 62 at 65536, 310 against 206 at 262144); on an AVX512-VNNI Xeon the pair
+# table won at 1x32x112x112 (145 against 209).
 PAIR_LOOKUP_MIN = 65536
 
 
@@ -89,8 +90,8 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     the reference lookup. Where the native kernels are loaded, one C loop does what the pair table
     does not do faster: float tables (192 against 722 us for 1x32x112x112 codes) and small tensors
     (4.1 against 11.8-17.2 us for squeeze-excite's 96 gates), and 8-bit tables wherever the build
-    has the AVX512-VBMI path (``native.lut_vectorized``). Without it 8-bit tables of ``PAIR_LOOKUP_MIN``
-    codes or more keep the pair table."""
+    has a vector path (``native.lut_vectorized``: AVX512-VBMI or AVX2). Without one, 8-bit tables of
+    ``PAIR_LOOKUP_MIN`` codes or more keep the pair table."""
     if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
         looked_up = native.lut(q, table)
         if looked_up is not None:
