@@ -17,10 +17,10 @@ oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy 
 against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56), so models should feed channels-last activations.
 Each oneDNN call also has a fixed cost of ~50-100 us here, more than the arithmetic of a tiny linear.
 
-Hardware caveat, measured on an AVX2 CPU without VNNI: oneDNN's u8 x s8 kernels add pairs of products in
-int16 with saturation (``vpmaddubsw``), so a full-range int8 weight can give errors of many quantization steps. :func:`weight_quant_range` gives the weight grid that is
-exact on the device (``[-64, 63]`` on such CPUs); a weight outside it is run through the
-``_int_mm`` fallback instead (correct, slower), with a warning.
+Hardware caveat, measured on an AVX2 CPU without VNNI: oneDNN's u8 x s8 kernels add pairs of products in int16
+with saturation (``vpmaddubsw``), so a full-range int8 weight can give errors of many quantization steps.
+:func:`weight_quant_range` gives the weight grid that is exact on the device (``[-64, 63]`` on such CPUs); a
+weight outside it is run through the ``_int_mm`` fallback instead (correct, slower), with a warning.
 
 >>> weight_quant_range(torch.device("cuda"))
 (-128, 127)

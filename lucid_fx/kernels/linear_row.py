@@ -44,7 +44,8 @@ from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
-__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear", "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
+__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
+           "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.

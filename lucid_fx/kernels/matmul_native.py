@@ -45,7 +45,8 @@ def _span(dtype: torch.dtype, zp: int) -> int:
     return max(zp - info.min, info.max - zp)
 
 
-def _batch_strides(t: torch.Tensor, batch: Tuple[int, ...]) -> list:
+def _batch_strides(t: torch.Tensor) -> list:
+    """``t``'s strides along its batch dims, padded to ``MAX_BATCH_DIMS``, 0 where it broadcasts."""
     lead = MAX_BATCH_DIMS - t.dim() + 2
     sizes, strides = t.shape[:-2], t.stride()[:-2]
     return [0] * lead + [0 if size == 1 else stride for size, stride in zip(sizes, strides)]
@@ -64,13 +65,13 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int) -> Optio
     if len(batch) > MAX_BATCH_DIMS or k != k_b or k * _span(a.dtype, a_zp) * _span(b.dtype, b_zp) > EXACT_SUM:
         return None
     sizes = [1] * (MAX_BATCH_DIMS - len(batch)) + list(batch)
-    geometry = sizes + [m, n, k] + _batch_strides(a, batch) + list(a.stride()[-2:]) + _batch_strides(b, batch) + list(b.stride()[-2:])
+    geometry = sizes + [m, n, k] + _batch_strides(a) + list(a.stride()[-2:]) + _batch_strides(b) + list(b.stride()[-2:])
     return MatmulPlan(tuple(a.stride()), tuple(b.stride()), (*batch, m, n), torch.tensor(geometry, dtype=torch.int64))
 
 
 def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, plan: MatmulPlan):
     """:func:`lucid_fx.kernels.program_ops.matmul_codes` in one call, for operands with the strides of
-    ``plan``: its codes bit for bit (contiguous, as its)."""
+    ``plan``: its codes bit for bit, contiguous as its are."""
     fn = _function("matmul", dtype)
     if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
             or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
