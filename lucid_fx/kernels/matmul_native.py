@@ -54,7 +54,8 @@ def _batch_strides(t: torch.Tensor) -> list:
 
 def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int) -> Optional[MatmulPlan]:
     """The plan for ``a @ b`` of these (fake or real) 8-bit codes; None where the kernel does not take
-    them (fewer than 2 or more than ``MAX_BATCH_DIMS`` + 2 dims, other dtypes, or sums float32 would round)."""
+    them (fewer than 2 or more than ``MAX_BATCH_DIMS`` + 2 dims, other dtypes, an empty dim, or sums
+    float32 would round)."""
     if a.dim() < 2 or b.dim() < 2 or a.dtype != b.dtype or a.dtype not in (torch.uint8, torch.int8):
         return None
     try:
@@ -63,6 +64,8 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int) -> Optio
         return None
     (m, k), (k_b, n) = a.shape[-2:], b.shape[-2:]
     if len(batch) > MAX_BATCH_DIMS or k != k_b or k * _span(a.dtype, a_zp) * _span(b.dtype, b_zp) > EXACT_SUM:
+        return None
+    if 0 in (m, n, k, *batch):  # nothing to sum or nothing to write: the torch route's empty or zero result
         return None
     sizes = [1] * (MAX_BATCH_DIMS - len(batch)) + list(batch)
     geometry = sizes + [m, n, k] + _batch_strides(a) + list(a.stride()[-2:]) + _batch_strides(b) + list(b.stride()[-2:])

@@ -74,6 +74,8 @@ def test_the_plan_declines_what_the_kernel_does_not_take():
     assert mn.matmul_plan(u, u, 0, 0) is None  # 3 against 2
     assert mn.matmul_plan(torch.zeros((1,) * 5 + (2, 3), dtype=torch.uint8), u.t(), 0, 0) is None  # 5 batch dims
     assert mn.matmul_plan(torch.zeros((2, 2, 3), dtype=torch.uint8), torch.zeros((3, 3, 2), dtype=torch.uint8), 0, 0) is None
+    for a, b in [((2, 0), (0, 3)), ((0, 2), (2, 3)), ((2, 2), (2, 0)), ((0, 2, 2), (2, 3))]:  # empty: the torch route
+        assert mn.matmul_plan(torch.zeros(a, dtype=torch.uint8), torch.zeros(b, dtype=torch.uint8), 0, 0) is None
 
 
 def test_operands_with_other_strides_than_planned_and_no_native_kernels_take_the_torch_route(native_env):
