@@ -12,7 +12,7 @@ import torch
 from lucid_fx.kernels import attention, native, native_elementwise, norms
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
-from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes
+from lucid_fx.kernels.program_ops import centered, code_bounds, masked_softmax_float, requantize_codes
 
 __all__ = ["PAIR_TABLES"]
 
@@ -62,8 +62,8 @@ def softmax(q, scale, zp, dim, out_scale, out_zp):
 def masked_softmax(q, scale, zp, mask, fill, dim, out_scale, out_zp):
     """:func:`softmax` with the mask applied in float32 first (lucid_fx/kernels/attention.py)."""
     attention.check_mask(mask, fill)
-    y = torch.softmax(attention.apply_mask(centered(q, zp).mul_(scale), mask, fill), dim)
-    return _requantize(y.nan_to_num_(nan=0.0).mul_(1.0 / out_scale), out_zp, "none", q.dtype)
+    y = masked_softmax_float(q, zp, scale, mask, fill, dim)  # the program's float steps too
+    return _requantize(y.mul_(1.0 / out_scale), out_zp, "none", q.dtype)
 
 
 def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:

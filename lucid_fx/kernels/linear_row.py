@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 
 from lucid_fx.kernels import linear_native, native
 from lucid_fx.kernels import reference as ref
@@ -187,11 +186,11 @@ def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dt
 
 
 def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:
-    """torch's ``post_op`` (a :data:`FLOAT_POST_OPS` one) on float32 ``y`` in place, then the codes
-    ``quantize_per_tensor`` gives the result, in one pass (:func:`lucid_fx.kernels.native.quantize_codes`)."""
-    assert post_op == "silu", post_op
+    """The reference's ``post_op`` on float32 ``y`` (in place: :func:`lucid_fx.kernels.reference.finish`),
+    then the codes ``quantize_per_tensor`` gives the result, in one pass (``native.quantize_codes``)."""
     info = torch.iinfo(dtype)
-    return native.quantize_codes(F.silu(y, inplace=True), ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
+    y = ref.finish(y, post_op, 1.0, 0, torch.float32)
+    return native.quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,

@@ -63,16 +63,24 @@ def broadcast_plan(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Optio
     return Broadcast(tuple(a.stride()), tuple(b.stride()), shape, tuple(out.stride()), geometry)
 
 
+def _planned(kernel: str, qa, qb, dtype, plan: Broadcast, numbers: tuple, fallback):
+    """``kernel``'s one pass over ``qa`` and ``qb`` into codes laid out as ``plan`` says, with the C
+    function's trailing ``numbers``; ``fallback()`` (the torch kernels) where the native kernels are
+    not loaded or the operands are not what the plan was built for."""
+    fn = _function(kernel, dtype)
+    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
+            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
+        return fallback()
+    out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
+    fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), *numbers)
+    return out
+
+
 def mul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, plan: Broadcast):
     """:func:`lucid_fx.kernels.program_ops.mul_codes` in one pass, for operands with the strides of
     ``plan``; its values bit for bit, in the layout the program recorded."""
-    fn = _function("mul_strided", dtype)
-    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
-            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
-        return program_ops.mul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
-    out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
-    fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, zp, low, high)
-    return out
+    return _planned("mul_strided", qa, qb, dtype, plan, (a_zp, b_zp, mult, zp, low, high),
+                    lambda: program_ops.mul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype))
 
 
 def fused_add() -> bool:
@@ -86,13 +94,8 @@ def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: in
               plan: Broadcast):
     """:func:`lucid_fx.kernels.program_ops.add_codes` in one pass, for operands with the strides of
     ``plan`` where :func:`fused_add`; its values bit for bit, in the layout the program recorded."""
-    fn = _function("add_strided", dtype)
-    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
-            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
-        return program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype)
-    out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
-    fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, a_mult, b_zp, b_mult, zp, low, high)
-    return out
+    return _planned("add_strided", qa, qb, dtype, plan, (a_zp, a_mult, b_zp, b_mult, zp, low, high),
+                    lambda: program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype))
 
 
 def dequantize_codes(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
