@@ -1,12 +1,14 @@
 """int8 inference benchmark: fp32 eager vs torch.ao FX int8 (x86 and onednn engines) vs PT2E +
-inductor vs lucid_fx.
+inductor vs lucid_fx, plain (``precision="int8"``) and measured (``precision="measured"``: float
+where it measured no slower and as accurate; its row appears when it chose a float region, and
+its choices are printed above the table rows).
 
-    python benchmarks/int8_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...] [--no-pt2e]
+    python benchmarks/int8_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...] [--no-pt2e] [--no-measured]
 
 Every figure is a same-run median of ``--rounds`` timed rounds (each round runs each model
 enough times to take ~0.2 s, the variants taking turns within the round) after a warm-up.
 Speedups are ratios to fp32 eager measured in the same run; the last column is lucid_fx's time
-over the fastest peer's (> 1: lucid_fx is faster). SQNR is against the fp32 output on a held-out
+over the fastest peer's (for both lucid_fx rows) (> 1: lucid_fx is faster). SQNR is against the fp32 output on a held-out
 batch. Size is the serialized ``state_dict``. The CPU's int8 features head the table.
 
 Peers, never dependencies of lucid_fx: torch.ao (deprecated, still runs on torch 2.13), and PT2E
@@ -163,6 +165,8 @@ def main(argv=None) -> list:
     parser.add_argument("--calib", type=int, default=8, help="calibration batches")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-pt2e", action="store_true", help="leave out PT2E + inductor (compiling is slow)")
+    parser.add_argument("--no-measured", action="store_true",
+                        help="leave out lucid_fx with precision='measured' (one more quantize per candidate group)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(cpu_line())
@@ -179,13 +183,19 @@ def main(argv=None) -> list:
             reference = model(held_out)
         variants = {"fp32 eager": model, **_peers(model, example, batches, not args.no_pt2e)}
         variants["lucid_fx int8"] = lucid_fx.quantize(model, (example,), batches)
+        if not args.no_measured:
+            measured = lucid_fx.quantize(model, (example,), batches, precision="measured",
+                                         held_out_data=[make_batch(s) for s in (500, 501)])
+            print("\n".join("  " + line for line in str(measured.lucid_fx_precision).splitlines()))
+            if measured.lucid_fx_precision.float_nodes:  # else the same model as "lucid_fx int8"
+                variants["lucid_fx measured"] = measured
         seconds = timed({variant: _engine_set(variant, m) for variant, m in variants.items()}, example, args.rounds)
         base = seconds["fp32 eager"]
-        best_peer = min((t for v, t in seconds.items() if v not in ("fp32 eager", "lucid_fx int8")), default=None)
+        best_peer = min((t for v, t in seconds.items() if v != "fp32 eager" and not v.startswith("lucid_fx")), default=None)
         for variant, m in variants.items():
             with torch.no_grad():
                 out = _engine_set(variant, m)(held_out.clone())  # (see timed: PT2E writes into its input)
-            versus = best_peer / seconds[variant] if best_peer and variant == "lucid_fx int8" else None
+            versus = best_peer / seconds[variant] if best_peer and variant.startswith("lucid_fx") else None
             row = (name, variant, seconds[variant] * 1e3, base / seconds[variant],
                    sqnr(reference, out) if m is not model else float("inf"), size_mb(m), versus)
             rows.append(row)

@@ -17,6 +17,7 @@ from lucid_fx.graph_model import to_networkx
 from lucid_fx.visualize import visualize
 from lucid_fx.prepare import PrepareReport, prepare, prepare_qat
 from lucid_fx.save_load import load, save
+from lucid_fx.measured_precision import PrecisionReport
 from lucid_fx.sqnr_target import TargetReport
 from lucid_fx.transforms import TransformReport, correct_bias, equalize, smooth_quant
 from lucid_fx.registry import (
@@ -67,5 +68,6 @@ __all__ = [
     "smooth_quant",
     "TransformReport",
     "TargetReport",
+    "PrecisionReport",
     "__version__",
 ]

@@ -26,7 +26,8 @@ _COLUMNS = ("node", "op", "spelling", "kind", "observer", "qparams", "runs", "ru
 @dataclass
 class Explanation:
     """Rows of (node, canonical op, spelling, decision, observer, qparams/interval, where it will
-    run (``runs``, and ``runs_why``: the lowering rule or why it stays float), rule, reason)."""
+    run (``runs``, and ``runs_why``: the lowering rule or why it stays float), rule, reason), and
+    ``measured``: the region kind of a candidate of ``quantize(..., precision="measured")``, else ""."""
 
     rows: List[Dict[str, str]]
     report: str = ""
@@ -35,7 +36,12 @@ class Explanation:
         return {row["node"]: row for row in self.rows}
 
     def __str__(self) -> str:
-        cell = lambda r, c: f"{r['runs']} ({r['runs_why']})" if c == "runs" and r["runs"] else r[c]  # noqa: E731
+        def cell(r, c):
+            if c != "runs" or not r["runs"]:
+                return r[c]
+            measured = f" [float where measured faster: {r['measured']}]" if r.get("measured") else ""
+            return f"{r['runs']} ({r['runs_why']}){measured}"
+
         widths = {c: max([len(c)] + [len(cell(r, c)) for r in self.rows]) for c in _COLUMNS if c != "reason"}
         lines = ["  ".join(c.ljust(widths[c]) for c in widths) + "  reason"]
         for r in self.rows:
@@ -112,6 +118,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
                     "runs_why": where.why if where is not None else "",
                     "rule": rule,
                     "reason": decision.reason,
+                    "measured": node.meta.get(_meta.MEASURED, ""),
                 }
             )
     return Explanation(rows, _predicted_report(prepared, registry))

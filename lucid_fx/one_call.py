@@ -1,5 +1,6 @@
-"""quantize: prepare, calibrate and convert in one call, or, with a target SQNR, the fewest float
-nodes that reach it (lucid_fx/sqnr_target.py). Above the three verbs it runs, so none of them
+"""quantize: prepare, calibrate and convert in one call; or, with a target SQNR, the fewest float
+nodes that reach it (lucid_fx/sqnr_target.py); or, with ``precision="measured"``, float where it
+measures faster at equal or better accuracy (lucid_fx/measured_precision.py). Above the three verbs it runs, so none of them
 imports it.
 """
 
@@ -16,6 +17,7 @@ from lucid_fx.convert import convert
 from lucid_fx.prepare import prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry
+from lucid_fx.measured_precision import quantize_measured
 from lucid_fx.sqnr_target import quantize_to_target
 
 __all__ = ["quantize"]
@@ -34,6 +36,8 @@ def quantize(
     target_sqnr_db: Optional[float] = None,
     held_out_data: Optional[Iterable] = None,
     max_rounds: int = 6,
+    precision: str = "int8",
+    precision_tie: float = 0.03,
     **prepare_options: Any,
 ) -> nn.Module:
     """prepare -> calibrate -> convert in one call; ``model`` itself is left unchanged.
@@ -42,7 +46,14 @@ def quantize(
     ``held_out_data`` (default: the last quarter of ``calibration_data``, then not calibrated on)
     meets it, in at most ``max_rounds`` rounds of prepare/calibrate/convert/compare
     (``lucid_fx.sqnr_target``); the result carries a ``TargetReport`` as ``lucid_fx_target``.
-    ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default)."""
+    ``progress`` is calibrate's (the bar on a terminal, nothing in a log by default).
+
+    ``precision="measured"`` times each region of attention-core and elementwise ops
+    (``MEASURED_OPS``) int8 and float on this machine, on the held-out data, and keeps float those
+    at least as accurate and at most ``precision_tie`` slower (``lucid_fx.measured_precision``), one
+    round per group of like regions within ``max_rounds``; the result carries a ``PrecisionReport``
+    as ``lucid_fx_precision``. The default, ``"int8"``, runs every op with a rule in int8
+    (norms aside), the same on every run and machine."""
     require_module("quantize", model)
     if isinstance(example_inputs, QConfigMapping):
         warnings.warn(
@@ -52,6 +63,17 @@ def quantize(
             stacklevel=2,
         )
         example_inputs, calibration_data, qconfig_mapping = calibration_data, qconfig_mapping, example_inputs
+    if precision not in ("int8", "measured"):
+        raise ValueError(f"quantize: precision must be 'int8' or 'measured', got {precision!r}")
+    if precision == "measured":
+        if target_sqnr_db is not None or reference:
+            raise ValueError("quantize: precision='measured' times int8 kernels against float, so it takes neither "
+                             "target_sqnr_db nor reference=True; use one of them at a time")
+        calibration, held_out = _split(list(calibration_data), held_out_data, "precision='measured'")
+        return quantize_measured(
+            model, example_inputs, calibration, held_out, qconfig_mapping, max_rounds=max_rounds, tie=precision_tie,
+            backend=backend, registry=registry, prepare_options=prepare_options,
+        )
     if target_sqnr_db is not None:
         calibration, held_out = _split(list(calibration_data), held_out_data)
         return quantize_to_target(
@@ -64,14 +86,14 @@ def quantize(
     return convert(prepared, backend=backend, reference=reference, inplace=True, registry=registry)
 
 
-def _split(calibration: list, held_out_data: Optional[Iterable]) -> tuple:
-    """Calibration and held-out batches for a target SQNR; held-out batches as compare takes them."""
+def _split(calibration: list, held_out_data: Optional[Iterable], what: str = "target_sqnr_db") -> tuple:
+    """Calibration and held-out batches for a search; held-out batches as compare takes them."""
     if held_out_data is None:
         if len(calibration) < 2:
-            raise ValueError("quantize: target_sqnr_db needs held-out data: pass held_out_data, or at least 2 calibration batches")
+            raise ValueError(f"quantize: {what} needs held-out data: pass held_out_data, or at least 2 calibration batches")
         cut = len(calibration) - max(1, len(calibration) // 4)
         calibration, held_out_data = calibration[:cut], calibration[cut:]
     held_out = list(held_out_data)
     if not held_out or any(isinstance(b, dict) for b in held_out):
-        raise ValueError("quantize: held-out data for target_sqnr_db must be batches of positional inputs (tensors or tuples)")
+        raise ValueError(f"quantize: held-out data for {what} must be batches of positional inputs (tensors or tuples)")
     return calibration, [b if isinstance(b, tuple) else tuple(b) if isinstance(b, list) else (b,) for b in held_out]

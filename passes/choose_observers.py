@@ -2,7 +2,8 @@
 
 Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
 ``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
-with the rule's location). A second sweep makes sure every quantized op reads quantized inputs:
+with the rule's location) and, on an op of ``MEASURED_OPS`` that runs int8 and that no QConfig
+names, ``node.meta[MEASURED]`` (its region kind: a candidate for ``precision="measured"``). A second sweep makes sure every quantized op reads quantized inputs:
 a float input (a graph input, or the output of an op left float) gets a statistics observer; the
 members of a fused group whose end stays float (it has no lowering rule) are not quantized ops.
 """
@@ -20,7 +21,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, Decision, DecisionKind
+from lucid_fx.rules.observers import ANY, MEASURED_OPS, Decision, DecisionKind
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
@@ -190,4 +191,20 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
                     DecisionKind.STATISTICS, f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig,
                     keep_float=prior.keep_float,
                 )
+    for node in gm.graph.nodes:
+        if _measured_candidate(node, ctx):
+            node.meta[_meta.MEASURED] = MEASURED_OPS[ctx.op_name(node)]
     return gm
+
+
+def _measured_candidate(node: fx.Node, ctx: RuleContext) -> bool:
+    """An op of ``MEASURED_OPS`` that would run int8 on its own (not in a fused group), reads no
+    parameter, and whose QConfig no entry names (a named QConfig forces int8, as for the norms)."""
+    decision = node.meta[_meta.DECISION]
+    if node.op not in ("call_function", "call_method", "call_module") or ctx.op_name(node) not in MEASURED_OPS:
+        return False
+    if decision.kind not in (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED) or decision.keep_float:
+        return False
+    if node.meta.get(_meta.FUSED_INTO) is not None or ctx.qconfig_is_explicit(node):
+        return False
+    return not any(source.op == "get_attr" for source in node.all_input_nodes)

@@ -18,6 +18,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
     "compose_observer_rules", "SHARED_OPS", "TUPLE_MOVERS", "item_source", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
+    "MEASURED_OPS",
 ]
 
 ANY = "*"
@@ -107,6 +108,16 @@ FLOAT_WHERE_IT_PAYS: Dict[str, str] = {
                   "(measured 4-9 dB less SQNR, and no faster); set a QConfig for layer_norm to force int8",
     "rms_norm": "rms_norm runs in float where it pays: normalising int8 input magnifies the input's rounding "
                 "(measured 4 dB less SQNR on the Llama-like model); set a QConfig for rms_norm to force int8",
+}
+
+# Ops whose int8 form may cost more time than it saves, with nothing but activations in: the
+# attention core and elementwise tails. ``quantize(..., precision="measured")`` times each region
+# of them both ways on the machine it runs on (lucid_fx/measured_precision.py); everywhere else
+# they run int8. Weighted ops (linear, conv) are where int8 pays and are never candidates.
+MEASURED_OPS: Dict[str, str] = {
+    **dict.fromkeys(("matmul", "scaled_dot_product_attention", "softmax", "log_softmax", "masked_fill"), "attention"),
+    **dict.fromkeys(("mul", "div", "exp", "sigmoid", "tanh", "gelu", "silu", "hardsigmoid", "hardswish", "elu", "softsign"),
+                    "elementwise"),
 }
 
 
