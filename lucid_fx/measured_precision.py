@@ -116,14 +116,16 @@ def _moves_codes(node: fx.Node) -> bool:
 
 
 def _regions(gm: fx.GraphModule) -> List[List[fx.Node]]:
-    """Connected regions of candidates, through the code-moving ops between two of them, in graph order."""
+    """Connected regions of candidates, through the code-moving ops between two of them, in graph
+    order. A candidate ending a fused group (a masked softmax) reads what its members read."""
     owner: Dict[fx.Node, int] = {}
     regions: List[List[fx.Node]] = []
     for node in gm.graph.nodes:
         if _meta.MEASURED not in node.meta:
             continue
         joined, paths = set(), []
-        for source in node.all_input_nodes:
+        members = [n for n in gm.graph.nodes if n.meta.get(_meta.FUSED_INTO) == node.name] or [node]
+        for source in (s for m in members for s in m.all_input_nodes if s not in members):
             path = []
             while _moves_codes(source) and len(source.all_input_nodes) == 1:
                 path.append(source)

@@ -17,7 +17,7 @@ from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
-from lucid_fx.ops import canonical
+from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
@@ -30,6 +30,7 @@ QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHA
 # torch.fx's guards on concrete_args (a part traced with its parent call's constants) return None and bools
 _NOT_TENSORS = {"size", "getattr", "output", "_assert_is_none", "_assert", "eq", "chunk", "split"}  # (chunk, split: tuples)
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
+_WEIGHTED = ops_tagged(Tag.WEIGHTED)
 
 
 class RuleContext:
@@ -198,13 +199,16 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
 
 
 def _measured_candidate(node: fx.Node, ctx: RuleContext) -> bool:
-    """An op of ``MEASURED_OPS`` that would run int8 on its own (not in a fused group), reads no
-    parameter, and whose QConfig no entry names (a named QConfig forces int8, as for the norms)."""
+    """An op of ``MEASURED_OPS`` that runs int8, alone or ending a fused group of unweighted ops (a
+    masked softmax's add), that reads no parameter and whose QConfig no entry names (a named
+    QConfig forces int8, as for the norms)."""
     decision = node.meta[_meta.DECISION]
     if node.op not in ("call_function", "call_method", "call_module") or ctx.op_name(node) not in MEASURED_OPS:
         return False
     if decision.kind not in (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED) or decision.keep_float:
         return False
-    if node.meta.get(_meta.FUSED_INTO) is not None or ctx.qconfig_is_explicit(node):
+    end = node.meta.get(_meta.FUSED_INTO)
+    members = ctx._members(node) if end is not None else [node]
+    if end not in (None, node.name) or any(ctx.op_name(m) in _WEIGHTED for m in members) or ctx.qconfig_is_explicit(node):
         return False
-    return not any(source.op == "get_attr" for source in node.all_input_nodes)
+    return not any(source.op == "get_attr" for m in members for source in m.all_input_nodes)

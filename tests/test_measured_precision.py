@@ -180,3 +180,41 @@ def test_explain_names_the_candidates_and_their_region_kind():
     assert (rows["softmax"]["measured"], rows["gelu"]["measured"], rows["_0_qkv"]["measured"]) == ("attention", "elementwise", "")
     line = next(line for line in str(explanation).splitlines() if line.startswith("softmax "))
     assert "[float where measured faster: attention]" in line
+
+
+class MaskedAttention(nn.Module):
+    """BERT's attention core: the padding mask is added before the softmax (a fused masked softmax)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / 4.0 + (1.0 - mask[:, None, :]) * -10000.0
+        return self.proj(torch.matmul(F.softmax(scores, dim=-1), v))
+
+
+def test_a_masked_softmax_joins_its_region_and_runs_float_with_it(monkeypatch):
+    torch.manual_seed(0)
+    model = MaskedAttention().eval()
+    mask = torch.ones(2, 8)
+    mask[1, 5:] = 0
+    batches = [(torch.randn(2, 8, 32), mask) for _ in range(6)]
+    prepared = lucid_fx.prepare(model, None, batches[0])
+    (ops, regions), = _groups(prepared)
+    assert ops == "matmul+div+softmax+matmul" and regions == [["matmul", "truediv", "softmax", "matmul_1"]]
+    fused = {n.name: n.meta.get(_meta.FUSED_INTO) for n in prepared.graph.nodes}
+    assert fused["softmax"] == "softmax" and list(fused.values()).count("softmax") == 2  # the mask's add and the softmax
+    monkeypatch.setattr(measured_precision, "paired_ms", lambda first, second, batch: (2.0, 1.0))
+    qmodel = lucid_fx.quantize(model, batches[0], batches[:4], precision="measured", held_out_data=batches[4:])
+    report = qmodel.lucid_fx_precision
+    assert report.choices[0].runs == "float"
+    placements = qmodel.lucid_fx_convert_report.placements
+    assert all(placements[name].runs is Runs.FLOAT for name in regions[0] if name in placements)
+    assert "proj" in qmodel.lucid_fx_convert_report.lowered
+    with torch.no_grad():
+        reference = torch.cat([model(*b) for b in batches[4:]])
+        got = torch.cat([qmodel(*b) for b in batches[4:]])
+    measured = 10 * math.log10(reference.pow(2).mean() / (reference - got).pow(2).mean())
+    assert measured == pytest.approx(report.chosen_db, abs=0.05) and measured > 30
