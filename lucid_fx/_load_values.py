@@ -45,6 +45,7 @@ def _meta_types() -> Dict[str, Any]:
         _meta.FUSION: str,
         _meta.FUSED_INTO: str,
         _meta.DECISION: Decision,
+        _meta.MEASURED: str,
         _meta.MODULE_PATH: str,
         _meta.OBSERVER: str,
         _meta.TENSOR_META: Union[TensorMetadata, tuple, list, dict],  # ShapeProp nests it for several outputs
