@@ -52,7 +52,7 @@ class PrecisionChoice:
     float_ms: float = math.nan
     int8_db: float = math.nan
     float_db: float = math.nan
-    runs: str = "int8"  # "float" where chosen; "int8 (not measured)" past the round budget
+    runs: str = "int8"  # "float" where chosen; "int8 (not measured: past max_rounds)" past the round budget
 
     def why(self, tie: float) -> str:
         verdict = "faster and as accurate" if self.float_ms < self.int8_ms else f"more accurate, at most {100 * tie:.0f}% slower"
@@ -63,7 +63,9 @@ class PrecisionChoice:
 @dataclass
 class PrecisionReport:
     """What ``quantize(..., precision="measured")`` chose, group by group (``choices``), with the
-    tie it allowed and the speed and SQNR of the model with every candidate in int8 and of the chosen one."""
+    tie it allowed, the held-out SQNR of the model with every candidate int8 and of the chosen one,
+    and their milliseconds a call, measured in the same round (the one that chose the last float
+    group, else the first)."""
 
     tie: float
     choices: List[PrecisionChoice] = field(default_factory=list)
@@ -79,8 +81,11 @@ class PrecisionReport:
     def __str__(self) -> str:
         if not self.choices:
             return "precision measured: no candidate regions, so every op runs as with precision='int8'"
-        lines = [f"precision measured: {len(self.float_nodes)} node(s) float; {self.chosen_ms:.3g} ms a call, "
-                 f"{self.chosen_db:.1f} dB (all int8: {self.int8_ms:.3g} ms, {self.int8_db:.1f} dB; tie {100 * self.tie:.0f}%)"]
+        timed = not math.isnan(self.int8_ms)
+        lines = [f"precision measured: {len(self.float_nodes)} node(s) float; "
+                 + (f"{self.chosen_ms:.3g} ms a call, " if timed else "")
+                 + f"{self.chosen_db:.1f} dB (all int8: " + (f"{self.int8_ms:.3g} ms, " if timed else "")
+                 + f"{self.int8_db:.1f} dB; tie {100 * self.tie:.0f}%)"]
         for c in self.choices:
             measured = (f": int8 {c.int8_ms:.3g} ms {c.int8_db:.1f} dB, float {c.float_ms:.3g} ms {c.float_db:.1f} dB"
                         if not math.isnan(c.float_ms) else "")
@@ -88,7 +93,7 @@ class PrecisionReport:
         return "\n".join(lines)
 
 
-# SQNRs closer than this are equal: calibration on other batches moves a model's SQNR by more.
+# SQNRs closer than this count as equal (the report prints them to 0.1 dB).
 EQUAL_DB = 0.1
 
 
@@ -236,14 +241,15 @@ def quantize_measured(
         # Against the model with every candidate int8, so that the ties of several groups do not add up.
         choice.int8_db, choice.float_db = max(best_db, report.int8_db), compare(model, trial, held_out).output_sqnr_db
         choice.int8_ms, choice.float_ms = paired_ms(first, trial, held_out[0])
-        report.int8_ms = choice.int8_ms if math.isnan(report.int8_ms) else report.int8_ms
+        if math.isnan(report.int8_ms):
+            report.int8_ms = report.chosen_ms = choice.int8_ms
         if prefers_float(choice.int8_ms, choice.float_ms, choice.int8_db, choice.float_db, tie):
             choice.runs = "float"
             chosen.update(dict.fromkeys(choice.nodes, choice.why(tie)))
-            best, best_db, report.chosen_ms = trial, choice.float_db, choice.float_ms
-    if chosen:  # built once more, so that the convert report and explain give each node its measured reason
+            best, best_db = trial, choice.float_db
+            report.int8_ms, report.chosen_ms = choice.int8_ms, choice.float_ms
+    if chosen:  # built once more, so that the convert report gives each float node its measurements
         best, _ = build(chosen)
     report.chosen_db = best_db
-    report.chosen_ms = report.chosen_ms if chosen else report.int8_ms
     best.lucid_fx_precision = report
     return best

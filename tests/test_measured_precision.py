@@ -116,7 +116,7 @@ def test_a_group_measured_faster_in_float_runs_float_and_says_why(monkeypatch):
     report = qmodel.lucid_fx_precision
     assert [(c.ops, c.runs) for c in report.choices] == [("matmul+mul+softmax+matmul", "float"), ("gelu", "float")]
     assert report.float_nodes == ["matmul", "mul", "softmax", "matmul_1", "gelu"]
-    assert (report.int8_ms, report.chosen_ms) == (2.0, 1.0)
+    assert (report.int8_ms, report.chosen_ms) == (1.5, 1.0)  # the pair of the round that chose the last float group
     first = report.choices[0]
     assert first.float_db >= first.int8_db - 0.1 and report.chosen_db == report.choices[1].float_db
     convert_report = qmodel.lucid_fx_convert_report
@@ -147,6 +147,9 @@ def test_groups_past_the_round_budget_stay_int8_and_say_so(monkeypatch):
     runs = [c.runs for c in qmodel.lucid_fx_precision.choices]
     assert runs == ["float", "int8 (not measured: past max_rounds)"]
     assert "gelu" in qmodel.lucid_fx_convert_report.lowered
+    report = _measured(monkeypatch, [], max_rounds=1).lucid_fx_precision  # one round: the all-int8 model only
+    assert [c.runs for c in report.choices] == ["int8 (not measured: past max_rounds)"] * 2
+    assert str(report).splitlines()[0] == f"precision measured: 0 node(s) float; {report.int8_db:.1f} dB (all int8: {report.int8_db:.1f} dB; tie 3%)"
 
 
 def test_on_this_machine_the_choice_follows_the_rule_on_what_was_measured():
@@ -218,3 +221,14 @@ def test_a_masked_softmax_joins_its_region_and_runs_float_with_it(monkeypatch):
         got = torch.cat([qmodel(*b) for b in batches[4:]])
     measured = 10 * math.log10(reference.pow(2).mean() / (reference - got).pow(2).mean())
     assert measured == pytest.approx(report.chosen_db, abs=0.05) and measured > 30
+
+
+def test_a_model_without_candidates_is_quantized_as_with_int8_and_says_so():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    data = [torch.randn(8, 16) for _ in range(6)]
+    measured = lucid_fx.quantize(model, (data[0],), data[:4], precision="measured", held_out_data=data[4:])
+    plain = lucid_fx.quantize(model, (data[0],), data[:4])
+    assert str(measured.lucid_fx_precision) == "precision measured: no candidate regions, so every op runs as with precision='int8'"
+    with torch.no_grad():
+        assert torch.equal(measured(data[5]), plain(data[5]))
