@@ -232,3 +232,29 @@ def test_a_model_without_candidates_is_quantized_as_with_int8_and_says_so():
     assert str(measured.lucid_fx_precision) == "precision measured: no candidate regions, so every op runs as with precision='int8'"
     with torch.no_grad():
         assert torch.equal(measured(data[5]), plain(data[5]))
+
+
+class Untraceable(nn.Module):
+    """A top level torch.fx cannot trace (control flow on a value): prepared child by child."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Attention()
+
+    def forward(self, x):
+        if x.sum() > 1e9:
+            return x
+        return self.block(x)
+
+
+def test_a_model_prepared_in_parts_names_its_nodes_by_module_path(monkeypatch):
+    torch.manual_seed(0)
+    model, data = Untraceable().eval(), _data()
+    monkeypatch.setattr(measured_precision, "paired_ms", lambda first, second, batch: (2.0, 1.0))
+    qmodel = lucid_fx.quantize(model, (data[0],), data[:4], precision="measured", held_out_data=data[4:], capture="fx")
+    report = qmodel.lucid_fx_precision
+    assert [(c.ops, c.runs) for c in report.choices] == [("matmul+mul+softmax+matmul", "float"), ("gelu", "float")]
+    assert report.float_nodes == ["block.matmul", "block.mul", "block.softmax", "block.matmul_1", "block.gelu"]
+    placements = qmodel.lucid_fx_convert_report.placements
+    assert all(placements[name].runs is Runs.FLOAT for name in report.float_nodes)
+    assert qmodel.lucid_fx_convert_report.lowered["block.qkv"] == "linear"
