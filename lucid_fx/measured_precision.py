@@ -5,11 +5,12 @@ core and elementwise tails, never a linear or a conv) with ``node.meta[MEASURED]
 joined directly, or through ops that only move codes (a transpose between two matmuls), form a
 *region*; regions with the same ops on the same shapes (the same block repeated through a model)
 form a *group*, decided together. Every group, largest first, gets one round: the model is
-prepared, calibrated and converted with the group (and the groups chosen before it) in float, then
-timed against the model with every candidate int8, the two taking turns on the first held-out
-batch, and compared with the float model on the held-out batches: against the all-int8 model, so
-that the chosen model as a whole stays within the tie, and as accurate as the best so far. The group runs float when that is at least as accurate (within 0.1 dB)
-and no more than ``tie`` slower; otherwise it stays int8. An op whose QConfig an entry of the mapping names is no
+prepared, calibrated and converted with the group (and the groups chosen before it) in float,
+timed against the model with every candidate int8 (the two taking turns on the first held-out
+batch, so that the ties of several groups do not add up), and compared with the float model on
+the held-out batches. The group runs float when that is more accurate than the best model so far
+(by over 0.1 dB) and at most ``tie`` slower, or as accurate (within 0.1 dB) and faster; otherwise
+it stays int8 (:func:`prefers_float`). An op whose QConfig an entry of the mapping names is no
 candidate (it runs int8, forced); ``set_object_type(op, None)`` keeps it float, forced.
 """
 

@@ -1,7 +1,7 @@
 """quantize: prepare, calibrate and convert in one call; or, with a target SQNR, the fewest float
 nodes that reach it (lucid_fx/sqnr_target.py); or, with ``precision="measured"``, float where it
-measures faster at equal or better accuracy (lucid_fx/measured_precision.py). Above the three verbs it runs, so none of them
-imports it.
+measures faster at equal or better accuracy (lucid_fx/measured_precision.py). Above the three
+verbs it runs, so none of them imports it.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from torch import nn
 from lucid_fx._validate import require_module
 from lucid_fx.calibrate import calibrate
 from lucid_fx.convert import convert
+from lucid_fx.measured_precision import quantize_measured
 from lucid_fx.prepare import prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry
-from lucid_fx.measured_precision import quantize_measured
 from lucid_fx.sqnr_target import quantize_to_target
 
 __all__ = ["quantize"]
@@ -50,8 +50,8 @@ def quantize(
 
     ``precision="measured"`` times each region of attention-core and elementwise ops
     (``MEASURED_OPS``) int8 and float on this machine, on the held-out data, and keeps float those
-    at least as accurate and at most ``precision_tie`` slower (``lucid_fx.measured_precision``), one
-    round per group of like regions within ``max_rounds``; the result carries a ``PrecisionReport``
+    more accurate and at most ``precision_tie`` slower, or as accurate and faster
+    (``lucid_fx.measured_precision``), one round per group of like regions within ``max_rounds``; the result carries a ``PrecisionReport``
     as ``lucid_fx_precision``. The default, ``"int8"``, runs every op with a rule in int8
     (norms aside), the same on every run and machine."""
     require_module("quantize", model)

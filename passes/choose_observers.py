@@ -3,9 +3,10 @@
 Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
 ``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
 with the rule's location) and, on an op of ``MEASURED_OPS`` that runs int8 and that no QConfig
-names, ``node.meta[MEASURED]`` (its region kind: a candidate for ``precision="measured"``). A second sweep makes sure every quantized op reads quantized inputs:
-a float input (a graph input, or the output of an op left float) gets a statistics observer; the
-members of a fused group whose end stays float (it has no lowering rule) are not quantized ops.
+names, ``node.meta[MEASURED]`` (its region kind: a candidate for ``precision="measured"``). A
+second sweep makes sure every quantized op reads quantized inputs: a float input (a graph input,
+or the output of an op left float) gets a statistics observer; the members of a fused group whose
+end stays float (it has no lowering rule) are not quantized ops.
 """
 
 from __future__ import annotations
