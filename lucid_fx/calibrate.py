@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Iterable, Optional, TextIO
 
 import torch
 from torch import nn
 
+from lucid_fx import _meta
 from lucid_fx._progress import Progress
 from lucid_fx._validate import require_prepared
 
@@ -20,6 +22,17 @@ def _call(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def _unfit(prepared: nn.Module, index: int, exc: TypeError) -> TypeError:
+    """The error for a batch that does not bind to the prepared model's inputs (``forward() takes ...``)."""
+    names = ", ".join(inspect.signature(prepared.forward).parameters)
+    how = getattr(getattr(prepared, "meta", {}).get(_meta.TRACE), "capture", "fx")
+    hint = ("prepare captured this model with torch.export, which takes the inputs it was given, by position or by "
+            "name, and leaves out those given at their default (a None between two inputs, like a cache): pass each "
+            f"batch as a dict of those names, or as a tuple in that order" if how == "export" else
+            "pass each batch as the example inputs were passed to prepare")
+    return TypeError(f"calibrate: batch {index} does not fit the prepared model's inputs ({names}): {exc}; {hint}")
 
 
 def calibrate(prepared: nn.Module, data: Iterable, *, progress: Optional[bool] = None, stream: Optional[TextIO] = None) -> int:
@@ -46,7 +59,12 @@ def calibrate(prepared: nn.Module, data: Iterable, *, progress: Optional[bool] =
     try:
         with torch.no_grad():
             for batch in data:
-                _call(prepared, batch)
+                try:
+                    _call(prepared, batch)
+                except TypeError as exc:
+                    if not str(exc).startswith("forward()"):
+                        raise
+                    raise _unfit(prepared, bar.count, exc) from exc
                 bar.step()
     finally:
         bar.close()

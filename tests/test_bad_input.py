@@ -109,6 +109,15 @@ def test_empty_calibration_data(data):
         lucid_fx.convert(prepared)
 
 
+def test_calibrate_names_the_inputs_a_batch_does_not_fit():
+    x = torch.randn(2, 8)
+    prepared = lucid_fx.prepare(nn.Linear(8, 8).eval(), None, (x,))
+    with pytest.raises(TypeError, match=r"^calibrate: batch 1 does not fit the prepared model's inputs \(input\): forward\(\) "
+                                        r"takes 2 positional arguments but 3 were given; pass each batch as the example "
+                                        r"inputs were passed to prepare$"):
+        lucid_fx.calibrate(prepared, [x, (x, x)], progress=False)
+
+
 # 6. NaN and inf in calibration batches ---------------------------------------------------------
 def test_nonfinite_calibration_values_are_skipped_counted_and_named():
     model = _mlp()
