@@ -16,7 +16,8 @@ from lucid_fx._validate import require_prepared
 __all__ = ["calibrate"]
 
 
-def _call(model: nn.Module, batch: Any) -> Any:
+def call_batch(model: nn.Module, batch: Any) -> Any:
+    """``model`` on one batch: a dict of keyword inputs, a tuple/list of positional ones, or a tensor."""
     if isinstance(batch, dict):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
@@ -30,7 +31,7 @@ def _unfit(prepared: nn.Module, index: int, exc: TypeError) -> TypeError:
     how = getattr(getattr(prepared, "meta", {}).get(_meta.TRACE), "capture", "fx")
     hint = ("prepare captured this model with torch.export, which takes the inputs it was given, by position or by "
             "name, and leaves out those given at their default (a None between two inputs, like a cache): pass each "
-            f"batch as a dict of those names, or as a tuple in that order" if how == "export" else
+            "batch as a dict of those names, or as a tuple in that order" if how == "export" else
             "pass each batch as the example inputs were passed to prepare")
     return TypeError(f"calibrate: batch {index} does not fit the prepared model's inputs ({names}): {exc}; {hint}")
 
@@ -60,7 +61,7 @@ def calibrate(prepared: nn.Module, data: Iterable, *, progress: Optional[bool] =
         with torch.no_grad():
             for batch in data:
                 try:
-                    _call(prepared, batch)
+                    call_batch(prepared, batch)
                 except TypeError as exc:
                     if not str(exc).startswith("forward()"):
                         raise

@@ -10,6 +10,8 @@ dequantized with the grid they carry (``node.meta[QPARAMS]``). Where each node r
 
 from __future__ import annotations
 
+import inspect
+
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -91,16 +93,23 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _batches(inputs: Any) -> List[Tuple[Any, ...]]:
-    """A tensor or a tuple of positional arguments is one batch; a list of those is many."""
+def _batches(inputs: Any) -> List[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
+    """(positional, keyword) arguments of each batch: a tensor, a tuple of positional arguments or a
+    dict of keyword arguments is one batch; a list of those is many."""
+    def call(batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+        if isinstance(batch, dict):
+            return (), dict(batch)
+        return (batch if isinstance(batch, tuple) else (batch,)), {}
+
     if isinstance(inputs, list):
         if not inputs:
             raise ValueError("compare needs at least one batch of inputs; got an empty list")
-        return [b if isinstance(b, tuple) else (b,) for b in inputs]
-    return [inputs if isinstance(inputs, tuple) else (inputs,)]
+        return [call(b) for b in inputs]
+    return [call(inputs)]
 
 
-def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...]) -> Tuple[Any, Dict[str, Tuple[tuple, dict]]]:
+def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Tuple[Any, Dict[str, Tuple[tuple, dict]]]:
     """Run ``model`` and record the first call's arguments of the submodules at ``paths``."""
     seen: Dict[str, Tuple[tuple, dict]] = {}
     handles = []
@@ -114,12 +123,12 @@ def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...]) -> T
         handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
-            out = model(*args)
+            out = model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
     if "" in paths:
-        seen[""] = (args, {})
+        seen[""] = (args, kwargs)
     return out, seen
 
 
@@ -189,8 +198,8 @@ def _float_tensors(value: Any) -> List[torch.Tensor]:
 
 def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> Comparison:
     """Per-node SQNR and max-abs error of ``quantized_model`` (convert's or a reference model)
-    against ``float_model`` on ``inputs`` (a tensor, a tuple of arguments, or a list of either
-    for several batches), worst first.
+    against ``float_model`` on ``inputs`` (a tensor, a tuple of positional arguments, a dict of
+    keyword arguments, or a list of those for several batches), worst first.
 
     >>> import torch, lucid_fx
     >>> torch.manual_seed(0) and None
@@ -236,9 +245,9 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     batches = _batches(inputs)
     paths = [path for path, _ in parts]
     placed = placements(quantized_model)
-    for args in batches:
-        float_out, float_args = _capture(float_model, paths, args)
-        quant_out, quant_args = _capture(quantized_model, paths, args)
+    for args, kwargs in batches:
+        float_out, float_args = _capture(float_model, paths, args, kwargs)
+        quant_out, quant_args = _capture(quantized_model, paths, args, kwargs)
         for f, q in zip(_float_tensors(float_out), _float_tensors(quant_out)):
             out_signal += float((f * f).sum())
             out_noise += float(((f - q) ** 2).sum())
@@ -283,8 +292,12 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
 def _run(recorder: fx.Interpreter, gm: fx.GraphModule, args: tuple, kwargs: dict) -> None:
     if has_pytree_codegen(gm):  # an exported graph: its placeholders take the flattened call
         recorder.run(*call_inputs(gm, args, kwargs), enable_io_processing=False)
+    elif kwargs:  # a traced graph's placeholders are forward's parameters, in order
+        bound = inspect.signature(gm.forward).bind(*args, **kwargs)
+        bound.apply_defaults()
+        recorder.run(*bound.arguments.values())
     else:
-        recorder.run(*args, **kwargs)
+        recorder.run(*args)
 
 
 def _has_submodule(module: nn.Module, path: str) -> bool:

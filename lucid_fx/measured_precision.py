@@ -9,24 +9,23 @@ prepared, calibrated and converted with the group (and the groups chosen before 
 timed against the model with every candidate int8 (the two taking turns on the first held-out
 batch, so that the ties of several groups do not add up), and compared with the float model on
 the held-out batches. The group runs float when that is more accurate than the best model so far
-(by over 0.1 dB) and at most ``tie`` slower, or as accurate (within 0.1 dB) and faster; otherwise
-it stays int8 (:func:`prefers_float`). An op whose QConfig an entry of the mapping names is no
-candidate (it runs int8, forced); ``set_object_type(op, None)`` keeps it float, forced.
+(by over 0.1 dB) and at most ``tie`` slower, or as accurate (within 0.1 dB) and more than ``tie``
+faster; otherwise it stays int8 (:func:`prefers_float`). An op whose QConfig an entry of the
+mapping names is no candidate (it runs int8, forced); ``set_object_type(op, None)`` keeps it
+float, forced.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._timing import paired_ms
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import compare
 from lucid_fx.convert import convert
@@ -100,10 +99,11 @@ EQUAL_DB = 0.1
 
 def prefers_float(int8_ms: float, float_ms: float, int8_db: float, float_db: float, tie: float) -> bool:
     """The rule: float when it is more accurate (by over ``EQUAL_DB``) and at most ``tie`` slower,
-    or as accurate (within ``EQUAL_DB``) and faster."""
+    or as accurate (within ``EQUAL_DB``) and faster by more than ``tie``: within the tie, time
+    differences are taken as noise, and the more accurate choice (or int8, the default) stays."""
     if float_db > int8_db + EQUAL_DB:
         return float_ms <= int8_ms * (1.0 + tie)
-    return float_db >= int8_db - EQUAL_DB and float_ms < int8_ms
+    return float_db >= int8_db - EQUAL_DB and float_ms < int8_ms * (1.0 - tie)
 
 
 def _parts(prepared: nn.Module) -> List[Tuple[str, fx.GraphModule]]:
@@ -181,29 +181,11 @@ def _float_rule(registry: Registry, reasons: Dict[str, str]) -> Registry:
     return registry
 
 
-def paired_ms(first: nn.Module, second: nn.Module, batch: tuple, rounds: int = 9) -> Tuple[float, float]:
-    """Median ms a call of each model on ``batch``, taking turns; each sample lasts about 5 ms or more."""
-    with torch.no_grad():
-        for model in (first, second):
-            model(*batch), model(*batch)  # the second call runs what the first one built
-        start = time.perf_counter()
-        first(*batch)
-        calls = max(1, int(0.005 / max(time.perf_counter() - start, 1e-6)))
-        samples: Tuple[List[float], List[float]] = ([], [])
-        for _ in range(rounds):
-            for model, out in zip((first, second), samples):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    model(*batch)
-                out.append((time.perf_counter() - start) * 1e3 / calls)
-    return statistics.median(samples[0]), statistics.median(samples[1])
-
-
 def quantize_measured(
     model: nn.Module,
     example_inputs: Any,
     calibration: List[Any],
-    held_out: List[tuple],
+    held_out: List[Any],
     qconfig_mapping: Optional[QConfigMapping],
     *,
     max_rounds: int,

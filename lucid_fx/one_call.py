@@ -50,7 +50,7 @@ def quantize(
 
     ``precision="measured"`` times each region of attention-core and elementwise ops
     (``MEASURED_OPS``) int8 and float on this machine, on the held-out data, and keeps float those
-    more accurate and at most ``precision_tie`` slower, or as accurate and faster
+    more accurate and at most ``precision_tie`` slower, or as accurate and more than that faster
     (``lucid_fx.measured_precision``), one round per group of like regions within ``max_rounds``; the result carries a ``PrecisionReport``
     as ``lucid_fx_precision``. The default, ``"int8"``, runs every op with a rule in int8
     (norms aside), the same on every run and machine."""
@@ -87,13 +87,14 @@ def quantize(
 
 
 def _split(calibration: list, held_out_data: Optional[Iterable], what: str = "target_sqnr_db") -> tuple:
-    """Calibration and held-out batches for a search; held-out batches as compare takes them."""
+    """Calibration and held-out batches for a search; held-out batches as compare takes them (a
+    tuple of positional inputs or a dict of keyword inputs each)."""
     if held_out_data is None:
         if len(calibration) < 2:
             raise ValueError(f"quantize: {what} needs held-out data: pass held_out_data, or at least 2 calibration batches")
         cut = len(calibration) - max(1, len(calibration) // 4)
         calibration, held_out_data = calibration[:cut], calibration[cut:]
     held_out = list(held_out_data)
-    if not held_out or any(isinstance(b, dict) for b in held_out):
-        raise ValueError(f"quantize: held-out data for {what} must be batches of positional inputs (tensors or tuples)")
-    return calibration, [b if isinstance(b, tuple) else tuple(b) if isinstance(b, list) else (b,) for b in held_out]
+    if not held_out:
+        raise ValueError(f"quantize: held-out data for {what} is empty; pass at least one batch")
+    return calibration, [b if isinstance(b, (tuple, dict)) else tuple(b) if isinstance(b, list) else (b,) for b in held_out]

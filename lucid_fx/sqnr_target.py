@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._timing import paired_ms
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import compare
 from lucid_fx.convert import convert
@@ -47,8 +45,8 @@ class TargetReport:
     names ``compare`` reports), ``sqnr_db`` (the held-out output SQNR reached), ``met``,
     ``float_flops`` (the share of the model's matrix FLOPs that runs in float; it counts ops float
     without a target too), ``chosen_ms`` and ``int8_ms`` (the speed it costs: milliseconds per call
-    of the chosen model and of the first round's, measured on the first held-out batch, medians of
-    5 alternating calls after a warm-up), ``rounds`` (one line per prepare/calibrate/convert/compare round)."""
+    of the chosen model and of the first round's, measured on the first held-out batch, the two
+    taking turns: :func:`lucid_fx._timing.paired_ms`), ``rounds`` (one line per prepare/calibrate/convert/compare round)."""
 
     target_sqnr_db: float
     float_nodes: List[str] = field(default_factory=list)
@@ -68,21 +66,6 @@ class TargetReport:
             lines.append(f"  speed: {self.chosen_ms:.3g} ms a call, {self.int8_ms:.3g} ms with no node kept float")
         lines += [f"  round {i}: {line}" for i, line in enumerate(self.rounds)]
         return "\n".join(lines)
-
-
-def _milliseconds(chosen: nn.Module, first: nn.Module, batch: Any) -> Tuple[float, float]:
-    """Median ms per call of ``chosen`` and ``first`` on ``batch`` (alternating, after two warm-up calls each)."""
-    args = batch if isinstance(batch, tuple) else (batch,)
-    times: Tuple[List[float], List[float]] = ([], [])
-    with torch.no_grad():
-        for model in (chosen, first):
-            model(*args), model(*args)  # the second call runs the program built by the first
-        for _ in range(5):
-            for model, samples in zip((chosen, first), times):
-                start = time.perf_counter()
-                model(*args)
-                samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _unobserved(value):
@@ -202,6 +185,6 @@ def quantize_to_target(
         kept, step = kept + last_step, step * 2
     met, report.float_nodes, report.sqnr_db, report.float_flops, qmodel = best
     report.met = met
-    report.chosen_ms, report.int8_ms = _milliseconds(qmodel, first, held_out[0])
+    report.chosen_ms, report.int8_ms = paired_ms(qmodel, first, held_out[0])
     object.__setattr__(qmodel, "lucid_fx_target", report)
     return qmodel

@@ -322,3 +322,14 @@ def test_the_float_model_keeps_prepares_leaf_modules_after_the_registry_scope_en
     with torch.no_grad():  # `+ 1` is the output: its int8 value is the model's output
         ref, test = torch.cat([model(b) for b in batches]), torch.cat([q(b) for b in batches])
     assert rows["add"].sqnr_db == pytest.approx(_sqnr(ref, test), abs=0.5) and rows["add"].sqnr_db > 30
+
+
+def test_keyword_batches_measure_as_positional_ones():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    data = [torch.randn(16, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False)
+    by_position = lucid_fx.compare(model, qmodel, data)
+    by_keyword = lucid_fx.compare(model, qmodel, [{"input": x} for x in data])
+    assert by_keyword.output_sqnr_db == by_position.output_sqnr_db and by_keyword.batches == 4
+    assert [(r.node, r.sqnr_db) for r in by_keyword.rows] == [(r.node, r.sqnr_db) for r in by_position.rows]

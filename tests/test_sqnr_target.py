@@ -81,7 +81,9 @@ def test_bad_target_arguments_are_named():
     model, x = nn.Linear(4, 4).eval(), torch.randn(2, 4)
     with pytest.raises(ValueError, match="target_sqnr_db needs held-out data"):
         lucid_fx.quantize(model, (x,), [x], target_sqnr_db=30)
-    with pytest.raises(ValueError, match="batches of positional inputs"):
-        lucid_fx.quantize(model, (x,), [x], target_sqnr_db=30, held_out_data=[{"input": x}])
+    with pytest.raises(ValueError, match="held-out data for target_sqnr_db is empty; pass at least one batch"):
+        lucid_fx.quantize(model, (x,), [x], target_sqnr_db=30, held_out_data=[])
+    by_keyword = lucid_fx.quantize(model, (x,), [x], target_sqnr_db=20, held_out_data=[{"input": x}])  # as compare takes them
+    assert by_keyword.lucid_fx_target.met and by_keyword.lucid_fx_target.sqnr_db > 20
     with pytest.raises(ValueError, match="max_rounds must be at least 1, got 0"):
         lucid_fx.quantize(model, (x,), [x, x], target_sqnr_db=30, max_rounds=0)
