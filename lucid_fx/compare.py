@@ -11,7 +11,6 @@ dequantized with the grid they carry (``node.meta[QPARAMS]``). Where each node r
 from __future__ import annotations
 
 import inspect
-
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple

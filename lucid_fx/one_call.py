@@ -51,9 +51,9 @@ def quantize(
     ``precision="measured"`` times each region of attention-core and elementwise ops
     (``MEASURED_OPS``) int8 and float on this machine, on the held-out data, and keeps float those
     more accurate and at most ``precision_tie`` slower, or as accurate and more than that faster
-    (``lucid_fx.measured_precision``), one round per group of like regions within ``max_rounds``; the result carries a ``PrecisionReport``
-    as ``lucid_fx_precision``. The default, ``"int8"``, runs every op with a rule in int8
-    (norms aside), the same on every run and machine."""
+    (``lucid_fx.measured_precision``), one round per group of like regions within ``max_rounds``;
+    the result carries a ``PrecisionReport`` as ``lucid_fx_precision``. The default, ``"int8"``,
+    runs every op with a rule in int8 (norms aside), the same on every run and machine."""
     require_module("quantize", model)
     if isinstance(example_inputs, QConfigMapping):
         warnings.warn(
