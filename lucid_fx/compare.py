@@ -10,10 +10,9 @@ dequantized with the grid they carry (``node.meta[QPARAMS]``). Where each node r
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx, nn
@@ -23,8 +22,7 @@ from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
 from lucid_fx.ops import canonical
 from lucid_fx._capture import export_like_prepare
-from lucid_fx._pytree_spec import has_pytree_codegen
-from lucid_fx.passes.export_model import call_inputs
+from lucid_fx._compare_runs import Recorder, batches_of, capture_calls, run_recorded
 from lucid_fx.passes.trace_model import TraceOptions, trace_model
 from lucid_fx.placement import INT8_RUNS, Placement, placements
 from lucid_fx.rules.observers import DecisionKind
@@ -90,58 +88,6 @@ class Comparison:
             lines.append(f"... {len(self.rows) - len(shown)} more node(s)")
         lines.append(f"model output: {self.output_sqnr_db:.1f} dB SQNR over {self.batches} batch(es)")
         return "\n".join(lines)
-
-
-def _batches(inputs: Any) -> List[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
-    """(positional, keyword) arguments of each batch: a tensor, a tuple of positional arguments or a
-    dict of keyword arguments is one batch; a list of those is many."""
-    def call(batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        if isinstance(batch, dict):
-            return (), dict(batch)
-        return (batch if isinstance(batch, tuple) else (batch,)), {}
-
-    if isinstance(inputs, list):
-        if not inputs:
-            raise ValueError("compare needs at least one batch of inputs; got an empty list")
-        return [call(b) for b in inputs]
-    return [call(inputs)]
-
-
-def _capture(model: nn.Module, paths: Sequence[str], args: Tuple[Any, ...],
-             kwargs: Dict[str, Any]) -> Tuple[Any, Dict[str, Tuple[tuple, dict]]]:
-    """Run ``model`` and record the first call's arguments of the submodules at ``paths``."""
-    seen: Dict[str, Tuple[tuple, dict]] = {}
-    handles = []
-    for path in paths:
-        if not path:
-            continue
-
-        def hook(module, hook_args, hook_kwargs, path=path):
-            seen.setdefault(path, (hook_args, hook_kwargs))
-
-        handles.append(model.get_submodule(path).register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            out = model(*args, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if "" in paths:
-        seen[""] = (args, kwargs)
-    return out, seen
-
-
-class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, wanted: Dict[str, Any]) -> None:
-        super().__init__(gm)
-        self.wanted, self.values = wanted, {}
-
-    def run_node(self, node: fx.Node) -> Any:
-        out = super().run_node(node)
-        if node.name in self.wanted and isinstance(out, torch.Tensor):
-            # A copy: a later in-place op (relu_, +=, ReLU(inplace=True)) would change the value seen.
-            self.values[node.name] = out.detach().clone()
-        return out
 
 
 def _measured_nodes(gm: fx.GraphModule) -> Dict[str, Tuple[fx.Node, Optional[Tuple[float, int]]]]:
@@ -241,12 +187,12 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     totals: Dict[str, List[float]] = {}
     meta: Dict[str, Tuple[str, str, str, Optional[float], str]] = {}
     out_signal = out_noise = 0.0
-    batches = _batches(inputs)
+    batches = batches_of(inputs)
     paths = [path for path, _ in parts]
     placed = placements(quantized_model)
     for args, kwargs in batches:
-        float_out, float_args = _capture(float_model, paths, args, kwargs)
-        quant_out, quant_args = _capture(quantized_model, paths, args, kwargs)
+        float_out, float_args = capture_calls(float_model, paths, args, kwargs)
+        quant_out, quant_args = capture_calls(quantized_model, paths, args, kwargs)
         for f, q in zip(_float_tensors(float_out), _float_tensors(quant_out)):
             out_signal += float((f * f).sum())
             out_noise += float(((f - q) ** 2).sum())
@@ -258,11 +204,11 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
             if floats[path] is None:
                 floats[path] = export_like_prepare(float_model.get_submodule(path) if path else float_model, *float_args[path])
             f_nodes = {n.name: n for n in floats[path].graph.nodes}
-            f_run = _Recorder(floats[path], measured)
-            q_run = _Recorder(gm, {node.name: name for name, (node, _) in measured.items()})
+            f_run = Recorder(floats[path], measured)
+            q_run = Recorder(gm, {node.name: name for name, (node, _) in measured.items()})
             with torch.no_grad():
-                _run(f_run, floats[path], *float_args[path])
-                _run(q_run, gm, *quant_args[path])
+                run_recorded(f_run, floats[path], *float_args[path])
+                run_recorded(q_run, gm, *quant_args[path])
             for name, (node, grid) in measured.items():
                 f_val, q_val = f_run.values.get(name), q_run.values.get(node.name)
                 if f_val is None or q_val is None or f_val.shape != q_val.shape or not f_val.is_floating_point():
@@ -286,17 +232,6 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
     ]
     rows.sort(key=lambda r: (r.sqnr_db, -r.max_abs))
     return Comparison(rows, _sqnr(out_signal, out_noise), len(batches))
-
-
-def _run(recorder: fx.Interpreter, gm: fx.GraphModule, args: tuple, kwargs: dict) -> None:
-    if has_pytree_codegen(gm):  # an exported graph: its placeholders take the flattened call
-        recorder.run(*call_inputs(gm, args, kwargs), enable_io_processing=False)
-    elif kwargs:  # a traced graph's placeholders are forward's parameters, in order
-        bound = inspect.signature(gm.forward).bind(*args, **kwargs)
-        bound.apply_defaults()
-        recorder.run(*bound.arguments.values())
-    else:
-        recorder.run(*args)
 
 
 def _has_submodule(module: nn.Module, path: str) -> bool:

@@ -29,13 +29,19 @@ from lucid_fx._timing import paired_ms
 from lucid_fx.calibrate import calibrate
 from lucid_fx.compare import compare
 from lucid_fx.convert import convert
+from lucid_fx.explain import _graph_modules
 from lucid_fx.ops import canonical
 from lucid_fx.prepare import prepare
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry, current_registry, register_observer_rule
+from lucid_fx.rules.lowering_context import _is_observer_call
 from lucid_fx.rules.observers import ANY, Decision, DecisionKind
 
 __all__ = ["PrecisionChoice", "PrecisionReport", "quantize_measured", "prefers_float"]
+
+
+# SQNRs closer than this count as equal (the report prints them to 0.1 dB).
+EQUAL_DB = 0.1
 
 
 @dataclass
@@ -55,7 +61,10 @@ class PrecisionChoice:
     runs: str = "int8"  # "float" where chosen; "int8 (not measured: past max_rounds)" past the round budget
 
     def why(self, tie: float) -> str:
-        verdict = "faster and as accurate" if self.float_ms < self.int8_ms else f"more accurate, at most {100 * tie:.0f}% slower"
+        if self.float_db > self.int8_db + EQUAL_DB:
+            verdict = "more accurate and " + ("faster" if self.float_ms < self.int8_ms else f"at most {100 * tie:.0f}% slower")
+        else:
+            verdict = f"as accurate and over {100 * tie:.0f}% faster"
         return (f"runs in float, measured {verdict}: {self.float_ms:.3g} against "
                 f"{self.int8_ms:.3g} ms a call, {self.float_db:.1f} against {self.int8_db:.1f} dB (precision='measured')")
 
@@ -93,10 +102,6 @@ class PrecisionReport:
         return "\n".join(lines)
 
 
-# SQNRs closer than this count as equal (the report prints them to 0.1 dB).
-EQUAL_DB = 0.1
-
-
 def prefers_float(int8_ms: float, float_ms: float, int8_db: float, float_db: float, tie: float) -> bool:
     """The rule: float when it is more accurate (by over ``EQUAL_DB``) and at most ``tie`` slower,
     or as accurate (within ``EQUAL_DB``) and faster by more than ``tie``: within the tie, time
@@ -106,16 +111,9 @@ def prefers_float(int8_ms: float, float_ms: float, int8_db: float, float_db: flo
     return float_db >= int8_db - EQUAL_DB and float_ms < int8_ms * (1.0 - tie)
 
 
-def _parts(prepared: nn.Module) -> List[Tuple[str, fx.GraphModule]]:
-    """The prepared graphs, by module path ("" for a model traced whole), as compare names nodes."""
-    parts = [("", prepared)] if isinstance(prepared, fx.GraphModule) else []
-    return parts + [(n, m) for n, m in prepared.named_modules()
-                    if n and isinstance(m, fx.GraphModule) and hasattr(m, _meta.OBSERVERS)]
-
-
 def _moves_codes(node: fx.Node) -> bool:
     """An observer call, or an op whose output shares its input's grid (a view, a transpose)."""
-    if node.op == "call_module" and str(node.target).startswith("lucid_fx_"):
+    if _is_observer_call(node):
         return True
     decision = node.meta.get(_meta.DECISION)
     return decision is not None and decision.kind is DecisionKind.SHARED and _meta.MEASURED not in node.meta
@@ -126,11 +124,15 @@ def _regions(gm: fx.GraphModule) -> List[List[fx.Node]]:
     order. A candidate ending a fused group (a masked softmax) reads what its members read."""
     owner: Dict[fx.Node, int] = {}
     regions: List[List[fx.Node]] = []
+    groups: Dict[str, List[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.meta.get(_meta.FUSED_INTO) is not None:
+            groups.setdefault(node.meta[_meta.FUSED_INTO], []).append(node)
     for node in gm.graph.nodes:
         if _meta.MEASURED not in node.meta:
             continue
         joined, paths = set(), []
-        members = [n for n in gm.graph.nodes if n.meta.get(_meta.FUSED_INTO) == node.name] or [node]
+        members = groups.get(node.name, [node])
         for source in (s for m in members for s in m.all_input_nodes if s not in members):
             path = []
             while _moves_codes(source) and len(source.all_input_nodes) == 1:
@@ -138,7 +140,7 @@ def _regions(gm: fx.GraphModule) -> List[List[fx.Node]]:
                 source = source.all_input_nodes[0]
             if source in owner:
                 joined.add(owner[source])
-                paths.extend(p for p in path if not p.op == "call_module")
+                paths.extend(p for p in path if not _is_observer_call(p))
         region = sorted(joined)
         index = region[0] if region else len(regions)
         if not region:
@@ -160,13 +162,13 @@ def _groups(prepared: nn.Module) -> List[Tuple[str, List[List[str]]]]:
     """Regions grouped by their ops and shapes; each group as (ops, regions of qualified names), largest first."""
     groups: Dict[Tuple, List[List[str]]] = {}
     sizes: Dict[Tuple, int] = {}
-    for path, gm in _parts(prepared):
+    for path, gm in _graph_modules(prepared):  # the prepared graphs, named as compare names them
         for region in _regions(gm):
             shapes = tuple((canonical(n).op, tuple(getattr(n.meta.get(_meta.TENSOR_META), "shape", ()))) for n in region)
             groups.setdefault(shapes, []).append([f"{path}.{n.name}" if path else n.name for n in region])
             sizes[shapes] = sizes.get(shapes, 0) + sum(math.prod(s) for _, s in shapes)
     ranked = sorted(groups, key=lambda key: -sizes[key])
-    return [("+".join(op for op, _ in key if op not in ("getitem",)), groups[key]) for key in ranked]
+    return [("+".join(op for op, _ in key), groups[key]) for key in ranked]
 
 
 def _float_rule(registry: Registry, reasons: Dict[str, str]) -> Registry:

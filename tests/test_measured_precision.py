@@ -288,3 +288,11 @@ def test_keyword_batches_drive_the_search_and_compare(monkeypatch):
     measured = 10 * math.log10(reference.pow(2).mean() / (reference - got).pow(2).mean())
     assert measured == pytest.approx(report.chosen_db, abs=0.05) and measured > 30
     assert lucid_fx.compare(model, qmodel, batches[4:]).output_sqnr_db == pytest.approx(measured, abs=0.05)
+
+
+def test_the_reason_says_which_half_of_the_rule_chose_float():
+    faster = measured_precision.PrecisionChoice(["softmax"], "softmax", 1, int8_ms=2.0, float_ms=1.5, int8_db=40.0, float_db=40.05)
+    accurate = measured_precision.PrecisionChoice(["gelu"], "gelu", 1, int8_ms=2.0, float_ms=2.04, int8_db=40.0, float_db=43.0)
+    assert faster.why(0.03) == ("runs in float, measured as accurate and over 3% faster: 1.5 against 2 ms a call, "
+                                "40.0 against 40.0 dB (precision='measured')")
+    assert accurate.why(0.03).startswith("runs in float, measured more accurate and at most 3% slower: 2.04 against 2 ms")
