@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx, nn
 
+from lucid_fx._forward_signature import mirror_signature
 from lucid_fx.passes.export_model import ExportFailure, export_model, flat_inputs
 from lucid_fx.pipeline import PrepareContext
 
@@ -72,8 +73,17 @@ def _by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tup
 
 def export_like_prepare(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> fx.GraphModule:
     """``model`` exported as prepare exports it (inputs by name), for compare's float graph."""
-    args, kwargs = _by_name(model, tuple(args), dict(kwargs))
-    return export_model(model, args, kwargs)
+    return _export_by_name(model, tuple(args), dict(kwargs))[0]
+
+
+def _export_by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any], path: str = "") -> Tuple[fx.GraphModule, tuple, Dict[str, Any]]:
+    """``model`` exported with its inputs by name, its forward called as ``model``'s is
+    (lucid_fx/_forward_signature.py); and the inputs as captured."""
+    args, kwargs = _by_name(model, args, kwargs)
+    gm = export_model(model, args, kwargs, path=path)
+    if not args:
+        mirror_signature(model, gm, kwargs)
+    return gm, args, kwargs
 
 
 def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModule, PrepareContext]:
@@ -86,8 +96,9 @@ def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModul
             f"cannot capture {ctx.path or '<root>'} ({type(model).__name__}) with torch.export: no example inputs "
             "reached it; pass example_inputs (and example_kwargs) to prepare"
         )
-    if not is_exported(model):
-        args, kwargs = _by_name(model, tuple(args or ()), dict(kwargs or {}))
-    gm = export_model(model, args or (), kwargs, path=ctx.path)
+    if is_exported(model):
+        gm = export_model(model, args or (), kwargs, path=ctx.path)
+    else:
+        gm, args, kwargs = _export_by_name(model, tuple(args or ()), dict(kwargs or {}), ctx.path)
     flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None
     return gm, replace(ctx, example_inputs=flat, example_kwargs=None)

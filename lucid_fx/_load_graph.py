@@ -224,9 +224,13 @@ def check_runs(gm: fx.GraphModule, owner: str) -> None:
     the file records for it. Observers and fake quants (identities in shape and dtype, with
     data-dependent statistics) are swapped for nn.Identity while it runs; everything is put back."""
     inputs = []  # (placeholder, its recorded tensor_meta)
+    fixed = getattr(gm.graph._codegen, "fixed_inputs", dict)()  # a torch.export capture's non-tensor inputs
     for node in gm.graph.nodes:
         meta = node.meta.get(_meta.TENSOR_META)
         if node.op != "placeholder":
+            continue
+        if node.name in fixed:
+            inputs.append((node, fixed[node.name]))
             continue
         if node.target.startswith("*"):
             return  # forward(*args): which input is which is not recorded
@@ -236,7 +240,7 @@ def check_runs(gm: fx.GraphModule, owner: str) -> None:
     known = [n.name for n, m in inputs if isinstance(m, TensorMetadata)]
     if not known:
         return  # a graph saved without shapes (not made by prepare): nothing to check against
-    missing = [n.name for n, m in inputs if not isinstance(m, TensorMetadata)]
+    missing = [n.name for n, m in inputs if not isinstance(m, TensorMetadata) and n.name not in fixed]
     if missing:
         raise ValueError(f"node {missing[0]!r} (placeholder) in {owner}: the file records no shape for this input, "
                          f"but does for {known[0]!r}")
@@ -247,7 +251,7 @@ def check_runs(gm: fx.GraphModule, owner: str) -> None:
             table[name] = nn.Identity()
         swaps += _on_meta(gm)
         with torch.no_grad(), torch.device("meta"):  # a tensor the graph makes is a meta one too
-            _Checker(gm, owner).run(*[torch.empty(m.shape, dtype=m.dtype) for m in metas])
+            _Checker(gm, owner).run(*[torch.empty(m.shape, dtype=m.dtype) if isinstance(m, TensorMetadata) else m for m in metas])
     except _Unknowable:
         pass  # checked up to the first node whose output shape depends on values
     finally:

@@ -28,10 +28,12 @@ def call_batch(model: nn.Module, batch: Any) -> Any:
 def _unfit(prepared: nn.Module, index: int, exc: TypeError) -> TypeError:
     """The error for a batch that does not bind to the prepared model's inputs (``forward() takes ...``)."""
     names = ", ".join(inspect.signature(prepared.forward).parameters)
+    if str(exc).startswith("forward: "):  # a torch.export capture's input check says what to pass
+        return TypeError(f"calibrate: batch {index} does not fit the prepared model's inputs ({names}): {exc}")
     how = getattr(getattr(prepared, "meta", {}).get(_meta.TRACE), "capture", "fx")
-    hint = ("prepare captured this model with torch.export, which takes the inputs it was given, by position or by "
-            "name, and leaves out those given at their default (a None between two inputs, like a cache): pass each "
-            "batch as a dict of those names, or as a tuple in that order" if how == "export" else
+    hint = ("prepare captured this model with torch.export, which takes the inputs it was given, in the order "
+            "and by the names it was given them: pass each batch as a dict of those names, or as a tuple in that "
+            "order" if how == "export" else
             "pass each batch as the example inputs were passed to prepare")
     return TypeError(f"calibrate: batch {index} does not fit the prepared model's inputs ({names}): {exc}; {hint}")
 
@@ -63,7 +65,7 @@ def calibrate(prepared: nn.Module, data: Iterable, *, progress: Optional[bool] =
                 try:
                     call_batch(prepared, batch)
                 except TypeError as exc:
-                    if not str(exc).startswith("forward()"):
+                    if not str(exc).startswith(("forward()", "forward: ")):
                         raise
                     raise _unfit(prepared, bar.count, exc) from exc
                 bar.step()

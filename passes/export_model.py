@@ -130,6 +130,8 @@ def call_inputs(gm: fx.GraphModule, args: tuple, kwargs: Dict[str, Any]) -> tupl
     info = getattr(gm.graph._codegen, "pytree_info", None)
     if info is None:
         return tuple(args)
+    if hasattr(gm.graph._codegen, "flat_call"):  # forward with the model's signature (lucid_fx/_forward_signature.py)
+        return tuple(gm.graph._codegen.flat_call(args, kwargs))
     bound = inspect.signature(gm.forward).bind(*args, **kwargs)
     values = list(bound.arguments.values())
     child = (lambda i: info.in_spec.child(i)) if hasattr(info.in_spec, "child") else (lambda i: info.in_spec.children_specs[i])

@@ -127,6 +127,9 @@ class _Recorder(fx.Interpreter):
 def record_values(portable: fx.GraphModule, inputs: Tuple[Any, ...]) -> Tuple[Any, Dict[str, Any]]:
     """``portable(*inputs)`` and, by node name, a meta tensor like each tensor value it computed."""
     recorder = _Recorder(portable)
+    flat_call = getattr(portable.graph._codegen, "flat_call", None)  # forward with the model's signature
+    if flat_call is not None:
+        inputs = tuple(flat_call(inputs, {}))  # the placeholders' values, the graph's input checks made
     return recorder.run(*inputs), recorder.values
 
 

@@ -284,22 +284,3 @@ def test_an_exported_model_prepares_and_converts_without_a_warning():
         prepared, qmodel = quantize(model, example_inputs=tokens(0))
     assert prepared.lucid_fx_report.captures[""] == "export"
     assert held_out_sqnr(model, qmodel) >= 25
-
-
-def test_a_batch_that_does_not_fit_an_exported_model_gets_a_clear_error():
-    class WithCache(nn.Module):  # GPT-2's call: (input_ids, past_key_values=None, attention_mask=None)
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(8, 8)
-
-        def forward(self, x, cache=None, mask=None):
-            y = self.fc(x)
-            return y if mask is None else y * mask
-
-    x, mask = torch.randn(2, 8), torch.ones(2, 8)
-    prepared = lucid_fx.prepare(WithCache().eval(), None, (x, None, mask), capture="export")
-    with pytest.raises(TypeError, match=r"^calibrate: batch 0 does not fit the prepared model's inputs \(x, mask\): "
-                                        r"forward\(\) takes 3 positional arguments but 4 were given; prepare captured "
-                                        r"this model with torch.export.*pass each batch as a dict of those names"):
-        lucid_fx.calibrate(prepared, [(x, None, mask)], progress=False)
-    assert lucid_fx.calibrate(prepared, [{"x": x, "mask": mask}, (x, mask)], progress=False) == 2

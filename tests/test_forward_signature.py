@@ -1,0 +1,194 @@
+"""A model captured by torch.export is called as the model is (lucid_fx/_forward_signature.py):
+positional calls bind as the model binds them, and inputs the graph was fixed for are checked."""
+
+import inspect
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx.program import programs_of
+
+
+class WithCache(nn.Module):  # GPT-2's call: (input_ids, past_key_values=None, attention_mask=None)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, cache=None, mask=None):
+        y = self.fc(x)
+        if cache is not None:
+            y = y + cache
+        return y if mask is None else y * mask
+
+
+class WithFlags(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, flag=False, scale=1.0, *, mode="sum"):
+        y = self.fc(x)
+        return y * scale if flag else y + scale
+
+
+def _data(seed, n=4):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(2, 8, generator=g), (torch.rand(2, 8, generator=g) > 0.3).float()) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def with_cache():
+    torch.manual_seed(0)
+    model = WithCache().eval()
+    x, mask = _data(0, 1)[0]
+    prepared = lucid_fx.prepare(model, None, (x, None, mask), capture="export")
+    lucid_fx.calibrate(prepared, [(x, None, m) for x, m in _data(1)], progress=False)
+    return model, prepared, lucid_fx.convert(prepared)
+
+
+def test_the_captured_model_keeps_the_models_signature(with_cache):
+    model, prepared, qmodel = with_cache
+    assert prepared.lucid_fx_report.captures[""] == "export"
+    expected = str(inspect.signature(model.forward))
+    assert str(inspect.signature(prepared.forward)) == expected == "(x, cache=None, mask=None)"
+    assert str(inspect.signature(qmodel.forward)) == expected
+
+
+def test_positional_keyword_and_dict_calls_agree(with_cache):
+    model, _, qmodel = with_cache
+    x, mask = _data(2, 1)[0]
+    by_keyword = qmodel(x=x, mask=mask)
+    for out in (qmodel(x, None, mask), qmodel(x, mask=mask), qmodel(x, None, mask), qmodel(**{"x": x, "mask": mask})):
+        assert torch.equal(out, by_keyword)
+    assert programs_of(qmodel), "repeated calls run the lowered program"
+    error = (by_keyword - model(x, None, mask)).pow(2).mean() / model(x, None, mask).pow(2).mean()
+    assert error < 1e-2  # int8 close to the float model called the same way
+
+
+def test_an_input_left_at_its_default_at_capture_must_stay_there(with_cache):
+    model, prepared, qmodel = with_cache
+    x, mask = _data(3, 1)[0]
+    # The model reads (x, mask) as (x, cache): torch.export's own forward gave mask to `mask` here.
+    message = (r"^forward: cache was left at its default \(None\) when prepare captured the model with torch.export, "
+               r"so the graph has no input for it; call with cache=None, or prepare again with cache in the example inputs$")
+    for call in (lambda: qmodel(x, mask), lambda: qmodel(x, cache=mask, mask=mask), lambda: prepared(x, mask)):
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(TypeError, match=r"^forward: mask was given when prepare captured the model .* pass mask$"):
+        qmodel(x)
+
+
+def test_calibrate_takes_positional_batches_and_names_a_bad_one(with_cache):
+    model, _, _ = with_cache
+    x, mask = _data(0, 1)[0]
+    by_position = lucid_fx.prepare(model, None, (x, None, mask), capture="export")
+    by_name = lucid_fx.prepare(model, None, {"x": x, "mask": mask}, capture="export")
+    assert lucid_fx.calibrate(by_position, [(x, None, m) for x, m in _data(1)], progress=False) == 4
+    assert lucid_fx.calibrate(by_name, [{"x": x, "mask": m} for x, m in _data(1)], progress=False) == 4
+    assert torch.equal(lucid_fx.convert(by_position)(x, None, mask), lucid_fx.convert(by_name)(x, None, mask))
+    with pytest.raises(TypeError, match=r"^calibrate: batch 0 does not fit the prepared model's inputs \(x, cache, mask\): "
+                                        r"forward: cache was left at its default \(None\)"):
+        lucid_fx.calibrate(by_position, [(x, mask)], progress=False)
+
+
+def test_compare_binds_positional_batches_as_the_model_does(with_cache):
+    model, _, qmodel = with_cache
+    batches = [(x, None, m) for x, m in _data(4, 2)]
+    result = lucid_fx.compare(model, qmodel, batches)
+    by_name = lucid_fx.compare(model, qmodel, [{"x": x, "mask": m} for x, _, m in batches])
+    with torch.no_grad():
+        reference = torch.cat([model(*b) for b in batches])
+    by_hand = 10 * torch.log10(reference.pow(2).sum() / (torch.cat([qmodel(*b) for b in batches]) - reference).pow(2).sum())
+    assert result.output_sqnr_db == pytest.approx(by_name.output_sqnr_db)
+    assert result.output_sqnr_db == pytest.approx(float(by_hand), abs=0.05) and result.output_sqnr_db > 15
+
+
+@pytest.fixture(scope="module")
+def with_flags():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    example = {"x": x, "flag": True, "scale": 2.0}
+    return WithFlags().eval(), lucid_fx.quantize(WithFlags().eval(), example, [dict(example, x=torch.randn(2, 4)) for _ in range(3)], capture="export")
+
+
+def test_a_non_tensor_input_must_have_its_captured_value(with_flags):
+    _, qmodel = with_flags
+    x = torch.randn(2, 4)
+    assert str(inspect.signature(qmodel.forward)) == "(x, flag=False, scale=1.0, *, mode='sum')"
+    captured = qmodel(x=x, flag=True, scale=2.0)
+    assert torch.equal(qmodel(x, True, 2), captured)  # 2 for 2.0: the same number
+    for call, name, value in [(lambda: qmodel(x, False, 2.0), "flag", "True"), (lambda: qmodel(x, True, 3.0), "scale", "2.0"),
+                              (lambda: qmodel(x), "flag", "True"), (lambda: qmodel(x, 1, 2.0), "flag", "True"),
+                              (lambda: qmodel(x, True, 2.0, mode="max"), "mode", "'sum'")]:
+        with pytest.raises(TypeError, match=rf"^forward: {name} was (left at its default \()?{value}"):
+            call()
+
+
+def test_save_and_load_keep_the_signature_and_its_checks(with_cache, with_flags):
+    for qmodel, call, bad in [(with_cache[2], lambda m, x: m(x, None, torch.ones(2, 8)), lambda m, x: m(x, torch.ones(2, 8))),
+                              (with_flags[1], lambda m, x: m(x[:, :4], True, 2.0), lambda m, x: m(x[:, :4], False, 2.0))]:
+        buffer = io.BytesIO()
+        lucid_fx.save(qmodel, buffer)
+        buffer.seek(0)
+        loaded = lucid_fx.load(buffer)
+        assert str(inspect.signature(loaded.forward)) == str(inspect.signature(qmodel.forward))
+        x = torch.randn(2, 8)
+        assert torch.equal(call(loaded, x), call(qmodel, x))
+        with pytest.raises(TypeError, match=r"^forward: "):
+            bad(loaded, x)
+
+
+def _pytree_record(data):
+    if isinstance(data, dict):
+        if "pytree" in data:
+            return data["pytree"]
+        data = list(data.values())
+    for value in data if isinstance(data, list) else ():
+        found = _pytree_record(value)
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p[0].update(name="x): import os #"), r"forward parameter name 'x\): import os #' is not a Python identifier"),
+    (lambda p: p[1].update(default=[1]), r"forward parameter 'cache' has a default that is not a literal"),
+    (lambda p: p[1].update(default=float("nan")), r"forward parameter 'cache' has a default that is not a literal"),
+    (lambda p: p[1].pop("default"), r"forward parameter 'cache' was not captured and has no default"),
+    (lambda p: p[2].update(name="x"), r"forward parameter 'x' is repeated or malformed"),
+    (lambda p: p.reverse(), r"the forward signature does not fit the graph's inputs"),
+    (lambda p: p[0].update(code="1"), r"malformed forward parameter"),
+], ids=["code-as-name", "list-default", "nan-default", "no-default", "repeated", "reordered", "extra-key"])
+def test_load_refuses_a_crafted_signature_before_it_becomes_code(with_cache, edit, message):
+    buffer = io.BytesIO()
+    lucid_fx.save(with_cache[2], buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    record = _pytree_record(data)
+    assert [p["name"] for p in record[2]] == ["x", "cache", "mask"]
+    edit(record[2])
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=message):
+        lucid_fx.load(tampered)
+
+
+def test_a_signature_that_cannot_be_written_keeps_torch_exports_call():
+    class Star(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, *xs):
+            return self.fc(xs[0] + xs[1])
+
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    prepared = lucid_fx.prepare(Star().eval(), None, (a, b), capture="export")
+    assert list(inspect.signature(prepared.forward).parameters) == ["xs_0", "xs_1"]  # torch.export's flattened inputs
+    with pytest.raises(TypeError, match=r"^calibrate: batch 0 does not fit .*prepare captured this model with "
+                                        r"torch.export, which takes the inputs it was given, in the order and by the names"):
+        lucid_fx.calibrate(prepared, [(a, b, a)], progress=False)
