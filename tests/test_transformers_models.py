@@ -31,3 +31,23 @@ def test_transformers_model_meets_the_issue_14_goals(name):
     share = result["int8_flops"] / result["flops"]
     assert share >= 0.95, f"{100 * share:.1f}% of FLOPs in int8\n{result['report']}"
     assert result["sqnr"] >= 25.0, f"SQNR {result['sqnr']:.1f} dB"
+
+
+@pytest.mark.slow
+def test_gpt2_is_called_positionally_as_the_model_is():
+    # GPT2LMHeadModel.forward(input_ids, cache, attention_mask, ...): the converted model binds a
+    # positional call the same way (tests/test_forward_signature.py has the small cases).
+    import lucid_fx
+
+    family = hf_families()["gpt2"]
+    model = family.make_model()
+    (_, example), batches = family.example_inputs(), [kwargs for _, kwargs in family.calibration_batches(4)]
+    qmodel = lucid_fx.quantize(model, example, batches, progress=False)
+    ids, mask = example["input_ids"], example["attention_mask"]
+    by_name = qmodel(input_ids=ids, attention_mask=mask)["logits"]
+    assert torch.equal(qmodel(ids, None, mask)["logits"], by_name)
+    with torch.no_grad():
+        reference = model(ids, None, mask)["logits"]
+    assert 10 * torch.log10(reference.pow(2).mean() / (by_name - reference).pow(2).mean()) >= 25
+    with pytest.raises(TypeError, match=r"^forward: cache was left at its default \(None\) when prepare captured"):
+        qmodel(ids, mask)  # the model reads mask as its cache: never as attention_mask
