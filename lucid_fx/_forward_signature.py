@@ -30,6 +30,9 @@ from torch import fx
 __all__ = ["SignatureCodeGen", "mirror_signature", "check_params"]
 
 _LITERALS = (type(None), bool, int, float, str)
+# Names the generated code reads as globals or builtins: a parameter of that name would shadow them.
+_RESERVED = frozenset(fx.graph._custom_builtins) | {"self", "type", "bool", "int", "float", "str", "TypeError",
+                                                     "getattr", "operator", "math", "builtins"}
 _KINDS = ("positional", "keyword")  # POSITIONAL_OR_KEYWORD, KEYWORD_ONLY
 
 
@@ -58,8 +61,8 @@ def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
                 and {"name", "kind", "captured"} <= set(p)):
             raise ValueError(f"{where}: malformed forward parameter {p!r:.80}")
         name = p["name"]
-        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and name != "self"):
-            raise ValueError(f"{where}: forward parameter name {name!r:.60} is not a Python identifier")
+        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and name not in _RESERVED):
+            raise ValueError(f"{where}: forward parameter name {name!r:.60} is not a Python identifier the code can take")
         if name in seen or p["kind"] not in _KINDS or type(p["captured"]) is not bool:
             raise ValueError(f"{where}: forward parameter {name!r} is repeated or malformed")
         for key in ("default", "fixed"):
@@ -83,7 +86,8 @@ def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -
     """Give ``gm`` (exported from ``model`` with inputs ``captured`` by name) a forward with
     ``model.forward``'s signature, where that signature can be written (see the module doc)."""
     info = getattr(gm.graph._codegen, "pytree_info", None)
-    if info is None or _captured_names(info.in_spec) != list(captured):
+    names = None if info is None else _captured_names(info.in_spec)
+    if names is None or set(names) != set(captured):
         return
     try:
         signature = inspect.signature(model.forward)
@@ -91,7 +95,7 @@ def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -
         return
     params = []
     for p in signature.parameters.values():
-        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD):
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD) or p.name in _RESERVED:
             return
         if p.kind is p.VAR_KEYWORD:
             continue  # a call passes only the named parameters; extra keywords fail as Python says
@@ -104,8 +108,8 @@ def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -
         if p.name in captured and _literal(captured[p.name]):
             record["fixed"] = captured[p.name]
         params.append(record)
-    if [p["name"] for p in params if p["captured"]] != list(captured):
-        return  # a name captured through **kwargs: torch.export's own call stays
+    if [p["name"] for p in params if p["captured"]] != names:
+        return  # a name captured through **kwargs, or in another order: torch.export's own call stays
     gm.graph.set_codegen(SignatureCodeGen(info, params))
     gm.recompile()
 

@@ -155,13 +155,14 @@ def _pytree_record(data):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p[0].update(name="x): import os #"), r"forward parameter name 'x\): import os #' is not a Python identifier"),
+    (lambda p: p[1].update(name="torch"), r"forward parameter name 'torch' is not a Python identifier the code can take"),
     (lambda p: p[1].update(default=[1]), r"forward parameter 'cache' has a default that is not a literal"),
     (lambda p: p[1].update(default=float("nan")), r"forward parameter 'cache' has a default that is not a literal"),
     (lambda p: p[1].pop("default"), r"forward parameter 'cache' was not captured and has no default"),
     (lambda p: p[2].update(name="x"), r"forward parameter 'x' is repeated or malformed"),
     (lambda p: p.reverse(), r"the forward signature does not fit the graph's inputs"),
     (lambda p: p[0].update(code="1"), r"malformed forward parameter"),
-], ids=["code-as-name", "list-default", "nan-default", "no-default", "repeated", "reordered", "extra-key"])
+], ids=["code-as-name", "shadows-torch", "list-default", "nan-default", "no-default", "repeated", "reordered", "extra-key"])
 def test_load_refuses_a_crafted_signature_before_it_becomes_code(with_cache, edit, message):
     buffer = io.BytesIO()
     lucid_fx.save(with_cache[2], buffer)
@@ -192,3 +193,27 @@ def test_a_signature_that_cannot_be_written_keeps_torch_exports_call():
     with pytest.raises(TypeError, match=r"^calibrate: batch 0 does not fit .*prepare captured this model with "
                                         r"torch.export, which takes the inputs it was given, in the order and by the names"):
         lucid_fx.calibrate(prepared, [(a, b, a)], progress=False)
+
+
+def test_a_parameter_named_like_a_name_the_code_reads_keeps_torch_exports_call():
+    class Shadow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x, type=None):  # `type` would shadow the builtin the input checks call
+            return self.fc(x)
+
+    x = torch.randn(2, 4)
+    prepared = lucid_fx.prepare(Shadow().eval(), None, (x,), capture="export")
+    assert str(inspect.signature(prepared.forward)) == "(x)"
+    assert lucid_fx.calibrate(prepared, [(x,)], progress=False) == 1
+
+
+def test_keyword_inputs_in_another_order_than_the_signature_still_bind_by_the_signature(with_cache):
+    model, _, _ = with_cache
+    x, mask = _data(5, 1)[0]
+    prepared = lucid_fx.prepare(model, None, {"mask": mask, "x": x}, capture="export")
+    assert str(inspect.signature(prepared.forward)) == "(x, cache=None, mask=None)"
+    lucid_fx.calibrate(prepared, [(x, None, m) for x, m in _data(1)], progress=False)
+    assert torch.equal(lucid_fx.convert(prepared)(x, None, mask), with_cache[2](x, None, mask))
