@@ -42,6 +42,14 @@ def hf_families() -> Dict[str, Family]:
                              intermediate_size=128, num_labels=10)
         return T.ViTForImageClassification(config).eval()
 
+    def image(cls, config):
+        def make():
+            torch.manual_seed(0)
+            return cls(config).eval()
+        return Family(make, lambda: pixels(example()), lambda n=4: [pixels(b) for b in batches(n)])
+
+    encoder = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+    decoder = dict(encoder, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
     return {
         "bert": text(T.BertModel, T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                intermediate_size=128, vocab_size=VOCAB)),
@@ -51,6 +59,22 @@ def hf_families() -> Dict[str, Family]:
                                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
                                                         max_position_embeddings=64, use_cache=False)),
         "vit": Family(vit, lambda: pixels(example()), lambda n=4: [pixels(b) for b in batches(n)]),
+        # more architectures, each with something the four above lack
+        "distilbert": text(T.DistilBertModel, T.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB)),
+        "roberta": text(T.RobertaModel, T.RobertaConfig(**encoder)),  # padding-offset positions
+        "mistral": text(T.MistralForCausalLM, T.MistralConfig(**decoder)),  # sliding-window mask
+        "qwen2": text(T.Qwen2ForCausalLM, T.Qwen2Config(**decoder)),  # q/k/v with bias
+        "phi3": text(T.Phi3ForCausalLM, T.Phi3Config(**decoder, pad_token_id=0, eos_token_id=1, bos_token_id=1)),  # fused qkv, gate_up
+        "gemma": text(T.GemmaForCausalLM, T.GemmaConfig(**decoder, head_dim=16)),  # GeGLU, RMSNorm (1 + w), scaled embedding
+        "gpt_neox": text(T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**encoder, use_cache=False)),  # parallel residual, partial rotary
+        "opt": text(T.OPTForCausalLM, T.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                                                  vocab_size=VOCAB, word_embed_proj_dim=64, use_cache=False)),  # learned positions, relu
+        "swin": image(T.SwinForImageClassification, T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                                  num_heads=[2, 2], window_size=4, num_labels=10)),  # windows, relative bias
+        "convnext": image(T.ConvNextForImageClassification, T.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                                                             num_labels=10)),  # channels-first LayerNorm, layer scale
+        "deit": image(T.DeiTForImageClassification, T.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                                                                 num_attention_heads=4, intermediate_size=128, num_labels=10)),  # two tokens
     }
 
 
