@@ -12,11 +12,15 @@
  *
  * Each batch's operands are centred into int16 first, zero-padded: a as rows of kp values (m rounded
  * up to 4 rows, kp = k rounded up to 2), b as pairs of rows interleaved, [kp / 2][np][2] (np = n
- * rounded up to 16). With AVX2 a step broadcasts two values of each of 4 rows of a and multiplies
- * them with 16 columns' pairs (vpmaddwd: two products summed into each int32 lane), 4 rows x 16
- * outputs at a time, no horizontal sums; the 8 sums of a vector are requantized together. Without
- * AVX2 a plain loop computes the same sums. Returns 0, or -1 when the buffers cannot be allocated
- * (nothing written then). */
+ * rounded up to 16). The packing loops write along the packed rows and read along a contiguous
+ * dimension where there is one (keys transposed: each pair of a key's values together, the key
+ * block staying in L1), so the compiler vectorizes them; written the other way round, with a store
+ * every 512 bytes, packing a transposed key took a third of q @ k^T's time. With AVX2 a step
+ * broadcasts two values of each of 4 rows of a and multiplies them with 16 columns' pairs
+ * (vpmaddwd: two products summed into each int32 lane), 4 rows x 16 outputs at a time, no
+ * horizontal sums; the 16 sums of a row are requantized, packed to codes and stored together.
+ * Without AVX2 a plain loop computes the same sums. Returns 0, or -1 when the buffers cannot be
+ * allocated (nothing written then). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +41,18 @@ static inline __m256i requantize8(__m256i sums, __m256 mult, __m256 lo, __m256 h
     return _mm256_add_epi32(_mm256_cvtps_epi32(v), zp);
 }
 
+/* 16 codes from two vectors of 8 (already within the code range, so the saturating packs are exact). */
+static inline __m128i pack16_uint8_t(__m256i lo8, __m256i hi8) {
+    const __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(lo8), _mm256_extracti128_si256(lo8, 1));
+    const __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(hi8), _mm256_extracti128_si256(hi8, 1));
+    return _mm_packus_epi16(a, b);
+}
+static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
+    const __m128i a = _mm_packs_epi32(_mm256_castsi256_si128(lo8), _mm256_extracti128_si256(lo8, 1));
+    const __m128i b = _mm_packs_epi32(_mm256_castsi256_si128(hi8), _mm256_extracti128_si256(hi8, 1));
+    return _mm_packs_epi16(a, b);
+}
+
 /* The codes of rows i..i+3, columns j..j+15 (those below m and n written). */
 #define MATMUL_BLOCK(CODE)                                                                         \
     {                                                                                              \
@@ -55,11 +71,15 @@ static inline __m256i requantize8(__m256i sums, __m256 mult, __m256 lo, __m256 h
             }                                                                                      \
         }                                                                                          \
         for (int r = 0; r < MM_ROWS && i + r < m; r++) {                                           \
-            int32_t codes[MM_COLS];                                                                \
-            _mm256_storeu_si256((__m256i *)codes, requantize8(acc[r][0], vmult, vlo, vhi, vzp));   \
-            _mm256_storeu_si256((__m256i *)(codes + 8), requantize8(acc[r][1], vmult, vlo, vhi, vzp)); \
+            const __m128i codes = pack16_##CODE(requantize8(acc[r][0], vmult, vlo, vhi, vzp),      \
+                                                requantize8(acc[r][1], vmult, vlo, vhi, vzp));     \
             CODE *row = out + (i + r) * n + j;                                                     \
-            for (int64_t t = 0; t < MM_COLS && j + t < n; t++) row[t] = (CODE)codes[t];            \
+            if (j + MM_COLS <= n) _mm_storeu_si128((__m128i *)row, codes);                         \
+            else {                                                                                 \
+                CODE tail[MM_COLS];                                                                \
+                _mm_storeu_si128((__m128i *)tail, codes);                                          \
+                memcpy(row, tail, (size_t)(n - j) * sizeof *row);                                  \
+            }                                                                                      \
         }                                                                                          \
     }
 #else
@@ -104,8 +124,33 @@ int32_t lucid_matmul_vectorized(void) { return MATMUL_AVX2; }
             const CODE *x = a + b0 * sa[0] + b1 * sa[1] + b2 * sa[2] + b3 * sa[3];                   \
             const CODE *y = b + b0 * sb[0] + b1 * sb[1] + b2 * sb[2] + b3 * sb[3];                   \
             /* each operand read along its smaller stride (a transposed view of keys: down its columns) */ \
-            PACK(m, k, sa[4], sa[5], pa[i * kp + t] = (int16_t)((int32_t)x[i * sa[4] + t * sa[5]] - a_zp)) \
-            PACK(n, k, sb[5], sb[4], pb[((t / 2) * np + i) * 2 + t % 2] = (int16_t)((int32_t)y[t * sb[4] + i * sb[5]] - b_zp)) \
+            if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
+                for (int64_t i = 0; i < m; i++) {                                                  \
+                    const CODE *xr = x + i * sa[4];                                                \
+                    int16_t *pr = pa + i * kp;                                                     \
+                    for (int64_t t = 0; t < k; t++) pr[t] = (int16_t)((int32_t)xr[t] - a_zp);      \
+                }                                                                                  \
+            else PACK(m, k, sa[4], sa[5], pa[i * kp + t] = (int16_t)((int32_t)x[i * sa[4] + t * sa[5]] - a_zp)) \
+            if (sb[5] == 1) /* rows of b contiguous (values): two rows interleaved into pairs */   \
+                for (int64_t t = 0; t < k; t += 2) {                                               \
+                    const CODE *y0 = y + t * sb[4], *y1 = t + 1 < k ? y0 + sb[4] : NULL;           \
+                    int16_t *pr = pb + (t / 2) * np * 2;                                           \
+                    if (y1) for (int64_t i = 0; i < n; i++) {                                      \
+                        pr[2 * i] = (int16_t)((int32_t)y0[i] - b_zp);                              \
+                        pr[2 * i + 1] = (int16_t)((int32_t)y1[i] - b_zp);                          \
+                    }                                                                              \
+                    else for (int64_t i = 0; i < n; i++) pr[2 * i] = (int16_t)((int32_t)y0[i] - b_zp); \
+                }                                                                                  \
+            else if (sb[4] == 1) /* columns of b contiguous (keys transposed): each pair read together, */ \
+                for (int64_t t = 0; t < k; t += 2) { /* written along the packed row (b stays in L1) */   \
+                    int16_t *pr = pb + (t / 2) * np * 2;                                           \
+                    if (t + 1 < k) for (int64_t i = 0; i < n; i++) {                               \
+                        pr[2 * i] = (int16_t)((int32_t)y[i * sb[5] + t] - b_zp);                   \
+                        pr[2 * i + 1] = (int16_t)((int32_t)y[i * sb[5] + t + 1] - b_zp);           \
+                    }                                                                              \
+                    else for (int64_t i = 0; i < n; i++) pr[2 * i] = (int16_t)((int32_t)y[i * sb[5] + t] - b_zp); \
+                }                                                                                  \
+            else PACK(n, k, sb[5], sb[4], pb[((t / 2) * np + i) * 2 + t % 2] = (int16_t)((int32_t)y[t * sb[4] + i * sb[5]] - b_zp)) \
             for (int64_t i = 0; i < m; i += MM_ROWS)                                               \
                 for (int64_t j = 0; j < n; j += MM_COLS) MATMUL_BLOCK(CODE)                        \
         }                                                                                          \

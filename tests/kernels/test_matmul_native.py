@@ -32,6 +32,9 @@ CASES = {  # (a, b) of codes of dtype d: attention's shapes and layouts, and odd
     "expanded (repeat_kv)": lambda d: (_codes((2, 4, 8, 16), d, 0),
                                        _codes((2, 2, 1, 16, 8), d, 1).expand(2, 2, 2, 16, 8).reshape(2, 4, 16, 8)),
     "k of 1, n of 1": lambda d: (_codes((4, 1), d, 0), _codes((1, 1), d, 1)),
+    "odd k, both operands transposed": lambda d: (_codes((3, 7, 5), d, 0).transpose(-1, -2),
+                                                  _codes((3, 9, 7), d, 1).transpose(-1, -2)),
+    "odd k, keys transposed, 40 keys": lambda d: (_codes((2, 6, 11), d, 0), _codes((2, 40, 11), d, 1).transpose(-1, -2)),
     "six dims": lambda d: (_codes((2, 1, 3, 2, 4, 5), d, 0), _codes((1, 2, 1, 2, 5, 3), d, 1)),
 }
 
