@@ -42,10 +42,10 @@ from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
            "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes",
-           "requantize_scaled", "matmul_codes", "softmax_codes", "SOURCE"]
+           "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul")))  # one library
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul", "softmax")))  # one library
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
@@ -67,6 +67,7 @@ SIGNATURES = {
     "mul_strided": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),  # a, b, out, geometry, ...
     "add_strided": ((_P, _P, _P, _P, _I32, _F, _I32, _F, _I32, _I32, _I32), None, _CODES),
     "matmul": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), _I32, _CODES),  # native_matmul.c
+    "softmax": ((_P, _P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32), _I32, _CODES),  # native_softmax.c
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_gemm.c
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
@@ -293,8 +294,3 @@ def requantize_scaled(y: torch.Tensor, mult: float, zp: int, low: int, high: int
 def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
     """:func:`lucid_fx.kernels.program_ops.matmul_codes`, requantized in one pass."""
     return requantize_scaled(program_ops.matmul_float(qa, a_zp, qb, b_zp), mult, zp, low, high, dtype)
-
-
-def softmax_codes(q, scale: float, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
-    """:func:`lucid_fx.kernels.program_ops.softmax_codes`, requantized in one pass."""
-    return requantize_scaled(program_ops.softmax_float(q, scale, dim), inv_out_scale, zp, low, high, dtype)

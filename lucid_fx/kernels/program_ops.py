@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import attention, checks
 
 __all__ = ["operand", "quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
-           "matmul_float", "matmul_codes", "softmax_float", "softmax_codes", "max_pool_taps", "global_avg_pool_codes",
+           "matmul_float", "matmul_codes", "softmax_table", "softmax_codes", "EXP_ONE", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
@@ -121,11 +121,6 @@ def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, h
     return requantize_codes(matmul_float(qa, a_zp, qb, b_zp).mul_(operand(mult)), zp, low, high, dtype)
 
 
-def softmax_float(q, scale: float, dim: int) -> torch.Tensor:
-    """``softmax`` of codes in float32 (the input zero point never subtracted: softmax ignores a shift)."""
-    return torch.softmax(q.to(torch.float32).mul_(operand(scale)), dim)
-
-
 def masked_softmax_float(q, zp: int, scale: float, mask: torch.Tensor, fill, dim: int) -> torch.Tensor:
     """``cpu_float.masked_softmax``'s float32 probabilities (a row masked everywhere with -inf as zeros),
     which the program requantizes in one pass (``native.requantize_scaled``)."""
@@ -133,9 +128,29 @@ def masked_softmax_float(q, zp: int, scale: float, mask: torch.Tensor, fill, dim
     return torch.softmax(y, dim).nan_to_num_(nan=0.0)
 
 
-def softmax_codes(q, scale: float, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
-    """``cpu_float.softmax`` without the cast."""
-    return requantize_codes(softmax_float(q, scale, dim).mul_(operand(inv_out_scale)), zp, low, high, dtype)
+#: The fixed point of :func:`softmax_table`: a row's largest code's exponential, exactly.
+EXP_ONE = 2 ** 23
+
+
+@functools.lru_cache(maxsize=1024)
+def softmax_table(scale: float) -> torch.Tensor:
+    """``round(exp(-d * scale) * 2**23)`` for ``d = 0..255`` (int32, read only): the exponential of a
+    code ``d`` steps below its row's largest, within ``2**-24`` of the float one, so the softmax of
+    8-bit codes needs no ``exp`` at run time and sums exactly."""
+    d = torch.arange(256, dtype=torch.float64)
+    return torch.round(torch.exp(d * -scale) * EXP_ONE).to(torch.int32)
+
+
+def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
+    """Codes of the softmax of ``scale * q`` along ``dim`` (``table``: :func:`softmax_table` of ``scale``):
+    ``e = table[max - q]``, summed exactly in int64, ``e * float32(1 / sum)``, requantized. A shift
+    of the codes cancels, so the zero point is never subtracted. ``softmax_native.c`` makes the
+    same steps in one pass."""
+    wide = q.to(torch.int32)
+    e = table[(wide.amax(dim, keepdim=True) - wide).to(torch.int64)]
+    inverse = torch.reciprocal(e.sum(dim, keepdim=True, dtype=torch.int64).to(torch.float64)).to(torch.float32)
+    y = e.to(torch.float32).mul_(inverse)
+    return requantize_codes(y.mul_(operand(inv_out_scale)), zp, low, high, dtype).contiguous()  # as torch.softmax
 
 
 def max_pool_taps_supported(kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],

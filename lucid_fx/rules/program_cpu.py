@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import conv_native, cpu_float, matmul_native, native, program_ops
+from lucid_fx.kernels import conv_native, cpu_float, matmul_native, native, program_ops, softmax_native
 from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
                                          row_out_scale, takes_row)
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
@@ -256,13 +256,15 @@ def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     return b.call(_step("matmul_codes"), qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
 
 
-def softmax(b, node):  # lucid_fx.softmax on the CPU -> program_ops.softmax_codes
+def softmax(b, node):  # lucid_fx.softmax on the CPU -> softmax_native.softmax_codes, its table made once
     q, scale, zp, dim, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
     if b.kernel("softmax") is not cpu_float.softmax or dtype not in (torch.uint8, torch.int8):
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    return b.call(_step("softmax_codes"), q, scale, dim, 1.0 / out_scale, out_zp, low, high, dtype)
+    table = b.const(program_ops.softmax_table(scale), "exp")
+    step = softmax_native.softmax_codes if native.available() else program_ops.softmax_codes
+    return b.call(step, q, table, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
 def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> its float steps, then one requantization
@@ -284,7 +286,7 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> native / program_ops.global_avg_pool_codes
     "mean": mean,  # over H and W -> the same global average pool
     "matmul": matmul,  # -> native / program_ops.matmul_codes
-    "softmax": softmax,  # -> native / program_ops.softmax_codes
+    "softmax": softmax,  # -> softmax_native / program_ops.softmax_codes
     "masked_softmax": masked_softmax,  # -> program_ops.masked_softmax_float, native.requantize_scaled
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
 }

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lucid_fx
-from lucid_fx.kernels import cpu_float, matmul_native, native, program_ops
+from lucid_fx.kernels import cpu_float, matmul_native, native, program_ops, softmax_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
@@ -339,7 +339,7 @@ def test_attention_s_matmuls_and_softmax_requantize_natively(native_on, monkeypa
     qmodel = lucid_fx.quantize(model, (data[0],), data)
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
-    assert {matmul_native.matmul_codes, native.softmax_codes} <= {n.target for n in program.graph.nodes}
+    assert {matmul_native.matmul_codes, softmax_native.softmax_codes} <= {n.target for n in program.graph.nodes}
     monkeypatch.setattr(native, "available", lambda: False)
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)

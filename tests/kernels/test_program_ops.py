@@ -10,7 +10,7 @@ from lucid_fx.kernels import KernelInputError
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.program_ops import (add_codes, global_avg_pool_codes, matmul_codes, max_pool_taps,
                                           max_pool_taps_supported, mul_codes, quantize_codes, requantize_codes,
-                                          softmax_codes)
+                                          softmax_codes, softmax_table)
 
 
 @pytest.mark.parametrize("zp", [0, 3, 128, 7])
@@ -99,7 +99,7 @@ def test_matmul_and_softmax_codes_equal_the_cpu_kernels(zp):
     expected = cpu_float.matmul(qa, 0.02, 130, qb, 0.03, 127, 0.4, zp)
     assert torch.equal(matmul_codes(qa, 130, qb, 127, 0.02 * 0.03 / 0.4, zp, 0, 255, torch.uint8), expected)
     expected = cpu_float.softmax(qa, 0.05, 128, -1, 1 / 256, zp)
-    assert torch.equal(softmax_codes(qa, 0.05, -1, 1.0 / (1 / 256), zp, 0, 255, torch.uint8), expected)
+    assert torch.equal(softmax_codes(qa, softmax_table(0.05), -1, 1.0 / (1 / 256), zp, 0, 255, torch.uint8), expected)
 
 
 def test_requantize_codes_rounds_ties_to_even_for_odd_and_even_zero_points():

@@ -1,0 +1,74 @@
+"""lucid_fx/kernels/softmax_native.py and native_softmax.c: the softmax of codes from a table of
+exponentials gives program_ops.softmax_codes's codes bit for bit on this CPU's build and the
+portable one, along any dim, for both code dtypes; and it stays within one code of the float
+softmax (the reference kernel)."""
+
+import math
+
+import pytest
+import torch
+
+from lucid_fx.kernels import program_ops, softmax_native
+from lucid_fx.kernels import reference as ref
+
+
+TORCH_ROUTE = program_ops.softmax_codes
+
+
+@pytest.fixture
+def no_fallback(monkeypatch):
+    """The torch route fails the test: what passes ran native_softmax.c."""
+    def fallback(*args):
+        raise AssertionError("the torch route ran")
+    monkeypatch.setattr(softmax_native.program_ops, "softmax_codes", fallback)
+
+
+def _codes(shape, dtype, seed):
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max + 1, shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+SHAPES = [((4, 2, 33, 33), -1), ((3, 17, 5), 1), ((4, 9, 6), 0), ((2, 255), -1), ((2, 300), -1), ((7, 1), -1)]
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("shape,dim", SHAPES, ids=[f"{s}-dim{d}" for s, d in SHAPES])
+@pytest.mark.parametrize("dtype,out_zp", [(torch.uint8, 0), (torch.uint8, 5), (torch.int8, -128)])
+def test_the_native_softmax_equals_the_torch_route_bit_for_bit(native_build, no_fallback, build, shape, dim, dtype, out_zp):
+    native_build(build)
+    q = _codes(shape, dtype, 0)
+    low, high = program_ops.code_bounds(dtype, out_zp, "none")
+    for scale in (0.011, 0.3, 4.0):  # 4.0: most of the table is 0, a row's largest code alone counts
+        table = program_ops.softmax_table(scale)
+        expected = TORCH_ROUTE(q, table, dim, 256.0, out_zp, low, high, dtype)
+        got = softmax_native.softmax_codes(q, table, dim, 256.0, out_zp, low, high, dtype)
+        assert got.dtype == dtype and got.shape == q.shape
+        assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
+
+
+def test_the_table_is_exp_within_half_a_unit_of_its_fixed_point():
+    for scale in (0.011, 0.3, 4.0):
+        table = program_ops.softmax_table(scale)
+        assert table.dtype == torch.int32 and table.shape == (256,) and table[0] == program_ops.EXP_ONE
+        exact = torch.exp(torch.arange(256, dtype=torch.float64) * -scale) * program_ops.EXP_ONE
+        assert (table.double() - exact).abs().max() <= 0.5
+    assert int((program_ops.softmax_table(4.0) > 0).sum()) == math.ceil(math.log(2 * program_ops.EXP_ONE) / 4.0)
+
+
+@pytest.mark.parametrize("dtype,zp", [(torch.uint8, 0), (torch.int8, -128)])
+def test_the_codes_stay_within_one_step_of_the_float_softmax(dtype, zp):
+    q = _codes((8, 4, 64, 64), dtype, 1)
+    for scale in (0.011, 0.05, 0.3):
+        got = softmax_native.softmax_codes(q, program_ops.softmax_table(scale), -1, 256.0, zp,
+                                           *program_ops.code_bounds(dtype, zp, "none"), dtype)
+        expected = ref.softmax(q, scale, 0, -1, 1 / 256, zp)
+        differ = got.to(torch.int32) - expected.to(torch.int32)
+        assert differ.abs().max() <= 1 and (differ != 0).float().mean() < 1e-3
+
+
+def test_codes_not_dense_take_the_torch_route():
+    q = _codes((6, 40), torch.uint8, 2)
+    table = program_ops.softmax_table(0.1)
+    strided = q.t()  # softmax along a dim that is not contiguous
+    got = softmax_native.softmax_codes(strided, table, -1, 256.0, 0, 0, 255, torch.uint8)
+    assert torch.equal(got, softmax_native.softmax_codes(strided.contiguous(), table, -1, 256.0, 0, 0, 255, torch.uint8))
