@@ -19,15 +19,18 @@ keeps torch.export's own call.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import keyword
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import torch.utils._pytree as pytree
 
 import torch.fx._pytree as fx_pytree
 from torch import fx
 
-__all__ = ["SignatureCodeGen", "mirror_signature", "check_params"]
+__all__ = ["SignatureCodeGen", "mirror_signature", "check_params", "export_call", "restore_signature"]
 
 _LITERALS = (type(None), bool, int, float, str)
 # Names the generated code reads as globals or builtins: a parameter of that name would shadow them.
@@ -194,3 +197,35 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
         if targets:
             code += f"\n    {', '.join(targets)}, = fx_pytree.tree_flatten_spec(([], {values}), self._in_spec)"
         return code
+
+
+@contextlib.contextmanager
+def export_call(gm: fx.GraphModule) -> Iterator[Optional[List[Dict[str, Any]]]]:
+    """For pickling, which rebuilds a GraphModule by tracing its forward: ``gm`` with torch.export's own
+    call while inside (the input checks would stop that trace), yielding the parameters to
+    :func:`restore_signature` from (None, and no change, for any other forward)."""
+    codegen = gm.graph._codegen
+    if not isinstance(codegen, SignatureCodeGen):
+        yield None
+        return
+    gm.graph.set_codegen(fx.graph._PyTreeCodeGen(codegen.pytree_info))
+    gm.recompile()
+    try:
+        yield [dict(p) for p in codegen.params]
+    finally:
+        gm.graph.set_codegen(codegen)
+        gm.recompile()
+
+
+def restore_signature(gm: fx.GraphModule, params: List[Dict[str, Any]]) -> None:
+    """``gm`` unpickled (torch.export's call, traced: its outputs folded back into their structure)
+    given the forward with the model's signature again, its flat outputs and input spec as before."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat, spec = pytree.tree_flatten(output.args[0])  # fx's immutable dicts and lists: dicts and lists, in order
+    if spec.num_leaves != gm._out_spec.num_leaves:
+        raise ValueError(f"unpickling: the model's outputs {spec} are not the saved ones {gm._out_spec}")
+    output.args = (flat,)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    info = fx.graph._PyTreeInfo(placeholders, gm._in_spec, gm._out_spec)
+    gm.graph.set_codegen(SignatureCodeGen(info, check_params(params, gm._in_spec, "unpickling: forward")))
+    gm.recompile()

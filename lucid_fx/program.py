@@ -33,6 +33,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx
 
+from lucid_fx._forward_signature import export_call, restore_signature
 from lucid_fx.kernels.library import op_name
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
@@ -132,9 +133,11 @@ class ProgramRunner:
         return out
 
     def __reduce__(self):
-        # pickle / torch.save: the portable model's own reduction, with programs installed again on load.
-        rebuild, args = super().__reduce__()[:2]
-        return (_reinstall, (rebuild, args))
+        # pickle / torch.save: the portable model's own reduction, with programs installed again on
+        # load; a forward with the model's signature is pickled as torch.export's call, and restored.
+        with export_call(self) as params:
+            rebuild, args = super().__reduce__()[:2]
+        return (_reinstall, (rebuild, args, params))
 
     def _apply(self, fn, recurse=True):
         self.__dict__.pop(_PROGRAMS, None)
@@ -159,8 +162,11 @@ def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphMo
         return None
 
 
-def _reinstall(rebuild, args) -> fx.GraphModule:
-    return install_programs(rebuild(*args))
+def _reinstall(rebuild, args, params=None) -> fx.GraphModule:
+    model = rebuild(*args)
+    if params is not None:
+        restore_signature(model, params)
+    return install_programs(model)
 
 
 def install_programs(model: fx.GraphModule) -> fx.GraphModule:

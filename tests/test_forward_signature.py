@@ -217,3 +217,29 @@ def test_keyword_inputs_in_another_order_than_the_signature_still_bind_by_the_si
     assert str(inspect.signature(prepared.forward)) == "(x, cache=None, mask=None)"
     lucid_fx.calibrate(prepared, [(x, None, m) for x, m in _data(1)], progress=False)
     assert torch.equal(lucid_fx.convert(prepared)(x, None, mask), with_cache[2](x, None, mask))
+
+
+class DictOut(WithCache):
+    def forward(self, x, cache=None, mask=None):
+        y = super().forward(x, cache, mask)
+        return {"y": y, "pair": (y.relu(), x)}
+
+
+def test_pickling_a_converted_model_keeps_the_signature_and_its_checks(with_cache):
+    x, mask = _data(6, 1)[0]
+    dict_model = DictOut().eval()
+    dict_q = lucid_fx.quantize(dict_model, {"x": x, "mask": mask}, [{"x": x, "mask": m} for x, m in _data(1)], capture="export")
+    for qmodel in (with_cache[2], dict_q):
+        expected = qmodel(x, None, mask)
+        buffer = io.BytesIO()
+        torch.save(qmodel, buffer)  # pickles torch.export's call: the input checks would stop the retrace
+        buffer.seek(0)
+        with pytest.warns(FutureWarning, match="LeafSpec"):  # torch's own, unpickling a pytree spec
+            loaded = torch.load(buffer, weights_only=False)
+        assert str(inspect.signature(loaded.forward)) == str(inspect.signature(qmodel.forward)) == "(x, cache=None, mask=None)"
+        got = loaded(x, None, mask)
+        assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)))
+        assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(expected)
+        with pytest.raises(TypeError, match=r"^forward: cache was left at its default"):
+            loaded(x, mask)
+        assert torch.equal(torch.utils._pytree.tree_leaves(qmodel(x, None, mask))[0], torch.utils._pytree.tree_leaves(expected)[0])
