@@ -13,8 +13,9 @@ defaults. Before the graph runs, it checks each input the graph was fixed for: a
 at its default at capture must still be at it, a non-tensor input must have its captured value,
 an input captured as a tensor must not be None; each failure is a ``TypeError`` saying what to
 pass or to prepare again with. Only literal defaults and values (None, bool, int, finite float,
-str) are written into code; a signature with others, ``*args`` or positional-only parameters
-keeps torch.export's own call.
+str) are written into code: a parameter left at another default (``dtype=torch.float32``) is left
+out of the signature, and every parameter after it is keyword-only, so no positional call binds
+past it; a signature with ``*args`` or positional-only parameters keeps torch.export's own call.
 """
 
 from __future__ import annotations
@@ -96,18 +97,21 @@ def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         return
-    params = []
+    params, gap = [], False
     for p in signature.parameters.values():
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD) or p.name in _RESERVED:
             return
         if p.kind is p.VAR_KEYWORD:
             continue  # a call passes only the named parameters; extra keywords fail as Python says
-        record = {"name": p.name, "kind": "positional" if p.kind is p.POSITIONAL_OR_KEYWORD else "keyword",
-                  "captured": p.name in captured}
-        if p.default is not p.empty:
-            if not _literal(p.default):
-                return
+        if p.name not in captured and p.default is not p.empty and not _literal(p.default):
+            gap = True  # left out (its default cannot be written as code): no positional call binds past it
+            continue
+        record = {"name": p.name, "captured": p.name in captured}
+        if p.default is not p.empty and _literal(p.default):
             record["default"] = p.default
+        # a required parameter after one with a default (a captured one whose default was left out) is keyword-only
+        gap = gap or ("default" not in record and any("default" in q and q["kind"] == "positional" for q in params))
+        record["kind"] = "positional" if p.kind is p.POSITIONAL_OR_KEYWORD and not gap else "keyword"
         if p.name in captured and _literal(captured[p.name]):
             record["fixed"] = captured[p.name]
         params.append(record)

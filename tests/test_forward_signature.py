@@ -243,3 +243,43 @@ def test_pickling_a_converted_model_keeps_the_signature_and_its_checks(with_cach
         with pytest.raises(TypeError, match=r"^forward: cache was left at its default"):
             loaded(x, mask)
         assert torch.equal(torch.utils._pytree.tree_leaves(qmodel(x, None, mask))[0], torch.utils._pytree.tree_leaves(expected)[0])
+
+
+def test_a_default_that_is_not_a_literal_leaves_its_parameter_out_and_the_rest_keyword_only():
+    class WithDtype(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x, dtype=torch.float32, mask=None, scale=2.0):
+            return self.fc(x.to(dtype)) * mask * scale
+
+    x, mask = _data(7, 1)[0]
+    model = WithDtype().eval()
+    qmodel = lucid_fx.quantize(model, {"x": x, "mask": mask}, [{"x": x, "mask": m} for x, m in _data(1)], capture="export")
+    assert str(inspect.signature(qmodel.forward)) == "(x, *, mask=None, scale=2.0)"
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 4 were given"):
+        qmodel(x, torch.float32, mask)  # never mask read as dtype, nor dtype as mask
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'dtype'"):
+        qmodel(x, dtype=torch.float32, mask=mask)
+    with pytest.raises(TypeError, match=r"^forward: scale was left at its default \(2.0\)"):
+        qmodel(x, mask=mask, scale=3.0)
+    with torch.no_grad():
+        error = (qmodel(x, mask=mask) - model(x, mask=mask)).pow(2).mean() / model(x, mask=mask).pow(2).mean()
+    assert error < 1e-2
+
+
+def test_a_captured_input_whose_default_is_not_a_literal_is_required_and_keyword_only_after_a_default():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x, cache=None, scale=torch.tensor(1.0)):
+            return self.fc(x) * scale
+
+    x = torch.randn(2, 8)
+    example = {"x": x, "scale": torch.tensor(0.5)}
+    qmodel = lucid_fx.quantize(Scaled().eval(), example, [example], capture="export")
+    assert str(inspect.signature(qmodel.forward)) == "(x, cache=None, *, scale)"
+    assert torch.equal(qmodel(x, scale=torch.tensor(0.5)), qmodel(x=x, cache=None, scale=torch.tensor(0.5)))
