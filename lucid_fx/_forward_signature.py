@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 import torch.fx._pytree as fx_pytree
 from torch import fx
 
-__all__ = ["SignatureCodeGen", "mirror_signature", "check_params", "export_call", "restore_signature"]
+__all__ = ["SignatureCodeGen", "mirror_signature", "check_params", "check_shapes", "export_call", "restore_signature"]
 
 _LITERALS = (type(None), bool, int, float, str)
 # Names the generated code reads as globals or builtins: a parameter of that name would shadow them.
@@ -86,6 +86,14 @@ def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
     return params
 
 
+def check_shapes(shapes: Any, placeholders: int, where: str) -> List[Optional[List[int]]]:
+    """``shapes`` as one shape (a list of sizes) or None per placeholder, or a ValueError naming ``where``."""
+    if not (isinstance(shapes, list) and len(shapes) == placeholders and all(
+            s is None or (isinstance(s, list) and all(type(d) is int and d >= 0 for d in s)) for s in shapes)):
+        raise ValueError(f"{where}: the input shapes are not one list of sizes (or None) per input")
+    return shapes
+
+
 def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -> None:
     """Give ``gm`` (exported from ``model`` with inputs ``captured`` by name) a forward with
     ``model.forward``'s signature, where that signature can be written (see the module doc)."""
@@ -117,8 +125,15 @@ def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -
         params.append(record)
     if [p["name"] for p in params if p["captured"]] != names:
         return  # a name captured through **kwargs, or in another order: torch.export's own call stays
-    gm.graph.set_codegen(SignatureCodeGen(info, params))
+    gm.graph.set_codegen(SignatureCodeGen(info, params, [_static_shape(n) for n in gm.graph.nodes if n.op == "placeholder"]))
     gm.recompile()
+
+
+def _static_shape(placeholder: fx.Node) -> Optional[List[int]]:
+    """The shape torch.export recorded for an input, where every dim is a number (None otherwise)."""
+    value = placeholder.meta.get("val")
+    shape = getattr(value, "shape", None)
+    return None if shape is None or not all(type(d) is int for d in shape) else list(shape)
 
 
 def _equals(name: str, value: Any) -> tuple:
@@ -152,13 +167,22 @@ def _rule(p: Dict[str, Any]) -> tuple:
             f"needs it; pass {name}")
 
 
+def _shape_message(name: str, shape: Sequence[int]) -> str:
+    """The error for input ``name`` of another shape than ``shape`` ("{}" stands for the shape given)."""
+    return (f"forward: {name} has shape {{}}, but prepare captured the model with torch.export on shape "
+            f"{tuple(shape)}, which fixes the graph to it (its reshapes and masks are of that size); call with "
+            "that shape (pad or split the batch), or prepare again on the shape you need")
+
+
 class SignatureCodeGen(fx.graph._PyTreeCodeGen):
     """A pytree codegen whose ``forward`` has the captured model's parameters (``params``, as
     :func:`check_params` validates them) and checks the inputs the graph was fixed for."""
 
-    def __init__(self, pytree_info: Any, params: Sequence[Dict[str, Any]]) -> None:
+    def __init__(self, pytree_info: Any, params: Sequence[Dict[str, Any]], shapes: Sequence[Optional[List[int]]] = ()) -> None:
         super().__init__(pytree_info)
         self.params = [dict(p) for p in params]
+        # per placeholder, the shape torch.export fixed its graph to (None: not a tensor)
+        self.shapes = [None if s is None else list(s) for s in shapes] or [None] * len(pytree_info.orig_args)
 
     def flat_call(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
         """The placeholder values of a call ``forward(*args, **kwargs)`` (as forward binds it)."""
@@ -172,7 +196,11 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
             if bad(bound.arguments[p["name"]]):
                 raise TypeError(message)
         names = [p["name"] for p in self.params if p["captured"]]
-        return fx_pytree.tree_flatten_spec(((), {n: bound.arguments[n] for n in names}), self.pytree_info.in_spec)
+        flat = fx_pytree.tree_flatten_spec(((), {n: bound.arguments[n] for n in names}), self.pytree_info.in_spec)
+        for value, name, shape in zip(flat, self.pytree_info.orig_args, self.shapes):
+            if shape is not None and tuple(value.shape) != tuple(shape):
+                raise ValueError(_shape_message(name, shape).replace("{}", str(tuple(value.shape))))
+        return flat
 
     def fixed_inputs(self) -> Dict[str, Any]:
         """The captured non-tensor values by placeholder name (each is one leaf of the input spec)."""
@@ -200,14 +228,19 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
         targets = [v.split(":")[0].split("#")[0].strip() for v in free_vars if v != "self"]
         if targets:
             code += f"\n    {', '.join(targets)}, = fx_pytree.tree_flatten_spec(([], {values}), self._in_spec)"
+        for name, shape in zip(self.pytree_info.orig_args, self.shapes):
+            if shape is not None and name in targets:
+                before, after = _shape_message(name, shape).split("{}")
+                code += (f"\n    if {name}.shape != {tuple(shape)!r}:"
+                         f"\n        raise ValueError({before!r} + str(tuple({name}.shape)) + {after!r})")
         return code
 
 
 @contextlib.contextmanager
-def export_call(gm: fx.GraphModule) -> Iterator[Optional[List[Dict[str, Any]]]]:
+def export_call(gm: fx.GraphModule) -> Iterator[Optional[Dict[str, Any]]]:
     """For pickling, which rebuilds a GraphModule by tracing its forward: ``gm`` with torch.export's own
-    call while inside (the input checks would stop that trace), yielding the parameters to
-    :func:`restore_signature` from (None, and no change, for any other forward)."""
+    call while inside (the input checks would stop that trace), yielding the parameters and input
+    shapes to :func:`restore_signature` from (None, and no change, for any other forward)."""
     codegen = gm.graph._codegen
     if not isinstance(codegen, SignatureCodeGen):
         yield None
@@ -215,13 +248,13 @@ def export_call(gm: fx.GraphModule) -> Iterator[Optional[List[Dict[str, Any]]]]:
     gm.graph.set_codegen(fx.graph._PyTreeCodeGen(codegen.pytree_info))
     gm.recompile()
     try:
-        yield [dict(p) for p in codegen.params]
+        yield {"params": [dict(p) for p in codegen.params], "shapes": codegen.shapes}
     finally:
         gm.graph.set_codegen(codegen)
         gm.recompile()
 
 
-def restore_signature(gm: fx.GraphModule, params: List[Dict[str, Any]]) -> None:
+def restore_signature(gm: fx.GraphModule, record: Dict[str, Any]) -> None:
     """``gm`` unpickled (torch.export's call, traced: its outputs folded back into their structure)
     given the forward with the model's signature again, its flat outputs and input spec as before."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
@@ -231,5 +264,6 @@ def restore_signature(gm: fx.GraphModule, params: List[Dict[str, Any]]) -> None:
     output.args = (flat,)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     info = fx.graph._PyTreeInfo(placeholders, gm._in_spec, gm._out_spec)
-    gm.graph.set_codegen(SignatureCodeGen(info, check_params(params, gm._in_spec, "unpickling: forward")))
+    gm.graph.set_codegen(SignatureCodeGen(info, check_params(record["params"], gm._in_spec, "unpickling: forward"),
+                                          check_shapes(record["shapes"], len(placeholders), "unpickling: forward")))
     gm.recompile()

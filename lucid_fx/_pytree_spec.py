@@ -1,8 +1,9 @@
 """The call structure of a torch.export graph (its ``_PyTreeCodeGen``: how ``forward``'s positional
 and keyword arguments flatten into placeholders, and how the outputs fold back into the model's
 dict or tuple), written by save as two JSON strings and read back by load; for a ``forward`` with
-the model's own signature (lucid_fx/_forward_signature.py), also its parameters as data: names
-that must be identifiers and literal defaults and values, checked before they become code.
+the model's own signature (lucid_fx/_forward_signature.py), also its parameters and input shapes
+as data: names that must be identifiers, literal defaults and values, and lists of sizes, checked
+before they become code.
 
 ``torch.utils._pytree.treespec_loads`` parses JSON and resolves each node type only against
 pytree's own registry of serializable types (tuple, list, dict, namedtuples and classes someone
@@ -19,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from lucid_fx._codec import NotSerializable
-from lucid_fx._forward_signature import SignatureCodeGen, check_params
+from lucid_fx._forward_signature import SignatureCodeGen, check_params, check_shapes
 
 __all__ = ["SPEC_ATTRIBUTES", "has_pytree_codegen", "encode_codegen", "decode_codegen"]
 
@@ -40,9 +41,10 @@ def encode_codegen(gm: fx.GraphModule, where: str) -> Optional[List[Any]]:
     if not isinstance(codegen, fx.graph._PyTreeCodeGen):
         raise NotSerializable(f"{where}: its graph has a {type(codegen).__name__}, which lucid_fx.save cannot write")
     info = codegen.pytree_info
-    params = [[dict(p) for p in codegen.params]] if isinstance(codegen, SignatureCodeGen) else []
+    signature = ([{"params": [dict(p) for p in codegen.params], "shapes": codegen.shapes}]
+                 if isinstance(codegen, SignatureCodeGen) else [])
     try:
-        return [pytree.treespec_dumps(info.in_spec), pytree.treespec_dumps(info.out_spec)] + params
+        return [pytree.treespec_dumps(info.in_spec), pytree.treespec_dumps(info.out_spec)] + signature
     except Exception as err:  # noqa: BLE001 - a type pytree cannot serialize: say which
         raise NotSerializable(
             f"{where}: the exported call structure (inputs {info.in_spec}, outputs {info.out_spec}) cannot be "
@@ -67,6 +69,10 @@ def decode_codegen(graph: fx.Graph, specs: Any, owner: str) -> None:
                          f"{len(placeholders)} placeholders, {out_spec.num_leaves} outputs)")
     info = fx.graph._PyTreeInfo(placeholders, in_spec, out_spec)
     if len(specs) == 3:
-        graph.set_codegen(SignatureCodeGen(info, check_params(specs[2], in_spec, f"{owner}: forward")))
+        record = specs[2]
+        if not (isinstance(record, dict) and set(record) == {"params", "shapes"}):
+            raise ValueError(f"{owner}: malformed forward signature record")
+        graph.set_codegen(SignatureCodeGen(info, check_params(record["params"], in_spec, f"{owner}: forward"),
+                                           check_shapes(record["shapes"], len(placeholders), f"{owner}: forward")))
     else:
         graph.set_codegen(fx.graph._PyTreeCodeGen(info))

@@ -169,8 +169,8 @@ def test_load_refuses_a_crafted_signature_before_it_becomes_code(with_cache, edi
     buffer.seek(0)
     data = torch.load(buffer, weights_only=True)
     record = _pytree_record(data)
-    assert [p["name"] for p in record[2]] == ["x", "cache", "mask"]
-    edit(record[2])
+    assert [p["name"] for p in record[2]["params"]] == ["x", "cache", "mask"]
+    edit(record[2]["params"])
     tampered = io.BytesIO()
     torch.save(data, tampered)
     tampered.seek(0)
@@ -283,3 +283,40 @@ def test_a_captured_input_whose_default_is_not_a_literal_is_required_and_keyword
     qmodel = lucid_fx.quantize(Scaled().eval(), example, [example], capture="export")
     assert str(inspect.signature(qmodel.forward)) == "(x, cache=None, *, scale)"
     assert torch.equal(qmodel(x, scale=torch.tensor(0.5)), qmodel(x=x, cache=None, scale=torch.tensor(0.5)))
+
+
+def test_an_input_of_another_shape_than_captured_is_refused_by_name(with_cache):
+    # torch.export fixes the graph to the example's shapes: another batch used to give a wrong answer
+    # (the BERT-like family returned a batch of 2 for a batch of 1) or a bare broadcasting error.
+    _, prepared, qmodel = with_cache
+    x, mask = _data(8, 1)[0]
+    message = (r"^forward: x has shape \(1, 8\), but prepare captured the model with torch.export on shape \(2, 8\), "
+               r"which fixes the graph to it .*; call with that shape \(pad or split the batch\), or prepare again")
+    for model in (prepared, qmodel):
+        with pytest.raises(ValueError, match=message):
+            model(x[:1], None, mask[:1])
+    with pytest.raises(ValueError, match=r"^forward: mask has shape \(2, 4\)"):
+        qmodel(x, None, mask[:, :4])
+    with pytest.raises(ValueError, match=message):
+        lucid_fx.calibrate(prepared, [(x[:1], None, mask[:1])], progress=False)
+    assert qmodel(x, None, mask).shape == (2, 8)
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ([[2, 8]], r"the input shapes are not one list of sizes \(or None\) per input"),
+    ([[2, 8], "2, 8"], r"the input shapes are not one list of sizes"),
+    ([[2, 8], [2, -1]], r"the input shapes are not one list of sizes"),
+], ids=["too-few", "code-as-shape", "negative"])
+def test_load_refuses_crafted_input_shapes(with_cache, shapes, message):
+    buffer = io.BytesIO()
+    lucid_fx.save(with_cache[2], buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    record = _pytree_record(data)
+    assert record[2]["shapes"] == [[2, 8], [2, 8]]
+    record[2]["shapes"] = shapes
+    tampered = io.BytesIO()
+    torch.save(data, tampered)
+    tampered.seek(0)
+    with pytest.raises(ValueError, match=message):
+        lucid_fx.load(tampered)
