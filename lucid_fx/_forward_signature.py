@@ -12,7 +12,9 @@ torch.export fixes the graph for the values of non-tensor inputs (``use_cache=Fa
 defaults. Before the graph runs, it checks each input the graph was fixed for: a parameter left
 at its default at capture must still be at it, a non-tensor input must have its captured value,
 an input captured as a tensor must not be None; each failure is a ``TypeError`` saying what to
-pass or to prepare again with. Only literal defaults and values (None, bool, int, finite float,
+pass or to prepare again with. torch.export also fixes the graph to the example's shapes (its
+reshapes and masks are of that size: the BERT-like model given a batch of 1 returned a batch of 2),
+so a tensor input of another shape is a ``ValueError`` naming it and both shapes. Only literal defaults and values (None, bool, int, finite float,
 str) are written into code: a parameter left at another default (``dtype=torch.float32``) is left
 out of the signature, and every parameter after it is keyword-only, so no positional call binds
 past it; a signature with ``*args`` or positional-only parameters keeps torch.export's own call.
@@ -26,9 +28,8 @@ import keyword
 import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-import torch.utils._pytree as pytree
-
 import torch.fx._pytree as fx_pytree
+import torch.utils._pytree as pytree
 from torch import fx
 
 __all__ = ["SignatureCodeGen", "mirror_signature", "check_params", "check_shapes", "export_call", "restore_signature"]
@@ -59,7 +60,7 @@ def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
     load holds a file's record to this before any of it becomes code."""
     if not isinstance(params, list) or not params:
         raise ValueError(f"{where}: the forward signature is not a list of parameters")
-    seen, keyword_only = set(), False
+    seen, keyword_only, defaulted = set(), False, False
     for p in params:
         if not (isinstance(p, dict) and set(p) <= {"name", "kind", "default", "fixed", "captured"}
                 and {"name", "kind", "captured"} <= set(p)):
@@ -76,13 +77,13 @@ def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
             raise ValueError(f"{where}: positional parameter {name!r} after a keyword-only one")
         if not p["captured"] and ("default" not in p or "fixed" in p):
             raise ValueError(f"{where}: forward parameter {name!r} was not captured and has no default")
+        if p["kind"] == "positional" and "default" not in p and defaulted:
+            raise ValueError(f"{where}: positional parameter {name!r} without a default follows one with a default")
         keyword_only = keyword_only or p["kind"] == "keyword"
+        defaulted = defaulted or (p["kind"] == "positional" and "default" in p)
         seen.add(name)
     if _captured_names(in_spec) != [p["name"] for p in params if p["captured"]]:
         raise ValueError(f"{where}: the forward signature does not fit the graph's inputs")
-    if any(a["kind"] == "positional" and "default" in a and "default" not in b and b["kind"] == "positional"
-           for a, b in zip(params, params[1:])):
-        raise ValueError(f"{where}: a parameter without a default follows one with a default")
     return params
 
 

@@ -160,9 +160,12 @@ def _pytree_record(data):
     (lambda p: p[1].update(default=float("nan")), r"forward parameter 'cache' has a default that is not a literal"),
     (lambda p: p[1].pop("default"), r"forward parameter 'cache' was not captured and has no default"),
     (lambda p: p[2].update(name="x"), r"forward parameter 'x' is repeated or malformed"),
-    (lambda p: p.reverse(), r"the forward signature does not fit the graph's inputs"),
+    (lambda p: p[1].update(captured=True), r"the forward signature does not fit the graph's inputs"),
     (lambda p: p[0].update(code="1"), r"malformed forward parameter"),
-], ids=["code-as-name", "shadows-torch", "list-default", "nan-default", "no-default", "repeated", "reordered", "extra-key"])
+    (lambda p: p[1].update(kind="keyword"), r"positional parameter 'mask' after a keyword-only one"),
+    (lambda p: p[2].pop("default"), r"positional parameter 'mask' without a default follows one with a default"),
+], ids=["code-as-name", "shadows-torch", "list-default", "nan-default", "no-default", "repeated", "not-captured", "extra-key",
+        "positional-after-keyword", "required-after-default"])
 def test_load_refuses_a_crafted_signature_before_it_becomes_code(with_cache, edit, message):
     buffer = io.BytesIO()
     lucid_fx.save(with_cache[2], buffer)
