@@ -1,10 +1,17 @@
 """Grids in tests: rounding an int8 model's float result onto an observer's grid, to compare it with
-the reference model; and whether this machine's oneDNN is exact on a Target's weight grid."""
+the reference model; whether this machine's oneDNN is exact on a Target's weight grid; and random
+codes over a whole 8-bit grid."""
 
 import torch
 
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.target import NARROW_GRID, Target
+
+
+def random_codes(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Codes of ``dtype`` drawn over its whole range, the same for the same seed."""
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max + 1, shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def onednn_exact(target: Target) -> bool:

@@ -141,6 +141,22 @@ def test_save_and_load_keep_the_signature_and_its_checks(with_cache, with_flags)
             bad(loaded, x)
 
 
+def _saved(qmodel):
+    """The data ``lucid_fx.save`` writes for ``qmodel``, and its forward-signature record in it."""
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    return data, _pytree_record(data)[2]
+
+
+def _load(data):
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    buffer.seek(0)
+    return lucid_fx.load(buffer)
+
+
 def _pytree_record(data):
     if isinstance(data, dict):
         if "pytree" in data:
@@ -167,18 +183,11 @@ def _pytree_record(data):
 ], ids=["code-as-name", "shadows-torch", "list-default", "nan-default", "no-default", "repeated", "not-captured", "extra-key",
         "positional-after-keyword", "required-after-default"])
 def test_load_refuses_a_crafted_signature_before_it_becomes_code(with_cache, edit, message):
-    buffer = io.BytesIO()
-    lucid_fx.save(with_cache[2], buffer)
-    buffer.seek(0)
-    data = torch.load(buffer, weights_only=True)
-    record = _pytree_record(data)
-    assert [p["name"] for p in record[2]["params"]] == ["x", "cache", "mask"]
-    edit(record[2]["params"])
-    tampered = io.BytesIO()
-    torch.save(data, tampered)
-    tampered.seek(0)
+    data, record = _saved(with_cache[2])
+    assert [p["name"] for p in record["params"]] == ["x", "cache", "mask"]
+    edit(record["params"])
     with pytest.raises(ValueError, match=message):
-        lucid_fx.load(tampered)
+        _load(data)
 
 
 def test_a_signature_that_cannot_be_written_keeps_torch_exports_call():
@@ -311,15 +320,8 @@ def test_an_input_of_another_shape_than_captured_is_refused_by_name(with_cache):
     ([[2, 8], [2, -1]], r"the input shapes are not one list of sizes"),
 ], ids=["too-few", "code-as-shape", "negative"])
 def test_load_refuses_crafted_input_shapes(with_cache, shapes, message):
-    buffer = io.BytesIO()
-    lucid_fx.save(with_cache[2], buffer)
-    buffer.seek(0)
-    data = torch.load(buffer, weights_only=True)
-    record = _pytree_record(data)
-    assert record[2]["shapes"] == [[2, 8], [2, 8]]
-    record[2]["shapes"] = shapes
-    tampered = io.BytesIO()
-    torch.save(data, tampered)
-    tampered.seek(0)
+    data, record = _saved(with_cache[2])
+    assert record["shapes"] == [[2, 8], [2, 8]]
+    record["shapes"] = shapes
     with pytest.raises(ValueError, match=message):
-        lucid_fx.load(tampered)
+        _load(data)

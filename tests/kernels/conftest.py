@@ -63,3 +63,15 @@ def native_build(native_env, monkeypatch):
         native_env()
         _require_native()
     return load
+
+
+@pytest.fixture
+def forbid_route(monkeypatch):
+    """``forbid_route(module, name)``: a call of ``module.name`` fails the test, so what passes ran the
+    native kernel that replaces that torch route."""
+    def forbid(module, name: str) -> None:
+        def route(*args, **kwargs):
+            raise AssertionError(f"the torch route {name} ran")
+        monkeypatch.setattr(module, name, route)
+    return forbid
+

@@ -7,19 +7,15 @@ import torch
 
 from lucid_fx.kernels import matmul_native as mn
 from lucid_fx.kernels import program_ops
+from _grid import random_codes
 
 
 @pytest.fixture
-def no_fallback(monkeypatch):
-    """The torch route (native.matmul_codes) fails the test: what passes ran native_matmul.c."""
-    def fallback(*args):
-        raise AssertionError("the torch route ran")
-    monkeypatch.setattr(mn.native, "matmul_codes", fallback)
+def no_fallback(forbid_route):
+    forbid_route(mn.native, "matmul_codes")  # what passes ran native_matmul.c
 
 
-def _codes(shape, dtype, seed):
-    info = torch.iinfo(dtype)
-    return torch.randint(info.min, info.max + 1, shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+_codes = random_codes
 
 
 CASES = {  # (a, b) of codes of dtype d: attention's shapes and layouts, and odd sizes for the tails

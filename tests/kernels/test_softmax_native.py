@@ -10,22 +10,15 @@ import torch
 
 from lucid_fx.kernels import program_ops, softmax_native
 from lucid_fx.kernels import reference as ref
+from _grid import random_codes
 
 
 TORCH_ROUTE = program_ops.softmax_codes
 
 
 @pytest.fixture
-def no_fallback(monkeypatch):
-    """The torch route fails the test: what passes ran native_softmax.c."""
-    def fallback(*args):
-        raise AssertionError("the torch route ran")
-    monkeypatch.setattr(softmax_native.program_ops, "softmax_codes", fallback)
-
-
-def _codes(shape, dtype, seed):
-    info = torch.iinfo(dtype)
-    return torch.randint(info.min, info.max + 1, shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+def no_fallback(forbid_route):
+    forbid_route(softmax_native.program_ops, "softmax_codes")  # what passes ran native_softmax.c
 
 
 SHAPES = [((4, 2, 33, 33), -1), ((3, 17, 5), 1), ((4, 9, 6), 0), ((2, 255), -1), ((2, 300), -1), ((7, 1), -1)]
@@ -36,7 +29,7 @@ SHAPES = [((4, 2, 33, 33), -1), ((3, 17, 5), 1), ((4, 9, 6), 0), ((2, 255), -1),
 @pytest.mark.parametrize("dtype,out_zp", [(torch.uint8, 0), (torch.uint8, 5), (torch.int8, -128)])
 def test_the_native_softmax_equals_the_torch_route_bit_for_bit(native_build, no_fallback, build, shape, dim, dtype, out_zp):
     native_build(build)
-    q = _codes(shape, dtype, 0)
+    q = random_codes(shape, dtype, 0)
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
     for scale in (0.011, 0.3, 4.0):  # 4.0: most of the table is 0, a row's largest code alone counts
         table = program_ops.softmax_table(scale)
@@ -57,7 +50,7 @@ def test_the_table_is_exp_within_half_a_unit_of_its_fixed_point():
 
 @pytest.mark.parametrize("dtype,zp", [(torch.uint8, 0), (torch.int8, -128)])
 def test_the_codes_stay_within_one_step_of_the_float_softmax(dtype, zp):
-    q = _codes((8, 4, 64, 64), dtype, 1)
+    q = random_codes((8, 4, 64, 64), dtype, 1)
     for scale in (0.011, 0.05, 0.3):
         got = softmax_native.softmax_codes(q, program_ops.softmax_table(scale), -1, 256.0, zp,
                                            *program_ops.code_bounds(dtype, zp, "none"), dtype)
@@ -67,7 +60,7 @@ def test_the_codes_stay_within_one_step_of_the_float_softmax(dtype, zp):
 
 
 def test_codes_not_dense_take_the_torch_route():
-    q = _codes((6, 40), torch.uint8, 2)
+    q = random_codes((6, 40), torch.uint8, 2)
     table = program_ops.softmax_table(0.1)
     strided = q.t()  # softmax along a dim that is not contiguous
     got = softmax_native.softmax_codes(strided, table, -1, 256.0, 0, 0, 255, torch.uint8)
