@@ -406,7 +406,7 @@ def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
 def test_attention_families_programs_compute_the_portable_values_through_the_native_routes(family):
     # Llama's rotary embedding (rotate_half's cat of a negated half), its additive causal mask, grouped
     # query attention's expanded keys, ViT's plain softmax: each on the program's own route.
-    from lucid_fx.kernels import matmul_native, native, native_elementwise, program_ops
+    from lucid_fx.kernels import matmul_native, native, native_elementwise, softmax_native
     from tests.models.families import FAMILIES, as_batch
     from tests.models.measure import positional
 
@@ -421,7 +421,7 @@ def test_attention_families_programs_compute_the_portable_values_through_the_nat
     calls = collections.Counter(n.target for n in _program(q).graph.nodes if n.op == "call_function")
     assert calls[matmul_native.matmul_codes] == (4 if native.available() else 0)
     if family == "llama":
-        assert calls[program_ops.masked_softmax_float] == 2
+        assert calls[softmax_native.masked_softmax_codes] == 2
         fused = native.available() and native_elementwise.fused_add()
         assert calls[native_elementwise.add_codes] == (4 if fused else 0)  # q * cos + rotate_half(q) * sin, and k's
         # each rotate_half: two lookups (-x2 and its requantization composed in one table; x1's requantization)

@@ -12,7 +12,7 @@ import torch
 from lucid_fx.kernels import attention, native, native_elementwise, norms, softmax_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
-from lucid_fx.kernels.program_ops import centered, code_bounds, masked_softmax_float, requantize_codes, softmax_table
+from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes, softmax_table
 
 __all__ = ["PAIR_TABLES"]
 
@@ -62,10 +62,12 @@ def softmax(q, scale, zp, dim, out_scale, out_zp):
 
 
 def masked_softmax(q, scale, zp, mask, fill, dim, out_scale, out_zp):
-    """:func:`softmax` with the mask applied in float32 first (lucid_fx/kernels/attention.py)."""
+    """:func:`softmax` over the positions a padding or causal mask leaves (``program_ops.softmax_keep``),
+    or, for a bias, in float32 with the mask applied first (lucid_fx/kernels/attention.py); the
+    program makes the same call."""
     attention.check_mask(mask, fill)
-    y = masked_softmax_float(q, zp, scale, mask, fill, dim)  # the program's float steps too
-    return _requantize(y.mul_(1.0 / out_scale), out_zp, "none", q.dtype)
+    low, high = code_bounds(q.dtype, out_zp, "none")
+    return softmax_native.masked_softmax_codes(q, scale, zp, mask, fill, dim, 1.0 / out_scale, out_zp, low, high, q.dtype)
 
 
 def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:

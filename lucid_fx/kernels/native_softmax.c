@@ -8,7 +8,8 @@
  *
  * program_ops.softmax_codes's steps one for one, so its codes bit for bit: the sums are exact
  * integers and every float step is one IEEE operation in the same order. Codes are laid out as
- * (outer, n, inner), dense, softmax along n (inner 1 for the last dim). */
+ * (outer, n, inner), dense, softmax along n (inner 1 for the last dim); keep (or NULL), one byte
+ * per code in the same layout, marks the positions a mask leaves (program_ops.softmax_keep). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -33,9 +34,25 @@
         for (int64_t j = 0; j < n; j++) y[j * (STEP)] = (CODE)REQUANTIZE((float)e[j] * r * mult, lo, hi, zp); \
     }
 
+/* The same over the positions keep marks (a mask's complement, in q's layout): the others are
+ * probability 0, and a row with none kept is all 0, as program_ops.softmax_codes with keep. */
+#define SOFTMAX_KEPT_ROW(CODE, STEP)                                                               \
+    {                                                                                              \
+        const uint8_t *k = keep + (x - q);                                                         \
+        int32_t top = -256;                                                                        \
+        for (int64_t j = 0; j < n; j++)                                                            \
+            if (k[j * (STEP)] && x[j * (STEP)] > top) top = x[j * (STEP)];                         \
+        const int32_t *t = table + (top < 0 ? 0 : top);                                            \
+        int64_t sum = 0;                                                                           \
+        for (int64_t j = 0; j < n; j++) sum += e[j] = k[j * (STEP)] ? t[-(int32_t)x[j * (STEP)]] : 0; \
+        const float r = sum ? (float)(1.0 / (double)sum) : 0.0f; /* nothing kept: every e is 0 */  \
+        for (int64_t j = 0; j < n; j++) y[j * (STEP)] = (CODE)REQUANTIZE((float)e[j] * r * mult, lo, hi, zp); \
+    }
+
 #define SOFTMAX(NAME, CODE)                                                                        \
-    int32_t NAME(const CODE *restrict q, const int32_t *restrict table, CODE *restrict out, int64_t outer, \
-              int64_t n, int64_t inner, float mult, int32_t zp, int32_t low, int32_t high) {       \
+    int32_t NAME(const CODE *restrict q, const uint8_t *restrict keep, const int32_t *restrict table, \
+                 CODE *restrict out, int64_t outer, int64_t n, int64_t inner, float mult, int32_t zp, \
+                 int32_t low, int32_t high) {                                                      \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
         int32_t *restrict e = malloc((size_t)n * sizeof *e);                                        \
         if (!e) return -1;                                                                         \
@@ -43,7 +60,9 @@
             for (int64_t i = 0; i < inner; i++) {                                                  \
                 const CODE *restrict x = q + o * n * inner + i;                                    \
                 CODE *restrict y = out + o * n * inner + i;                                        \
-                if (inner == 1) SOFTMAX_ROW(CODE, 1) else SOFTMAX_ROW(CODE, inner)                 \
+                if (keep) SOFTMAX_KEPT_ROW(CODE, inner)                                            \
+                else if (inner == 1) SOFTMAX_ROW(CODE, 1)                                          \
+                else SOFTMAX_ROW(CODE, inner)                                                      \
             }                                                                                      \
         free(e);                                                                                   \
         return 0;                                                                                  \

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import attention, checks
 
 __all__ = ["operand", "quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
-           "matmul_float", "matmul_codes", "softmax_table", "softmax_codes", "EXP_ONE", "max_pool_taps", "global_avg_pool_codes",
+           "matmul_float", "matmul_codes", "softmax_table", "softmax_codes", "softmax_keep", "EXP_ONE", "max_pool_taps", "global_avg_pool_codes",
            "max_pool_taps_supported"]
 
 # 1.5 * 2**23: adding it to a float32 below 2**22 in magnitude rounds it half to even and leaves the
@@ -141,16 +141,54 @@ def softmax_table(scale: float) -> torch.Tensor:
     return torch.round(torch.exp(d * -scale) * EXP_ONE).to(torch.int32)
 
 
-def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
+def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype,
+                  keep=None):
     """Codes of the softmax of ``scale * q`` along ``dim`` (``table``: :func:`softmax_table` of ``scale``):
     ``e = table[max - q]``, summed exactly in int64, ``e * float32(1 / sum)``, requantized. A shift
-    of the codes cancels, so the zero point is never subtracted. ``softmax_native.c`` makes the
-    same steps in one pass."""
+    of the codes cancels, so the zero point is never subtracted. With ``keep`` (bool, ``q``'s shape)
+    only the positions it marks count, and a row with none is all zero probability, as a row masked
+    everywhere with -inf (:func:`softmax_keep`). ``softmax_native.c`` makes the same steps in one pass."""
     wide = q.to(torch.int32)
-    e = table[(wide.amax(dim, keepdim=True) - wide).to(torch.int64)]
+    top = (wide if keep is None else wide.masked_fill(~keep, -256)).amax(dim, keepdim=True)
+    e = table[(top - wide).clamp_(0, 255).to(torch.int64)]
+    if keep is not None:
+        e = e.masked_fill_(~keep, 0)
     inverse = torch.reciprocal(e.sum(dim, keepdim=True, dtype=torch.int64).to(torch.float64)).to(torch.float32)
     y = e.to(torch.float32).mul_(inverse)
+    if keep is not None:
+        y = y.nan_to_num_(nan=0.0)  # a row with nothing kept: 0 * inf
     return requantize_codes(y.mul_(operand(inv_out_scale)), zp, low, high, dtype).contiguous()  # as torch.softmax
+
+
+def softmax_keep(q: torch.Tensor, scale: float, mask: torch.Tensor, fill, dim: int):
+    """Where ``masked_softmax(q, mask, fill)`` along the last dim is :func:`softmax_codes` over a subset
+    of each row: the positions that count (bool, ``q``'s shape). That holds for a mask of 0 and of
+    values that leave ``exp`` exactly 0 in float32 past any score (below ``-104 - 255 * scale``: -inf,
+    ``finfo.min``, -1e9, -1e4), and for a row masked everywhere with one value: the plain softmax if
+    it is finite (a shift cancels), zeros if it is -inf. None otherwise (a bias, another dim, a mask
+    that broadcasts ``q``, a row ``masked_fill`` sets everywhere to a finite value, which is uniform):
+    the float route then."""
+    if dim % q.dim() != q.dim() - 1 or mask.dim() > q.dim() or any(
+            m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(q.shape))):
+        return None
+    bound = -104.0 - 255.0 * scale
+    if fill is not None:  # masked_fill(mask, fill) of a bool mask
+        if not fill <= bound:
+            return None
+        keep = ~mask
+        if math.isfinite(fill) and not bool(keep.any(-1).all()):
+            return None  # a row filled everywhere with one value is uniform, whatever the scores
+        return keep.expand(q.shape)
+    keep = mask == 0
+    if not bool((keep | (mask <= bound)).all()):
+        return None
+    everywhere = ~keep.any(-1, keepdim=True)
+    if bool(everywhere.any()):
+        low, high = mask.amin(-1, keepdim=True), mask.amax(-1, keepdim=True)
+        if not bool((low == high)[everywhere].all()):
+            return None  # masked everywhere with several values: the largest win, in float
+        keep = keep | (everywhere & (high > float("-inf")))
+    return keep.expand(q.shape)
 
 
 def max_pool_taps_supported(kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],

@@ -18,21 +18,35 @@ from __future__ import annotations
 
 import torch
 
-from lucid_fx.kernels import program_ops
+from lucid_fx.kernels import native, program_ops
 from lucid_fx.kernels.native import _function
 
-__all__ = ["softmax_codes"]
+__all__ = ["softmax_codes", "masked_softmax_codes"]
 
 
-def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype):
+def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype,
+                  keep=None):
     """:func:`lucid_fx.kernels.program_ops.softmax_codes` in one native pass where ``q`` is dense."""
     fn = _function("softmax", dtype)
     if fn is None or q.dtype != dtype or q.device.type != "cpu" or not q.is_contiguous() or q.dim() == 0:
-        return program_ops.softmax_codes(q, table, dim, inv_out_scale, zp, low, high, dtype)
+        return program_ops.softmax_codes(q, table, dim, inv_out_scale, zp, low, high, dtype, keep)
     d = dim % q.dim()
     outer, n = q.shape[:d].numel(), q.shape[d]
     out = torch.empty_like(q)
-    if out.numel() and fn(q.data_ptr(), table.data_ptr(), out.data_ptr(), outer, n, q.shape[d + 1:].numel(),
-                          inv_out_scale, zp, low, high):
+    kept = None if keep is None else keep.contiguous()  # one byte per code, q's layout
+    if out.numel() and fn(q.data_ptr(), None if kept is None else kept.data_ptr(), table.data_ptr(), out.data_ptr(),
+                          outer, n, q.shape[d + 1:].numel(), inv_out_scale, zp, low, high):
         raise MemoryError("lucid_fx: the native softmax could not allocate a row's exponentials")
     return out
+
+
+def masked_softmax_codes(q, scale: float, zp: int, mask, fill, dim: int, inv_out_scale: float, out_zp: int,
+                         low: int, high: int, dtype):
+    """``lucid_fx::masked_softmax``'s codes on the CPU: the table softmax over the positions the mask
+    leaves where it is a mask (``program_ops.softmax_keep``: padding and causal masks, -inf or a very
+    negative fill), else the float route (a bias: the scores plus the mask, in float32)."""
+    keep = program_ops.softmax_keep(q, scale, mask, fill, dim)
+    if keep is not None:
+        return softmax_codes(q, program_ops.softmax_table(scale), dim, inv_out_scale, out_zp, low, high, dtype, keep)
+    y = program_ops.masked_softmax_float(q, zp, scale, mask, fill, dim)
+    return native.requantize_scaled(y, inv_out_scale, out_zp, low, high, dtype)

@@ -267,15 +267,14 @@ def softmax(b, node):  # lucid_fx.softmax on the CPU -> softmax_native.softmax_c
     return b.call(step, q, table, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
-def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> its float steps, then one requantization
+def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> the table softmax over what the mask leaves, or float
     q, scale, zp, mask, fill, dim, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
     if (b.kernel("masked_softmax") is not cpu_float.masked_softmax or dtype not in (torch.uint8, torch.int8)
             or (fill is not None and b.value(mask).dtype != torch.bool)):  # the kernel's own error then
         return None
     low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    y = b.call(program_ops.masked_softmax_float, q, zp, scale, mask, fill, dim)
-    return b.call(native.requantize_scaled, y, 1.0 / out_scale, out_zp, low, high, dtype)
+    return b.call(softmax_native.masked_softmax_codes, q, scale, zp, mask, fill, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
@@ -287,6 +286,6 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "mean": mean,  # over H and W -> the same global average pool
     "matmul": matmul,  # -> native / program_ops.matmul_codes
     "softmax": softmax,  # -> softmax_native / program_ops.softmax_codes
-    "masked_softmax": masked_softmax,  # -> program_ops.masked_softmax_float, native.requantize_scaled
+    "masked_softmax": masked_softmax,  # -> softmax_native.masked_softmax_codes (decided per call by the mask)
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
 }

@@ -1,7 +1,8 @@
 """lucid_fx/kernels/softmax_native.py and native_softmax.c: the softmax of codes from a table of
 exponentials gives program_ops.softmax_codes's codes bit for bit on this CPU's build and the
 portable one, along any dim, for both code dtypes; and it stays within one code of the float
-softmax (the reference kernel)."""
+softmax (the reference kernel). The masked softmax takes the table route for padding and causal
+masks (masked positions exactly 0) and the float route for biases."""
 
 import math
 
@@ -10,6 +11,7 @@ import torch
 
 from lucid_fx.kernels import program_ops, softmax_native
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.attention import masked_softmax as ref_masked_softmax
 from _grid import random_codes
 
 
@@ -65,3 +67,48 @@ def test_codes_not_dense_take_the_torch_route():
     strided = q.t()  # softmax along a dim that is not contiguous
     got = softmax_native.softmax_codes(strided, table, -1, 256.0, 0, 0, 255, torch.uint8)
     assert torch.equal(got, softmax_native.softmax_codes(strided.contiguous(), table, -1, 256.0, 0, 0, 255, torch.uint8))
+
+
+def _masks():
+    g = torch.Generator().manual_seed(3)
+    pad = torch.ones(2, 16)
+    pad[1, 11:] = 0
+    row_masked = torch.zeros(2, 1, 16, 16, dtype=torch.bool).index_fill_(2, torch.tensor([3]), True)
+    return {  # name: (mask, fill, whether the table route takes it)
+        "padding, finfo.min": ((1 - pad)[:, None, None, :] * torch.finfo(torch.float32).min, None, True),
+        "causal, -inf": (torch.full((16, 16), float("-inf")).triu(1), None, True),
+        "padding, -1e4": ((1 - pad)[:, None, None, :] * -1e4, None, True),
+        "bool, -inf": (torch.rand(2, 1, 16, 16, generator=g) < 0.3, float("-inf"), True),
+        "bool, -1e9": (torch.rand(2, 1, 16, 16, generator=g) < 0.3, -1e9, True),
+        "a row all -inf (bool)": (row_masked, float("-inf"), True),
+        "a row all -inf (added)": (torch.zeros(2, 1, 16, 16).masked_fill_(row_masked, float("-inf")), None, True),
+        "a row all -1e4 (added: a shift)": (torch.zeros(2, 1, 16, 16).masked_fill_(row_masked, -1e4), None, True),
+        "a row all -1e9 (filled: uniform)": (row_masked, -1e9, False),
+        "a bias (ALiBi)": (torch.randn(1, 4, 1, 16, generator=g), None, False),
+        "-50: not past every score": ((1 - pad)[:, None, None, :] * -50.0, None, False),
+    }
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("name", sorted(_masks()))
+def test_a_masked_softmax_is_the_table_softmax_over_what_the_mask_leaves(native_build, build, name):
+    native_build(build)
+    mask, fill, table_route = _masks()[name]
+    q, scale = random_codes((2, 4, 16, 16), torch.uint8, 4), 0.05
+    keep = program_ops.softmax_keep(q, scale, mask, fill, -1)
+    assert (keep is not None) == table_route
+    got = softmax_native.masked_softmax_codes(q, scale, 128, mask, fill, -1, 256.0, 0, 0, 255, torch.uint8)
+    float_route = ref_masked_softmax(q, scale, 128, mask, fill, -1, 1 / 256, 0)
+    differ = got.to(torch.int32) - float_route.to(torch.int32)
+    assert differ.abs().max() <= 1 and (differ != 0).float().mean() < 0.01, name
+    if table_route:
+        assert torch.equal(got, TORCH_ROUTE(q, program_ops.softmax_table(scale), -1, 256.0, 0, 0, 255, torch.uint8, keep))
+        assert bool((got[~keep] == 0).all()), "a masked position is probability 0"
+
+
+def test_the_table_route_declines_another_dim_and_a_mask_that_broadcasts_the_scores():
+    q = random_codes((2, 16, 16), torch.uint8, 5)
+    mask = torch.zeros(2, 16, 16)
+    assert program_ops.softmax_keep(q, 0.05, mask, None, -1) is not None
+    assert program_ops.softmax_keep(q, 0.05, mask, None, 1) is None
+    assert program_ops.softmax_keep(q, 0.05, torch.zeros(3, 2, 16, 16), None, -1) is None
