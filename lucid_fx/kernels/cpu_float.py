@@ -1,9 +1,11 @@
-"""CPU kernels computed in float32 on the codes (add, mul, matmul, softmax, masked softmax) and table lookups.
+"""CPU kernels computed on the codes (add, mul and matmul in float32; softmax and masked softmax from a
+table of exponentials, or in float32 for a mask that is a bias) and table lookups.
 
 Each is the reference computation with fewer passes over memory: scales are folded into one
 multiply, a zero point of 0 adds nothing, and softmax skips the zero point it is invariant to.
-Codes can differ from the reference by one step where a value lies on a rounding tie; the
-tests in ``tests/kernels/test_ops.py`` bound how often. Table lookups read two codes at a time
+Codes can differ from the reference by one step where a value lies on a rounding tie (softmax:
+where its table's 2**-24 moves one); the tests in ``tests/kernels/test_ops.py`` and
+``test_softmax_native.py`` bound how often. Table lookups read two codes at a time
 (:func:`lut`). Measured on 2 AVX2 cores for the encoder block's shapes, see each kernel.
 """
 
