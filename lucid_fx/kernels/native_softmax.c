@@ -40,11 +40,15 @@
     {                                                                                              \
         const uint8_t *k = keep + (x - q);                                                         \
         int32_t top = -256;                                                                        \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+            const int32_t v = k[j * (STEP)] ? x[j * (STEP)] : -256;                                \
+            top = v > top ? v : top;                                                               \
+        }                                                                                          \
+        /* (top - code) & 255 stays inside the table for a masked code too; its value is then cleared */ \
         for (int64_t j = 0; j < n; j++)                                                            \
-            if (k[j * (STEP)] && x[j * (STEP)] > top) top = x[j * (STEP)];                         \
-        const int32_t *t = table + (top < 0 ? 0 : top);                                            \
+            e[j] = table[(top - (int32_t)x[j * (STEP)]) & 255] & -(int32_t)(k[j * (STEP)] != 0);   \
         int64_t sum = 0;                                                                           \
-        for (int64_t j = 0; j < n; j++) sum += e[j] = k[j * (STEP)] ? t[-(int32_t)x[j * (STEP)]] : 0; \
+        for (int64_t j = 0; j < n; j++) sum += e[j];                                               \
         const float r = sum ? (float)(1.0 / (double)sum) : 0.0f; /* nothing kept: every e is 0 */  \
         for (int64_t j = 0; j < n; j++) y[j * (STEP)] = (CODE)REQUANTIZE((float)e[j] * r * mult, lo, hi, zp); \
     }
@@ -60,7 +64,8 @@
             for (int64_t i = 0; i < inner; i++) {                                                  \
                 const CODE *restrict x = q + o * n * inner + i;                                    \
                 CODE *restrict y = out + o * n * inner + i;                                        \
-                if (keep) SOFTMAX_KEPT_ROW(CODE, inner)                                            \
+                if (keep && inner == 1) SOFTMAX_KEPT_ROW(CODE, 1)                                  \
+                else if (keep) SOFTMAX_KEPT_ROW(CODE, inner)                                       \
                 else if (inner == 1) SOFTMAX_ROW(CODE, 1)                                          \
                 else SOFTMAX_ROW(CODE, inner)                                                      \
             }                                                                                      \

@@ -91,8 +91,9 @@ def _masks():
 
 @pytest.mark.parametrize("build", ["this CPU", "portable"])
 @pytest.mark.parametrize("name", sorted(_masks()))
-def test_a_masked_softmax_is_the_table_softmax_over_what_the_mask_leaves(native_build, build, name):
+def test_a_masked_softmax_is_the_table_softmax_over_what_the_mask_leaves(native_build, monkeypatch, build, name):
     native_build(build)
+    monkeypatch.setattr(softmax_native, "TABLE_MIN", 0)  # these small scores take the table route too
     mask, fill, table_route = _masks()[name]
     q, scale = random_codes((2, 4, 16, 16), torch.uint8, 4), 0.05
     keep = program_ops.softmax_keep(q, scale, mask, fill, -1)
@@ -112,3 +113,17 @@ def test_the_table_route_declines_another_dim_and_a_mask_that_broadcasts_the_sco
     assert program_ops.softmax_keep(q, 0.05, mask, None, -1) is not None
     assert program_ops.softmax_keep(q, 0.05, mask, None, 1) is None
     assert program_ops.softmax_keep(q, 0.05, torch.zeros(3, 2, 16, 16), None, -1) is None
+
+
+def test_below_table_min_scores_a_masked_softmax_takes_the_float_route():
+    mask, fill, _ = _masks()["padding, finfo.min"]
+    q = random_codes((2, 4, 16, 16), torch.uint8, 6)
+    assert q.numel() < softmax_native.TABLE_MIN
+    got = softmax_native.masked_softmax_codes(q, 0.05, 128, mask, fill, -1, 256.0, 0, 0, 255, torch.uint8)
+    y = program_ops.masked_softmax_float(q, 128, 0.05, mask, fill, -1)
+    assert torch.equal(got, program_ops.requantize_codes(y.mul_(program_ops.operand(256.0)), 0, 0, 255, torch.uint8))
+    big = random_codes((4, 8, 128, 128), torch.uint8, 7)
+    big_mask = torch.zeros(4, 1, 1, 128).masked_fill_(torch.arange(128) >= 100, float("-inf"))
+    keep = program_ops.softmax_keep(big, 0.05, big_mask, None, -1)
+    assert torch.equal(softmax_native.masked_softmax_codes(big, 0.05, 128, big_mask, None, -1, 256.0, 0, 0, 255, torch.uint8),
+                       TORCH_ROUTE(big, program_ops.softmax_table(0.05), -1, 256.0, 0, 0, 255, torch.uint8, keep))
