@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx, nn
 
-from lucid_fx._forward_signature import mirror_signature
+from lucid_fx._forward_signature import guard_inputs, mirror_signature
 from lucid_fx.passes.export_model import ExportFailure, export_model, flat_inputs
 from lucid_fx.pipeline import PrepareContext
 
@@ -81,8 +81,7 @@ def _export_by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any], path:
     (lucid_fx/_forward_signature.py); and the inputs as captured."""
     args, kwargs = _by_name(model, args, kwargs)
     gm = export_model(model, args, kwargs, path=path)
-    if not args:
-        mirror_signature(model, gm, kwargs)
+    mirror_signature(model, gm, None if args else kwargs)
     return gm, args, kwargs
 
 
@@ -98,6 +97,7 @@ def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModul
         )
     if is_exported(model):
         gm = export_model(model, args or (), kwargs, path=ctx.path)
+        guard_inputs(gm)  # the checks ExportedProgram.module()'s hooks made, which prepare's graph does not keep
     else:
         gm, args, kwargs = _export_by_name(model, tuple(args or ()), dict(kwargs or {}), ctx.path)
     flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None

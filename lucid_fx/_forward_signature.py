@@ -17,35 +17,38 @@ reshapes and masks are of that size: the BERT-like model given a batch of 1 retu
 so a tensor input of another shape is a ``ValueError`` naming it and both shapes. Only literal defaults and values (None, bool, int, finite float,
 str) are written into code: a parameter left at another default (``dtype=torch.float32``) is left
 out of the signature, and every parameter after it is keyword-only, so no positional call binds
-past it; a signature with ``*args`` or positional-only parameters keeps torch.export's own call.
+past it.
+
+Where the signature cannot be written (``*args``, positional-only parameters, a parameter named
+like a global the code reads, inputs given by position) and for an ``ExportedProgram`` given to
+prepare, ``forward`` keeps torch.export's own call (the flattened inputs, by the names torch.export
+gave them) and the same checks on what it flattens to: each tensor's shape, each non-tensor's
+value. ``ExportedProgram.module()`` guards these too; prepare builds a new graph without its hooks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import keyword
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch.fx._pytree as fx_pytree
-import torch.utils._pytree as pytree
 from torch import fx
 
-__all__ = ["SignatureCodeGen", "mirror_signature", "check_params", "check_shapes", "export_call", "restore_signature"]
+__all__ = ["SignatureCodeGen", "mirror_signature", "guard_inputs", "captured_names", "literal", "KINDS", "RESERVED"]
 
 _LITERALS = (type(None), bool, int, float, str)
 # Names the generated code reads as globals or builtins: a parameter of that name would shadow them.
-_RESERVED = frozenset(fx.graph._custom_builtins) | {"self", "type", "bool", "int", "float", "str", "TypeError",
+RESERVED = frozenset(fx.graph._custom_builtins) | {"self", "type", "bool", "int", "float", "str", "TypeError",
                                                      "getattr", "operator", "math", "builtins"}
-_KINDS = ("positional", "keyword")  # POSITIONAL_OR_KEYWORD, KEYWORD_ONLY
+KINDS = ("positional", "keyword")  # POSITIONAL_OR_KEYWORD, KEYWORD_ONLY
 
 
-def _literal(value: Any) -> bool:
+def literal(value: Any) -> bool:
     return type(value) in _LITERALS and not (type(value) is float and not math.isfinite(value))
 
 
-def _captured_names(in_spec: Any) -> Optional[List[str]]:
+def captured_names(in_spec: Any) -> Optional[List[str]]:
     """The keyword names of an in_spec ``((), {name: ...})``; None for another call structure."""
     if in_spec.type is not tuple or in_spec.num_children != 2:
         return None
@@ -55,79 +58,58 @@ def _captured_names(in_spec: Any) -> Optional[List[str]]:
     return list(kwargs.context)
 
 
-def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
-    """``params`` as a valid parameter list for ``in_spec``, or a ValueError naming ``where``:
-    load holds a file's record to this before any of it becomes code."""
-    if not isinstance(params, list) or not params:
-        raise ValueError(f"{where}: the forward signature is not a list of parameters")
-    seen, keyword_only, defaulted = set(), False, False
-    for p in params:
-        if not (isinstance(p, dict) and set(p) <= {"name", "kind", "default", "fixed", "captured"}
-                and {"name", "kind", "captured"} <= set(p)):
-            raise ValueError(f"{where}: malformed forward parameter {p!r:.80}")
-        name = p["name"]
-        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and name not in _RESERVED):
-            raise ValueError(f"{where}: forward parameter name {name!r:.60} is not a Python identifier the code can take")
-        if name in seen or p["kind"] not in _KINDS or type(p["captured"]) is not bool:
-            raise ValueError(f"{where}: forward parameter {name!r} is repeated or malformed")
-        for key in ("default", "fixed"):
-            if key in p and not _literal(p[key]):
-                raise ValueError(f"{where}: forward parameter {name!r} has a {key} that is not a literal")
-        if p["kind"] == "positional" and keyword_only:
-            raise ValueError(f"{where}: positional parameter {name!r} after a keyword-only one")
-        if not p["captured"] and ("default" not in p or "fixed" in p):
-            raise ValueError(f"{where}: forward parameter {name!r} was not captured and has no default")
-        if p["kind"] == "positional" and "default" not in p and defaulted:
-            raise ValueError(f"{where}: positional parameter {name!r} without a default follows one with a default")
-        keyword_only = keyword_only or p["kind"] == "keyword"
-        defaulted = defaulted or (p["kind"] == "positional" and "default" in p)
-        seen.add(name)
-    if _captured_names(in_spec) != [p["name"] for p in params if p["captured"]]:
-        raise ValueError(f"{where}: the forward signature does not fit the graph's inputs")
-    return params
-
-
-def check_shapes(shapes: Any, placeholders: int, where: str) -> List[Optional[List[int]]]:
-    """``shapes`` as one shape (a list of sizes) or None per placeholder, or a ValueError naming ``where``."""
-    if not (isinstance(shapes, list) and len(shapes) == placeholders and all(
-            s is None or (isinstance(s, list) and all(type(d) is int and d >= 0 for d in s)) for s in shapes)):
-        raise ValueError(f"{where}: the input shapes are not one list of sizes (or None) per input")
-    return shapes
-
-
-def mirror_signature(model: Any, gm: fx.GraphModule, captured: Dict[str, Any]) -> None:
+def mirror_signature(model: Any, gm: fx.GraphModule, captured: Optional[Dict[str, Any]]) -> None:
     """Give ``gm`` (exported from ``model`` with inputs ``captured`` by name) a forward with
-    ``model.forward``'s signature, where that signature can be written (see the module doc)."""
+    ``model.forward``'s signature where that signature can be written, else torch.export's own
+    call; either way, with the input checks (see the module doc)."""
     info = getattr(gm.graph._codegen, "pytree_info", None)
-    names = None if info is None else _captured_names(info.in_spec)
-    if names is None or set(names) != set(captured):
-        return
+    if info is not None:
+        _install(gm, info, _parameters(model, info, captured))
+
+
+def guard_inputs(gm: fx.GraphModule) -> None:
+    """Give ``gm`` (an ``ExportedProgram.module()`` or a copy of it) the input checks, with
+    torch.export's own call."""
+    mirror_signature(None, gm, None)
+
+
+def _install(gm: fx.GraphModule, info: Any, params: Optional[List[Dict[str, Any]]]) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fixed = {n.name: n.meta["val"] for n in placeholders if "val" in n.meta and literal(n.meta["val"])}
+    gm.graph.set_codegen(SignatureCodeGen(info, params, [_static_shape(n) for n in placeholders], fixed))
+    gm.recompile()
+
+
+def _parameters(model: Any, info: Any, captured: Optional[Dict[str, Any]]) -> Optional[List[Dict[str, Any]]]:
+    """``model.forward``'s parameters as :class:`SignatureCodeGen` takes them; None where they
+    cannot be written (torch.export's own call stays)."""
+    names = captured_names(info.in_spec)
+    if model is None or captured is None or names is None or set(names) != set(captured):
+        return None
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
-        return
+        return None
     params, gap = [], False
     for p in signature.parameters.values():
-        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD) or p.name in _RESERVED:
-            return
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_KEYWORD) or p.name in RESERVED:
+            return None
         if p.kind is p.VAR_KEYWORD:
             continue  # a call passes only the named parameters; extra keywords fail as Python says
-        if p.name not in captured and p.default is not p.empty and not _literal(p.default):
+        if p.name not in captured and p.default is not p.empty and not literal(p.default):
             gap = True  # left out (its default cannot be written as code): no positional call binds past it
             continue
         record = {"name": p.name, "captured": p.name in captured}
-        if p.default is not p.empty and _literal(p.default):
+        if p.default is not p.empty and literal(p.default):
             record["default"] = p.default
         # a required parameter after one with a default (a captured one whose default was left out) is keyword-only
         gap = gap or ("default" not in record and any("default" in q and q["kind"] == "positional" for q in params))
         record["kind"] = "positional" if p.kind is p.POSITIONAL_OR_KEYWORD and not gap else "keyword"
-        if p.name in captured and _literal(captured[p.name]):
+        if p.name in captured and literal(captured[p.name]):
             record["fixed"] = captured[p.name]
         params.append(record)
-    if [p["name"] for p in params if p["captured"]] != names:
-        return  # a name captured through **kwargs, or in another order: torch.export's own call stays
-    gm.graph.set_codegen(SignatureCodeGen(info, params, [_static_shape(n) for n in gm.graph.nodes if n.op == "placeholder"]))
-    gm.recompile()
+    # a name captured through **kwargs, or in another order: torch.export's own call stays
+    return params if [p["name"] for p in params if p["captured"]] == names else None
 
 
 def _static_shape(placeholder: fx.Node) -> Optional[List[int]]:
@@ -148,6 +130,12 @@ def _equals(name: str, value: Any) -> tuple:
     return test, lambda x: type(x) not in types or x != value
 
 
+def _fixed_message(name: str, value: Any) -> str:
+    return (f"forward: {name} was {value!r} when prepare captured the model with torch.export, which "
+            f"fixes the graph for that value; call with {name}={value!r}, or prepare again with the "
+            f"value you need in the example inputs")
+
+
 def _rule(p: Dict[str, Any]) -> tuple:
     """(the test a bad value for parameter ``p`` meets, as code; the same in Python; the error)."""
     name = p["name"]
@@ -158,11 +146,7 @@ def _rule(p: Dict[str, Any]) -> tuple:
                 f"torch.export, so the graph has no input for it; call with {name}={value!r}, or prepare "
                 f"again with {name} in the example inputs")
     if "fixed" in p:
-        value = p["fixed"]
-        return (*_equals(name, value),
-                f"forward: {name} was {value!r} when prepare captured the model with torch.export, which "
-                f"fixes the graph for that value; call with {name}={value!r}, or prepare again with the "
-                f"value you need in the example inputs")
+        return (*_equals(name, p["fixed"]), _fixed_message(name, p["fixed"]))
     return (f"{name} is None", lambda x: x is None,
             f"forward: {name} was given when prepare captured the model with torch.export, and the graph "
             f"needs it; pass {name}")
@@ -177,33 +161,53 @@ def _shape_message(name: str, shape: Sequence[int]) -> str:
 
 class SignatureCodeGen(fx.graph._PyTreeCodeGen):
     """A pytree codegen whose ``forward`` has the captured model's parameters (``params``, as
-    :func:`check_params` validates them) and checks the inputs the graph was fixed for."""
+    lucid_fx/_pytree_spec.py's ``check_params`` validates them; None: torch.export's own call) and
+    checks the inputs the graph was fixed for: ``shapes`` per placeholder (None: not a tensor, or
+    not of a fixed shape), and ``fixed``, the literal value of each non-tensor placeholder."""
 
-    def __init__(self, pytree_info: Any, params: Sequence[Dict[str, Any]], shapes: Sequence[Optional[List[int]]] = ()) -> None:
+    def __init__(self, pytree_info: Any, params: Optional[Sequence[Dict[str, Any]]],
+                 shapes: Sequence[Optional[List[int]]] = (), fixed: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(pytree_info)
-        self.params = [dict(p) for p in params]
-        # per placeholder, the shape torch.export fixed its graph to (None: not a tensor)
+        self.params = None if params is None else [dict(p) for p in params]
         self.shapes = [None if s is None else list(s) for s in shapes] or [None] * len(pytree_info.orig_args)
+        self.fixed = dict(fixed or {})
+        if self.params is not None:  # the parameters' own checks name them; the leaves they flatten to:
+            self.fixed = self._fixed_leaves()
 
     def flat_call(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> List[Any]:
-        """The placeholder values of a call ``forward(*args, **kwargs)`` (as forward binds it)."""
-        parameters = [inspect.Parameter(p["name"], inspect.Parameter.POSITIONAL_OR_KEYWORD if p["kind"] == "positional"
-                                        else inspect.Parameter.KEYWORD_ONLY, default=p.get("default", inspect.Parameter.empty))
-                      for p in self.params]
+        """The placeholder values of a call ``forward(*args, **kwargs)`` (as forward binds it),
+        checked as forward checks them."""
+        if self.params is None:
+            parameters = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.pytree_info.orig_args]
+        else:
+            parameters = [inspect.Parameter(p["name"], inspect.Parameter.POSITIONAL_OR_KEYWORD if p["kind"] == "positional"
+                                            else inspect.Parameter.KEYWORD_ONLY, default=p.get("default", inspect.Parameter.empty))
+                          for p in self.params]
         bound = inspect.Signature(parameters).bind(*args, **kwargs)
         bound.apply_defaults()
-        for p in self.params:
+        for p in self.params or ():
             _, bad, message = _rule(p)
             if bad(bound.arguments[p["name"]]):
                 raise TypeError(message)
-        names = [p["name"] for p in self.params if p["captured"]]
-        flat = fx_pytree.tree_flatten_spec(((), {n: bound.arguments[n] for n in names}), self.pytree_info.in_spec)
+        flat = fx_pytree.tree_flatten_spec(self._structure(bound.arguments), self.pytree_info.in_spec)
         for value, name, shape in zip(flat, self.pytree_info.orig_args, self.shapes):
             if shape is not None and tuple(value.shape) != tuple(shape):
                 raise ValueError(_shape_message(name, shape).replace("{}", str(tuple(value.shape))))
+            if self.params is None and name in self.fixed and _equals(name, self.fixed[name])[1](value):
+                raise TypeError(_fixed_message(name, self.fixed[name]))
         return flat
 
-    def fixed_inputs(self) -> Dict[str, Any]:
+    def _structure(self, arguments: Dict[str, Any]) -> Any:
+        """The call's (args, kwargs) as the input spec flattens them."""
+        if self.params is not None:
+            return (), {p["name"]: arguments[p["name"]] for p in self.params if p["captured"]}
+        values, spec = [arguments[n] for n in self.pytree_info.orig_args], self.pytree_info.in_spec
+        if not (spec.type is tuple and spec.num_children == 2 and spec.child(0).type is tuple and spec.child(1).type is dict):
+            return values  # as _PyTreeCodeGen.gen_var_bindings writes it
+        count = spec.child(0).num_children
+        return values[:count], dict(zip(spec.child(1).context, values[count:]))
+
+    def _fixed_leaves(self) -> Dict[str, Any]:
         """The captured non-tensor values by placeholder name (each is one leaf of the input spec)."""
         leaves = iter(self.pytree_info.orig_args)
         fixed = {}
@@ -213,7 +217,26 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
                 fixed[names[0]] = p["fixed"]
         return fixed
 
+    def fixed_inputs(self) -> Dict[str, Any]:
+        """The captured non-tensor values by placeholder name."""
+        return dict(self.fixed)
+
     def gen_fn_def(self, free_vars: List[str], maybe_return_annotation: str, *, expanded_def: bool = False) -> str:
+        targets = [v.split(":")[0].split("#")[0].strip() for v in free_vars if v != "self"]
+        if self.params is None:  # torch.export's own call (its names are fx's, never a builtin's)
+            code = super().gen_fn_def(free_vars, maybe_return_annotation, expanded_def=expanded_def)
+        else:
+            code = self._signature_def(targets, maybe_return_annotation)
+        for name, shape in zip(self.pytree_info.orig_args, self.shapes):
+            if shape is not None and name in targets:
+                before, after = _shape_message(name, shape).split("{}")
+                code += (f"\n    if {name}.shape != {tuple(shape)!r}:"
+                         f"\n        raise ValueError({before!r} + str(tuple({name}.shape)) + {after!r})")
+            if self.params is None and name in self.fixed and name in targets:
+                code += f"\n    if {_equals(name, self.fixed[name])[0]}:\n        raise TypeError({_fixed_message(name, self.fixed[name])!r})"
+        return code
+
+    def _signature_def(self, targets: List[str], maybe_return_annotation: str) -> str:
         parts, star = ["self"], False
         for p in self.params:
             if p["kind"] == "keyword" and not star:
@@ -226,45 +249,6 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
             code += f"\n    if {test}:\n        raise TypeError({message!r})"
         names = [p["name"] for p in self.params if p["captured"]]
         values = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
-        targets = [v.split(":")[0].split("#")[0].strip() for v in free_vars if v != "self"]
         if targets:
             code += f"\n    {', '.join(targets)}, = fx_pytree.tree_flatten_spec(([], {values}), self._in_spec)"
-        for name, shape in zip(self.pytree_info.orig_args, self.shapes):
-            if shape is not None and name in targets:
-                before, after = _shape_message(name, shape).split("{}")
-                code += (f"\n    if {name}.shape != {tuple(shape)!r}:"
-                         f"\n        raise ValueError({before!r} + str(tuple({name}.shape)) + {after!r})")
         return code
-
-
-@contextlib.contextmanager
-def export_call(gm: fx.GraphModule) -> Iterator[Optional[Dict[str, Any]]]:
-    """For pickling, which rebuilds a GraphModule by tracing its forward: ``gm`` with torch.export's own
-    call while inside (the input checks would stop that trace), yielding the parameters and input
-    shapes to :func:`restore_signature` from (None, and no change, for any other forward)."""
-    codegen = gm.graph._codegen
-    if not isinstance(codegen, SignatureCodeGen):
-        yield None
-        return
-    gm.graph.set_codegen(fx.graph._PyTreeCodeGen(codegen.pytree_info))
-    gm.recompile()
-    try:
-        yield {"params": [dict(p) for p in codegen.params], "shapes": codegen.shapes}
-    finally:
-        gm.graph.set_codegen(codegen)
-        gm.recompile()
-
-
-def restore_signature(gm: fx.GraphModule, record: Dict[str, Any]) -> None:
-    """``gm`` unpickled (torch.export's call, traced: its outputs folded back into their structure)
-    given the forward with the model's signature again, its flat outputs and input spec as before."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    flat, spec = pytree.tree_flatten(output.args[0])  # fx's immutable dicts and lists: dicts and lists, in order
-    if spec.num_leaves != gm._out_spec.num_leaves:
-        raise ValueError(f"unpickling: the model's outputs {spec} are not the saved ones {gm._out_spec}")
-    output.args = (flat,)
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    info = fx.graph._PyTreeInfo(placeholders, gm._in_spec, gm._out_spec)
-    gm.graph.set_codegen(SignatureCodeGen(info, check_params(record["params"], gm._in_spec, "unpickling: forward"),
-                                          check_shapes(record["shapes"], len(placeholders), "unpickling: forward")))
-    gm.recompile()

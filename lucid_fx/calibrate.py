@@ -68,6 +68,10 @@ def calibrate(prepared: nn.Module, data: Iterable, *, progress: Optional[bool] =
                     if not str(exc).startswith(("forward()", "forward: ")):
                         raise
                     raise _unfit(prepared, bar.count, exc) from exc
+                except ValueError as exc:
+                    if not str(exc).startswith("forward: "):  # a torch.export capture's shape check
+                        raise
+                    raise ValueError(f"calibrate: batch {bar.count}: {exc}") from exc
                 bar.step()
     finally:
         bar.close()

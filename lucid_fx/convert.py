@@ -8,9 +8,7 @@ in one call, is lucid_fx/one_call.py).
 
 from __future__ import annotations
 
-import copy
 import itertools
-import warnings
 from dataclasses import replace
 from typing import Optional
 
@@ -20,13 +18,14 @@ from torch import fx, nn
 from lucid_fx._fallback import keep_attributes, restore_attributes
 from lucid_fx._meta import OBSERVERS
 from lucid_fx._convert_report import graph_facts, model_report
+from lucid_fx._copy import copy_model
 from lucid_fx._placement import ConvertReport
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_prepared
 from lucid_fx.kernels.target import check_backend, resolve_target
 from lucid_fx.pipeline import CONVERT_PASSES, ConvertContext, run_passes
 from lucid_fx.registry import Registry, current_registry
 
-__all__ = ["convert", "quantize", "ConvertReport"]
+__all__ = ["convert", "ConvertReport"]
 
 
 def _uncalibrated(gm: fx.GraphModule):
@@ -46,14 +45,6 @@ def _node_reading(model: nn.Module, name: str) -> str:
             if (node.op, prefix + str(node.target)) in (("get_attr", name), ("call_module", owner)):
                 return f" (read by node {node.name!r})"
     return ""
-
-
-def _copy(model: nn.Module) -> nn.Module:
-    """A deep copy. An exported graph holds torch.export's call specs, whose copy makes torch 2.13
-    warn about its own pytree internals (``LeafSpec``): nothing a user can act on, so not shown."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
-        return copy.deepcopy(model)
 
 
 def _require_data(model: nn.Module) -> None:
@@ -152,7 +143,7 @@ def convert(
     require_float32("convert", prepared)
     _require_data(prepared)
     ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
-    work = prepared if inplace else restore_attributes(_copy(prepared))
+    work = prepared if inplace else restore_attributes(copy_model(prepared))
     converted = _convert_tree(work, ctx)
     converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)
     return converted

@@ -12,7 +12,6 @@ capture was used where.
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import warnings
 from dataclasses import dataclass, field, replace
@@ -21,10 +20,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from lucid_fx._copy import copy_model
 from lucid_fx._capture import ExportFailure, check_capture, exported_graph, is_exported, split_inputs
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
-from lucid_fx._flops import counting_module_flops
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
@@ -202,7 +201,7 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
 
 
 def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
-    work = model if inplace else copy.deepcopy(model)
+    work = model if inplace else copy_model(model)
     report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
     with _gc_paused():
         capture = Capture(work, ctx.example_inputs, ctx.example_kwargs)

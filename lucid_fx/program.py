@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import fx
 
-from lucid_fx._forward_signature import export_call, restore_signature
+from lucid_fx._pytree_spec import export_call, restore_signature
 from lucid_fx.kernels.library import op_name
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values

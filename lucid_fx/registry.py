@@ -16,7 +16,7 @@ from torch import nn
 
 from lucid_fx._where import caller_location
 from lucid_fx.kernels.target import BACKENDS
-from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, OpDef, Spelling, derive_spellings
+from lucid_fx.ops import EXTRA_SPELLINGS, OP_DEFS, Spelling, derive_spellings
 from lucid_fx.rules.fusions import FUSION_RULES, FusionRule, fusion
 from lucid_fx.rules.lowering import LOWERINGS
 from lucid_fx.rules.observers import Decision, DecisionKind, ObserverRule, compose_observer_rules

@@ -309,7 +309,7 @@ def test_an_input_of_another_shape_than_captured_is_refused_by_name(with_cache):
             model(x[:1], None, mask[:1])
     with pytest.raises(ValueError, match=r"^forward: mask has shape \(2, 4\)"):
         qmodel(x, None, mask[:, :4])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match="^calibrate: batch 0: " + message[1:]):
         lucid_fx.calibrate(prepared, [(x[:1], None, mask[:1])], progress=False)
     assert qmodel(x, None, mask).shape == (2, 8)
 

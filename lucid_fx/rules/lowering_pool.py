@@ -13,7 +13,6 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import fx
 
-from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_context import QValue
 

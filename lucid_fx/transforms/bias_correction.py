@@ -18,7 +18,7 @@ per-channel symmetric codes on the device's kernel grid (the Target's ``weight_r
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional
 
 import torch
 import torch.nn.functional as F

@@ -23,7 +23,7 @@ the last dim, casts), and only when scaling its weight is seen to scale its outp
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 import torch
 from torch import nn
