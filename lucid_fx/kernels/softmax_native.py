@@ -43,7 +43,8 @@ def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: in
 #: Scores from which a masked softmax takes the table route. Measured on an AVX2 EPYC (one thread,
 #: the two routes taking turns, padding masks): the table route 0.5-0.68 of the float route's time
 #: at 2**18 and 2**19 scores, 1.2-1.6 times it at 2**11-2**17, where checking the mask (some ten small
-#: torch ops) costs more than the float route saves; the float32 scores outgrow the L2 cache there.
+#: torch ops) costs more than the float route saves. (Why the float route slows past 2**18, 1 MiB of
+#: float32 scores: perhaps the L2 cache; not measured.)
 TABLE_MIN = 2 ** 18
 
 

@@ -86,6 +86,7 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("copy_.default", None, "copy_", "self", "src"),  # x.copy_(y): functionalize_inplace decides
     _row("to.dtype", None, "to", "self", "dtype"),  # x.to(dtype), as fx records it
     _row("to.dtype_layout", None, "to", "self", dtype="dtype"),
+    _row("to.device", None, "to", "self", "device", "dtype"),  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
     _row("_to_copy.default", None, "to", "self", dtype="dtype"),
 )
 

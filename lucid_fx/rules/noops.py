@@ -28,15 +28,25 @@ def _layout(node: Any) -> Optional[torch.memory_format]:
     return getattr(meta, "memory_format", None)
 
 
+def _device(node: Any) -> Optional[torch.device]:
+    """The device torch.export recorded for ``node`` (None for a graph torch.fx traced)."""
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return getattr(value, "device", None) if isinstance(value, torch.Tensor) else None
+
+
 def _same_dtype_cast(node, call, module) -> Optional[str]:
     """x.to(x.dtype), x.float() on float32, x.type_as(y) of y's dtype: the dtypes recorded by
-    propagate_shapes agree. A device, a memory format or copy=True is a real change, so it stays."""
+    propagate_shapes agree. A device (but the one torch.export recorded the input on), a memory
+    format or copy=True is a real change, so it stays."""
     source = call.args.get("input")
     before, after = _dtype(source), _dtype(node)
     if before is None or before != after:
         return None
-    if any(isinstance(a, (str, torch.device, torch.memory_format)) for a in node.args[1:]):
-        return None
+    for a in node.args[1:]:
+        if isinstance(a, (str, torch.device)) and (_device(source) is None or torch.device(a) != _device(source)):
+            return None
+        if isinstance(a, torch.memory_format):
+            return None
     if set(node.kwargs) - {"dtype", "non_blocking", "copy"} or node.kwargs.get("copy"):
         return None
     return f"cast to {str(after).removeprefix('torch.')}, which it already is"

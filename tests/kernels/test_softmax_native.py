@@ -39,6 +39,12 @@ def test_the_native_softmax_equals_the_torch_route_bit_for_bit(native_build, no_
         got = softmax_native.softmax_codes(q, table, dim, 256.0, out_zp, low, high, dtype)
         assert got.dtype == dtype and got.shape == q.shape
         assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
+    # over the positions a mask leaves (along this dim too, though masked_softmax_codes only takes the last)
+    keep = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    table = program_ops.softmax_table(0.3)
+    got = softmax_native.softmax_codes(q, table, dim, 256.0, out_zp, low, high, dtype, keep)
+    assert torch.equal(got, TORCH_ROUTE(q, table, dim, 256.0, out_zp, low, high, dtype, keep))
+    assert bool((got[~keep] == max(out_zp, low)).all()), "a masked position is probability 0"
 
 
 def test_the_table_is_exp_within_half_a_unit_of_its_fixed_point():

@@ -90,3 +90,32 @@ def test_prepare_observes_nothing_for_a_removed_node():
     prepared(torch.randn(4, 8))
     converted = lucid_fx.convert(prepared)
     assert converted.lucid_fx_convert_report.float_ops == {}
+
+
+class ToDevice(nn.Module):
+    """Mistral's rotary path: a buffer cast to the input's device (aten.to.device under torch.export)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
+
+    def forward(self, x):
+        return F.relu(self.fc(x) * self.scale.to(x.device, torch.float32))
+
+
+def test_a_cast_to_the_device_torch_export_recorded_is_removed():
+    x = torch.randn(4, 8)
+    prepared = lucid_fx.prepare(ToDevice().eval(), example_inputs=(x,), capture="export")
+    removed = prepared.meta[_meta.REMOVED]
+    assert list(removed.values()) == ["cast to float32, which it already is"], removed
+    assert not any(n.target in ("to", torch.ops.aten.to.device) for n in prepared.graph.nodes)
+    prepared(x)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    assert [r.why for r in report.float_regions if r.kind == "op" and "no lowering rule" in r.why] == []
+
+
+def test_a_cast_to_a_device_stays_where_no_device_was_recorded():
+    # torch.fx records no device: x.to("cpu") may move a tensor, so it stays
+    _, after, removed = _removed(lambda self, y: y.to("cpu"))
+    assert "to" in after and removed == {}

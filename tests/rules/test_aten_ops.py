@@ -67,6 +67,7 @@ CASES = {
     "copy_.default": (aten.copy_.default, (t(2, 6), t(2, 6)), {}, None),
     "to.dtype": (aten.to.dtype, (t(2, 6), torch.float32), {}, None),
     "to.dtype_layout": (aten.to.dtype_layout, (t(2, 6),), {"dtype": torch.float64}, None),
+    "to.device": (aten.to.device, (t(2, 6), torch.device("cpu"), torch.float64), {}, None),
     "_to_copy.default": (aten._to_copy.default, (t(2, 6),), {"dtype": torch.float64}, None),
 }
 
