@@ -112,11 +112,24 @@ def _parameters(model: Any, info: Any, captured: Optional[Dict[str, Any]]) -> Op
     return params if [p["name"] for p in params if p["captured"]] == names else None
 
 
-def _static_shape(placeholder: fx.Node) -> Optional[List[int]]:
-    """The shape torch.export recorded for an input, where every dim is a number (None otherwise)."""
-    value = placeholder.meta.get("val")
-    shape = getattr(value, "shape", None)
-    return None if shape is None or not all(type(d) is int for d in shape) else list(shape)
+def _static_shape(placeholder: fx.Node) -> Optional[List[Optional[int]]]:
+    """The shape torch.export recorded for an input (None for a dynamic dim: an ExportedProgram
+    exported with ``dynamic_shapes``); None for an input that is not a tensor."""
+    shape = getattr(placeholder.meta.get("val"), "shape", None)
+    return None if shape is None else [d if type(d) is int else None for d in shape]
+
+
+def _shape_text(shape: Sequence[Optional[int]]) -> str:
+    return "(" + ", ".join("any" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _shape_test(name: str, shape: Sequence[Optional[int]]) -> tuple:
+    """(code that is true when tensor ``name`` has another shape than ``shape``, the same test in Python)."""
+    if all(d is not None for d in shape):
+        return f"{name}.shape != {tuple(shape)!r}", lambda x: tuple(x.shape) != tuple(shape)
+    fixed = [(i, d) for i, d in enumerate(shape) if d is not None]
+    code = " or ".join([f"{name}.dim() != {len(shape)}"] + [f"{name}.shape[{i}] != {d}" for i, d in fixed])
+    return code, lambda x: x.dim() != len(shape) or any(x.shape[i] != d for i, d in fixed)
 
 
 def _equals(name: str, value: Any) -> tuple:
@@ -155,8 +168,9 @@ def _rule(p: Dict[str, Any]) -> tuple:
 def _shape_message(name: str, shape: Sequence[int]) -> str:
     """The error for input ``name`` of another shape than ``shape`` ("{}" stands for the shape given)."""
     return (f"forward: {name} has shape {{}}, but prepare captured the model with torch.export on shape "
-            f"{tuple(shape)}, which fixes the graph to it (its reshapes and masks are of that size); call with "
-            "that shape (pad or split the batch), or prepare again on the shape you need")
+            f"{_shape_text(shape)}, which fixes the graph to it (its reshapes and masks are of that size); call with "
+            "that shape (pad or split the batch), or prepare again on the shape you need (or give prepare an "
+            "ExportedProgram exported with dynamic_shapes)")
 
 
 class SignatureCodeGen(fx.graph._PyTreeCodeGen):
@@ -191,7 +205,7 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
                 raise TypeError(message)
         flat = fx_pytree.tree_flatten_spec(self._structure(bound.arguments), self.pytree_info.in_spec)
         for value, name, shape in zip(flat, self.pytree_info.orig_args, self.shapes):
-            if shape is not None and tuple(value.shape) != tuple(shape):
+            if shape is not None and _shape_test(name, shape)[1](value):
                 raise ValueError(_shape_message(name, shape).replace("{}", str(tuple(value.shape))))
             if self.params is None and name in self.fixed and _equals(name, self.fixed[name])[1](value):
                 raise TypeError(_fixed_message(name, self.fixed[name]))
@@ -230,7 +244,7 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
         for name, shape in zip(self.pytree_info.orig_args, self.shapes):
             if shape is not None and name in targets:
                 before, after = _shape_message(name, shape).split("{}")
-                code += (f"\n    if {name}.shape != {tuple(shape)!r}:"
+                code += (f"\n    if {_shape_test(name, shape)[0]}:"
                          f"\n        raise ValueError({before!r} + str(tuple({name}.shape)) + {after!r})")
             if self.params is None and name in self.fixed and name in targets:
                 code += f"\n    if {_equals(name, self.fixed[name])[0]}:\n        raise TypeError({_fixed_message(name, self.fixed[name])!r})"

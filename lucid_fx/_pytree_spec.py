@@ -126,9 +126,10 @@ def check_params(params: Any, in_spec: Any, where: str) -> List[Dict[str, Any]]:
 
 
 def check_shapes(shapes: Any, placeholders: int, where: str) -> List[Optional[List[int]]]:
-    """``shapes`` as one shape (a list of sizes) or None per placeholder, or a ValueError naming ``where``."""
+    """``shapes`` as one shape (a list of sizes, None for a dynamic dim) or None per placeholder, or a
+    ValueError naming ``where``."""
     if not (isinstance(shapes, list) and len(shapes) == placeholders and all(
-            s is None or (isinstance(s, list) and all(type(d) is int and d >= 0 for d in s)) for s in shapes)):
+            s is None or (isinstance(s, list) and all(d is None or (type(d) is int and d >= 0) for d in s)) for s in shapes)):
         raise ValueError(f"{where}: the input shapes are not one list of sizes (or None) per input")
     return shapes
 

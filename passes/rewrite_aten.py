@@ -101,12 +101,19 @@ def _first_of_tuple(gm, node, row, bound):
 
 def _slice(gm, node, row, bound):
     dim, start, end, step = bound["dim"], bound.get("start"), bound.get("end"), bound.get("step", 1)
-    if any(isinstance(v, fx.Node) for v in (dim, start, end, step)):
-        return None
+    if isinstance(dim, fx.Node):
+        return None  # bounds may be nodes (a dynamic dim's size): x[:, :n]
     big = 2**62  # export writes "to the end" as INT64_MAX
-    end = None if end is not None and end >= big else end
+    end = None if isinstance(end, int) and end >= big else end
     index = (slice(None),) * dim + (slice(start if start else None, end, None if step == 1 else step),)
     return _call(gm.graph, operator.getitem, (bound["self"], index), {})
+
+
+def _select(gm, node, row, bound):
+    dim, index = bound["dim"], bound["index"]
+    if not isinstance(dim, int) or dim < 0:
+        return None
+    return _call(gm.graph, operator.getitem, (bound["self"], (slice(None),) * dim + (index,)), {})
 
 
 SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
@@ -115,6 +122,7 @@ SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "convolution": _convolution,  # convolution(..., transposed=False) -> conv{1,2,3}d
     "first_of_tuple": _first_of_tuple,  # native_layer_norm(...)[0] -> layer_norm(...)
     "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]
+    "select": _select,  # select(x, 1, 0) -> x[:, 0]
 }
 
 
@@ -122,11 +130,25 @@ def _mutates(node: fx.Node) -> bool:
     return is_aten(node.target) and node.target._schema.is_mutable
 
 
+def _written(node: fx.Node) -> bool:
+    """Whether an in-place op writes ``node``'s storage, itself or through a view of it (slice,
+    select, view, expand, a getitem of split's views): then a copy that made ``node`` must stay, or
+    the write lands in what was copied (a buffer, which then changes call after call)."""
+    for user in node.users:
+        if _mutates(user):
+            return True
+        views = user.target is operator.getitem or (
+            is_aten(user.target) and any(r.alias_info is not None for r in user.target._schema.returns))
+        if views and _written(user):
+            return True
+    return False
+
+
 def _rewrite(gm: fx.GraphModule, node: fx.Node) -> Optional[fx.Node]:
     short = _short(node.target)
-    if short in IDENTITY and not any(_mutates(user) for user in node.users):
+    if short in IDENTITY and not _written(node):
         return node.args[0]
-    if short == "_to_copy.default" and node.kwargs.get("dtype") is None:
+    if short == "_to_copy.default" and node.kwargs.get("dtype") is None and not _written(node):
         return node.args[0]  # a copy on the same device, same dtype
     row = aten_row(node.target)
     if row is None:

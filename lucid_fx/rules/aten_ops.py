@@ -81,17 +81,19 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("expand.default", "expand", "expand", "self", "size"),  # x.expand(size)
     _row("contiguous.default", "contiguous", "contiguous", "self"),  # x.contiguous()
     _row("slice.Tensor", "getitem", None, special="slice"),  # slice(x, d, a, b, s) -> x[:, ..., a:b:s]
+    _row("select.int", "getitem", None, special="select"),  # select(x, d, i) -> x[:, ..., i]: BERT's pooler
     _row("split_with_sizes.default", "split", torch.split, "self", "split_sizes", "dim"),
     _row("split.Tensor", "split", torch.split, "self", "split_size", "dim"),
     _row("copy_.default", None, "copy_", "self", "src"),  # x.copy_(y): functionalize_inplace decides
     _row("to.dtype", None, "to", "self", "dtype"),  # x.to(dtype), as fx records it
     _row("to.dtype_layout", None, "to", "self", dtype="dtype"),
-    _row("to.device", None, "to", "self", "device", "dtype"),  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
+    _row("to.device", None, "to", "self", "device", "dtype"),
+    _row("sym_size.int", None, "size", "self", "dim"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
     _row("_to_copy.default", None, "to", "self", dtype="dtype"),
 )
 
 # Ops that alias or copy and compute nothing at inference: their node goes, its users read the
-# input (a clone that an in-place op then writes stays: torch.clone).
+# input (a clone that an in-place op then writes, itself or through a view, stays: torch.clone).
 IDENTITY = frozenset({"alias.default", "clone.default", "lift_fresh_copy.default", "detach.default", "detach_.default"})
 # Ops whose result nothing reads (shape and metadata asserts of the export): the node goes.
 DROPPED = frozenset({"_assert_tensor_metadata.default", "_assert_scalar.default", "sym_constrain_range.default",

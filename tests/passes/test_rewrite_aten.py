@@ -55,6 +55,49 @@ def test_a_clone_that_an_in_place_op_writes_stays():
     assert [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op.startswith("call")] == ["clone", "copy_"]
 
 
+def test_a_clone_written_through_a_view_of_it_stays():
+    # clone -> slice -> add_: dropping the clone wrote into x itself
+    root, graph = nn.Module(), fx.Graph()
+    x = graph.placeholder("x")
+    c = graph.call_function(aten.clone.default, (x,))
+    part = graph.call_function(aten.slice.Tensor, (c, 1, 0, 2))
+    graph.call_function(aten.add_.Tensor, (part, 1.0))
+    graph.output(c)
+    gm = rewrite_aten(fx.GraphModule(root, graph))
+    xv = t(2, 3)
+    before = xv.clone()
+    torch.testing.assert_close(gm(xv), torch.cat([before[:, :2] + 1, before[:, 2:]], 1))
+    assert torch.equal(xv, before), "the input was written"
+    assert "clone" in [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op.startswith("call")]
+
+
+class ClonedBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("offset", torch.ones(4, 8))
+
+    def forward(self, x):
+        offset = self.offset.clone()
+        offset[:, :2] += 1  # export: clone -> slice -> add_ -> copy_
+        return self.fc(x) + offset
+
+
+def test_a_model_that_edits_a_copy_of_its_buffer_gives_the_same_answer_every_call():
+    # the copy was dropped, so each call added 1 to the buffer: 4, 5, 6 off after three calls
+    import lucid_fx
+
+    model, x = ClonedBuffer().eval(), t(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,), capture="export")
+    with torch.no_grad():
+        expected = model(x)
+    with torch.no_grad():
+        assert [float((prepared(x) - expected).abs().max()) for _ in range(3)] == [0.0] * 3
+        qmodel = lucid_fx.convert(prepared)
+        errors = [float((qmodel(x) - expected).abs().max()) for _ in range(3)]
+    assert errors[0] < 0.05 and errors == [errors[0]] * 3, errors
+
+
 def test_an_aten_op_no_row_or_name_covers_stays_aten():
     root, graph = nn.Module(), fx.Graph()
     x = graph.placeholder("x")

@@ -69,6 +69,8 @@ CASES = {
     "to.dtype_layout": (aten.to.dtype_layout, (t(2, 6),), {"dtype": torch.float64}, None),
     "to.device": (aten.to.device, (t(2, 6), torch.device("cpu"), torch.float64), {}, None),
     "_to_copy.default": (aten._to_copy.default, (t(2, 6),), {"dtype": torch.float64}, None),
+    "select.int": (aten.select.int, (t(2, 6, 3), 1, 4), {}, None),
+    "sym_size.int": (aten.sym_size.int, (t(2, 6, 3), 1), {}, None),
 }
 
 
