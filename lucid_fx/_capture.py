@@ -13,13 +13,15 @@ from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from lucid_fx._forward_signature import guard_inputs, mirror_signature
 from lucid_fx.passes.export_model import ExportFailure, export_model, flat_inputs
 from lucid_fx.pipeline import PrepareContext
 
-__all__ = ["CAPTURES", "check_capture", "is_exported", "exported_graph", "export_like_prepare", "ExportFailure", "split_inputs"]
+__all__ = ["CAPTURES", "check_capture", "check_dynamic_shapes", "is_exported", "exported_graph", "export_like_prepare",
+           "ExportFailure", "split_inputs"]
 
 #: The values of ``prepare(..., capture=)``.
 CAPTURES = ("auto", "fx", "export")
@@ -29,6 +31,27 @@ def check_capture(verb: str, capture: Any) -> str:
     if capture not in CAPTURES:
         raise ValueError(f"{verb}: capture={capture!r}; use one of {', '.join(map(repr, CAPTURES))}")
     return capture
+
+
+def check_dynamic_shapes(verb: str, dynamic_shapes: Any, model: Any) -> Any:
+    if dynamic_shapes is None or (dynamic_shapes == "auto" and not is_exported(model)):
+        return dynamic_shapes
+    if is_exported(model):
+        raise ValueError(f"{verb}: dynamic_shapes is for a model prepare exports; an ExportedProgram has the shapes it "
+                         "was exported with: export it with dynamic_shapes=... instead")
+    if not isinstance(dynamic_shapes, dict):
+        raise TypeError(f"{verb}: dynamic_shapes={dynamic_shapes!r:.80}; pass \"auto\" or a dict by forward's parameter "
+                        "names, as torch.export.export takes it ({'input_ids': {0: Dim('batch'), 1: Dim('seq')}})")
+    return dynamic_shapes
+
+
+def _dynamic(spec: Any, kwargs: Dict[str, Any]) -> Any:
+    """torch.export's dynamic_shapes for a call with ``kwargs``: ``"auto"`` marks every dim of every
+    tensor input ``Dim.AUTO``."""
+    if spec != "auto":
+        return spec
+    auto = lambda v: {d: torch.export.Dim.AUTO for d in range(v.dim())} if isinstance(v, torch.Tensor) else None  # noqa: E731
+    return {name: pytree.tree_map(auto, value) for name, value in kwargs.items()}
 
 
 def is_exported(model: Any) -> bool:
@@ -76,11 +99,15 @@ def export_like_prepare(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -
     return _export_by_name(model, tuple(args), dict(kwargs))[0]
 
 
-def _export_by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any], path: str = "") -> Tuple[fx.GraphModule, tuple, Dict[str, Any]]:
+def _export_by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any], path: str = "",
+                    dynamic_shapes: Any = None) -> Tuple[fx.GraphModule, tuple, Dict[str, Any]]:
     """``model`` exported with its inputs by name, its forward called as ``model``'s is
     (lucid_fx/_forward_signature.py); and the inputs as captured."""
     args, kwargs = _by_name(model, args, kwargs)
-    gm = export_model(model, args, kwargs, path=path)
+    named = kwargs
+    if dynamic_shapes == "auto" and args:  # forward(*args) or positional-only: by the parameter each binds to
+        named = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    gm = export_model(model, args, kwargs, path=path, dynamic_shapes=_dynamic(dynamic_shapes, named))
     mirror_signature(model, gm, None if args else kwargs)
     return gm, args, kwargs
 
@@ -99,6 +126,7 @@ def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModul
         gm = export_model(model, args or (), kwargs, path=ctx.path)
         guard_inputs(gm)  # the checks ExportedProgram.module()'s hooks made, which prepare's graph does not keep
     else:
-        gm, args, kwargs = _export_by_name(model, tuple(args or ()), dict(kwargs or {}), ctx.path)
+        dynamic = ctx.dynamic_shapes if not ctx.path else None  # a part's inputs are what it received in one run
+        gm, args, kwargs = _export_by_name(model, tuple(args or ()), dict(kwargs or {}), ctx.path, dynamic)
     flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None
     return gm, replace(ctx, example_inputs=flat, example_kwargs=None)

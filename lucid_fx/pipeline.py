@@ -64,6 +64,7 @@ class PrepareContext:
     path: str = ""  # the graph's module path in the root model
     capture: str = "auto"  # "fx", "export", or "auto" (fx, then torch.export where fx fails): lucid_fx/_capture.py
     example_kwargs: Optional[Dict[str, Any]] = None  # keyword inputs of forward (torch.export takes them)
+    dynamic_shapes: Any = None  # torch.export's, for the root's capture: None, "auto" or a dict by parameter name
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from lucid_fx._copy import copy_model
-from lucid_fx._capture import ExportFailure, check_capture, exported_graph, is_exported, split_inputs
+from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes, exported_graph, is_exported, split_inputs
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
@@ -162,7 +162,7 @@ def _gc_paused():
 
 
 def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict,
-             capture="fx", example_kwargs=None) -> PrepareContext:
+             capture="fx", example_kwargs=None, dynamic_shapes=None) -> PrepareContext:
     """Check the user's arguments against ``model`` and gather them into the pipeline's context."""
     verb = "prepare_qat" if qat else "prepare"
     require_module(verb, model)
@@ -197,7 +197,8 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
     registry = registry or current_registry()
     trace = TraceOptions(tuple(leaf_modules) + tuple(registry.leaf_modules), concrete_args, tuple(registry.leaf_functions))
     capture = check_capture(verb, capture)
-    return PrepareContext(registry, qconfig_mapping, target, qat, example_inputs, trace, strict, "", capture, example_kwargs)
+    return PrepareContext(registry, qconfig_mapping, target, qat, example_inputs, trace, strict, "", capture, example_kwargs,
+                          check_dynamic_shapes(verb, dynamic_shapes, model))
 
 
 def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
@@ -226,6 +227,7 @@ def prepare(
     strict: bool = False,
     capture: str = "auto",
     example_kwargs: Optional[Dict[str, Any]] = None,
+    dynamic_shapes: Any = None,
 ) -> nn.Module:
     """Trace ``model`` and insert observers: FixedQParamsObserver on every output whose range is
     proven bounded, the QConfig's observers everywhere else a quantized kernel will run.
@@ -246,6 +248,9 @@ def prepare(
             or ``"export"`` (see docs/prepare.md); ``prepared.lucid_fx_report.captures`` says
             which was used where.
         example_kwargs: keyword inputs of ``forward`` (``model(**encoding)``).
+        dynamic_shapes: where prepare captures the model with torch.export, which fixes its shapes:
+            ``"auto"`` (each dim dynamic unless the model fixes it) or torch.export's own dict by
+            parameter name (``{"input_ids": {0: Dim("batch"), 1: Dim("seq")}}``).
 
     Returns:
         The observed model, a ``GraphModule`` (or, if the top level itself cannot be traced,
@@ -267,7 +272,7 @@ def prepare(
             example_inputs, example_kwargs = model.example_inputs
         model, inplace = model.module(), True  # a fresh module: the program itself is not changed
     ctx = _context(model, False, qconfig_mapping, example_inputs, backend, registry, leaf_modules, concrete_args, strict,
-                   capture, example_kwargs)
+                   capture, example_kwargs, dynamic_shapes)
     return _prepare(model, inplace, ctx)
 
 

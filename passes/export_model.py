@@ -139,7 +139,8 @@ def call_inputs(gm: fx.GraphModule, args: tuple, kwargs: Dict[str, Any]) -> tupl
     return tuple(torch.fx._pytree.tree_flatten_spec((values[:positional], dict(zip(names, values[positional:]))), info.in_spec))
 
 
-def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *, path: str = "") -> fx.GraphModule:
+def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *, path: str = "",
+                 dynamic_shapes: Any = None) -> fx.GraphModule:
     """``model`` (an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``) as a GraphModule of
     torch-level calls, captured by torch.export on ``args``/``kwargs``.
 
@@ -154,7 +155,7 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
         if not isinstance(model, nn.Module):
             raise TypeError(f"export_model: expected an nn.Module or ExportedProgram, got {type(model).__name__}")
         try:
-            ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False)
+            ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False, dynamic_shapes=dynamic_shapes)
         except Exception as exc:  # noqa: BLE001 - reported with the module's name
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExportFailure(

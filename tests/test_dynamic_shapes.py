@@ -1,0 +1,106 @@
+"""Dynamic shapes through torch.export captures (lucid_fx/_capture.py): an ExportedProgram exported
+with ``dynamic_shapes``, and ``prepare(..., dynamic_shapes=)`` for prepare's own capture, give a
+model that runs every shape the capture allows, through convert, save and load; the static dims
+and the rank are still checked."""
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+import lucid_fx
+from tests.models import bert, llama
+from tests.test_export_call_checks import _sqnr
+from tests.test_forward_signature import _load, _saved
+
+
+def _tokens(shape, seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, shape, generator=g)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask[-1, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _quantized(family, **options):
+    model = family.make_model()
+    _, example = family.example_inputs()
+    prepared = lucid_fx.prepare(options.pop("source", model), example_kwargs=example, **options)
+    lucid_fx.calibrate(prepared, [k for _, k in family.calibration_batches(4)], progress=False)
+    return model, lucid_fx.convert(prepared)
+
+
+def _check_shapes(model, qmodel, vocab, key, shapes=((1, 8), (4, 32), (3, 5))):
+    for i, shape in enumerate(shapes):
+        inputs = _tokens(shape, i, vocab)
+        with torch.no_grad():
+            expected = model(**inputs)[key]
+        got = qmodel(**inputs)[key]
+        assert got.shape == expected.shape and _sqnr(expected, got) > 25, (shape, _sqnr(expected, got))
+
+
+def test_an_exported_program_with_dynamic_shapes_runs_every_shape_it_allows():
+    model = bert.make_model()
+    _, example = bert.example_inputs()
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", min=2, max=bert.MAX_POSITIONS)
+    ep = torch.export.export(model, (), example, strict=False,
+                             dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}})
+    _, qmodel = _quantized(bert, source=ep)
+    report = qmodel.lucid_fx_convert_report
+    assert report.int8_flop_share == 1.0
+    assert [r for r in report.float_regions if r.kind == "op"] == []  # x.size(d), x[:, :n], x[:, 0] are rewritten too
+    _check_shapes(model, qmodel, bert.VOCAB, "last_hidden_state")
+    data, record = _saved(qmodel)
+    assert record["shapes"] == [[None, None], [None, None]]
+    loaded, inputs = _load(data), _tokens((3, 5), 9, bert.VOCAB)
+    assert torch.equal(loaded(**inputs)["last_hidden_state"], qmodel(**inputs)["last_hidden_state"])
+    with pytest.raises(ValueError, match=r"^forward: input_ids has shape \(3, 5, 1\), but prepare captured the model with "
+                                         r"torch.export on shape \(any, any\)"):
+        qmodel(input_ids=inputs["input_ids"][..., None], attention_mask=inputs["attention_mask"])
+
+
+@pytest.mark.parametrize("family, key", [(bert, "last_hidden_state"), (llama, "logits")], ids=["bert", "llama"])
+def test_prepare_with_dynamic_shapes_auto_runs_other_batches_and_lengths(family, key):
+    model, qmodel = _quantized(family, dynamic_shapes="auto")
+    assert qmodel.lucid_fx_convert_report.int8_flop_share == 1.0
+    _check_shapes(model, qmodel, family.VOCAB, key)
+
+
+def test_prepare_takes_torch_exports_dict_and_checks_the_static_dims():
+    seq = torch.export.Dim("seq", min=2, max=bert.MAX_POSITIONS)  # the batch stays the example's 2
+    model, qmodel = _quantized(bert, capture="export", dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    _check_shapes(model, qmodel, bert.VOCAB, "last_hidden_state", shapes=((2, 8), (2, 40)))
+    with pytest.raises(ValueError, match=r"^forward: input_ids has shape \(3, 8\), but prepare captured the model with "
+                                         r"torch.export on shape \(2, any\)"):
+        qmodel(**_tokens((3, 8), 0, bert.VOCAB))
+
+
+def test_dynamic_shapes_auto_for_a_forward_with_star_args():
+    class Star(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, *xs):
+            return self.fc(xs[0] + xs[1])
+
+    model, g = Star().eval(), torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 16, generator=g), torch.randn(2, 16, generator=g)
+    qmodel = lucid_fx.quantize(model, (a, b), [(a, b)], capture="export", dynamic_shapes="auto")
+    assert str(inspect.signature(qmodel.forward)) == "(xs_0, xs_1)"
+    x, y = torch.randn(5, 16, generator=g).clamp(-2, 2), torch.randn(5, 16, generator=g).clamp(-2, 2)
+    with torch.no_grad():
+        assert _sqnr(model(x, y), qmodel(x, y)) > 20
+
+
+def test_dynamic_shapes_is_refused_where_it_cannot_apply():
+    model = bert.make_model()
+    _, example = bert.example_inputs()
+    with pytest.raises(TypeError, match=r"^prepare: dynamic_shapes=\(\{0: 'batch'\},\); pass \"auto\" or a dict by "
+                                        r"forward's parameter names"):
+        lucid_fx.prepare(model, example_kwargs=example, dynamic_shapes=({0: "batch"},))
+    ep = torch.export.export(model, (), example, strict=False)
+    with pytest.raises(ValueError, match=r"^prepare: dynamic_shapes is for a model prepare exports; an ExportedProgram "
+                                         r"has the shapes it was exported with"):
+        lucid_fx.prepare(ep, dynamic_shapes="auto")
