@@ -169,8 +169,8 @@ def _shape_message(name: str, shape: Sequence[int]) -> str:
     """The error for input ``name`` of another shape than ``shape`` ("{}" stands for the shape given)."""
     return (f"forward: {name} has shape {{}}, but prepare captured the model with torch.export on shape "
             f"{_shape_text(shape)}, which fixes the graph to it (its reshapes and masks are of that size); call with "
-            "that shape (pad or split the batch), or prepare again on the shape you need (or give prepare an "
-            "ExportedProgram exported with dynamic_shapes)")
+            "that shape (pad or split the batch), or prepare again with dynamic_shapes=\"auto\" (or on the shape "
+            "you need)")
 
 
 class SignatureCodeGen(fx.graph._PyTreeCodeGen):

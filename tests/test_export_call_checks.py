@@ -15,7 +15,7 @@ import lucid_fx
 from tests.test_forward_signature import _load, _saved
 
 SHAPE_MESSAGE = (r"^forward: {} has shape \(1, 16\), but prepare captured the model with torch.export on shape \(2, 16\), "
-                 r"which fixes the graph to it .*; call with that shape \(pad or split the batch\), or prepare again")
+                 r"which fixes the graph to it .*; call with that shape \(pad or split the batch\), or prepare again with dynamic_shapes=\"auto\"")
 
 
 class Star(nn.Module):
