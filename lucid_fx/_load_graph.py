@@ -175,13 +175,18 @@ class _Checker(fx.Interpreter):
         self.owner = owner
         self.extra_traceback = False  # the message names the node already
 
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if "device" in kwargs:  # a factory the graph pins to a device (Llama's causal mask: full(..., device=cpu))
+            kwargs = {**kwargs, "device": torch.device("meta")}
+        return super().call_function(target, args, kwargs)
+
     def run_node(self, n: fx.Node) -> Any:
         where = f"node {n.name!r} ({n.op}) in {self.owner}"
         try:
             out = super().run_node(n)
         except Exception as err:  # noqa: BLE001 - whatever it is, the graph does not run
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            if isinstance(err, NotImplementedError) or "meta tensor" in first or "expected device meta" in first:
+            if isinstance(err, NotImplementedError) or "meta tensor" in first or "expected device" in first:
                 raise _Unknowable from None  # data-dependent (nonzero, .item()) or pinned to a device: not knowable here
             raise ValueError(f"{where}: the graph does not run on the input shapes the file records "
                              f"({type(err).__name__}: {first:.200})") from None

@@ -141,20 +141,32 @@ def check_fixed(fixed: Any, placeholders: List[str], where: str) -> Dict[str, An
     return fixed
 
 
+class RetraceTracer(fx.Tracer):
+    """The tracer unpickling rebuilds an exported graph with: buffers are proxies, as the graph's
+    get_attr nodes are, so ``bias[:, :, :n]`` of a dynamic ``n`` traces (fx's default tracer reads
+    a buffer as a tensor, which a slice of a proxy cannot index)."""
+
+    proxy_buffer_attributes = True
+
+
 @contextlib.contextmanager
 def export_call(gm: fx.GraphModule) -> Iterator[Optional[Dict[str, Any]]]:
     """For pickling, which rebuilds a GraphModule by tracing its forward: ``gm`` with torch.export's own
-    call while inside (the input checks would stop that trace), yielding the parameters and input
-    shapes to :func:`restore_signature` from (None, and no change, for any other forward)."""
+    call while inside (the input checks would stop that trace) and :class:`RetraceTracer` to trace it,
+    yielding the parameters and input shapes to :func:`restore_signature` from (None, and no change,
+    for any other forward)."""
     codegen = gm.graph._codegen
     if not isinstance(codegen, SignatureCodeGen):
         yield None
         return
     gm.graph.set_codegen(fx.graph._PyTreeCodeGen(codegen.pytree_info))
     gm.recompile()
+    tracer = gm.__dict__.get("_tracer_cls")
+    gm._tracer_cls = RetraceTracer
     try:
         yield record_of(codegen)
     finally:
+        gm._tracer_cls = tracer
         gm.graph.set_codegen(codegen)
         gm.recompile()
 

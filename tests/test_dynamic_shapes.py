@@ -104,3 +104,24 @@ def test_dynamic_shapes_is_refused_where_it_cannot_apply():
     with pytest.raises(ValueError, match=r"^prepare: dynamic_shapes is for a model prepare exports; an ExportedProgram "
                                          r"has the shapes it was exported with"):
         lucid_fx.prepare(ep, dynamic_shapes="auto")
+
+
+def test_a_dynamic_capture_pickles_saves_and_loads():
+    # GPT-2's causal bias buffer sliced by a dynamic length: unpickling re-traces forward, and fx's
+    # default tracer read the buffer as a tensor that a slice of a proxy cannot index
+    import io
+
+    from tests.models import gpt2
+
+    _, qmodel = _quantized(gpt2, dynamic_shapes="auto")
+    inputs = _tokens((3, 7), 5, gpt2.VOCAB)
+    expected = qmodel(**inputs)["logits"]
+    buffer = io.BytesIO()
+    torch.save(qmodel, buffer)
+    buffer.seek(0)
+    with pytest.warns(FutureWarning, match="LeafSpec"):  # torch's own, unpickling a pytree spec
+        pickled = torch.load(buffer, weights_only=False)
+    data, _ = _saved(qmodel)
+    for loaded in (pickled, _load(data)):
+        assert torch.equal(loaded(**inputs)["logits"], expected)
+        assert loaded(**_tokens((2, 11), 6, gpt2.VOCAB))["logits"].shape == (2, 11, gpt2.VOCAB)

@@ -454,3 +454,27 @@ def _with_extra_field(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_with_extra_field(v) for v in value)
     return value
+
+
+class CausalMasked(nn.Module):
+    """Llama's causal mask: a tensor the graph builds on a device (``full(..., device=cpu)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        mask = torch.full((x.shape[1], x.shape[1]), -1e4, device=x.device).triu(1)
+        return torch.softmax(self.fc(x) @ x.transpose(1, 2) + mask, dim=-1)
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_a_graph_that_builds_a_tensor_on_a_device_saves_and_loads(capture):
+    # load's check runs the graph on the meta device: full(..., device=cpu) then met a meta tensor,
+    # and the Llama-like family could not be loaded
+    x = torch.randn(2, 5, 8)
+    qmodel = lucid_fx.quantize(CausalMasked().eval(), (x,), [torch.randn(2, 5, 8) for _ in range(4)], capture=capture)
+    buffer = io.BytesIO()
+    lucid_fx.save(qmodel, buffer)
+    buffer.seek(0)
+    assert torch.equal(lucid_fx.load(buffer)(x), qmodel(x))
