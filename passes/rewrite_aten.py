@@ -116,6 +116,14 @@ def _select(gm, node, row, bound):
     return _call(gm.graph, operator.getitem, (bound["self"], (slice(None),) * dim + (index,)), {})
 
 
+def _index(gm, node, row, bound):
+    indices = bound["indices"]
+    if not isinstance(indices, (list, tuple)):
+        return None
+    index = tuple(slice(None) if i is None else i for i in indices)
+    return _call(gm.graph, operator.getitem, (bound["self"], index), {})
+
+
 SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "addmm": _addmm,  # addmm(b, x, W) -> linear(x, W.t(), b)
     "mm": _mm,  # mm(x, t(W)) -> linear(x, W)
@@ -123,6 +131,7 @@ SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "first_of_tuple": _first_of_tuple,  # native_layer_norm(...)[0] -> layer_norm(...)
     "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]
     "select": _select,  # select(x, 1, 0) -> x[:, 0]
+    "index": _index,  # index(x, [None, i]) -> x[:, i]
 }
 
 

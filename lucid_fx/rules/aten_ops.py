@@ -18,6 +18,8 @@ the save/load allowlist (lucid_fx/_allowlist.py) already resolves.
 
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -88,7 +90,10 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("to.dtype", None, "to", "self", "dtype"),  # x.to(dtype), as fx records it
     _row("to.dtype_layout", None, "to", "self", dtype="dtype"),
     _row("to.device", None, "to", "self", "device", "dtype"),
-    _row("sym_size.int", None, "size", "self", "dim"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
+    _row("sym_size.int", None, "size", "self", "dim"),
+    _row("index.Tensor", "getitem", None, special="index"),  # index(x, [None, i]) -> x[:, i]: BERT's mask, Swin's bias table
+    _row("__and__.Tensor", None, operator.and_, "self", "other"),  # a & b: transformers' masks
+    _row("__or__.Tensor", None, operator.or_, "self", "other"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
     _row("_to_copy.default", None, "to", "self", dtype="dtype"),
 )
 
@@ -111,7 +116,7 @@ def aten_row(overload: torch._ops.OpOverload) -> Optional[AtenRow]:
 
 def same_name_target(overload: torch._ops.OpOverload) -> Optional[Any]:
     """``torch.<name>`` (or ``F.`` / ``torch.special.``) for an aten op without a row: aten.add.Tensor -> torch.add;
-    an in-place op with no such function, the Tensor method: aten.add_.Tensor -> x.add_(y)."""
+    with no such function, the Tensor method: aten.add_.Tensor -> x.add_(y), aten.new_ones -> x.new_ones(size)."""
     name = overload._schema.name.split("::")[-1]
     if name.startswith("_"):
         return None
@@ -119,7 +124,8 @@ def same_name_target(overload: torch._ops.OpOverload) -> Optional[Any]:
         fn = getattr(space, name, None)
         if callable(fn):
             return fn
-    return name if name.endswith("_") and callable(getattr(torch.Tensor, name, None)) else None
+    # the Tensor method where torch has no function: x.add_(y), x.new_ones(size), x.type_as(y)
+    return name if callable(getattr(torch.Tensor, name, None)) else None
 
 
 def bind_schema(overload: torch._ops.OpOverload, args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:

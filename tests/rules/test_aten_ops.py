@@ -71,6 +71,9 @@ CASES = {
     "_to_copy.default": (aten._to_copy.default, (t(2, 6),), {"dtype": torch.float64}, None),
     "select.int": (aten.select.int, (t(2, 6, 3), 1, 4), {}, None),
     "sym_size.int": (aten.sym_size.int, (t(2, 6, 3), 1), {}, None),
+    "index.Tensor": (aten.index.Tensor, (t(2, 6, 3), [None, torch.tensor([4, 0, 4])]), {}, None),
+    "__and__.Tensor": (aten.__and__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
+    "__or__.Tensor": (aten.__or__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
 }
 
 
@@ -85,6 +88,9 @@ def one_op_graph(overload, args, kwargs, index):
         elif isinstance(a, torch.Tensor):
             node_args.append(graph.placeholder(f"x{i}"))
             inputs.append(a.clone())
+        elif isinstance(a, list) and any(isinstance(v, torch.Tensor) for v in a):  # index(x, [None, i])
+            node_args.append([v if not isinstance(v, torch.Tensor) else graph.placeholder(f"x{i}_{j}") for j, v in enumerate(a)])
+            inputs.extend(v.clone() for v in a if isinstance(v, torch.Tensor))
         else:
             node_args.append(a)
     placeholders_first(graph)
