@@ -112,10 +112,16 @@ def test_the_program_differs_by_cpu_kind_and_each_matches_the_portable_graph():
 def test_a_program_is_built_per_input_signature_up_to_the_limit():
     model, x = _mlp()
     q = _quantize(model, x)
-    for batch in range(1, MAX_SIGNATURES + 3):
+    for batch in range(1, MAX_SIGNATURES + 1):
         xb = torch.randn(batch, 64)
         first, again = q(xb), q(xb)
         assert torch.equal(first, again)
+    with pytest.warns(RuntimeWarning, match=rf"^lucid_fx: this model has met more than {MAX_SIGNATURES} input signatures"):
+        q(torch.randn(MAX_SIGNATURES + 1, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        xb = torch.randn(MAX_SIGNATURES + 2, 64)
+        assert torch.equal(q(xb), q(xb))
     assert len(programs_of(q)) == MAX_SIGNATURES
     assert {k[1][0][0] for k in programs_of(q)} == set(range(1, MAX_SIGNATURES + 1))  # (cpu kind, (shape, ...))
 
