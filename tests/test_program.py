@@ -412,7 +412,7 @@ def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
 def test_attention_families_programs_compute_the_portable_values_through_the_native_routes(family):
     # Llama's rotary embedding (rotate_half's cat of a negated half), its additive causal mask, grouped
     # query attention's expanded keys, ViT's plain softmax: each on the program's own route.
-    from lucid_fx.kernels import matmul_native, native, native_elementwise, softmax_native
+    from lucid_fx.kernels import matmul_native, native, native_elementwise, native_rotary, softmax_native
     from tests.models.families import FAMILIES, as_batch
     from tests.models.measure import positional
 
@@ -429,6 +429,8 @@ def test_attention_families_programs_compute_the_portable_values_through_the_nat
     if family == "llama":
         assert calls[softmax_native.masked_softmax_codes] == 2
         fused = native.available() and native_elementwise.fused_add()
-        assert calls[native_elementwise.add_codes] == (4 if fused else 0)  # q * cos + rotate_half(q) * sin, and k's
-        # each rotate_half: two lookups (-x2 and its requantization composed in one table; x1's requantization)
-        assert sum(n for t, n in calls.items() if getattr(t, "__name__", "") == "lut") == 8
+        # q * cos + rotate_half(q) * sin, and k's, in both layers: one call each where torch's add is fused
+        assert calls[native_rotary.rotary_codes] == (4 if fused else 0)
+        assert calls[native_elementwise.add_codes] == 0
+        # else each rotate_half: two lookups (-x2 and its requantization composed in one table; x1's requantization)
+        assert sum(n for t, n in calls.items() if getattr(t, "__name__", "") == "lut") == (0 if fused else 8)

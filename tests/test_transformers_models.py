@@ -55,10 +55,10 @@ def test_gpt2_is_called_positionally_as_the_model_is():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("name", ["gpt2", "mistral"])
 def test_dynamic_shapes_auto_runs_another_batch_and_length(name):
     # all fifteen ran at (3, 7) from a calibration at (2, 16), 27.9-43.1 dB (DeiT, at batch 3, 22.8;
-    # Swin's export took 169 s); four of them here
+    # Swin's export took 169 s); two of them here (the family models' BERT and Llama: test_dynamic_shapes.py)
     import lucid_fx
 
     family = hf_families()[name]
@@ -77,10 +77,12 @@ def test_dynamic_shapes_auto_runs_another_batch_and_length(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(hf_families()))
+@pytest.mark.parametrize("name", ["bert", "roberta", "llama", "swin"])
 def test_the_converted_model_saves_and_loads(name):
     # eleven of the fifteen could not be saved: aten new_ones, type_as, index and __and__ stayed
-    # in the graph, off save's allowlist
+    # in the graph, off save's allowlist; all fifteen round-trip now (measured), and these four
+    # hold each op that stopped them (BERT: new_ones, index, &; RoBERTa: type_as; Swin: index;
+    # Llama: new_ones)
     import io
 
     import lucid_fx

@@ -45,7 +45,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul", "softmax")))  # one library
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul", "softmax", "rotary")))  # one library
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
@@ -68,6 +68,7 @@ SIGNATURES = {
     "add_strided": ((_P, _P, _P, _P, _I32, _F, _I32, _F, _I32, _I32, _I32), None, _CODES),
     "matmul": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), _I32, _CODES),  # native_matmul.c
     "softmax": ((_P, _P, _P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32), _I32, _CODES),  # native_softmax.c
+    "rotary": ((_P, _P, _P, _P, _P, _P, _P, _P, _P), None, _CODES),  # native_rotary.c: x, c, s, tables, out, geometry, ints, floats
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_gemm.c
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c

@@ -8,12 +8,13 @@ the program node computing the same codes, or None to decline. Run-time steps co
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Dict, Optional
 
 import torch
 from torch import fx
 
-from lucid_fx.kernels import cpu_float, native, native_elementwise, program_ops
+from lucid_fx.kernels import cpu_float, native, native_elementwise, native_rotary, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.channel_lut import code_index
 from lucid_fx.kernels.reference import dequant, f32_reciprocal
@@ -69,9 +70,67 @@ def add(b, node):  # lucid_fx.add on the CPU -> program_ops.add_codes: multiplie
     plan = native_elementwise.broadcast_plan(b.value(qa), b.value(qb), b.value(node)) if (
         native.available() and native_elementwise.fused_add()) else None
     if plan is not None:  # any strides and broadcast (rotary embedding's sum, a residual): one pass
+        rotary = _rotary(b, node, qa, qb, (a_zp, mults[0], b_zp, mults[1], out_zp, low, high))
+        if rotary is not None:
+            return rotary
         return b.call(native_elementwise.add_codes, qa, a_zp, mults[0], qb, b_zp, mults[1], out_zp, low, high, dtype,
                       b.const(plan, "plan"))
     return b.call(program_ops.add_codes, qa, a_zp, mults[0], qb, b_zp, mults[1], out_zp, low, high, dtype)
+
+
+def _only_user(b, node, target) -> bool:
+    """Whether ``node`` calls ``target`` and one live node reads it (a node another rule left without
+    users, such as the negation a cat's table took in, goes at the rewrite's end)."""
+    return isinstance(node, fx.Node) and node.target is target and len([u for u in node.users if u.users]) == 1
+
+
+def _half(b, node, x) -> Optional[str]:
+    """"lo" or "hi" for ``x[..., :h]`` or ``x[..., h:]`` (h half of x's last dim), written with an
+    ellipsis or a full slice per leading dim."""
+    if not (isinstance(node, fx.Node) and node.target is operator.getitem and node.args[0] is x
+            and isinstance(node.args[1], tuple) and node.args[1]):
+        return None
+    *lead, last = node.args[1]
+    h = b.value(x).shape[-1] // 2
+    if lead != [Ellipsis] and (len(lead) + 1 != b.value(x).dim() or any(i != slice(None) for i in lead)):
+        return None
+    if not isinstance(last, slice):
+        return None
+    return {(None, h, None): "lo", (h, None, None): "hi"}.get((last.start, last.stop, last.step))
+
+
+def _rotated_half(b, part, x):
+    """(which half of ``x``, the table node) for a part of rotate_half's cat: ``lut(x[..., half])``,
+    or the half itself where it is on the cat's grid (an identity table)."""
+    if _only_user(b, part, b.kernel("lut")):
+        table = b.attr(part.args[1])
+        if table is not None and table.dtype == b.value(x).dtype and table.numel() == 256:
+            return _half(b, part.args[0], x), part.args[1]
+        return None, None
+    if _only_user(b, part, operator.getitem):
+        return _half(b, part, x), b.const(_all_codes(b.value(x).dtype), "lut")  # codes in table order: the identity
+    return None, None
+
+
+def _rotary(b, node, qa, qb, add_numbers):
+    """Llama's ``x * cos + rotate_half(x) * sin`` in one call (lucid_fx/kernels/native_rotary.py) where
+    ``qa + qb`` is that sum of two products of the native kernels nothing else reads: ``x * c`` and
+    ``cat([lut(x[..., h:]), lut(x[..., :h])]) * s`` (a half on the cat's grid without its lookup)."""
+    for first, (m1, m2) in ((True, (qa, qb)), (False, (qb, qa))):
+        if not (_only_user(b, m1, native_elementwise.mul_codes) and _only_user(b, m2, native_elementwise.mul_codes)):
+            continue
+        x, r = m1.args[0], m2.args[0]
+        if not (_only_user(b, r, torch.cat) and len(r.args[0]) == 2 and r.args[1] in (-1, b.value(r).dim() - 1)):
+            continue
+        (hi, t_hi), (lo, t_lo) = (_rotated_half(b, part, x) for part in r.args[0])
+        if (hi, lo) != ("hi", "lo"):
+            continue
+        plan = native_rotary.rotary_plan(b.value(x), b.value(m1.args[2]), b.value(m2.args[2]), b.value(node),
+                                         tuple(m1.args[1:2]) + tuple(m1.args[3:8]), tuple(m2.args[1:2]) + tuple(m2.args[3:8]),
+                                         add_numbers, first)
+        if plan is not None:
+            return b.call(native_rotary.rotary_codes, x, m1.args[2], m2.args[2], t_hi, t_lo, b.const(plan, "rotary"))
+    return None
 
 
 def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multiplier once, no float32 -> 8-bit cast

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import lucid_fx
-from lucid_fx.kernels import native, native_elementwise
+from lucid_fx.kernels import native, native_elementwise, native_rotary
 from lucid_fx.program import programs_of
 
 
@@ -92,3 +92,33 @@ def test_a_dequantize_at_the_float_boundary_is_one_native_pass():
     names = [getattr(t, "__name__", "") for t in calls]
     assert "dequantize_per_tensor" in names or "dequantize_codes" in names
     assert ("dequantize_codes" in names) == native.available()
+
+
+class RotateHalf(nn.Module):
+    """Llama's rotary embedding: ``q * cos + rotate_half(q) * sin``, cos and sin broadcast over heads."""
+
+    def __init__(self, rotated_first=False):
+        super().__init__()
+        self.q, self.out, self.rotated_first = nn.Linear(16, 16), nn.Linear(16, 8), rotated_first
+        angles = torch.arange(5.0)[:, None] * torch.tensor([1.0, 0.3])[None]
+        angles = torch.cat([angles, angles], dim=-1)  # (seq, head_dim), as llama's
+        self.cos = nn.Parameter(angles.cos()[None, None], requires_grad=False)  # (1, 1, 5, 4)
+        self.sin = nn.Parameter(angles.sin()[None, None], requires_grad=False)
+
+    def forward(self, x):
+        q = self.q(x).view(2, 5, 4, 4).transpose(1, 2)  # (batch, heads, seq, head_dim): not contiguous
+        rotated = torch.cat((-q[..., 2:], q[..., :2]), dim=-1)
+        y = rotated * self.sin + q * self.cos if self.rotated_first else q * self.cos + rotated * self.sin
+        return self.out(y.transpose(1, 2).reshape(10, 16))
+
+
+@pytest.mark.parametrize("rotated_first", [False, True], ids=["x*cos first", "rotated first"])
+def test_a_rotary_embedding_is_one_native_call(rotated_first):
+    torch.manual_seed(0)
+    portable, out, calls = _run(RotateHalf(rotated_first), torch.randn(10, 16))
+    assert torch.equal(out, portable)
+    fused = native.available() and native_elementwise.fused_add()
+    assert (native_rotary.rotary_codes in calls) == fused
+    if fused:  # the products, lookups, cat and sum it replaces are gone
+        assert calls.count(native_rotary.rotary_codes) == 1 and native_elementwise.mul_codes not in calls
+        assert torch.cat not in calls and native_elementwise.add_codes not in calls
