@@ -18,6 +18,7 @@ import torch
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native_elementwise import _broadcast_strides  # 0 along a broadcast dim
 
 __all__ = ["Rotary", "rotary_plan", "rotary_codes"]
 
@@ -37,12 +38,6 @@ class Rotary:
     numbers: tuple  # (mul1, mul2, add, cos_first): the steps' arguments, for the torch route
 
 
-def _padded(t: torch.Tensor, shape: Tuple[int, ...]) -> list:
-    """``t``'s strides broadcast to 4-d ``shape`` (0 along a broadcast dim)."""
-    lead = len(shape) - t.dim()
-    return [0] * lead + [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
-
-
 def _broadcasts(t: torch.Tensor, shape: Tuple[int, ...]) -> bool:
     return t.dim() <= len(shape) and all(a in (1, b) for a, b in zip(reversed(t.shape), reversed(shape)))
 
@@ -56,7 +51,7 @@ def rotary_plan(x, c, s, out, mul1: tuple, mul2: tuple, add: tuple, cos_first: b
     if tuple(x.shape) != shape or not 1 <= len(shape) <= 4 or shape[-1] % 2 or not all(_broadcasts(t, shape) for t in (c, s)):
         return None
     full = (1,) * (4 - len(shape)) + shape
-    rows = [list(full)] + [_padded(t, full) for t in (x, c, s)] + [_padded(out, full)]
+    rows = [list(full)] + [_broadcast_strides(t, full) for t in (x, c, s, out)]
     (x_zp, c_zp, mult1, zp1, low1, high1), (r_zp, s_zp, mult2, zp2, low2, high2) = mul1, mul2
     a_zp, a_mult, b_zp, b_mult, zp, low, high = add
     flip = 128 if x.dtype == torch.int8 else 0

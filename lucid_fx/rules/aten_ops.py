@@ -19,7 +19,6 @@ the save/load allowlist (lucid_fx/_allowlist.py) already resolves.
 from __future__ import annotations
 
 import operator
-
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -89,11 +88,11 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("copy_.default", None, "copy_", "self", "src"),  # x.copy_(y): functionalize_inplace decides
     _row("to.dtype", None, "to", "self", "dtype"),  # x.to(dtype), as fx records it
     _row("to.dtype_layout", None, "to", "self", dtype="dtype"),
-    _row("to.device", None, "to", "self", "device", "dtype"),
-    _row("sym_size.int", None, "size", "self", "dim"),
+    _row("to.device", None, "to", "self", "device", "dtype"),  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
+    _row("sym_size.int", None, "size", "self", "dim"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)
     _row("index.Tensor", "getitem", None, special="index"),  # index(x, [None, i]) -> x[:, i]: BERT's mask, Swin's bias table
     _row("__and__.Tensor", None, operator.and_, "self", "other"),  # a & b: transformers' masks
-    _row("__or__.Tensor", None, operator.or_, "self", "other"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
+    _row("__or__.Tensor", None, operator.or_, "self", "other"),  # a | b
     _row("_to_copy.default", None, "to", "self", dtype="dtype"),
 )
 

@@ -4,6 +4,7 @@ in-place writes, ops the table does not know). The per-row tests are tests/rules
 import torch
 from torch import fx, nn
 
+import lucid_fx
 from lucid_fx.passes.rewrite_aten import rewrite_aten
 
 aten = torch.ops.aten
@@ -85,13 +86,10 @@ class ClonedBuffer(nn.Module):
 
 def test_a_model_that_edits_a_copy_of_its_buffer_gives_the_same_answer_every_call():
     # the copy was dropped, so each call added 1 to the buffer: 4, 5, 6 off after three calls
-    import lucid_fx
-
     model, x = ClonedBuffer().eval(), t(4, 8)
     prepared = lucid_fx.prepare(model, example_inputs=(x,), capture="export")
     with torch.no_grad():
         expected = model(x)
-    with torch.no_grad():
         assert [float((prepared(x) - expected).abs().max()) for _ in range(3)] == [0.0] * 3
         qmodel = lucid_fx.convert(prepared)
         errors = [float((qmodel(x) - expected).abs().max()) for _ in range(3)]
