@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 import torch.fx._pytree as fx_pytree
 from torch import fx
@@ -173,6 +173,16 @@ def _shape_message(name: str, shape: Sequence[int]) -> str:
             "you need)")
 
 
+_REFUSE = "_lucid_fx_refuse"  # the generated forward's name for refuse
+
+
+def refuse(error: type, message: str) -> NoReturn:
+    """Raise ``error(message)`` for a check of the generated forward. Raised there, torch.fx would print
+    the generated code to stderr and drop the traceback (its ``_WrappedCall`` does so for an exception
+    whose last frame is generated code); from here it is an ordinary exception."""
+    raise error(message)
+
+
 class SignatureCodeGen(fx.graph._PyTreeCodeGen):
     """A pytree codegen whose ``forward`` has the captured model's parameters (``params``, as
     lucid_fx/_pytree_spec.py's ``check_params`` validates them; None: torch.export's own call) and
@@ -245,9 +255,14 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
             if shape is not None and name in targets:
                 before, after = _shape_message(name, shape).split("{}")
                 code += (f"\n    if {_shape_test(name, shape)[0]}:"
-                         f"\n        raise ValueError({before!r} + str(tuple({name}.shape)) + {after!r})")
+                         f"\n        {_REFUSE}(ValueError, {before!r} + str(tuple({name}.shape)) + {after!r})")
             if self.params is None and name in self.fixed and name in targets:
-                code += f"\n    if {_equals(name, self.fixed[name])[0]}:\n        raise TypeError({_fixed_message(name, self.fixed[name])!r})"
+                code += f"\n    if {_equals(name, self.fixed[name])[0]}:\n        {_REFUSE}(TypeError, {_fixed_message(name, self.fixed[name])!r})"
+        return code
+
+    def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
+        code = super()._gen_python_code(*args, **kwargs)
+        code.globals[_REFUSE] = refuse  # the checks' raise (gen_fn_def's code)
         return code
 
     def _signature_def(self, targets: List[str], maybe_return_annotation: str) -> str:
@@ -260,7 +275,7 @@ class SignatureCodeGen(fx.graph._PyTreeCodeGen):
         code = f"def forward({', '.join(parts)}){maybe_return_annotation}:"
         for p in self.params:
             test, _, message = _rule(p)
-            code += f"\n    if {test}:\n        raise TypeError({message!r})"
+            code += f"\n    if {test}:\n        {_REFUSE}(TypeError, {message!r})"
         names = [p["name"] for p in self.params if p["captured"]]
         values = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
         if targets:

@@ -2,6 +2,7 @@
 
     lucid-fx demo [--seed N] [--quick]
     lucid-fx quantize MODULE:FACTORY --input-shape 1,3,32,32 [--calib N] [--backend cpu] -o OUT.pt
+    lucid-fx quantize MODULE:FACTORY --calib-data batches.pt [--dynamic] -o OUT.pt
     lucid-fx explain MODULE:FACTORY --input-shape 1,3,32,32 [--calib N]
 
 Every failure the user can fix (a bad ``MODULE:FACTORY``, a bad shape, a model whose forward
@@ -21,8 +22,8 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx._cli_inputs import (
-    CLIError, _build_model, _check_forward, _count, _device, _first_line, _random_inputs, _step, load_calibration_data,
-    load_factory, parse_shape,
+    CLIError, Inputs, _build_model, _check_forward, _count, _device, _first_line, _step, call_with, example_inputs, load_factory,
+    parse_shape, read_inputs,
 )
 from lucid_fx._cli_save import check_saveable
 from lucid_fx.kernels.target import BACKENDS
@@ -41,20 +42,18 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(message, f"run `{self.prog} --help` for usage")
 
 
-def _prepare(args: argparse.Namespace, calibration_batches: int) -> Tuple[nn.Module, nn.Module]:
-    shape = parse_shape(args.input_shape)
+def _prepare(args: argparse.Namespace, calibration_batches: int) -> Tuple[nn.Module, nn.Module, Inputs]:
     backend = getattr(args, "backend", "cpu")  # explain prepares for the default backend
     device = _device(backend)
     model = _build_model(args.factory, device)
-    example, *batches = _random_inputs(shape, 1 + calibration_batches, args.seed, device)
-    if getattr(args, "calib_data", None):
-        batches = load_calibration_data(args.calib_data, shape, device)
-        example = batches[0][: shape[0]]
-    _check_forward(model, example)
-    prepared = _step("prepare", lambda: lucid_fx.prepare(model, example_inputs=(example,), backend=backend))
-    if batches:
-        _step("calibrate", lambda: lucid_fx.calibrate(prepared, batches, progress=args.progress))
-    return model, prepared
+    inputs = read_inputs(args, device, calibration_batches)
+    _check_forward(model, inputs.example, random=not getattr(args, "calib_data", None))
+    dynamic = "auto" if args.dynamic else None
+    prepared = _step("prepare", lambda: lucid_fx.prepare(model, example_inputs=example_inputs(inputs.example), backend=backend,
+                                                         dynamic_shapes=dynamic))
+    if inputs.batches:
+        _step("calibrate", lambda: lucid_fx.calibrate(prepared, inputs.batches, progress=args.progress))
+    return model, prepared, inputs
 
 
 def _report_text(report: Any) -> str:
@@ -90,14 +89,12 @@ def run_quantize(args: argparse.Namespace) -> int:
         raise CLIError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist", "create the folder first, or choose another -o path")
     if args.report and (not Path(args.report).parent.is_dir() or Path(args.report).suffix.lower() not in (".html", ".svg")):
         raise CLIError(f"cannot write the report {args.report!r}: it needs an existing folder and a .html or .svg name", "e.g. --report report.html")
-    model, prepared = _prepare(args, args.calib)
+    model, prepared, inputs = _prepare(args, args.calib)
     qmodel = _step("convert", lambda: lucid_fx.convert(prepared))
-    shape = parse_shape(args.input_shape)
-    probe = _random_inputs(shape, 1, args.seed + 1, _device(args.backend))[0]
-    _step("running the int8 model", lambda: qmodel(probe))
+    _step("running the int8 model", lambda: call_with(qmodel, inputs.probe))
     report = Path(args.report) if args.report else None
     if report is not None:
-        comparison = _step("compare", lambda: lucid_fx.compare(model, qmodel, probe))
+        comparison = _step("compare", lambda: lucid_fx.compare(model, qmodel, inputs.probe))
         _step("writing the report", lambda: lucid_fx.visualize(qmodel, report, compare=comparison, title=f"lucid_fx: {args.factory}"))
     allow = [load_factory(spec) for spec in args.allow]
     check_saveable(qmodel, prepared, allow, args)
@@ -106,11 +103,12 @@ def run_quantize(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - a module lucid_fx.save cannot write as data, a full disk, permissions
         raise CLIError(f"saving to {str(out)!r} failed: {_first_line(e)}", "the path must be writable; pass --traceback for details") from e
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {args.factory} -> {type(model).__name__}, {params:,} parameters, random input {shape}, {args.calib} random calibration batches")
+    print(f"model: {args.factory} -> {type(model).__name__}, {params:,} parameters, {inputs.text}")
     print(f"explain: {lucid_fx.explain(prepared).summary()}")
     print(f"convert: {_report_text(qmodel.lucid_fx_convert_report)}")
     if report is not None:
-        print(f"error per node against fp32 on a random batch (worst first):\n{comparison.table(10)}")
+        where = "the last batch of --calib-data" if args.calib_data else "a random batch"
+        print(f"error per node against fp32 on {where} (worst first):\n{comparison.table(10)}")
         print(f"report: {report} (the converted graph, coloured by error; open it in a browser)")
     if allow:
         names = ", ".join(f"{c.__module__}.{c.__qualname__}" for c in allow)
@@ -124,7 +122,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 @command
 def run_explain(args: argparse.Namespace) -> int:
-    _, prepared = _prepare(args, args.calib)
+    _, prepared, _ = _prepare(args, args.calib)
     table = lucid_fx.explain(prepared)
     print(table)
     print(f"summary: {table.summary()}")
@@ -172,15 +170,16 @@ _RANDOM_NOTE = (
     "The example input and the calibration batches are random normal float tensors of --input-shape "
     "(seeded by --seed), so the activation ranges are those of random data, not of your data: this "
     "checks that a model quantizes and shows what lucid_fx decides. For a model you deploy, calibrate "
-    "on real batches with the Python API (lucid_fx.prepare / calibrate / convert)."
+    "on real batches: --calib-data, or the Python API (lucid_fx.prepare / calibrate / convert)."
 )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, default_calib: int) -> None:
     parser.add_argument("factory", metavar="MODULE:FACTORY", help=_MODEL_HELP)
     parser.add_argument(
-        "--input-shape", required=True, metavar="SHAPE",
-        help="shape of forward's single float input, batch first, comma-separated: e.g. 1,3,32,32",
+        "--input-shape", metavar="SHAPE",
+        help="shape of forward's single float input, batch first, comma-separated: e.g. 1,3,32,32 (random inputs; "
+        "with --calib-data, the batch size of a tensor of samples)",
     )
     parser.add_argument(
         "--calib", type=_count(min(default_calib, 1)), default=default_calib, metavar="N",
@@ -189,8 +188,15 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_calib: int) ->
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument(
         "--calib-data", metavar="FILE",
-        help="calibrate on your own batches instead: a torch.save'd tensor of samples (split into batches of "
-        "--input-shape's batch size) or list of batch tensors; read with weights_only=True",
+        help="calibrate on your own batches instead (read with weights_only=True): a torch.save'd list of batches, "
+        "each a tensor, a tuple of forward's positional inputs or a dict of its keyword inputs (a tokenizer's "
+        "input_ids, attention_mask, ...), or one tensor of samples split into batches of --input-shape's batch "
+        "size; the first batch is prepare's example, the last runs the converted model",
+    )
+    parser.add_argument(
+        "--dynamic", action="store_true",
+        help="where the model is captured with torch.export (a top level torch.fx cannot trace), keep every "
+        "dimension dynamic (prepare's dynamic_shapes=\"auto\"): other batch sizes and sequence lengths run",
     )
 
 

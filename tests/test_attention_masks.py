@@ -202,6 +202,39 @@ def test_an_additive_bias_is_exact_and_its_mask_chain_stays_float(sqnr_db):
     assert (mask.op, mask.target) == ("call_method", "add")  # the float sum, not a dequantize
 
 
+class CopiedIn(Attention):
+    """transformers' causal mask as torch.export captures it: a causal mask from factories, with the
+    padding mask copied into a view of a clone of it in place."""
+
+    def forward(self, x, keep):
+        q, k, v = _split(self.q(x)), _split(self.k(x)), _split(self.v(x))
+        s = q @ k.transpose(-2, -1) * DH ** -0.5
+        mask = torch.full((T, T), FMIN).triu(1)[None, None].expand(x.shape[0], 1, T, T).clone()
+        view = mask[:, :, :, :T]
+        view.copy_(view.masked_fill(keep[:, None, None, :] < 0.5, FMIN))
+        p = torch.softmax(s + mask, -1)
+        return (p @ v).transpose(1, 2).reshape(x.shape[0], T, D), p
+
+
+def test_a_mask_copied_into_in_place_is_built_in_float_and_said_so(sqnr_db):
+    torch.manual_seed(0)
+    model = CopiedIn("copied").eval()
+    prepared = _calibrate(model)
+    table = lucid_fx.explain(prepared).by_node()
+    write = next(row for row in table.values() if row["op"] == "copy_")  # stays in place: the clone is read after it
+    assert write["reason"].startswith("changes 'alias' in place, and 'clone_1' shares its storage and is read afterwards")
+    built = {name: row for name, row in table.items() if row["op"] in ("full", "triu", "clone", "masked_fill", "expand")}
+    assert sorted(row["op"] for row in built.values()) == ["clone", "expand", "full", "masked_fill", "triu"]
+    assert all(row["kind"] == "float" and row["reason"].startswith("attention mask") for row in built.values()), built
+    qmodel = lucid_fx.convert(prepared)
+    assert not [line for line in str(qmodel.lucid_fx_convert_report).splitlines() if "no lowering rule" in line]
+    x, keep = _batches(3, seed=99)[2]
+    (out, p), (ref_out, ref_p) = qmodel(x, keep), model(x, keep)
+    assert sqnr_db(ref_out, out) >= 30.0
+    masked = ((keep[:, None, None, :] < 0.5) | torch.ones(T, T, dtype=torch.bool).triu(1)).expand(B, H, T, T)
+    assert torch.equal(p[masked], torch.zeros_like(p[masked]))
+
+
 @pytest.mark.parametrize("fill,expected", [(NEG_INF, 0.0), (FMIN, 1.0 / T), (-1e9, 1.0 / T)])
 def test_fully_masked_rows(fill, expected, sqnr_db):
     # Float gives NaN for a row of -inf (int8 codes hold no NaN: the row is all zeros, the documented

@@ -84,6 +84,20 @@ def test_positional_only_parameters_keep_torch_exports_call_and_its_checks():
     assert qmodel(x).shape == (2, 16)
 
 
+def test_a_refused_input_prints_nothing_and_keeps_its_traceback(capfd):
+    """torch.fx prints the generated code to stderr, and drops the traceback, for an exception raised
+    in generated code: the checks raise from lucid_fx._forward_signature.refuse instead."""
+    x = _batches(3, 1)[0]
+    prepared = lucid_fx.prepare(Scaled().eval(), example_inputs=(x,), capture="export")
+    lucid_fx.calibrate(prepared, _batches(4), progress=False)
+    for model in (prepared, lucid_fx.convert(prepared)):
+        capfd.readouterr()
+        with pytest.raises(ValueError, match=SHAPE_MESSAGE.format("x")) as info:
+            model(x[:1])
+        assert capfd.readouterr().err == ""
+        assert info.traceback[-1].name == "refuse" and any("eval_with_key" in str(e.path) for e in info.traceback)
+
+
 @pytest.fixture(scope="module", params=["ExportedProgram", "module()"])
 def from_exported(request):
     torch.manual_seed(0)

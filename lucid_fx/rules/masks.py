@@ -18,7 +18,7 @@ from typing import Callable, Dict, Optional, Set
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.ops import VIEW_OPS, VIEW_SPELLINGS, Tag, canonical, ops_tagged
 
 __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_only_nodes"]
 
@@ -85,15 +85,48 @@ def _reads_only_as_mask(user: fx.Node, node: fx.Node) -> bool:
     return mask_input(user) is node and uses == 1
 
 
+def _unused_write(user: fx.Node) -> bool:
+    """An in-place op that stayed in place (passes/functionalize_inplace.py) and whose result nothing reads:
+    what it does is change its first argument (``view.copy_(view.masked_fill(pad, min))``)."""
+    return _meta.MUTATION in user.meta and not user.users and bool(user.args) and isinstance(user.args[0], fx.Node)
+
+
+def _storage(node: fx.Node) -> fx.Node:
+    """The value whose storage ``node`` views (``node`` itself when it is no view)."""
+    while True:
+        call = canonical(node)
+        source = call.tensor_inputs()[0] if call is not None and call.tensor_inputs() else None
+        if call is None or source is None or not (call.op in VIEW_OPS or call.spelling in VIEW_SPELLINGS):
+            return node
+        node = source
+
+
 def mask_only_nodes(graph: fx.Graph) -> Set[fx.Node]:
     """The nodes whose value reaches nothing but mask inputs: ``(1.0 - keep) * -1e4`` and what
     it is built from, up to the graph inputs. They are computed in float; a matmul, linear or
-    conv among them keeps its own decision. One pass from the output back (users first)."""
+    conv among them keeps its own decision.
+
+    A write in place that nothing reads (transformers' causal mask, as torch.export captures it:
+    the padding mask copied into a view of a clone) is mask-only when the storage it writes into
+    is; its operands then are when their other uses are. Such writes close loops (the view is read
+    by what is copied back into it), so this starts from every candidate and takes away, until
+    nothing changes, each one with a use that is neither mask-only nor a read as a mask."""
     found: Set[fx.Node] = set()
-    for node in reversed(graph.nodes):
+    for node in graph.nodes:
         call = canonical(node)
-        if call is None or node.op in ("placeholder", "get_attr", "output") or call.op in _PRODUCTS or not node.users:
-            continue
-        if all(user in found or (_meta.OP in user.meta and _reads_only_as_mask(user, node)) for user in node.users):
+        if call is not None and node.op not in ("placeholder", "get_attr", "output") and call.op not in _PRODUCTS:
             found.add(node)
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(graph.nodes):
+            if node in found and not _mask_only(node, found):
+                found.discard(node)
+                changed = True
     return found
+
+
+def _mask_only(node: fx.Node, found: Set[fx.Node]) -> bool:
+    if not node.users:
+        return _unused_write(node) and _storage(node.args[0]) in found
+    return all(user in found or (_meta.OP in user.meta and _reads_only_as_mask(user, node)) for user in node.users)
