@@ -1,4 +1,5 @@
-"""The suite again as on each other kind of CPU, so a green run on one machine means green on all.
+"""The suite again as on each other kind of CPU, so a green run on one machine means green on all
+(all of it but ``NO_CPU_KIND``, what no kind changes).
 
 Each run forces the kind (``LUCID_FX_CPU_ISA``: weight grids and kernel choices) and, where the
 kind is below this CPU, caps oneDNN at it (``ONEDNN_MAX_CPU_ISA``), so oneDNN really runs that
@@ -33,6 +34,11 @@ ORDER = list(CPU_KINDS)  # poorest first
 OTHER_KINDS = [kind for kind in CPU_KINDS if kind != detected_cpu_features().name]
 
 
+# What no CPU kind changes, run once, by the main run: drawing (the viewer, graph layout, the
+# progress bar), packaging, a fresh install, and this file. ~90 s of CPU a rerun (CI's budget).
+NO_CPU_KIND = ("tests/viewer", "tests/test_layout.py", "tests/test_progress.py", "tests/test_packaging.py",
+               "tests/test_fresh_install.py", "tests/test_every_cpu_kind.py")
+
 _RUNS: dict = {}  # kind -> (process, its stdout file, its stderr file)
 
 
@@ -46,10 +52,8 @@ def _start(kind: str):
     # One thread each: side by side, torch's default threads oversubscribe the cores (tests/kernels,
     # measured on 2 cores: two runs 100 s at default threads, 46 s at one each, against 44 s for one).
     env["OMP_NUM_THREADS"] = "1"
-    command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--ignore", "tests/viewer",
-        "--ignore", "tests/test_every_cpu_kind.py", "--ignore", "tests/test_fresh_install.py", "tests",
-    ]
+    ignored = [f"--ignore={path}" for path in NO_CPU_KIND]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ignored, "tests"]
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # files, not pipes: none fills up
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True), out, err
 
