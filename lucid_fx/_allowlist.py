@@ -21,9 +21,14 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "resolve_fn", "fn_name", "resolve_class", "class_name", "is_module_class", "is_factory_class",
+    "NotSerializable", "resolve_fn", "fn_name", "resolve_class", "class_name", "is_module_class", "is_factory_class",
     "value_class_names", "MOVED_CLASSES", "TENSOR_METHODS", "TENSOR_ATTRIBUTES", "BUILTINS",
 ]
+
+
+class NotSerializable(TypeError):
+    """A value, function or class that lucid_fx.save cannot write as data (off these lists)."""
+
 
 # -- functions a graph may call ----------------------------------------------------------------
 # torch.* is limited to ATen's public tensor functions (torch._C._VariableFunctions: no

@@ -19,16 +19,13 @@ import torch
 from torch import fx
 
 from lucid_fx import _allowlist as A
+from lucid_fx._allowlist import NotSerializable
 from lucid_fx.quantization.observers import _Factory
 
 __all__ = ["Codec", "NotSerializable", "MAX_DEPTH"]
 
 MAX_DEPTH = 32  # values lucid_fx writes nest 6 deep at most (a Decision's QConfig's factory's kwargs)
 _TORCH_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
-
-
-class NotSerializable(TypeError):
-    """A value, function or class that lucid_fx.save cannot write as data."""
 
 
 def _is_value_class(cls: type) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch.utils._pytree as pytree
 from torch import fx
 
-from lucid_fx._codec import NotSerializable
+from lucid_fx._allowlist import NotSerializable
 from lucid_fx._forward_signature import KINDS, RESERVED, SignatureCodeGen, captured_names, literal
 
 __all__ = ["SPEC_ATTRIBUTES", "has_pytree_codegen", "encode_codegen", "decode_codegen", "export_call", "restore_signature"]
