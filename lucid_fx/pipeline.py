@@ -36,6 +36,7 @@ from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.insert_qdq import insert_qdq
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
+from lucid_fx.passes.narrow_fixed_grids import narrow_fixed_grids
 from lucid_fx.passes.propagate_shapes import propagate_shapes
 from lucid_fx.passes.remove_noops import remove_noops
 from lucid_fx.passes.rewrite_patterns import rewrite_patterns
@@ -136,6 +137,10 @@ PREPARE_PASSES: List[Pass] = [
 
 
 # -- convert --------------------------------------------------------------------------------------
+def _narrow_fixed_grids(gm, ctx: ConvertContext):
+    return narrow_fixed_grids(gm, ctx.registry)
+
+
 def _fold_batchnorm(gm, ctx: ConvertContext):
     return fold_batchnorm(gm)
 
@@ -163,7 +168,7 @@ def _install_programs(gm, ctx: ConvertContext):
 
 
 #: The convert passes, in order, on each calibrated graph (QAT parametrizations already removed).
-CONVERT_PASSES: List[Pass] = [_fold_batchnorm, _lower, _fold_dequantize, _record_activation_qparams, _install_programs]
+CONVERT_PASSES: List[Pass] = [_narrow_fixed_grids, _fold_batchnorm, _lower, _fold_dequantize, _record_activation_qparams, _install_programs]
 
 
 # -- the loop -------------------------------------------------------------------------------------

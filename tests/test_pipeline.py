@@ -16,8 +16,9 @@ def test_the_pipelines_list_their_passes_in_order():
         "record_trace", "functionalize_inplace", "propagate_shapes", "decompose_attention", "canonicalize_ops", "remove_noops",
         "rewrite_patterns", "fuse_patterns", "analyze_ranges", "choose_observers", "insert_observers",
     ]
-    assert [pass_name(p) for p in CONVERT_PASSES] == ["fold_batchnorm", "lower", "fold_dequantize", "record_activation_qparams",
-                                                        "install_programs"]
+    assert [pass_name(p) for p in CONVERT_PASSES] == [
+        "narrow_fixed_grids", "fold_batchnorm", "lower", "fold_dequantize", "record_activation_qparams", "install_programs",
+    ]
 
 
 def _model():

@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[test]'")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.models` under a bare `pytest` too
-from tests.models.hf_check import hf_families  # noqa: E402
+from tests.models.hf_check import gemma2_family, hf_families  # noqa: E402
 from tests.models.measure import run_lucid  # noqa: E402
 
 MISSING = {}  # model -> what issue 14 still has to build for it: all fifteen meet the goals (transformers 5.24, 2026-12-01)
@@ -32,6 +32,19 @@ def test_transformers_model_meets_the_issue_14_goals(name):
     share = result["int8_flops"] / result["flops"]
     assert share >= 0.95, f"{100 * share:.1f}% of FLOPs in int8\n{result['report']}"
     assert result["sqnr"] >= 25.0, f"SQNR {result['sqnr']:.1f} dB"
+
+
+@pytest.mark.slow
+def test_gemma2_soft_capping_keeps_its_values():
+    """Gemma 2's ``tanh(x / c) * c`` keeps scores and logits within a few hundredths of 0, where the
+    proven grids are [-1, 1] and [-c, c]: 7.4 dB output SQNR before convert narrowed those grids to
+    what their inputs' grids reach (passes/narrow_fixed_grids.py), 24.7 after. Not yet the 25 dB goal:
+    the attention scores' int8 matmul measures 22 dB on this random-weight model."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    result = run_lucid(gemma2_family(), use_concrete=False)
+    assert "failed" not in result, result["failed"]
+    assert result["int8_flops"] / result["flops"] >= 0.95
+    assert result["sqnr"] >= 20.0, f"SQNR {result['sqnr']:.1f} dB"
 
 
 @pytest.mark.slow

@@ -94,12 +94,25 @@ def _abs(arg, call):
     return (lo, max(abs(a[0]), abs(a[1])))
 
 
+def _squashing(fn, lo: float, hi: float):
+    """An increasing function into [lo, hi]: that interval whatever the input, the image of a bounded one."""
+    def apply(arg, call):
+        inner = arg("input")
+        return I.monotone(fn, inner) if I.is_bounded(inner) else (lo, hi)
+
+    return apply
+
+
+def _sigmoid(v: float) -> float:
+    return 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
+
+
 RANGE_RULES: List[RangeRule] = [
-    rule("sigmoid", lambda arg, call: (0.0, 1.0)),  # sigmoid(x) in [0, 1]
-    rule("hardsigmoid", lambda arg, call: (0.0, 1.0)),  # hardsigmoid(x) in [0, 1]
+    rule("sigmoid", _squashing(_sigmoid, 0.0, 1.0)),  # sigmoid(x) in [0, 1]
+    rule("hardsigmoid", _squashing(lambda v: min(max(v / 6 + 0.5, 0.0), 1.0), 0.0, 1.0)),  # hardsigmoid(x) in [0, 1]
     rule("softmax", lambda arg, call: (0.0, 1.0)),  # softmax(x, dim) in [0, 1], any dim
-    rule("tanh", lambda arg, call: (-1.0, 1.0)),  # tanh(x) in [-1, 1]
-    rule("softsign", lambda arg, call: (-1.0, 1.0)),  # x / (1 + |x|) in [-1, 1]
+    rule("tanh", _squashing(math.tanh, -1.0, 1.0)),  # tanh(x) in [-1, 1]
+    rule("softsign", _squashing(lambda v: v / (1 + abs(v)), -1.0, 1.0)),  # x / (1 + |x|) in [-1, 1]
     rule(("sin", "cos"), lambda arg, call: (-1.0, 1.0)),  # sin, cos in [-1, 1]
     rule("clamp", _clamp),  # clamp(x, a, b) in [a, b]; relu6 and hardtanh are clamps
     rule("relu", _relu),  # relu([a, b]) = [max(a, 0), max(b, 0)]

@@ -78,6 +78,19 @@ def hf_families() -> Dict[str, Family]:
     }
 
 
+def gemma2_family() -> Family:
+    """Gemma 2: soft-capped attention scores and logits, ``tanh(x / c) * c`` (c = 50 and 30)."""
+    import transformers as T
+
+    config = T.Gemma2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=64, use_cache=False, head_dim=16)
+
+    def make():
+        torch.manual_seed(0)
+        return T.Gemma2ForCausalLM(config).eval()
+    return Family(make, *token_inputs(VOCAB, batch=2, seq=16))
+
+
 def _try(fn) -> str:
     start = time.perf_counter()
     try:

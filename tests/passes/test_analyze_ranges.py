@@ -1,5 +1,7 @@
 """analyze_ranges: bounded ops and composites are proven; unbounded ones are not."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,3 +67,16 @@ def test_user_bounded_op_is_proven_and_composes(registry):
     found = {n.name: n.meta.get(_meta.INTERVAL) for n in gm.graph.nodes}
     assert found["my_gate"] == (0.0, 1.0)
     assert found["sub"] == (-2.0, 2.0)
+
+
+def test_a_squashing_op_of_a_bounded_input_is_proven_in_its_image(registry):
+    class Nested(nn.Module):
+        def forward(self, x):
+            return torch.tanh(torch.sigmoid(x)), torch.sigmoid(torch.tanh(x)), F.softsign(torch.tanh(x))
+
+    gm = trace_model(Nested()).graph_module
+    analyze_ranges(canonicalize_ops(gm, registry), registry)
+    found = {n.name: n.meta.get(_meta.INTERVAL) for n in gm.graph.nodes}
+    assert found["tanh"] == pytest.approx((0.0, math.tanh(1.0)))  # tanh of [0, 1]
+    assert found["sigmoid_1"] == pytest.approx((1 / (1 + math.e), 1 / (1 + math.exp(-1))))  # sigmoid of [-1, 1]
+    assert found["softsign"] == pytest.approx((-0.5, 0.5))  # softsign of [-1, 1]
