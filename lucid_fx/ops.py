@@ -204,6 +204,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("stack", ("tensors", "dim")),
     OpDef("chunk", ("input", "chunks", "dim"), tags=_MOVES_VIEW),
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
+    OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
     OpDef("size", ("input", "dim"), derive=False),
 ]
 

@@ -124,6 +124,13 @@ def _index(gm, node, row, bound):
     return _call(gm.graph, operator.getitem, (bound["self"], index), {})
 
 
+def _numpy_t(gm, node, row, bound):
+    value = bound["self"].meta.get("val") if isinstance(bound["self"], fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    return _call(gm.graph, "permute", (bound["self"], tuple(reversed(range(value.dim())))), {})
+
+
 SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "addmm": _addmm,  # addmm(b, x, W) -> linear(x, W.t(), b)
     "mm": _mm,  # mm(x, t(W)) -> linear(x, W)
@@ -132,6 +139,7 @@ SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]
     "select": _select,  # select(x, 1, 0) -> x[:, 0]
     "index": _index,  # index(x, [None, i]) -> x[:, i]
+    "numpy_T": _numpy_t,  # numpy_T(x) -> x.permute(n - 1, ..., 0)
 }
 
 

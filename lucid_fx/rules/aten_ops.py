@@ -91,6 +91,7 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("to.device", None, "to", "self", "device", "dtype"),  # x.to(device, dtype): Mistral's rotary inv_freq.to(x.device)
     _row("sym_size.int", None, "size", "self", "dim"),  # x.size(d) of a dynamic dim (ExportedProgram with dynamic_shapes)
     _row("index.Tensor", "getitem", None, special="index"),  # index(x, [None, i]) -> x[:, i]: BERT's mask, Swin's bias table
+    _row("numpy_T.default", "permute", "permute", special="numpy_T"),  # x.T -> x.permute(reversed dims): Falcon's rotary
     _row("__and__.Tensor", None, operator.and_, "self", "other"),  # a & b: transformers' masks
     _row("__or__.Tensor", None, operator.or_, "self", "other"),  # a | b
     _row("_to_copy.default", None, "to", "self", dtype="dtype"),

@@ -74,6 +74,7 @@ CASES = {
     "index.Tensor": (aten.index.Tensor, (t(2, 6, 3), [None, torch.tensor([4, 0, 4])]), {}, None),
     "__and__.Tensor": (aten.__and__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
     "__or__.Tensor": (aten.__or__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
+    "numpy_T.default": (aten.numpy_T.default, (t(2, 6, 3),), {}, None),  # x.T: every dim reversed
 }
 
 
@@ -87,6 +88,7 @@ def one_op_graph(overload, args, kwargs, index):
             node_args.append(graph.get_attr(f"p{i}"))
         elif isinstance(a, torch.Tensor):
             node_args.append(graph.placeholder(f"x{i}"))
+            node_args[-1].meta["val"] = a  # as torch.export records each input (numpy_T reads its rank)
             inputs.append(a.clone())
         elif isinstance(a, list) and any(isinstance(v, torch.Tensor) for v in a):  # index(x, [None, i])
             node_args.append([v if not isinstance(v, torch.Tensor) else graph.placeholder(f"x{i}_{j}") for j, v in enumerate(a)])

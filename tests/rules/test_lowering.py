@@ -42,6 +42,29 @@ def test_max_pool1d_runs_on_codes(functional):
     assert (out - ref).abs().max() <= scale + 1e-6
 
 
+class Interleaved(nn.Module):
+    """GPT-J's rotary tables: each value repeated along the last dim, between two linears here."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).repeat_interleave(2, dim=-1))
+
+
+def test_repeat_interleave_moves_codes(sqnr_db):
+    torch.manual_seed(0)
+    model, batches = Interleaved().eval(), [torch.randn(4, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    calls = [getattr(n.target, "__name__", n.target) for n in qmodel.graph.nodes if n.op in ("call_function", "call_method")]
+    assert calls == ["quantize_per_tensor", "linear", "repeat_interleave", "linear"], calls  # no float island
+    assert "0 ops in float" in str(qmodel.lucid_fx_convert_report)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.
