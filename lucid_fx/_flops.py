@@ -1,7 +1,7 @@
 """FLOPs of the matrix ops, for the convert report's int8 share.
 
 In a prepared graph they are read from the shapes prepare recorded (``node.meta["tensor_meta"]``):
-linear, conv1d/2d/3d, matmul (mm, bmm), addmm, grouped products (``aten._grouped_mm``,
+linear, conv1d/2d/3d, matmul (mm, bmm), addmm, baddbmm, grouped products (``aten._grouped_mm``,
 transformers' ``grouped_mm_fallback``: Mixtral's experts) and scaled_dot_product_attention, at 2 FLOPs per
 multiply-add. Everything else is cheap next to them and not counted. Code that is not a graph (a
 module the untraceable-module fallback kept float) has no recorded shapes: prepare runs the float
@@ -23,10 +23,12 @@ from lucid_fx import _meta
 
 __all__ = ["MATRIX_OPS", "node_flops", "graph_flops", "counting_module_flops"]
 
-MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "matmul", "addmm", "scaled_dot_product_attention", "grouped_mm")
+MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "matmul", "addmm", "baddbmm", "scaled_dot_product_attention",
+              "grouped_mm")
 # aten spellings (a torch.export graph's targets) of the same ops; a grouped product (each row of
 # (T, K) times the (K, N) weight of its group: mixture-of-experts layers) is a matmul by its count
-_ATEN = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "conv2d": "conv2d", "linear": "linear", "addmm": "addmm"}
+_ATEN = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "conv2d": "conv2d", "linear": "linear", "addmm": "addmm",
+         "baddbmm": "baddbmm"}
 _GROUPED = frozenset({"_grouped_mm", "grouped_mm_fallback"})  # no canonical op: their own name, overload or not
 
 
@@ -84,8 +86,8 @@ def node_flops(gm: fx.GraphModule, node: fx.Node) -> int:
         if not weight:
             return 0
         return 2 * math.prod(out) * (weight[-1] if op == "linear" else math.prod(weight[1:]))
-    if op in ("matmul", "addmm", "grouped_mm"):  # addmm(bias, mat1, mat2); grouped_mm(x, w, offsets)
-        first = _shape(node.args[1 if op == "addmm" else 0]) if len(node.args) > 1 else None
+    if op in ("matmul", "addmm", "baddbmm", "grouped_mm"):  # (b)addmm(bias, mat1, mat2); grouped_mm(x, w, offsets)
+        first = _shape(node.args[1 if op in ("addmm", "baddbmm") else 0]) if len(node.args) > 1 else None
         return 2 * math.prod(out) * first[-1] if first else 0
     query, key, value = (_shape(a) for a in node.args[:3])
     if not (query and key and value):

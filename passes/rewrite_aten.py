@@ -70,6 +70,16 @@ def _addmm(gm, node, row, bound):
     return _call(gm.graph, F.linear, (bound["mat1"], weight, bound["self"]), {})
 
 
+def _baddbmm(gm, node, row, bound):
+    beta, alpha = bound.get("beta", 1), bound.get("alpha", 1)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beta, alpha)):
+        return None
+    product = _call(gm.graph, torch.matmul, (bound["batch1"], bound["batch2"]), {})
+    product = product if alpha == 1 else _call(gm.graph, torch.mul, (product, alpha), {})
+    base = bound["self"] if beta == 1 else _call(gm.graph, torch.mul, (bound["self"], beta), {})
+    return _call(gm.graph, torch.add, (base, product), {}) if beta != 0 else product
+
+
 def _mm(gm, node, row, bound):
     weight = _transposed_weight(gm, bound["mat2"])
     if weight is None:
@@ -134,6 +144,7 @@ def _numpy_t(gm, node, row, bound):
 SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "addmm": _addmm,  # addmm(b, x, W) -> linear(x, W.t(), b)
     "mm": _mm,  # mm(x, t(W)) -> linear(x, W)
+    "baddbmm": _baddbmm,  # baddbmm(b, q, k, beta, alpha) -> b * beta + (q @ k) * alpha
     "convolution": _convolution,  # convolution(..., transposed=False) -> conv{1,2,3}d
     "first_of_tuple": _first_of_tuple,  # native_layer_norm(...)[0] -> layer_norm(...)
     "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]

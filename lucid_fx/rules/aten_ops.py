@@ -53,6 +53,7 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("linear.default", "linear", F.linear, "input", "weight", "bias"),  # same order
     _row("addmm.default", "linear", F.linear, special="addmm"),  # addmm(b, x, W) -> linear(x, W.t(), b)
     _row("mm.default", "linear", F.linear, special="mm"),  # mm(x, W.t()) -> linear(x, W); else matmul
+    _row("baddbmm.default", "matmul", torch.matmul, special="baddbmm"),  # b + (q @ k) * alpha: BLOOM's ALiBi scores
     _row("conv1d.default", "conv1d", F.conv1d, *_CONV),  # same order
     _row("conv2d.default", "conv2d", F.conv2d, *_CONV),  # same order
     _row("conv3d.default", "conv3d", F.conv3d, *_CONV),  # same order

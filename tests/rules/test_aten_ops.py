@@ -75,6 +75,7 @@ CASES = {
     "__and__.Tensor": (aten.__and__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
     "__or__.Tensor": (aten.__or__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
     "numpy_T.default": (aten.numpy_T.default, (t(2, 6, 3),), {}, None),  # x.T: every dim reversed
+    "baddbmm.default": (aten.baddbmm.default, (t(2, 3, 5), t(2, 3, 4), t(2, 4, 5)), {"beta": 0.5, "alpha": 0.25}, None),
 }
 
 
