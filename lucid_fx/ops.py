@@ -204,6 +204,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("stack", ("tensors", "dim")),
     OpDef("chunk", ("input", "chunks", "dim"), tags=_MOVES_VIEW),
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
+    OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
     OpDef("size", ("input", "dim"), derive=False),
 ]
@@ -271,9 +272,8 @@ def derive_spellings(op: OpDef) -> Iterator[Spelling]:
         yield Spelling("call_module", cls, op.name, ("input",), {}, consts, False, where)
 
 
-# Aliasing, for passes/functionalize_inplace.py: which results may share storage with an input.
-# Canonical ops whose result may be a view of their input, or the input itself (dropout in eval,
-# nn.Identity, contiguous on a contiguous tensor, reshape where a view is possible).
+# Aliasing (passes/functionalize_inplace.py): canonical ops whose result may be a view of their input, or the
+# input itself (dropout in eval, nn.Identity, contiguous on a contiguous tensor, reshape where a view is possible).
 VIEW_OPS = ops_tagged(Tag.VIEW)
 # Tensor methods and torch functions outside the canonical table that may return a view or their
 # input (torch's "Tensor Views" page, plus the conversions that return self when nothing changes).

@@ -75,12 +75,12 @@ def observer_rule(ops, action) -> ObserverRule:
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
 SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
 # Of those, the ones that return a tuple of tensors: their items (``getitem``) share the input's qparams.
-TUPLE_MOVERS = frozenset({"chunk", "split"})
+TUPLE_MOVERS = frozenset({"chunk", "split", "unbind"})
 
 
 def item_source(node) -> Optional[Any]:
-    """``x`` for ``node`` = ``chunk(x, ...)[i]`` or ``split(x, ...)[i]`` (an item of a tuple that moves
-    ``x``'s values), else None."""
+    """``x`` for ``node`` = ``chunk(x, ...)[i]``, ``split(x, ...)[i]`` or ``unbind(x)[i]`` (an item of a
+    tuple that moves ``x``'s values), else None."""
     call = canonical(node)
     if call is None or call.op != "getitem":
         return None

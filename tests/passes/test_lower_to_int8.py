@@ -80,3 +80,29 @@ def test_the_items_of_a_chunk_are_views_of_the_codes_on_the_inputs_grid():
     expected = model(x)
     sqnr = 10 * torch.log10(expected.pow(2).mean() / (y - expected).pow(2).mean())
     assert sqnr > 25, f"{sqnr:.1f} dB"
+
+
+class Unbound(nn.Module):
+    """ModernBERT's attention inputs: one projection, then q, k, v = qkv.unbind(dim)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(8, 3 * 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], 3, 8).unbind(dim=1)
+        return self.out(q * torch.sigmoid(k) + v)
+
+
+def test_the_items_of_an_unbind_are_codes_on_the_inputs_grid():
+    torch.manual_seed(0)
+    model, x = Unbound().eval(), torch.randn(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    items = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target.__name__ == "getitem"
+             and "unbind" in str(n.args[0].target)]
+    assert [n.meta[_meta.DECISION].kind.value for n in items] == ["shared"] * 3
+    lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(4)], progress=False)
+    q = lucid_fx.convert(prepared)
+    assert not q.lucid_fx_convert_report.float_ops, q.lucid_fx_convert_report  # the items were float ops without a rule
+    y, expected = q(x), model(x)
+    assert 10 * torch.log10(expected.pow(2).mean() / (y - expected).pow(2).mean()) > 25
