@@ -8,10 +8,11 @@ fell in one or two of 256 codes, and the model's output measured 7.4 dB SQNR.
 
 An elementwise op runs as a table of its input's codes, so after calibration the values it can
 output are known exactly: those of its input's grid, mapped through it. This pass, the first of
-convert, walks the graph in order with the interval of every observed value (its grid's range, or
-for an elementwise chain the range rules of rules/ranges.py applied to its inputs' intervals) and
-gives a fixed grid the interval the chain can reach instead wherever that is at most a quarter of
-it (two bits or more). Nothing that the fixed grid held is clipped: the narrower grid holds every
+convert, walks the graph in order with the interval of every observed value (its grid's range),
+maps each fixed-grid elementwise op's inputs' intervals through the op's range rule
+(rules/ranges.py), and gives the fixed grid that interval instead wherever it is at most a quarter
+of it (two bits or more). Only grids count as inputs: a value computed in float from a value that
+itself ran in float is not bounded by any grid. Nothing that the fixed grid held is clipped: the narrower grid holds every
 value the int8 model can compute there. The node's decision says so (explain, the viewer).
 
 Reads ``node.meta[OP]``, ``[OBSERVER]``, ``[DECISION]``; replaces the observers it narrows (convert
@@ -81,11 +82,9 @@ def narrow_fixed_grids(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule
                 intervals[node] = grid
             continue
         key = node.meta.get(_meta.OBSERVER)
-        reach = _reach(node, intervals, registry)
         if key is None or key not in observers:
-            if reach is not None:  # a float step inside an elementwise chain
-                intervals[node] = reach
-            continue
+            continue  # no grid: a float value may leave any interval its inputs' grids would give it
+        reach = _reach(node, intervals, registry)
         observer, decision = observers[key], node.meta.get(_meta.DECISION)
         fixed = type(observer) is FixedQParamsObserver and decision is not None and decision.kind == DecisionKind.FIXED
         grid = _grid(observer)
