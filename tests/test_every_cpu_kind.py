@@ -11,11 +11,10 @@ The first of these runs (the poorest kind but this one) also turns the native ke
 (``LUCID_FX_NATIVE=0``), as on a machine without a C compiler, so the torch kernels they replace
 pass the whole suite too, on every machine.
 
-The runs go side by side, one torch thread each, and beside the main run: they start when
-collection ends, and this file's tests, which only wait for them, run last (tests/conftest.py),
-so on CI's two cores the main run's own tests overlap the reruns instead of following them. One
-thread each also covers the one-thread decisions (``linear_row.small_gemm``) the main run at its
-default threads does not.
+The runs go side by side, one torch thread each (the first test starts them all, each waits for
+its own): this process only waits meanwhile, so on CI's two cores the reruns take the time of one,
+and they cover the one-thread decisions (``linear_row.small_gemm``) the main run at its default
+threads does not.
 """
 
 import os
@@ -59,28 +58,17 @@ def _start(kind: str):
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True), out, err
 
 
-def start_reruns(items) -> None:
-    """Start the reruns of every kind these test items select, at once (tests/conftest.py calls this
-    when collection ends, so they run beside the main run's own tests)."""
-    for item in items:
+@pytest.fixture(scope="module")
+def reruns(request):
+    """Start the reruns of every kind this session selected, at once; kill any left running at the end."""
+    for item in request.session.items:
         kind = getattr(item, "callspec", None) and item.callspec.params.get("kind")
-        if getattr(item, "originalname", None) == "test_suite_passes_as_on_another_cpu" and kind not in _RUNS:
+        if item.originalname == "test_suite_passes_as_on_another_cpu" and kind not in _RUNS:
             _RUNS[kind] = _start(kind)
-
-
-def stop_reruns() -> None:
-    """Kill any rerun still running (the session ended before waiting for it)."""
+    yield _RUNS
     for process, *_ in _RUNS.values():
         if process.poll() is None:
             process.kill()
-
-
-@pytest.fixture(scope="module")
-def reruns(request):
-    """The reruns of every kind this session selected, started now if collection did not start them."""
-    start_reruns(request.session.items)
-    yield _RUNS
-    stop_reruns()
 
 
 @pytest.mark.parametrize("kind", OTHER_KINDS)
