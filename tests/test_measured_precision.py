@@ -280,8 +280,15 @@ def test_keyword_batches_drive_the_search_and_compare(monkeypatch):
     qmodel = lucid_fx.quantize(model, batches[0], batches[:4], precision="measured", held_out_data=batches[4:],
                                capture="export")
     report = qmodel.lucid_fx_precision
-    assert [(c.ops, c.runs) for c in report.choices] == [("matmul+mul+softmax+matmul", "float"), ("gelu", "float"),
-                                                               ("mul", "float")]  # the last, the product with scale
+    choices = {c.ops: c for c in report.choices}
+    assert list(choices) == ["matmul+mul+softmax+matmul", "gelu", "mul"]  # the last, the product with scale
+    assert choices["gelu"].runs == choices["mul"].runs == "float"  # about 10 dB more accurate in float
+    # The attention core measures within 0.1 dB int8 against float (34.6-34.9 dB each, by CPU kind): the
+    # rule's verdict on the figures measured with these batches, whichever way they fall.
+    core = choices["matmul+mul+softmax+matmul"]
+    assert abs(core.float_db - core.int8_db) < 0.5
+    float_wins = measured_precision.prefers_float(core.int8_ms, core.float_ms, core.int8_db, core.float_db, report.tie)
+    assert core.runs == ("float" if float_wins else "int8")
     with torch.no_grad():
         reference = torch.cat([model(**b) for b in batches[4:]])
         got = torch.cat([qmodel(**b) for b in batches[4:]])
