@@ -247,6 +247,7 @@ def test_errors_are_one_line_and_a_hint_with_exit_code_2(models, capsys, args, m
     assert captured.out == ""
 
 
+@pytest.mark.same_on_every_cpu  # the installed script's plumbing; its kernels are the module's
 def test_installed_entry_point_quantizes(models, tmp_path_factory):
     out = models / "q.pt"
     elsewhere = tmp_path_factory.mktemp("cwd")  # the module is found through PYTHONPATH, not the cwd
@@ -261,6 +262,7 @@ def test_installed_entry_point_quantizes(models, tmp_path_factory):
     assert lucid_fx.load(out)(torch.randn(3, 3, 16, 16)).shape == (3, 4)
 
 
+@pytest.mark.same_on_every_cpu  # error plumbing: nothing converts
 def test_python_dash_m_reports_errors_the_same_way(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lucid_fx", "explain", "no_such_module_xyz:make", "--input-shape", "1,3"],

@@ -1,5 +1,5 @@
 """The suite again as on each other kind of CPU, so a green run on one machine means green on all
-(all of it but ``NO_CPU_KIND``, what no kind changes).
+(all of it but ``NO_CPU_KIND`` and the tests marked ``same_on_every_cpu``: what no kind changes).
 
 Each run forces the kind (``LUCID_FX_CPU_ISA``: weight grids and kernel choices) and, where the
 kind is below this CPU, caps oneDNN at it (``ONEDNN_MAX_CPU_ISA``), so oneDNN really runs that
@@ -34,10 +34,12 @@ ORDER = list(CPU_KINDS)  # poorest first
 OTHER_KINDS = [kind for kind in CPU_KINDS if kind != detected_cpu_features().name]
 
 
-# What no CPU kind changes, run once, by the main run: drawing (the viewer, graph layout, the
-# progress bar), packaging, a fresh install, and this file. ~90 s of CPU a rerun (CI's budget).
+# What no CPU kind changes, run once, by the main run (CI's budget): whole files here, drawing (the
+# viewer, graph layout, the progress bar), packaging, a fresh install, observers synced across
+# processes, and this file (~120 s of CPU a rerun); single tests marked ``same_on_every_cpu``
+# (the installed CLI's entry points, ~17 s).
 NO_CPU_KIND = ("tests/viewer", "tests/test_layout.py", "tests/test_progress.py", "tests/test_packaging.py",
-               "tests/test_fresh_install.py", "tests/test_every_cpu_kind.py")
+               "tests/test_fresh_install.py", "tests/test_distributed.py", "tests/test_every_cpu_kind.py")
 
 _RUNS: dict = {}  # kind -> (process, its stdout file, its stderr file)
 
@@ -53,7 +55,7 @@ def _start(kind: str):
     # measured on 2 cores: two runs 100 s at default threads, 46 s at one each, against 44 s for one).
     env["OMP_NUM_THREADS"] = "1"
     ignored = [f"--ignore={path}" for path in NO_CPU_KIND]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ignored, "tests"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ignored, "-m", "not same_on_every_cpu", "tests"]
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # files, not pipes: none fills up
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True), out, err
 
