@@ -15,7 +15,7 @@ from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "canonical"]
+__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,14 @@ def canonical(node: fx.Node) -> Optional[BoundCall]:
     """
     call = node.meta.get(_OP)
     return call.bind(node.graph) if call is not None else None
+
+
+def layer_groups(gm: fx.GraphModule, node: fx.Node) -> int:
+    """The groups a weighted layer ``node`` splits its channels into (a convolution module's or
+    function's ``groups``); 1 for any other layer, or where the graph computes it."""
+    if node.op == "call_module":
+        groups = getattr(gm.get_submodule(node.target), "groups", 1)
+    else:
+        call = canonical(node)
+        groups = call.args.get("groups", 1) if call is not None else 1
+    return groups if isinstance(groups, int) else 1

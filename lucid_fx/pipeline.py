@@ -123,7 +123,7 @@ def _choose_observers(gm, ctx: PrepareContext):
 
 
 def _insert_observers(gm, ctx: PrepareContext):
-    return insert_observers(gm, qat=ctx.qat, weight_range=ctx.target.weight_range)
+    return insert_observers(gm, qat=ctx.qat, target=ctx.target)
 
 
 #: The prepare passes, in order, after tracing (lucid_fx.prepare traces, and descends into
@@ -148,7 +148,7 @@ def _fold_batchnorm(gm, ctx: ConvertContext):
 def _lower(gm, ctx: ConvertContext):
     if ctx.reference:
         ctx.reports[ctx.path] = ConvertReport("reference")
-        return insert_qdq(gm, ctx.target.weight_range, set(lowering_table(ctx.registry.lowerings, ctx.target.backend)))
+        return insert_qdq(gm, ctx.target, set(lowering_table(ctx.registry.lowerings, ctx.target.backend)))
     converted, ctx.reports[ctx.path] = lower_to_int8(gm, ctx.registry.lowerings, ctx.target)
     return converted
 

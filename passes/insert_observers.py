@@ -9,16 +9,18 @@ once, now. Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import functools
+from typing import Optional
 
 import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.kernels.target import Target
+from lucid_fx.node_refs import layer_groups
 from lucid_fx.quantization.dtypes import QDtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQuantize
-from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 from lucid_fx.ops import Tag, canonical, ops_tagged
@@ -67,12 +69,12 @@ def _insert_call(gm: fx.GraphModule, node: fx.Node, key: str) -> None:
     obs_node.meta[_meta.OBSERVER] = key
 
 
-def _narrow_to(fake_quant: nn.Module, weight_range: Optional[Tuple[int, int]]) -> nn.Module:
-    """Train on the grid the int8 kernels compute exactly ([-64, 63] on CPUs without VNNI), so
-    the converted weights are the ones training saw."""
-    if weight_range is None or not isinstance(fake_quant, FakeQuantize):
+def _narrow_to(fake_quant: nn.Module, target: Optional[Target], weight: torch.Tensor, groups: int) -> nn.Module:
+    """Train on the grid the int8 kernels compute exactly (``target.layer_weight_range``: [-64, 63] on
+    CPUs without VNNI but for depthwise convolutions), so the converted weights are the ones training saw."""
+    if target is None or not isinstance(fake_quant, FakeQuantize):
         return fake_quant
-    qmin, qmax = weight_range
+    qmin, qmax = target.layer_weight_range(weight.shape, groups)
     qdtype = fake_quant.qdtype
     if qdtype.signed and (qdtype.quant_min < qmin or qdtype.quant_max > qmax):
         grid = QDtype(f"qint[{qmin},{qmax}]", qdtype.bits, True, qmin, qmax, qdtype.storage)
@@ -81,7 +83,7 @@ def _narrow_to(fake_quant: nn.Module, weight_range: Optional[Tuple[int, int]]) -
     return fake_quant
 
 
-def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: Optional[Tuple[int, int]]) -> None:
+def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, target: Optional[Target]) -> None:
     call = canonical(node)
     qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
     if node.op == "call_module":
@@ -90,7 +92,7 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: 
         if qat:
             # Train against fake-quantized weights: the module's weight is seen through the fake quant,
             # which convert finds again (with its trained qparams) in the weight-observer container.
-            fake_quant = _narrow_to(qconfig.weight(), weight_range)
+            fake_quant = _narrow_to(qconfig.weight(), target, module.weight, layer_groups(gm, node))
             torch.nn.utils.parametrize.register_parametrization(module, "weight", fake_quant, unsafe=True)
             _container(gm, WEIGHT_OBSERVERS)[key] = fake_quant
         else:
@@ -103,16 +105,17 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, weight_range: 
     weight = call.args.get("weight")
     if isinstance(weight, fx.Node) and weight.op == "get_attr" and _observer_of(weight) is None:
         key = f"w_{weight.name}"
-        _container(gm, OBSERVERS)[key] = _narrow_to(qconfig.weight(), weight_range) if qat else qconfig.weight()
+        fake_quant = _narrow_to(qconfig.weight(), target, functools.reduce(getattr, weight.target.split("."), gm), layer_groups(gm, node)) if qat else None
+        _container(gm, OBSERVERS)[key] = fake_quant if qat else qconfig.weight()
         _insert_call(gm, weight, key)
         node.meta[_meta.WEIGHT_OBSERVER] = key
 
 
 def insert_observers(
-    gm: fx.GraphModule, *, qat: bool = False, weight_range: Optional[Tuple[int, int]] = None
+    gm: fx.GraphModule, *, qat: bool = False, target: Optional[Target] = None
 ) -> fx.GraphModule:
     """Insert observer calls into ``gm`` (in place) according to ``node.meta[DECISION]``; with
-    ``qat``, weights are fake-quantized on ``weight_range`` (the kernels' grid) when narrower."""
+    ``qat``, weights are fake-quantized on ``target``'s grid for the layer (the kernels') when narrower."""
     observers = _container(gm, OBSERVERS)
     for node in list(gm.graph.nodes):
         decision = node.meta.get(_meta.DECISION)
@@ -132,7 +135,7 @@ def insert_observers(
             if source is not None:
                 _insert_call(gm, node, _observer_of(source))
         if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and canonical(node).op in _WEIGHTED:
-            _observe_weight(gm, node, qat, weight_range)
+            _observe_weight(gm, node, qat, target)
     gm.graph.lint()
     gm.recompile()
     return gm

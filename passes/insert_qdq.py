@@ -12,6 +12,7 @@ quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quanti
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Set, Tuple
 
 import torch
@@ -19,6 +20,8 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
+from lucid_fx.kernels.target import Target
+from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
@@ -32,12 +35,13 @@ __all__ = ["insert_qdq"]
 _ops = torch.ops.lucid_fx
 
 
-def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, weight_range: Tuple[int, int]) -> None:
-    # The kernel multiplies by per-channel codes on weight_range (quantization.weight.quantize_weight),
+def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, target: Target) -> None:
+    # The kernel multiplies by per-channel codes on the layer's grid (quantization.weight.quantize_weight),
     # not by the observer's own grid: give the reference exactly those codes.
-    weight = gm
-    for part in node.args[0].target.split("."):
-        weight = getattr(weight, part)
+    weight = functools.reduce(getattr, node.args[0].target.split("."), gm)
+    # The grid of the layers reading the weight (a convolution or linear); the device's where they differ.
+    grids = {target.layer_weight_range(weight.shape, layer_groups(gm, layer)) for layer in node.users}
+    weight_range = grids.pop() if len(grids) == 1 else target.weight_range
     _, scales = quantize_weight(weight, observer, weight_range)
     key = node.target.split(".", 1)[1]
     for name, value in (("wscale", scales), ("wzp", torch.zeros_like(scales, dtype=torch.int64))):
@@ -71,10 +75,10 @@ def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool
 
 
 def insert_qdq(
-    gm: fx.GraphModule, weight_range: Tuple[int, int], kernels: Optional[Set[Tuple[str, ...]]] = None
+    gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None
 ) -> fx.GraphModule:
     """Rewrite ``gm`` in place into its simulated-quantization reference; ``kernels`` (the
-    backend's lowering-table keys) tells which ops convert runs in float."""
+    backend's lowering-table keys) tells which ops convert runs in float; weights take ``target``'s grids."""
     weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
     functional_weights = {
         n.meta[_meta.WEIGHT_OBSERVER] for n in gm.graph.nodes if n.op != "call_module" and n.meta.get(_meta.WEIGHT_OBSERVER)
@@ -83,7 +87,7 @@ def insert_qdq(
         if node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + "."):
             observer = gm.get_submodule(node.target)
             if node.target.split(".", 1)[1] in functional_weights:
-                _qdq_functional_weight(gm, node, observer, weight_range)
+                _qdq_functional_weight(gm, node, observer, target)
                 continue
             scale, zp = observer.calculate_qparams()
             if scale.numel() != 1:
@@ -114,6 +118,7 @@ def insert_qdq(
             observer = weight_observers[key] if key in weight_observers else None
             if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
                 observer = observer.activation_post_process  # folding changed the weight: observe it afresh
+            weight_range = target.layer_weight_range(module.weight.shape, getattr(module, "groups", 1))
             codes, scales = quantize_weight(module.weight, observer, weight_range)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))

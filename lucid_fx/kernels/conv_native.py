@@ -4,7 +4,7 @@ oneDNN's int8 convolution costs 66 us a call there for 8 channels on 4x4 (measur
 EPYC, torch 2.13, on a prepacked weight; 17 us here); the small convolutions of mobile networks and
 of small images are mostly that cost. Two kernels: an implicit GEMM for dense convolutions (the blocks
 of :mod:`lucid_fx.kernels.linear_native`, each pixel's row read tap by tap) and a depthwise one.
-Both take uint8 channels-last codes and 7-bit weights, and end with the float steps of oneDNN's
+Both take uint8 channels-last codes (the dense one 7-bit weights, the depthwise one any), and end with the float steps of oneDNN's
 AVX2 kernels (:mod:`lucid_fx.kernels.linear_native`), so their codes are oneDNN's, bit for bit
 (tests/kernels/test_conv_native.py compares them on this machine's oneDNN where it runs those
 kernels, and with exact sums everywhere).
@@ -85,9 +85,10 @@ def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Te
                 padding: Sequence[int], groups: int, out_scale: Optional[float], post_op: str) -> Optional[NativeConv]:
     """The constants of :func:`conv_codes` (``out_scale`` None: a float result; ``post_op`` none, relu
     (the caller's clamp bounds) or hardswish), from a copy of ``qw``; None where a code is past the
-    exact int16 pair sums (:data:`linear_native.PAIR_SAFE`)."""
+    exact int16 pair sums of the dense kernel (:data:`linear_native.PAIR_SAFE`); the depthwise one sums in
+    int32 and takes any codes."""
     cout, cin, kh, kw = qw.shape
-    if not linear_native.takes_weight(qw):
+    if groups == 1 and not linear_native.takes_weight(qw):
         return None
     zp_left, bias = _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding)
     sums = qw.flatten(1).sum(1, dtype=torch.int32)

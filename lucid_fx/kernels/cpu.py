@@ -38,7 +38,7 @@ from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
                                          row_out_scale, takes_row)
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
-from lucid_fx.kernels.target import NARROW_GRID, resolve_target
+from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
     FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums,
 )
@@ -99,9 +99,9 @@ def _cpu_target():
     return resolve_target("cpu")
 
 
-def _exact_on_onednn(qw: torch.Tensor) -> bool:
-    """Whether oneDNN computes ``qw``'s products exactly on this machine's real CPU."""
-    if detected_cpu_features().vnni:
+def _exact_on_onednn(qw: torch.Tensor, groups: int = 1) -> bool:
+    """Whether oneDNN computes ``qw``'s products exactly on this real CPU (depthwise, in ``groups``: always)."""
+    if detected_cpu_features().vnni or is_depthwise(qw.shape, groups):
         return True
     qmin, qmax = NARROW_GRID
     if int(qw.min()) >= qmin and int(qw.max()) <= qmax:
@@ -117,9 +117,9 @@ def _exact_on_onednn(qw: torch.Tensor) -> bool:
     return False
 
 
-def _pack(qw: torch.Tensor, key, build):
+def _pack(qw: torch.Tensor, key, build, groups: int = 1):
     def checked():
-        return (build(), torch.zeros(qw.shape[0], dtype=torch.int64)) if _exact_on_onednn(qw) else None
+        return (build(), torch.zeros(qw.shape[0], dtype=torch.int64)) if _exact_on_onednn(qw, groups) else None
 
     return PACKED.get(qw, key, checked)
 
@@ -234,7 +234,7 @@ def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
         qw.contiguous(), w_scale.to(torch.float32), 1.0, 0, stride, padding, dilation, groups,
         None if x_shape is None else list(x_shape),
     )
-    return _pack(qw, key, build)
+    return _pack(qw, key, build, groups)
 
 
 def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,

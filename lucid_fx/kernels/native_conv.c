@@ -1,5 +1,5 @@
 /* lucid_fx's native int8 convolutions for CPUs without VNNI (lucid_fx.kernels.conv_native): uint8
- * channels-last codes, 7-bit weights, the float steps of native_gemm.h fused in, a channels-last
+ * channels-last codes, 7-bit weights (dense; depthwise any), the float steps of native_gemm.h fused in, a channels-last
  * result. geometry = {n, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, cout}.
  *
  * Dense (groups 1): an implicit GEMM, native_gemm.c's blocks of 4 output pixels by 16 output channels.
@@ -9,7 +9,7 @@
  * offset takes away: exact int32, as in native_gemm.c (|w| <= 64).
  *
  * Depthwise (groups = c = cout): per pixel and channel, the sum over the taps inside the image of
- * (x - x_zp) * w (the padding adds 0), exact in int16 pairs and int32 sums (see conv_depthwise). */
+ * (x - x_zp) * w (the padding adds 0), exact in int32 for any int8 weights (see conv_depthwise). */
 #include <stdlib.h>
 
 #include "native_gemm.h"
@@ -109,9 +109,11 @@ static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const 
     free(pad);
 }
 
-/* w: int16 (kh * kw, c16) weights, c16 = c rounded up to 16 with zeros. With AVX2, 16 channels at a
- * time: (x - x_zp) * w in int16 (|255 * 64| <= 16320), two taps' products added in int16 (<= 32640),
- * then widened to int32 sums; the last c % 16 channels 8 at a time in int32. */
+/* w: int16 (kh * kw, c16) weights, c16 = c rounded up to 16 with zeros: any int8 codes, the full grid
+ * included (the depthwise kernels of every CPU kind take the full grid, docs/convert.md#weights). With
+ * AVX2, 16 channels at a time: two taps' (x - x_zp) (|.| <= 255) interleaved with their weights and
+ * multiplied-and-added by vpmaddwd into int32 (|2 * 255 * 128| < 2^31, exact), which leaves channels
+ * 0-3 and 8-11 in one sum and 4-7 and 12-15 in the other; the last c % 16 channels 8 at a time in int32. */
 static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const int64_t *g, int32_t x_zp,
                            const gemm_finish_t *f) {
     const int64_t c = g[G_C], c16 = (c + 15) / 16 * 16, m = g[G_N] * g[G_HO] * g[G_WO], taps = g[G_KH] * g[G_KW];
@@ -132,18 +134,20 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
         char *row = out + p * c * size;
         int64_t c0 = 0;
 #if GEMM_AVX2
-        const __m256i zp16 = _mm256_set1_epi16((int16_t)x_zp), zp32 = _mm256_set1_epi32(x_zp);
-#define DW_PRODUCT(t) _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src[t] + c0))), zp16), \
-                                         _mm256_loadu_si256((const __m256i *)(wt[t] + c0)))
+        const __m256i zp16 = _mm256_set1_epi16((int16_t)x_zp), zp32 = _mm256_set1_epi32(x_zp), zero = _mm256_setzero_si256();
+#define DW_CENTRED(t) _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src[t] + c0))), zp16)
+#define DW_WEIGHT(t) _mm256_loadu_si256((const __m256i *)(wt[t] + c0))
         for (; c0 + 16 <= c; c0 += 16) {
-            __m256i lo = _mm256_setzero_si256(), hi = lo;
+            __m256i a = zero, b = zero; /* channels {0-3, 8-11} and {4-7, 12-15} */
             for (int64_t t = 0; t < valid; t += 2) {
-                const __m256i s2 = t + 1 < valid ? _mm256_add_epi16(DW_PRODUCT(t), DW_PRODUCT(t + 1)) : DW_PRODUCT(t);
-                lo = _mm256_add_epi32(lo, _mm256_cvtepi16_epi32(_mm256_castsi256_si128(s2)));
-                hi = _mm256_add_epi32(hi, _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s2, 1)));
+                const int pair = t + 1 < valid;
+                const __m256i x0 = DW_CENTRED(t), x1 = pair ? DW_CENTRED(t + 1) : zero;
+                const __m256i w0 = DW_WEIGHT(t), w1 = pair ? DW_WEIGHT(t + 1) : zero;
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), _mm256_unpacklo_epi16(w0, w1)));
+                b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), _mm256_unpackhi_epi16(w0, w1)));
             }
-            gemm_finish8(lo, c0, f, row + c0 * size);
-            gemm_finish8(hi, c0 + 8, f, row + (c0 + 8) * size);
+            gemm_finish8(_mm256_permute2x128_si256(a, b, 0x20), c0, f, row + c0 * size);
+            gemm_finish8(_mm256_permute2x128_si256(a, b, 0x31), c0 + 8, f, row + (c0 + 8) * size);
         }
         for (; c0 + 8 <= c; c0 += 8) {
             __m256i acc = _mm256_setzero_si256();

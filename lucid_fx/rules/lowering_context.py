@@ -17,6 +17,7 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
+from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
@@ -52,7 +53,7 @@ class LoweringContext:
 
     def __init__(self, prepared: fx.GraphModule, root: nn.Module, target: Target) -> None:
         self.prepared, self.root, self.target = prepared, root, target  # target: the hardware convert lowers for
-        self.backend, self.weight_range = target.backend, target.weight_range
+        self.backend = target.backend
         self.graph = fx.Graph()
         self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
         self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
@@ -209,7 +210,7 @@ class LoweringContext:
                 return None  # a weight computed in the graph has no constant int8 form
             observer = self.observers[key] if key in self.observers else None
             base = node.name
-        codes, scale = quantize_weight(weight, observer, self.weight_range)
+        codes, scale = quantize_weight(weight, observer, self.target.layer_weight_range(weight.shape, layer_groups(self.prepared, node)))
         if self._may_overflow(node, codes):
             return None
         w = self.constant(f"{base}_qweight", codes)

@@ -29,10 +29,11 @@ __all__ = ["PROGRAM_RULES_CPU"]
 ON = torch.ops.onednn
 
 
-def _weights(b, node: fx.Node, qw_node, ws_node, bias_node):
-    """(int8 weight, float32 scales, bias) of a linear or conv, or None where oneDNN would not be exact here."""
+def _weights(b, node: fx.Node, qw_node, ws_node, bias_node, groups: int = 1):
+    """(int8 weight, float32 scales, bias) of a linear or conv (in ``groups`` groups), or None where
+    oneDNN would not be exact here."""
     qw = b.attr(qw_node)
-    if qw is None or not onednn.onednn_available() or not onednn._exact_on_onednn(qw):
+    if qw is None or not onednn.onednn_available() or not onednn._exact_on_onednn(qw, groups):
         return None
     ws = b.attr(ws_node)
     return qw, ws.to(torch.float32), b.attr(bias_node)
@@ -156,7 +157,7 @@ def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dila
 
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
     x = b.value(qx)
-    weights = _weights(b, node, qw_n, ws_n, bias_n)
+    weights = _weights(b, node, qw_n, ws_n, bias_n, groups)
     if weights is None or x.dtype != torch.uint8 or x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):
         return None
     qw, ws, bias = weights

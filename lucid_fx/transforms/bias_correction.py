@@ -12,7 +12,7 @@ itself, so zero padding at the borders counts as it does in the model). The data
 every layer; the data is at hand anyway where ``quantize`` is called.
 
 ``W_q`` is the weight as ``convert`` quantizes it: the QConfig's weight observer on the weight,
-per-channel symmetric codes on the device's kernel grid (the Target's ``weight_range``).
+per-channel symmetric codes on the device's kernel grid (the Target's ``layer_weight_range``).
 """
 
 from __future__ import annotations
@@ -92,12 +92,12 @@ def correct_bias(
     work = model if inplace else copy.deepcopy(model)
     first = next(work.parameters(), None)
     device = torch.device("cuda") if backend == "cuda" else (first.device if first is not None else torch.device("cpu"))
-    weight_range = resolve_target(backend, device).weight_range
+    target = resolve_target(backend, device)
     errors: Dict[str, torch.Tensor] = {}
     for name, layer in work.named_modules():
         qconfig = mapping.qconfig_for(name, type(layer)) if isinstance(layer, _LAYERS) else None
         if qconfig is not None:
-            errors[name] = int8_weight(layer.weight, qconfig.weight(), weight_range) - layer.weight.detach()
+            errors[name] = int8_weight(layer.weight, qconfig.weight(), target.layer_weight_range(layer.weight.shape, getattr(layer, "groups", 1))) - layer.weight.detach()
     sums: Dict[str, torch.Tensor] = {}
     counts: Dict[str, int] = {}
 

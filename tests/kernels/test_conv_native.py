@@ -26,7 +26,9 @@ FINISHES = [(torch.uint8, 7, "none"), (torch.uint8, 100, "relu"), (torch.uint8, 
 def _case(n, c, h, w, cout, k, groups, x_zp):
     g = torch.Generator().manual_seed(c * h + cout + x_zp)
     x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
-    qw = torch.randint(-64, 64, (cout, c // groups, k, k), dtype=torch.int8, generator=g)  # the grid oneDNN is exact on
+    # The grid the kernels are exact on: [-64, 63] for dense, the full grid for depthwise (Target.layer_weight_range)
+    low = -128 if groups > 1 else -64
+    qw = torch.randint(low, -low, (cout, c // groups, k, k), dtype=torch.int8, generator=g)
     return x, qw, torch.rand(cout, generator=g) * 0.01 + 0.001, torch.randn(cout, generator=g)
 
 
@@ -94,8 +96,26 @@ def test_what_the_kernels_take():
     assert cn.takes_conv((1, 144, 28, 28), dw, 144, [1, 1], [1, 1], [1, 1])  # 1.0M multiply-adds
     assert not cn.takes_conv((1, 144, 56, 56), dw, 144, [1, 1], [1, 1], [1, 1])  # 4.1M: oneDNN was faster
     wide = torch.zeros(8, 4, 3, 3, dtype=torch.int8)
-    wide[0, 0, 0, 0] = 65  # past the exact int16 pair sums
+    wide[0, 0, 0, 0] = 65  # past the dense kernel's exact int16 pair sums
     assert cn.native_conv(wide, torch.ones(8), None, 1.0, 0, [1, 1], 1, 1.0, "none") is None
+    full = torch.full((8, 1, 3, 3), -128, dtype=torch.int8)  # the depthwise kernel sums in int32: any codes
+    assert cn.native_conv(full, torch.ones(8), None, 1.0, 0, [1, 1], 8, 1.0, "none").depthwise
+
+
+def test_a_full_grid_depthwise_convolution_is_exact_at_the_extremes(native_on):
+    # Every tap -128 against codes 255 from zero point 0 (and 0 from 255): products of +-32640, whose
+    # int16 pair sums would overflow; the sums are exact here, on the torch path and in oneDNN's kernel.
+    qw = torch.full((16, 1, 3, 3), -128, dtype=torch.int8)
+    qw[1::2] = 127
+    for code, x_zp in ((255, 0), (0, 255)):
+        x = torch.full((1, 16, 5, 5), code, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+        conv = cn.native_conv(qw, torch.ones(16), None, 1.0, x_zp, [1, 1], 16, None, "none")
+        got = cn.conv_codes(x, conv, [1, 1], [1, 1], [1, 1], x_zp, 0, -float("inf"), float("inf"), torch.float32)
+        want = nn.functional.conv2d(x.double() - x_zp, qw.double(), None, 1, 1, 1, 16).float()
+        assert torch.equal(got, want) and float(want.abs().max()) == 9 * 255 * 128
+        if cpu.onednn_available():
+            onednn = cpu._conv(x, 1.0, x_zp, qw, torch.ones(16), None, [1, 1], [1, 1], [1, 1], 16, 1.0, 0, "none", torch.float32)
+            assert torch.equal(onednn, want)
 
 
 class Mobile(nn.Module):

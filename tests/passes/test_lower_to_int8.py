@@ -106,3 +106,27 @@ def test_the_items_of_an_unbind_are_codes_on_the_inputs_grid():
     assert not q.lucid_fx_convert_report.float_ops, q.lucid_fx_convert_report  # the items were float ops without a rule
     y, expected = q(x), model(x)
     assert 10 * torch.log10(expected.pow(2).mean() / (y - expected).pow(2).mean()) > 25
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512_vnni"])
+def test_a_depthwise_convolution_takes_the_full_grid_on_every_kind(kind):
+    # Its kernels sum in 32 bits on every CPU (Target.layer_weight_range): the depthwise weight reaches
+    # 127 even without VNNI, where the dense one stays on [-64, 63]; the reference simulates the same codes.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 8, 6, 6),))
+    lucid_fx.calibrate(prepared, [torch.randn(2, 8, 6, 6) for _ in range(8)], progress=False)
+    with force_cpu_features(kind):
+        converted = lucid_fx.convert(prepared)
+        reference = lucid_fx.convert(prepared, reference=True)
+        x = torch.randn(2, 8, 6, 6)
+        error = float((converted(x) - reference(x)).abs().max())
+    assert error < 0.05  # a few steps of the output's grid
+    depthwise, dense = (getattr(converted, f"_lucid_{name}_qweight") for name in ("0", "2"))
+    low, high = (-64, 63) if kind == "avx2" else (-128, 127)
+    assert int(depthwise.abs().max()) >= 127
+    assert low <= int(dense.min()) and int(dense.max()) <= high and max(-int(dense.min()), int(dense.max())) >= high
+    for name, codes in (("0", depthwise), ("2", dense)):
+        scale = getattr(converted, f"_lucid_{name}_wscale")
+        simulated = reference.get_submodule(name).weight.detach()
+        assert torch.allclose(simulated, codes.float() * scale.view(-1, 1, 1, 1), rtol=0, atol=1e-7), name
