@@ -30,6 +30,7 @@ from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
 from lucid_fx.passes.decompose_attention import decompose_attention
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
+from lucid_fx.passes.fold_constants import fold_constants
 from lucid_fx.passes.fold_dequantize import fold_dequantize
 from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
@@ -106,6 +107,10 @@ def _remove_noops(gm, ctx: PrepareContext):
     return remove_noops(gm)
 
 
+def _fold_constants(gm, ctx: PrepareContext):
+    return fold_constants(gm)
+
+
 def _rewrite_patterns(gm, ctx: PrepareContext):
     return rewrite_patterns(gm)
 
@@ -130,7 +135,7 @@ def _insert_observers(gm, ctx: PrepareContext):
 #: untraceable modules, before running these on each graph).
 PREPARE_PASSES: List[Pass] = [
     _record_trace, _functionalize_inplace, _propagate_shapes, _decompose_attention, _canonicalize_ops, _remove_noops,
-    _rewrite_patterns,
+    _fold_constants, _rewrite_patterns,
     _fuse_patterns, _analyze_ranges,
     _choose_observers, _insert_observers,
 ]

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import builtins
 import operator
-from typing import Any, Dict, Set
+from typing import Any, Dict, Optional, Set
 
 import torch
 from torch import fx
 
 from lucid_fx.ops import OP_DEFS, VIEW_SPELLINGS, Tag
 
-__all__ = ["fold_signature_constants", "writes_in_place", "kept_by_dead_code_elimination", "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
+__all__ = ["fold_signature_constants", "writes_in_place", "kept_by_dead_code_elimination", "pinned", "foldable_call", "evaluate",
+           "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
 
 #: Attributes and methods of an input tensor the signature fixes.
 SHAPE_ATTRIBUTES = frozenset({"shape", "dtype", "ndim"})
@@ -78,7 +79,7 @@ def _ancestors(nodes, through_all: bool) -> Set[fx.Node]:
     return seen
 
 
-def _pinned(graph: fx.Graph) -> Set[fx.Node]:
+def pinned(graph: fx.Graph) -> Set[fx.Node]:
     """Values folding must leave to run time: written in place (and their sources), or returned (and their views' bases)."""
     written = [n.args[0] for n in graph.nodes if writes_in_place(n) and n.args]
     outputs = []
@@ -97,17 +98,20 @@ def _shape_read(node: fx.Node, values: Dict[str, Any]) -> bool:
     return node.op == "call_method" and node.target in SHAPE_METHODS
 
 
-def _foldable(node: fx.Node, known: Dict[fx.Node, Any], pinned: Set[fx.Node], values: Dict[str, Any]) -> bool:
-    if node.op not in ("call_function", "call_method") or node.is_impure():
-        return False
-    if node in pinned and isinstance(values.get(node.name), torch.Tensor):  # numbers and shapes cannot be written
+def foldable_call(node: fx.Node, known: Dict[fx.Node, Any], kept: Set[fx.Node], values: Optional[Dict[str, Any]] = None) -> bool:
+    """Whether ``node`` is a pure call of ``known`` inputs only, and not among the ``kept`` (:func:`pinned`)
+    values; with the recorded ``values``, a kept number or shape may fold (nothing can write it)."""
+    if node.op not in ("call_function", "call_method") or node.is_impure() or writes_in_place(node):
+        return False  # an in-place write runs on every call, whatever it writes into
+    if node in kept and (values is None or isinstance(values.get(node.name), torch.Tensor)):
         return False
     if any(word in _name(node).lower() for word in _UNSTABLE):
         return False
     return all(n in known for n in node.all_input_nodes)
 
 
-def _evaluate(node: fx.Node, known: Dict[fx.Node, Any]) -> Any:
+def evaluate(node: fx.Node, known: Dict[fx.Node, Any]) -> Any:
+    """``node``'s call on the ``known`` values of its inputs."""
     args = fx.node.map_arg(node.args, known.__getitem__)
     kwargs = fx.node.map_arg(node.kwargs, known.__getitem__)
     if node.op == "call_method":
@@ -121,7 +125,7 @@ def fold_signature_constants(gm: fx.GraphModule, values: Dict[str, Any]) -> int:
     were recorded on (node name -> meta tensor, :func:`~lucid_fx.passes.lower_to_program.record_values`).
     Folded tensors become plain attributes (never state) read by ``get_attr``; folded numbers and
     shapes go into their users' arguments. Returns how many nodes were folded."""
-    graph, pinned = gm.graph, _pinned(gm.graph)
+    graph, kept = gm.graph, pinned(gm.graph)
     known: Dict[fx.Node, Any] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -134,9 +138,9 @@ def fold_signature_constants(gm: fx.GraphModule, values: Dict[str, Any]) -> int:
         elif node.op == "call_method" and _shape_read(node, values):
             meta = values[node.args[0].name]
             known[node] = getattr(meta, node.target)(*node.args[1:], **node.kwargs)
-        elif _foldable(node, known, pinned, values):
+        elif foldable_call(node, known, kept, values):
             with torch.no_grad():
-                known[node] = _evaluate(node, known)
+                known[node] = evaluate(node, known)
     folded = 0
     for node in list(graph.nodes):
         if node not in known or node.op == "get_attr" or not node.users:

@@ -1,0 +1,108 @@
+"""fold_constants (passes/fold_constants.py): what a model computes only from its buffers and constants
+is computed once, at prepare, and read as a buffer; parameters, shapes and what is written in place stay."""
+
+import pytest
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx import _meta
+from lucid_fx.passes.fold_constants import FOLDED_REASON, PREFIX
+
+
+def _calls(gm):
+    return [n.target if isinstance(n.target, str) else n.target.__name__ for n in gm.graph.nodes
+            if n.op in ("call_function", "call_method")]
+
+
+def _quantized(model, x):
+    # torch.fx evaluates a buffer's arithmetic while it traces; torch.export keeps it in the graph.
+    prepared = lucid_fx.prepare(torch.export.export(model.eval(), (x,), strict=False), example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [torch.randn_like(x) for _ in range(4)], progress=False)
+    return prepared, lucid_fx.convert(prepared)
+
+
+class Scaled(nn.Module):
+    """A scale computed per call from a buffer (``sqrt``), beside a parameter's ``1 + weight`` (Gemma's norm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("head_dim", torch.tensor(16.0))
+        self.weight = nn.Parameter(torch.full((8,), 0.5))
+
+    def forward(self, x):
+        return torch.relu(x / self.head_dim.sqrt()) * (1.0 + self.weight)
+
+
+def test_a_value_of_buffers_only_is_computed_once_and_a_parameter_s_is_not():
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(4, 8) * 4
+    prepared, converted = _quantized(model, x)
+    assert "sqrt" not in _calls(prepared) and "add" in _calls(prepared)  # the parameter's sum stays: QAT trains it
+    folded = [n.target for n in prepared.graph.nodes if n.op == "get_attr" and n.target.startswith(PREFIX)]
+    assert len(folded) == 1 and folded[0].startswith(PREFIX + "sqrt") and float(getattr(prepared, folded[0])) == 4.0
+    assert prepared.meta[_meta.REMOVED][folded[0][len(PREFIX):]] == FOLDED_REASON
+    assert torch.equal(prepared(x), model(x))  # observers watch: the same values
+    regions = {r.name: r.why for r in converted.lucid_fx_convert_report.float_regions}
+    assert not any("sqrt" in name or "sqrt" in why for name, why in regions.items()), regions
+
+
+class DebertaScale(nn.Module):
+    """DeBERTa's ``scaled_size_sqrt``: ``sqrt(tensor(head_dim) * factor)``, a constant torch.export lifts."""
+
+    def forward(self, x):
+        scale = torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * 2)
+        return torch.softmax(x @ x.transpose(-1, -2) / scale, dim=-1)
+
+
+def test_an_exported_constant_s_arithmetic_leaves_no_float_op_without_a_rule():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8)
+    model = DebertaScale().eval()
+    ep = torch.export.export(model, (x,), strict=False)
+    prepared = lucid_fx.prepare(ep, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [torch.randn_like(x) for _ in range(4)], progress=False)
+    converted = lucid_fx.convert(prepared)
+    names = [n.name for n in prepared.graph.nodes]
+    assert not any(name.startswith(("sqrt", "lift_fresh_copy", "mul")) for name in names), names
+    assert {why for name, why in prepared.meta[_meta.REMOVED].items() if name.startswith(("sqrt", "mul"))} == {FOLDED_REASON}
+    regions = [(r.name, r.why) for r in converted.lucid_fx_convert_report.float_regions if r.kind == "op"]
+    assert not any("lowering rule" in why or "observer rule" in why for _, why in regions), regions
+    sqnr = 10 * torch.log10(model(x).pow(2).mean() / (converted(x) - model(x)).pow(2).mean())
+    assert float(sqnr) > 25
+
+
+class Counter(nn.Module):
+    """A buffer the model writes in place on every call: never a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return x * self.calls.clone()
+
+
+def test_a_buffer_written_in_place_is_not_folded():
+    x = torch.randn(2, 3)
+    prepared = lucid_fx.prepare(torch.export.export(Counter().eval(), (x,), strict=False), example_inputs=(x,))
+    assert not any(n.op == "get_attr" and n.target.startswith(PREFIX) for n in prepared.graph.nodes)
+    first, second = prepared(x), prepared(x)
+    assert torch.allclose(second - first, x)  # the count went up by one between the calls
+    # And in the converted model's program (fold_signature_constants), whose first call builds it: building
+    # it had run the write once more (steps 2, 1 before the fix), so the first call saw one count too many.
+    lucid_fx.calibrate(prepared, [x], progress=False)
+    converted = lucid_fx.convert(prepared)
+    outs = [converted(x) for _ in range(3)]
+    steps = [float(((b - a) / x).mean()) for a, b in zip(outs, outs[1:])]
+    assert steps == pytest.approx([1.0, 1.0], abs=1e-5), steps
+
+
+def test_the_folded_buffer_is_saved_with_the_model(tmp_path):
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(4, 8) * 4
+    _, converted = _quantized(model, x)
+    lucid_fx.save(converted, tmp_path / "scaled.pt")
+    loaded = lucid_fx.load(tmp_path / "scaled.pt")
+    assert torch.equal(loaded(x), converted(x))
