@@ -91,6 +91,7 @@ def model_report(backend: str, reports: Mapping[str, ConvertReport], prepare_rep
                 qualified[id(p)] = Placement(p.runs, p.why, tuple(_qualify(prefix, m) for m in p.members)) if prefix else p
             merged.placements[_qualify(prefix, name)] = qualified[id(p)]
         merged.flops.update((_qualify(prefix, n), f) for n, f in report.flops.items() if n not in calls_part)
+        merged.folded_flops += report.folded_flops
         merged.opaque.update((_qualify(prefix, n), (kind, _qualify(prefix, what) if kind == "leaf module" else what))
                              for n, (kind, what) in report.opaque.items() if n not in calls_part)
     entries = list(getattr(prepare_report, "float_modules", ()))

@@ -57,6 +57,8 @@ TRACE = "lucid_fx.trace"
 #: Dict[str, str]: the nodes remove_noops took out of the traced graph (no-op casts, eval-mode
 #: dropout, identity), by name, and why (remove_noops).
 REMOVED = "lucid_fx.removed"
+#: int: the matrix FLOPs of what fold_constants computed once at prepare (no longer run per call).
+FOLDED_FLOPS = "lucid_fx.folded_flops"
 #: Dict[str, Any]: plain attributes of the module a nested GraphModule replaced (``stride``), which its
 #: parent may read; set again after a deep copy (lucid_fx/_fallback.py, prepare and convert).
 ATTRIBUTES = "lucid_fx.attributes"
@@ -68,4 +70,4 @@ OBSERVERS = "lucid_fx_observers"
 WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
 
 #: The names above that are not node.meta keys.
-NOT_NODE_KEYS = ("TRACE", "REMOVED", "ATTRIBUTES", "OBSERVERS", "WEIGHT_OBSERVERS")
+NOT_NODE_KEYS = ("TRACE", "REMOVED", "FOLDED_FLOPS", "ATTRIBUTES", "OBSERVERS", "WEIGHT_OBSERVERS")

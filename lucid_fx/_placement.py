@@ -75,6 +75,7 @@ class ConvertReport:
     opaque: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # node -> ("function"/"leaf module", what it calls)
     float_modules: Dict[str, str] = field(default_factory=dict)  # module path -> why the fallback kept it float
     module_flops: Dict[str, int] = field(default_factory=dict)  # float module -> FLOPs of its own code, measured at prepare
+    folded_flops: int = 0  # matrix FLOPs prepare computed once into constants (fold_constants): not run per call
 
     def _groups(self) -> Dict[str, Placement]:
         return {p.value: p for p in self.placements.values()}
@@ -122,7 +123,8 @@ class ConvertReport:
             return "int8 FLOPs: none counted (no linear, conv, matmul or attention with shapes recorded at prepare)"
         floats = sorted((r for r in self.float_regions if r.flops), key=lambda r: -r.flops)
         where = ", ".join(f"{r.name} {100.0 * r.flops / total:.1f}%" for r in floats[:3]) + (", ..." if len(floats) > 3 else "")
-        return f"int8 FLOPs: {100.0 * share:.1f}% of {_flops_text(total)}" + (f" (float: {where})" if where else "")
+        folded = f"; {_flops_text(self.folded_flops)} computed once at prepare, into constants" if self.folded_flops else ""
+        return f"int8 FLOPs: {100.0 * share:.1f}% of {_flops_text(total)}" + (f" (float: {where})" if where else "") + folded
 
     def __str__(self) -> str:
         kernels, floats = len(self.lowered), self.float_ops

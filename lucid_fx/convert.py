@@ -16,7 +16,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx._fallback import keep_attributes, restore_attributes
-from lucid_fx._meta import OBSERVERS
+from lucid_fx._meta import FOLDED_FLOPS, OBSERVERS
 from lucid_fx._convert_report import graph_facts, model_report
 from lucid_fx._copy import copy_model
 from lucid_fx._placement import ConvertReport
@@ -89,6 +89,7 @@ def _convert_graph(gm: fx.GraphModule, ctx: ConvertContext) -> fx.GraphModule:
     flops, opaque = graph_facts(gm, ctx.registry)  # on the prepared nodes, before folding replaces them
     converted = run_passes(gm, ctx, CONVERT_PASSES)
     ctx.reports[ctx.path].flops, ctx.reports[ctx.path].opaque = flops, opaque
+    ctx.reports[ctx.path].folded_flops = gm.meta.get(FOLDED_FLOPS, 0)
     return converted
 
 

@@ -123,7 +123,7 @@ def run_lucid(family: Family, use_concrete: bool) -> Dict[str, Any]:
         if region.kind != "module":  # modules are listed with their trace errors
             kinds[(region.kind, region.why)] += 1
     result.update(kernels=len(report.lowered), float_ops=kinds, flops=report.total_flops, int8_flops=report.int8_flops,
-                  torch_flops=model_flops(model, *example), report=str(report))
+                  torch_flops=model_flops(model, *example), folded_flops=report.folded_flops, report=str(report))
     return result
 
 
@@ -197,8 +197,8 @@ def details(name: str, m: Dict[str, Any]) -> List[str]:
         lines += [f"    float module: {d}" for d in r.get("float_modules", [])]
         for (op, why), count in sorted(r.get("float_ops", {}).items(), key=lambda kv: -kv[1]):
             lines.append(f"    float x{count}: {op} ({why})")
-        if "flops" in r and r["flops"] != r["torch_flops"]:
-            lines.append(f"    FLOPs: report {r['flops']}, torch's counter {r['torch_flops']}")
+        if "flops" in r and r["flops"] + r["folded_flops"] != r["torch_flops"]:
+            lines.append(f"    FLOPs: report {r['flops']} (+{r['folded_flops']} folded), torch's counter {r['torch_flops']}")
     ao = m["ao"]
     if "first" in ao:
         lines.append(f"- torch.ao plain: FAILED {ao['first']}")

@@ -106,3 +106,28 @@ def test_the_folded_buffer_is_saved_with_the_model(tmp_path):
     lucid_fx.save(converted, tmp_path / "scaled.pt")
     loaded = lucid_fx.load(tmp_path / "scaled.pt")
     assert torch.equal(loaded(x), converted(x))
+
+
+class Rotary(nn.Module):
+    """Llama's cos/sin: ``inv_freq @ positions`` of a static capture's constant positions, a matrix product."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1]).float()[None, :, None]
+        freqs = (self.inv_freq[None, None, :] * 1.0).transpose(1, 2) @ positions.transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=1).transpose(1, 2)
+        return self.proj(x) * emb.cos()
+
+
+def test_the_report_counts_the_folded_matrix_flops_apart():
+    torch.manual_seed(0)
+    model, x = Rotary(), torch.randn(2, 6, 8)
+    _, converted = _quantized(model, x)
+    report = converted.lucid_fx_convert_report
+    assert report.folded_flops == 2 * 4 * 6  # (4, 1) @ (1, 6): one multiply-add per output
+    assert report.total_flops == 2 * 2 * 6 * 8 * 8 and report.int8_flop_share == 1.0  # the projection, run per call
+    assert "48 FLOP computed once at prepare, into constants" in str(report)
