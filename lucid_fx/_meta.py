@@ -57,7 +57,7 @@ TRACE = "lucid_fx.trace"
 #: Dict[str, str]: the nodes remove_noops took out of the traced graph (no-op casts, eval-mode
 #: dropout, identity), by name, and why (remove_noops).
 REMOVED = "lucid_fx.removed"
-#: int: the matrix FLOPs of what fold_constants computed once at prepare (no longer run per call).
+#: int: the matrix FLOPs of what fold_constants computed once at prepare, no longer run per call (pipeline).
 FOLDED_FLOPS = "lucid_fx.folded_flops"
 #: Dict[str, Any]: plain attributes of the module a nested GraphModule replaced (``stride``), which its
 #: parent may read; set again after a deep copy (lucid_fx/_fallback.py, prepare and convert).

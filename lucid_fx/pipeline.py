@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx._flops import graph_flops
 from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx.program import install_programs
 from lucid_fx._placement import ConvertReport
@@ -108,7 +109,11 @@ def _remove_noops(gm, ctx: PrepareContext):
 
 
 def _fold_constants(gm, ctx: PrepareContext):
-    return fold_constants(gm)
+    flops = graph_flops(gm)  # the matrix FLOPs of what folding takes out, for the convert report
+    gm = fold_constants(gm)
+    alive = {node.name for node in gm.graph.nodes}
+    gm.meta[_meta.FOLDED_FLOPS] = sum(f for name, f in flops.items() if name not in alive)
+    return gm
 
 
 def _rewrite_patterns(gm, ctx: PrepareContext):

@@ -14,8 +14,8 @@ written in place or returned). Shapes are not: a graph torch.fx traced runs at e
 Only tensors become buffers: those that a non-constant node reads (the rest goes with them).
 
 Runs after canonicalize_ops and remove_noops (reads and writes ``node.meta[OP]``); writes each
-folded node's name into ``gm.meta[REMOVED]`` with why, and their matrix FLOPs (a rotary table's
-``inv_freq @ positions``) into ``gm.meta[FOLDED_FLOPS]``, which the convert report shows apart.
+folded node's name into ``gm.meta[REMOVED]`` with why (prepare's pipeline entry counts their matrix
+FLOPs, a rotary table's ``inv_freq @ positions``, into ``gm.meta[FOLDED_FLOPS]`` for the convert report).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
-from lucid_fx._flops import node_flops
 from lucid_fx.ops import CanonicalCall
 from lucid_fx.passes.fold_signature_constants import evaluate, foldable_call, kept_by_dead_code_elimination, pinned
 
@@ -69,11 +68,9 @@ def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
             if _meta.OP in user.meta:
                 user.meta[_meta.OP] = user.meta[_meta.OP].replace_input(node, new)
         node.replace_all_uses_with(new)
-    flops = {node.name: node_flops(gm, node) for node in known if node.op != "get_attr"}  # before they go
     graph.eliminate_dead_code(is_impure_node=kept_by_dead_code_elimination)
     alive = {node.name for node in graph.nodes}
-    folded = {name: FOLDED_REASON for name in flops if name not in alive}
-    gm.meta[_meta.FOLDED_FLOPS] = gm.meta.get(_meta.FOLDED_FLOPS, 0) + sum(flops[name] for name in folded)
+    folded = {node.name: FOLDED_REASON for node in known if node.op != "get_attr" and node.name not in alive}
     gm.meta[_meta.REMOVED] = {**gm.meta.get(_meta.REMOVED, {}), **folded}
     gm.recompile()
     return gm
