@@ -11,7 +11,9 @@ What counts as constant: a ``get_attr`` of a buffer or tensor constant (never a 
 trains those, and convert quantizes weights from them), and a pure call whose inputs are all
 constant (``fold_signature_constants``'s rules: no ``call_module``, impure or random op, nothing
 written in place or returned). Shapes are not: a graph torch.fx traced runs at every input shape.
-Only tensors become buffers: those that a non-constant node reads (the rest goes with them).
+Only tensors become buffers: those that a non-constant node reads (the rest goes with them), and
+none over ``MAX_BYTES``: a static capture's causal mask expanded to batch x heads x seq x seq would
+weigh down every saved file, so it stays computed per call, from the smaller constants it comes from.
 
 Runs after canonicalize_ops and remove_noops (reads and writes ``node.meta[OP]``); writes each
 folded node's name into ``gm.meta[REMOVED]`` with why (prepare's pipeline entry counts their matrix
@@ -21,7 +23,7 @@ FLOPs, a rotary table's ``inv_freq @ positions``, into ``gm.meta[FOLDED_FLOPS]``
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import torch
 from torch import fx, nn
@@ -30,15 +32,23 @@ from lucid_fx import _meta
 from lucid_fx.ops import CanonicalCall
 from lucid_fx.passes.fold_signature_constants import evaluate, foldable_call, kept_by_dead_code_elimination, pinned
 
-__all__ = ["fold_constants", "FOLDED_REASON"]
+__all__ = ["fold_constants", "FOLDED_REASON", "MAX_BYTES"]
 
 FOLDED_REASON = "a constant: computed once, at prepare, from the model's constants (fold_constants)"
 PREFIX = "_lucid_fx_constant_"
+#: The largest value folded: 4 MiB (a rotary cos or sin table of 8192 positions by 128 dims).
+MAX_BYTES = 4 << 20
 
 
 def _constant_leaf(gm: fx.GraphModule, node: fx.Node) -> Any:
     value = functools.reduce(getattr, node.target.split("."), gm)
     return None if isinstance(value, nn.Parameter) or not isinstance(value, torch.Tensor) else value
+
+
+def _read_at_run_time(known: Dict[fx.Node, Any]) -> List[fx.Node]:
+    """The computed constant tensors a node that is not constant reads: what becomes a buffer."""
+    return [node for node, value in known.items() if node.op != "get_attr" and isinstance(value, torch.Tensor)
+            and value.device.type != "meta" and any(user not in known for user in node.users)]
 
 
 def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
@@ -53,12 +63,14 @@ def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
         elif foldable_call(node, known, kept):
             with torch.no_grad():
                 known[node] = evaluate(node, known)
-    for node in list(graph.nodes):
-        value = known.get(node)
-        if node.op == "get_attr" or not isinstance(value, torch.Tensor) or value.device.type == "meta":
-            continue
-        if all(user in known for user in node.users):
-            continue  # read only by other constants: folded with them
+    while True:  # a value too large to keep runs per call, and what it is computed from becomes the buffers
+        too_large = [node for node in _read_at_run_time(known) if known[node].numel() * known[node].element_size() > MAX_BYTES]
+        if not too_large:
+            break
+        for node in too_large:
+            del known[node]
+    for node in _read_at_run_time(known):
+        value = known[node]
         name = PREFIX + node.name
         gm.register_buffer(name, value.detach().clone())  # its own storage: a view would tie it to its base
         with graph.inserting_before(node):

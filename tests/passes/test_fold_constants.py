@@ -7,7 +7,7 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx import _meta
-from lucid_fx.passes.fold_constants import FOLDED_REASON, PREFIX
+from lucid_fx.passes.fold_constants import FOLDED_REASON, MAX_BYTES, PREFIX
 
 
 def _calls(gm):
@@ -131,3 +131,20 @@ def test_the_report_counts_the_folded_matrix_flops_apart():
     assert report.folded_flops == 2 * 4 * 6  # (4, 1) @ (1, 6): one multiply-add per output
     assert report.total_flops == 2 * 2 * 6 * 8 * 8 and report.int8_flop_share == 1.0  # the projection, run per call
     assert "48 FLOP computed once at prepare, into constants" in str(report)
+
+
+class BigMask(nn.Module):
+    """A causal mask of constants expanded past fold_constants.MAX_BYTES before an op reads it."""
+
+    def forward(self, x):
+        causal = torch.ones(64, 64).tril() == 0  # 4 KiB
+        big = causal.expand(1100, 64, 64).float() * -1e4  # 1100 x 64 x 64 float32: 18 MB
+        return torch.softmax(x + big, dim=-1)
+
+
+def test_a_constant_past_the_size_cap_stays_computed_per_call():
+    x = torch.randn(64, 64)
+    prepared = lucid_fx.prepare(torch.export.export(BigMask().eval(), (x,), strict=False), example_inputs=(x,))
+    sizes = {n.target: getattr(prepared, n.target).numel() for n in prepared.graph.nodes if n.op == "get_attr" and n.target.startswith(PREFIX)}
+    assert MAX_BYTES < 1100 * 64 * 64 * 4 and list(sizes.values()) == [64 * 64], sizes  # the small mask is the buffer
+    assert torch.equal(prepared(x), BigMask()(x))
