@@ -25,11 +25,10 @@ __all__ = ["MATRIX_OPS", "node_flops", "graph_flops", "counting_module_flops"]
 
 MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "matmul", "addmm", "baddbmm", "scaled_dot_product_attention",
               "grouped_mm")
-# aten spellings (a torch.export graph's targets) of the same ops; a grouped product (each row of
-# (T, K) times the (K, N) weight of its group: mixture-of-experts layers) is a matmul by its count
-_ATEN = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "conv2d": "conv2d", "linear": "linear", "addmm": "addmm",
-         "baddbmm": "baddbmm"}
-_GROUPED = frozenset({"_grouped_mm", "grouped_mm_fallback"})  # no canonical op: their own name, overload or not
+# Other spellings of the same ops: aten's (a torch.export graph's targets), and the grouped products,
+# which have no canonical op (each row of (T, K) times the (K, N) weight of its group: Mixtral's experts)
+_ALIASES = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "_grouped_mm": "grouped_mm",
+            "grouped_mm_fallback": "grouped_mm"}
 
 
 def _unobserved(value):
@@ -50,12 +49,12 @@ def _shape(value) -> Optional[Tuple[int, ...]]:
 def _op_name(node: fx.Node) -> str:
     call = node.meta.get(_meta.OP)
     if call is not None:
-        return "grouped_mm" if call.op.split(".")[0] in _GROUPED else call.op
-    if isinstance(node.target, torch._ops.OpOverload):
+        name = call.op  # canonical, or the raw name of an op without one ("grouped_mm_fallback.default")
+    elif isinstance(node.target, torch._ops.OpOverload):
         name = node.target.overloadpacket.__name__
-        return "grouped_mm" if name in _GROUPED else _ATEN.get(name, name)
-    name = getattr(node.target, "__name__", str(node.target))
-    return "grouped_mm" if name in _GROUPED else name
+    else:
+        name = getattr(node.target, "__name__", str(node.target))
+    return _ALIASES.get(name.split(".")[0], name)
 
 
 def _attr(root: nn.Module, path: str):

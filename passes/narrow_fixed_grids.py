@@ -12,8 +12,8 @@ convert, walks the graph in order with the interval of every observed value (its
 maps each fixed-grid elementwise op's inputs' intervals through the op's range rule
 (rules/ranges.py), and gives the fixed grid that interval instead wherever it is at most a quarter
 of it (two bits or more). Only grids count as inputs: a value computed in float from a value that
-itself ran in float is not bounded by any grid. Nothing that the fixed grid held is clipped: the narrower grid holds every
-value the int8 model can compute there. The node's decision says so (explain, the viewer).
+itself ran in float is not bounded by any grid. Nothing that the fixed grid held is clipped: the
+narrower grid holds every value the int8 model can compute there. The node's decision says so (explain, the viewer).
 
 Reads ``node.meta[OP]``, ``[OBSERVER]``, ``[DECISION]``; replaces the observers it narrows (convert
 works on a copy) and rewrites ``[DECISION]`` and ``[INTERVAL]`` of the nodes they watch.
