@@ -25,10 +25,8 @@ from lucid_fx._where import caller_location
 from lucid_fx.node_refs import BoundCall, NodeRef, as_ref, canonical, each, node_named
 from lucid_fx.op_tags import Tag
 
-__all__ = [
-    "OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS", "derive_spellings", "ops_tagged",
-    "VIEW_OPS", "VIEW_SPELLINGS", "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS",
-]
+__all__ = ["OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS",
+           "derive_spellings", "ops_tagged", "VIEW_OPS", "VIEW_SPELLINGS", "METADATA_ATTRS", "OUT_OF_PLACE_OPERATORS"]
 
 ModuleConsts = Callable[[nn.Module], Dict[str, Any]]
 
@@ -164,6 +162,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("minimum", ("input", "other"), tags=_TABLE),
     OpDef("maximum", ("input", "other"), tags=_TABLE),
     OpDef("matmul", ("input", "other"), aliases=("bmm", "mm"), tags=frozenset({Tag.PRODUCT})),
+    OpDef("grouped_mm", ("input", "weight", "offs", "bias", "out_dtype"), aliases=("_grouped_mm",), tags=frozenset({Tag.PRODUCT})),  # Mixtral's experts
     OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
     # attention: the mask arguments are named so rules can find them (lucid_fx/rules/masks.py)
     OpDef("masked_fill", ("input", "mask", "value"), tags=frozenset({Tag.ATTENTION})),

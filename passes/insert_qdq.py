@@ -25,6 +25,7 @@ from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
+from lucid_fx.rules.lowering_grouped import expert_weights
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -52,6 +53,17 @@ def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, target: 
         dq = gm.graph.call_function(_ops.dequantize_per_channel, (q, scale, zp, 0))
     node.replace_all_uses_with(dq)
     gm.graph.erase_node(node)
+
+
+def _qdq_experts(gm: fx.GraphModule, node: fx.Node, target: Target) -> None:
+    """A grouped product's expert weights (in place) as convert quantizes them (rules/lowering_grouped.py)."""
+    attr = lambda n: functools.reduce(getattr, n.target.split("."), gm) if n.op == "get_attr" else None  # noqa: E731
+    weight = expert_weights(attr, canonical(node).args.get("weight"))
+    if weight is not None:
+        experts, n, k = weight.shape
+        codes, scales = quantize_weight(weight.reshape(experts * n, k), None, target.weight_range)
+        with torch.no_grad():
+            weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0).reshape(weight.shape))
 
 
 _FLOAT_KINDS = (DecisionKind.FLOAT, DecisionKind.NONE)
@@ -122,6 +134,8 @@ def insert_qdq(
             codes, scales = quantize_weight(module.weight, observer, weight_range)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
+        elif _meta.OP in node.meta and canonical(node).op == "grouped_mm" and not _reads_float(node, kernels):
+            _qdq_experts(gm, node, target)
     gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)
     gm.delete_all_unused_submodules()
     gm.recompile()

@@ -154,6 +154,11 @@ SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
 }
 
 
+def _has_row(target: Any) -> bool:
+    """An op of another namespace that the table names (transformers' grouped_mm_fallback)."""
+    return isinstance(target, torch._ops.OpOverload) and aten_row(target) is not None
+
+
 def _mutates(node: fx.Node) -> bool:
     return is_aten(node.target) and node.target._schema.is_mutable
 
@@ -189,7 +194,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node) -> Optional[fx.Node]:
 def rewrite_aten(gm: fx.GraphModule) -> fx.GraphModule:
     """Rewrite every aten call of ``gm`` it has a row for (in place); returns ``gm``."""
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not is_aten(node.target):
+        if node.op != "call_function" or not (is_aten(node.target) or _has_row(node.target)):
             continue
         if _short(node.target) in DROPPED and not node.users:
             gm.graph.erase_node(node)

@@ -20,6 +20,7 @@ from lucid_fx.kernels import library  # noqa: F401  (defines the ops)
 from lucid_fx.kernels import cuda  # noqa: F401  (registers CUDA kernels)
 from lucid_fx.kernels import cpu  # noqa: F401  (registers CPU kernels)
 from lucid_fx.kernels import cpu_float  # noqa: F401  (registers CPU kernels computed in float32)
+from lucid_fx.kernels import grouped  # noqa: F401  (defines grouped_linear: experts on each device's linear)
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.kernels.cpu import onednn_available, use_onednn, weight_quant_range
 from lucid_fx.kernels.cpu_features import cpu_features, force_cpu_features

@@ -180,6 +180,21 @@ def _linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, ou
              f"weight {tuple(qw.shape)} takes {qw.shape[-1]}", "feed inputs of the shape the float model takes")
 
 
+def _grouped_linear(qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp) -> None:
+    op = "grouped_linear"
+    _codes(op, "input", qx)
+    if qw.dtype != torch.int8:
+        fail(op, f"the experts' weights are {qw.dtype}, not int8 codes", "pass the int8 weights convert made (lucid_fx.convert)")
+    for what, tensor in (("weight", qw), ("weight scale", w_scale)):
+        _same_device(op, what, tensor, qx)
+    if qx.dim() != 2 or qw.dim() != 3 or qx.shape[1] != qw.shape[2] or tuple(w_scale.shape) != tuple(qw.shape[:2]):
+        fail(op, f"rows {tuple(qx.shape)}, weights {tuple(qw.shape)} and scales {tuple(w_scale.shape)} are not (S, K) "
+             "rows, (E, N, K) experts and (E, N) scales", "feed inputs of the shape the float model takes")
+    if offs.dim() != 1 or offs.numel() != qw.shape[0] or offs.is_floating_point() or offs.dtype == torch.bool:
+        fail(op, f"offsets of shape {tuple(offs.shape)} ({offs.dtype}) for {qw.shape[0]} experts",
+             "pass one integer offset per expert: where its rows end")
+
+
 def _conv(op: str, rank: int):
     def check(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, *rest) -> None:
         _weights(op, qx, qw, w_scale, bias)
@@ -257,6 +272,7 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "dequantize_per_tensor": _dequantize("dequantize_per_tensor"),  # integer codes only
     "dequantize_per_channel": _dequantize("dequantize_per_channel"),  # integer codes only
     "linear": _linear,  # codes, int8 weight on the input's device, K matches, one scale per output
+    "grouped_linear": _grouped_linear,  # as linear, per expert; one integer offset per expert
     "conv1d": _conv("conv1d", 3),  # as linear, batched (N, C, L), C == weight channels * groups
     "conv2d": _conv("conv2d", 4),  # as linear, batched (N, C, H, W), C == weight channels * groups
     "conv2d_add": _conv("conv2d_add", 4),  # conv2d's checks, and the residual is codes too

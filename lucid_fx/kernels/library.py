@@ -27,7 +27,7 @@ from lucid_fx.kernels import attention, channel_lut, norms, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
-__all__ = ["OPS", "LIB", "KERNELS", "WeightCache", "register_kernel", "conv_output_shape", "op_name"]
+__all__ = ["OPS", "LIB", "KERNELS", "WeightCache", "define_op", "register_kernel", "conv_output_shape", "op_name"]
 
 _F32 = torch.float32
 # Plain torch.library registration: a call costs ~10 us of dispatch, against ~45 us for a
@@ -39,8 +39,8 @@ OPS: Dict[str, torch._ops.OpOverload] = {}
 KERNELS: Dict[str, Dict[str, Callable]] = {}
 
 
-def _define(fn: Callable, fake: Callable) -> None:
-    name = fn.__name__
+def define_op(fn: Callable, fake: Callable) -> None:
+    name = fn.__name__  # lucid_fx::<name>: fn its default (reference) kernel, fake its shapes
     # Zero points, strides and sizes are graph constants: "int", not the inferred "SymInt".
     schema = torch.library.infer_schema(fn, mutates_args=()).replace("SymInt", "int")
     LIB.define(name + schema)
@@ -204,7 +204,7 @@ _DEFINITIONS = [
     (norms.rms_norm, norms.fake_norm),
 ]
 for _fn, _fake in _DEFINITIONS:
-    _define(_fn, _fake)
+    define_op(_fn, _fake)
 
 
 def _version_of(weight: torch.Tensor) -> Optional[int]:

@@ -2,7 +2,7 @@
 would have recorded, so that it gets the same canonical op (lucid_fx/ops.py) and every observer,
 range and lowering rule applies to both front ends. ``passes/rewrite_aten.py`` applies it.
 
-One :class:`AtenRow` per aten overload: the canonical op it becomes, the torch-level callable (a
+One :class:`AtenRow` per aten overload (an op of another namespace names it: ``transformers::``): the canonical op it becomes, the torch-level callable (a
 function, or a ``Tensor`` method name) the node is rewritten to, and which aten arguments (by
 schema name) go where: ``args`` positionally, ``kwargs`` as ``torch name -> aten name``. Arguments
 a row does not name are dropped (they are inference-time no-ops: ``cudnn_enable``,
@@ -53,6 +53,9 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("linear.default", "linear", F.linear, "input", "weight", "bias"),  # same order
     _row("addmm.default", "linear", F.linear, special="addmm"),  # addmm(b, x, W) -> linear(x, W.t(), b)
     _row("mm.default", "linear", F.linear, special="mm"),  # mm(x, W.t()) -> linear(x, W); else matmul
+    _row("_grouped_mm.default", "grouped_mm", F.grouped_mm, "self", "mat2", offs="offs", bias="bias", out_dtype="out_dtype"),
+    # transformers' fallback for torch._grouped_mm (Mixtral's experts under torch.export): the same product
+    _row("transformers::grouped_mm_fallback.default", "grouped_mm", F.grouped_mm, "input", "weight", offs="offs"),
     _row("baddbmm.default", "matmul", torch.matmul, special="baddbmm"),  # b + (q @ k) * alpha: BLOOM's ALiBi scores
     _row("conv1d.default", "conv1d", F.conv1d, *_CONV),  # same order
     _row("conv2d.default", "conv2d", F.conv2d, *_CONV),  # same order
@@ -111,8 +114,8 @@ SAME_NAME = (torch, F, torch.special)
 
 
 def aten_row(overload: torch._ops.OpOverload) -> Optional[AtenRow]:
-    """The row of an ``aten`` overload, or None."""
-    return _BY_OVERLOAD.get(f"{overload._schema.name.split('::')[-1]}.{overload._overloadname}")
+    """The row of an ``aten`` overload (or of another namespace's op the table names), or None."""
+    return _BY_OVERLOAD.get(f"{overload._schema.name.removeprefix('aten::')}.{overload._overloadname}")
 
 
 def same_name_target(overload: torch._ops.OpOverload) -> Optional[Any]:

@@ -20,6 +20,7 @@ from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_lookup import lower_embedding
 from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
+from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
@@ -242,6 +243,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("div",): lower_div,  # x / c -> rescaled grid (c > 0) or table
     ("mul", "relu"): _mul,  # relu(a * b) -> lucid_fx.mul(post_op="relu")
     ("matmul",): lower_matmul,  # a @ b -> lucid_fx.matmul
+    ("grouped_mm",): lower_grouped_mm,  # experts' rows x their weights -> lucid_fx.grouped_linear
     ("softmax",): lower_softmax,  # softmax(x) -> lucid_fx.softmax
     **{(op, "softmax"): lower_masked_softmax for op in ("masked_fill", "add")},  # softmax(masked s) -> lucid_fx.masked_softmax
     ("cat",): lower_cat,  # cat(xs) -> lucid_fx.cat

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence
 
 from lucid_fx._meta import MUTATION as _MUTATION
+from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 from lucid_fx.ops import Tag, canonical, ops_tagged
@@ -185,6 +186,17 @@ def _shared(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
 
 
+def _weight_view(node, ctx) -> Optional[Decision]:
+    """``W.transpose(-2, -1)`` of a parameter that ops read only as their weight (Mixtral's experts):
+    the op quantizes the parameter behind it per channel (rules/lowering_grouped.py); not an activation."""
+    sources = canonical(node).tensor_inputs()
+    if len(sources) != 1 or sources[0].op != "get_attr" or not node.users:
+        return None
+    if all(_OP in user.meta and canonical(user).args.get("weight") is node for user in node.users):
+        return Decision(DecisionKind.NONE, "a view of a weight: the op reading it quantizes the weight itself")
+    return None
+
+
 def _calibrated(node, ctx) -> Decision:
     reason = "quantized op: calibrated grid" + (f" (fused {ctx.fusion(node)})" if ctx.fusion(node) else "")
     return Decision(DecisionKind.STATISTICS, reason, qconfig=ctx.qconfig(node))
@@ -237,6 +249,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
+    observer_rule(SHARED_OPS, _weight_view),  # W.transpose(-2, -1) read as a weight -> none (the op quantizes W)
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer

@@ -532,6 +532,8 @@ def _calls():
         ("dequantize_per_channel", (qw, ws, torch.zeros(7, dtype=torch.int64), 0)),
         ("linear", (qx, xs, xz, qw, ws, None, 0.1, 3, "relu", None)),
         ("linear", (qx, xs, xz, qw, ws, torch.randn(7), 0.1, 3, "none", torch.float32)),
+        ("grouped_linear", (qx.reshape(6, 13), xs, xz, torch.randint(-64, 64, (3, 7, 13), dtype=torch.int8),
+                            torch.rand(3, 7) * 0.01, torch.tensor([2, 2, 6]), 0.1, 3)),
         ("conv1d", (*act((2, 4, 17)), *weight((6, 2, 3)), None, [2], [1], [1], 2, 0.1, 3, "none", None)),
         ("conv2d", (*c2[:10], 0.1, 3, "relu", None)),
         ("conv2d", (*c2cl[:10], 0.1, 3, "none", torch.float32)),
@@ -584,7 +586,7 @@ def test_fake_kernels_match_real_outputs(onednn):
             assert (fake.shape, fake.dtype, fake.stride()) == (real.shape, real.dtype, real.stride()), name
 
 
-@pytest.mark.parametrize("name", ["linear", "conv2d", "add", "lut"])
+@pytest.mark.parametrize("name", ["linear", "grouped_linear", "conv2d", "add", "lut"])
 def test_opcheck(name):
     args = dict(_calls())[name]
     torch.library.opcheck(getattr(ops, name).default, args, test_utils=("test_schema", "test_faketensor"))

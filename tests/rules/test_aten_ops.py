@@ -31,6 +31,7 @@ class W:
 
 
 IDS = torch.tensor([[1, 3, 0], [2, 2, 4]])
+OFFS = torch.tensor([2, 6], dtype=torch.int32)
 # row -> (aten overload, args, kwargs, index of the tuple result read (None: the result itself))
 CASES = {
     "linear.default": (aten.linear.default, (t(2, 4), W(t(3, 4)), W(t(3))), {}, None),
@@ -76,7 +77,16 @@ CASES = {
     "__or__.Tensor": (aten.__or__.Tensor, (t(2, 6) > 0, t(2, 6) > 0.5), {}, None),
     "numpy_T.default": (aten.numpy_T.default, (t(2, 6, 3),), {}, None),  # x.T: every dim reversed
     "baddbmm.default": (aten.baddbmm.default, (t(2, 3, 5), t(2, 3, 4), t(2, 4, 5)), {"beta": 0.5, "alpha": 0.25}, None),
+    # rows 0:2 times the first (K, N), 2:6 times the second (K and N multiples of 4: its CPU kernel's alignment)
+    "_grouped_mm.default": (aten._grouped_mm.default, (t(6, 8), W(t(2, 8, 4)), OFFS), {}, None),
 }
+try:  # transformers' own op (the test extra installs transformers)
+    import transformers.integrations.moe  # noqa: F401  (defines transformers::grouped_mm_fallback)
+
+    CASES["transformers::grouped_mm_fallback.default"] = (
+        torch.ops.transformers.grouped_mm_fallback.default, (t(6, 8), W(t(2, 8, 4)), OFFS), {}, None)
+except ImportError:
+    pass
 
 
 def one_op_graph(overload, args, kwargs, index):
