@@ -104,8 +104,16 @@ def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwar
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# torch's table has the CUDA attention kernels only; scaled_dot_product_attention on CPU runs this one.
-_CPU_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa}
+def _grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """Each row times its group's (K, N): (S, K) x (E, K, N) -> (S, N), or batched (E, M, K) x (E, K, N);
+    (M, K) x (K, N) grouped along K gives one (M, N) per group, from K products in all."""
+    per_group = out_shape[0] if len(a_shape) == 2 and len(b_shape) == 2 else 1
+    return 2 * math.prod(out_shape) // per_group * a_shape[-1]
+
+
+# torch's table has the CUDA attention kernels only (scaled_dot_product_attention on CPU runs this
+# one), and no grouped product (Mixtral's experts under transformers: torch._grouped_mm).
+_CPU_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa, torch.ops.aten._grouped_mm: _grouped_mm}
 
 
 @contextlib.contextmanager

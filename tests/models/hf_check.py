@@ -66,6 +66,8 @@ def hf_families() -> Dict[str, Family]:
         "qwen2": text(T.Qwen2ForCausalLM, T.Qwen2Config(**decoder)),  # q/k/v with bias
         "phi3": text(T.Phi3ForCausalLM, T.Phi3Config(**decoder, pad_token_id=0, eos_token_id=1, bos_token_id=1)),  # fused qkv, gate_up
         "gemma": text(T.GemmaForCausalLM, T.GemmaConfig(**decoder, head_dim=16)),  # GeGLU, RMSNorm (1 + w), scaled embedding
+        # a mixture of experts: top-2 routing, each expert's rows in one grouped product (torch._grouped_mm)
+        "mixtral": text(T.MixtralForCausalLM, T.MixtralConfig(**decoder, num_local_experts=4, num_experts_per_tok=2)),
         "gpt_neox": text(T.GPTNeoXForCausalLM, T.GPTNeoXConfig(**encoder, use_cache=False)),  # parallel residual, partial rotary
         "opt": text(T.OPTForCausalLM, T.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
                                                   vocab_size=VOCAB, word_embed_proj_dim=64, use_cache=False)),  # learned positions, relu
