@@ -10,9 +10,9 @@ table lookups and requantizations are one pass each too; docs/benchmarks.md has 
 
 Choices:
 
-- **Compiled per process, never cached on disk** (~0.2 s at the first convert or load): a cached
-  ``-march=native`` binary would need a key of every CPU feature it used, and would be one more file
-  that could be swapped under the user. It is built in a private temporary directory, then loaded.
+- **Compiled once per machine** (:mod:`lucid_fx.kernels.native_build`): 7.4 s of compiling that every
+  new process paid at its first convert or load, now kept in a private cache, keyed by the sources,
+  the compiler, the flags and the CPU's features; ``LUCID_FX_NATIVE_CACHE=0`` compiles per process.
 - **Optional.** Without a compiler (or with ``LUCID_FX_NATIVE=0``) the torch path runs, with the
   same codes; :func:`status` says which and why. ``LUCID_FX_CC`` (else ``CC``, else ``cc``) names it.
 - **Float input on the CPU:** a dense float32 input is read in place and its codes keep its layout;
@@ -30,14 +30,12 @@ import functools
 import os
 import shlex
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels import checks, program_ops
+from lucid_fx.kernels import checks, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
@@ -46,6 +44,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
 
 SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul", "softmax", "rotary")))  # one library
+HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
@@ -91,19 +90,15 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found (set LUCID_FX_CC or CC): the torch kernels run"
-    errors = []
-    with tempfile.TemporaryDirectory(prefix="lucid_fx_native_") as tmp:
-        so = Path(tmp) / "lucid_fx_native.so"
-        for flags in FLAGS:
-            command = [*shlex.split(cc), *flags, "-shared", "-fPIC", "-o", str(so), *map(str, SOURCES)]
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as error:
-                return None, f"{cc} could not run ({error}): the torch kernels run"
-            if done.returncode == 0:
-                return _bind(ctypes.CDLL(str(so))), f"compiled with {' '.join(command[:-4 - len(SOURCES)])}"  # stays mapped
-            errors.append(done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"])
-    return None, f"{cc} failed ({errors[-1][0]}): the torch kernels run"
+    with native_build.built(cc, FLAGS, SOURCES, HEADERS) as (so, how):
+        if so is None:
+            return None, how
+        try:
+            return _bind(ctypes.CDLL(str(so))), how  # stays mapped after a temporary file goes
+        except OSError as error:  # a kept library that does not load (cut short): the next process builds it again
+            if so.parent == native_build.cache_dir():
+                so.unlink(missing_ok=True)
+            return None, f"{so} did not load ({error}): the torch kernels run"
 
 
 def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:

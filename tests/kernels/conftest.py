@@ -9,7 +9,8 @@ import pytest
 from lucid_fx.kernels import native
 
 
-# One build per configuration in a test session (each takes ~0.3 s; some hundred tests ask).
+# One load per configuration in a test session (some hundred tests ask; a build not in the cache
+# takes seconds, lucid_fx/kernels/native_build.py).
 _BUILDS = {}
 
 
@@ -23,7 +24,8 @@ def native_env(monkeypatch):
         monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        key = tuple(os.environ.get(name) for name in ("LUCID_FX_NATIVE", "LUCID_FX_CC", "CC")) + (native.FLAGS,)
+        names = ("LUCID_FX_NATIVE", "LUCID_FX_CC", "CC", "LUCID_FX_NATIVE_CACHE", "LUCID_FX_CACHE_DIR")
+        key = tuple(os.environ.get(name) for name in names) + (native.FLAGS,)
         if key not in _BUILDS:
             _BUILDS[key] = library.__wrapped__()  # the load itself, past its once-per-process cache
         monkeypatch.setattr(native, "_library", lambda: _BUILDS[key])

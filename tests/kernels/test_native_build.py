@@ -1,0 +1,109 @@
+"""lucid_fx/kernels/native_build.py: the native library compiled once per machine and kept in a
+private cache, named by what it was built from; a file another user could swap is never loaded."""
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from lucid_fx.kernels import native, native_build
+
+SOURCE = "int lucid_answer(void) { return ANSWER; }\n"
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    """A cache directory of its own, a one-function C file, and a compiler that logs each call."""
+    if shutil.which("cc") is None:
+        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1":
+            pytest.fail("LUCID_FX_REQUIRE_TOOLS=1 but there is no C compiler")
+        pytest.skip("no C compiler")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LUCID_FX_CACHE_DIR", str(cache))
+    monkeypatch.delenv("LUCID_FX_NATIVE_CACHE", raising=False)
+    source = tmp_path / "answer.c"
+    source.write_text(SOURCE)
+    log = tmp_path / "calls.log"
+    cc = tmp_path / "logging-cc"
+    cc.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec cc "$@"\n')
+    cc.chmod(0o700)
+    return cache, source, log, str(cc)
+
+
+def _calls(log: Path) -> list:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if line != "--version"]
+
+
+def test_compiled_once_then_loaded_from_the_cache(setup):
+    cache, source, log, cc = setup
+    flags = [["-O1", "-DANSWER=42"]]
+    with native_build.built(cc, flags, [source]) as (so, how):
+        assert so.parent == cache and "(kept in " in how and how.startswith(f"compiled with {cc} -O1")
+    assert len(_calls(log)) == 2  # the source, then the library
+    with native_build.built(cc, flags, [source]) as (again, how):
+        assert again == so and "(loaded from " in how
+    assert len(_calls(log)) == 2  # no compiler call the second time
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and native_build.is_private(so)
+
+
+def test_a_file_another_user_could_swap_is_not_loaded(setup):
+    cache, source, log, cc = setup
+    flags = [["-O1", "-DANSWER=42"]]
+    with native_build.built(cc, flags, [source]) as (so, _):
+        pass
+    so.chmod(0o666)  # writable by anyone: compiled again, and the file replaced by a private one
+    with native_build.built(cc, flags, [source]) as (again, how):
+        assert again == so and "(kept in " in how
+    assert len(_calls(log)) == 4 and native_build.is_private(so)
+    cache.chmod(0o777)  # a directory anyone may write to: nothing is kept or loaded there
+    try:
+        assert native_build.cache_dir() is None
+        with native_build.built(cc, flags, [source]) as (elsewhere, how):
+            assert elsewhere.parent.parent != cache and how == f"compiled with {cc} -O1 -DANSWER=42"
+    finally:
+        cache.chmod(0o700)
+
+
+def test_the_name_is_what_the_library_was_built_from(setup, monkeypatch):
+    _, source, _, cc = setup
+    key = native_build.library_key(cc, ["-O1"], [source])
+    assert native_build.library_key(cc, ["-O1"], [source]) == key
+    assert native_build.library_key(cc, ["-O2"], [source]) != key  # the flags
+    assert native_build.library_key("cc", ["-O1"], [source]) != key  # the compiler
+    monkeypatch.setattr(native_build, "_machine", lambda: ["x86_64", "flags : avx2 avx512_vnni"])
+    assert native_build.library_key(cc, ["-O1"], [source]) != key  # the CPU -march=native compiles for
+    monkeypatch.undo()
+    source.write_text(SOURCE.replace("ANSWER", "ANSWER + 1"))
+    assert native_build.library_key(cc, ["-O1"], [source]) != key  # the source
+
+
+def test_turned_off_nothing_is_kept(setup, monkeypatch):
+    cache, source, log, cc = setup
+    monkeypatch.setenv("LUCID_FX_NATIVE_CACHE", "0")
+    with native_build.built(cc, [["-O1", "-DANSWER=42"]], [source]) as (so, how):
+        assert so.exists() and "kept" not in how
+    assert not so.exists() and not cache.exists()  # compiled in a temporary directory, gone after loading
+
+
+def test_a_compiler_error_falls_back_to_the_next_flags_and_then_says_why(setup):
+    cache, source, log, cc = setup
+    with native_build.built(cc, [["-O1"], ["-O1", "-DANSWER=7"]], [source]) as (so, how):
+        assert "-DANSWER=7" in how  # ANSWER undefined under the first flags
+    with native_build.built(cc, [["-O1"]], [source]) as (so, how):
+        assert so is None and how.startswith(f"{cc} failed (") and how.endswith("the torch kernels run")
+
+
+def test_a_kept_library_that_does_not_load_is_dropped_and_said(setup, monkeypatch):
+    cache, _, _, cc = setup
+    monkeypatch.setenv("LUCID_FX_CC", "cc")
+    monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
+    key = native_build.library_key("cc", native.FLAGS[0], [*native.SOURCES, *native.HEADERS])
+    broken = cache / f"native-{key}.so"
+    cache.mkdir(mode=0o700)
+    broken.write_bytes(b"\x7fELF cut short")
+    functions, how = native._library.__wrapped__()
+    assert functions is None and how.startswith(f"{broken} did not load (") and how.endswith("the torch kernels run")
+    assert not broken.exists()  # the next process builds it again
