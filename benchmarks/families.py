@@ -4,6 +4,9 @@ vs lucid_fx, at each family's own example inputs.
 
     python benchmarks/families.py [--rounds 7] [--threads 1] [--families llama,vit,efficientnet,...]
 
+``hf:<name>`` names a real transformers class of tests/models/hf_check.py (small config, random
+weights): ``--families hf:mixtral,hf:llama`` (torch.ao cannot trace them: its columns say so).
+
 Timing as in int8_inference.py (same-run medians of ``--rounds`` rounds, the variants taking
 turns); speedups are over fp32 eager in the same run, the last timing column is lucid_fx's time
 over the faster torch.ao engine's (> 1: lucid_fx is faster). The int8 FLOP share is the convert
@@ -37,8 +40,16 @@ def _held_out_sqnr(model, quantized, held_out) -> float:
     return sqnr(reference, test)
 
 
+def _family(name: str):
+    if name.startswith("hf:"):
+        from tests.models.hf_check import hf_families
+
+        return hf_families()[name[3:]]
+    return FAMILIES[name]
+
+
 def bench(name: str, rounds: int, calib: int) -> dict:
-    family = FAMILIES[name]
+    family = _family(name)
     model, (args, kwargs) = family.make_model(), family.example_inputs()
     batches = family.calibration_batches(calib + 2)
     batches, held_out = batches[:calib], batches[calib:]
