@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from lucid_fx.kernels import cpu
+from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import fail
 from lucid_fx.kernels.library import KERNELS, WeightCache, define_op, register_kernel
@@ -35,13 +37,18 @@ def _experts(qw: torch.Tensor, w_scale: torch.Tensor):
     return EXPERTS.get(qw, ("experts", id(w_scale)), lambda: (qw.unbind(0), w_scale.unbind(0)))
 
 
-def _grouped(linear: Callable, qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp) -> torch.Tensor:
-    out = torch.full((qx.shape[0], qw.shape[1]), out_zp, dtype=qx.dtype, device=qx.device)
-    weights, scales = _experts(qw, w_scale)
+def _ends(qx: torch.Tensor, offs: torch.Tensor) -> list:
     ends = offs.tolist()
     if any(b < a for a, b in zip([0] + ends, ends)) or ends[-1] > qx.shape[0]:
         fail("grouped_linear", f"the offsets {ends[:8]}{'...' if len(ends) > 8 else ''} do not rise from 0 to at most the "
              f"{qx.shape[0]} rows", "pass the cumulative row count of each expert, rows sorted by expert")
+    return ends
+
+
+def _grouped(linear: Callable, qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp) -> torch.Tensor:
+    out = torch.full((qx.shape[0], qw.shape[1]), out_zp, dtype=qx.dtype, device=qx.device)
+    weights, scales = _experts(qw, w_scale)
+    ends = _ends(qx, offs)
     start = 0
     for expert, end in enumerate(ends):
         if end > start:
@@ -78,6 +85,29 @@ def _on(device: str) -> Callable:
     return kernel
 
 
+def _cpu(qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp):
+    """On the CPU, where the small-linear engine takes every expert's rows (``linear_row.takes_row`` at
+    all S rows: each expert has at most S), each expert's constants are built once per call site and
+    kept with the weight: ``lucid_fx::linear`` built them on every call (800 against 105 us for four
+    experts of 64 x 256 on 64 rows, AVX2 EPYC, 1 thread). The codes are that linear's, bit for bit."""
+    experts, n, k = qw.shape
+    engine = qx.dtype == torch.uint8 and lr.takes_row(cpu._cpu_target(), cpu._onednn_on(), "none", torch.uint8,
+                                                      qx.shape[0], n, k)
+    key = ("rows", id(w_scale), w_scale._version, x_scale, x_zp, out_scale, engine)
+    rows = engine and EXPERTS.get(qw, key, lambda: [lr.row_linear(w, s, None, x_scale, x_zp, out_scale, engine)
+                                                    for w, s in zip(*_experts(qw, w_scale))])
+    if not rows or any(row is None for row in rows):
+        return _grouped(KERNELS["linear"]["cpu"], qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp)
+    out = torch.full((qx.shape[0], n), out_zp, dtype=torch.uint8)
+    bounds = lr.row_bounds(torch.uint8, out_zp, "none")
+    start = 0
+    for row, end in zip(rows, _ends(qx, offs)):
+        if end > start:
+            out[start:end] = lr.linear_row(qx[start:end], row, out_zp, *bounds, torch.uint8)
+        start = end
+    return out
+
+
 define_op(grouped_linear, fake_grouped_linear)
-register_kernel("grouped_linear", "cpu", _on("cpu"))
+register_kernel("grouped_linear", "cpu", _cpu)
 register_kernel("grouped_linear", "cuda", _on("cuda"))

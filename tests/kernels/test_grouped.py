@@ -49,18 +49,27 @@ def test_each_expert_s_rows_are_its_int8_linear(ends):
     assert (reference.int() - out.int()).abs().max() <= 1
 
 
-def test_each_expert_is_sliced_once_and_kept_until_its_weight_changes():
+def test_each_expert_is_prepared_once_and_kept_until_its_weight_changes():
     qx, qw, ws = _case(1)
     offs = torch.tensor([4, 8, 10, 13])
-    builds = grouped.EXPERTS.builds
     first = OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
-    views = grouped._experts(qw, ws)
+    builds, views = grouped.EXPERTS.builds, grouped._experts(qw, ws)
     assert torch.equal(OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100), first)
-    assert grouped._experts(qw, ws)[0][2] is views[0][2] and grouped.EXPERTS.builds == builds + 1
-    qw[2].neg_()  # written in place: the experts are sliced again and the result follows
+    assert grouped._experts(qw, ws)[0][2] is views[0][2] and grouped.EXPERTS.builds == builds  # nothing built again
+    qw[2].neg_()  # written in place: prepared again, and the result follows
     changed = OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
-    assert grouped.EXPERTS.builds == builds + 2
+    assert grouped.EXPERTS.builds > builds
     assert torch.equal(changed[:8], first[:8]) and not torch.equal(changed[8:10], first[8:10])
+
+
+def test_the_cpu_s_kept_constants_and_its_per_call_linear_agree(monkeypatch):
+    """Where the small-linear engine takes the rows, each expert's constants are kept (grouped._cpu);
+    elsewhere (oneDNN's sizes, another CPU kind) each expert runs lucid_fx::linear: the same codes."""
+    qx, qw, ws = _case(3, rows=40, k=64, n=48)
+    offs = torch.tensor([0, 17, 30, 40])
+    kept = OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
+    monkeypatch.setattr(grouped.lr, "takes_row", lambda *args: None)
+    assert torch.equal(OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100), kept)
 
 
 @pytest.mark.parametrize(
