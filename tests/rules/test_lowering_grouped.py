@@ -71,6 +71,7 @@ def test_experts_run_as_int8_grouped_products(transposed, sqnr_db):
     up = reference.up.transpose(-2, -1) if not transposed else reference.up
     assert torch.allclose(up, codes * scales[..., None], rtol=0, atol=1e-7)
     assert torch.equal(model.up, Experts(transposed).up)  # convert and the reference left the model as it was
+    assert torch.equal(prepared.up, model.up) and not torch.equal(reference.up, model.up)  # the reference changed its copy
 
 
 def test_experts_save_and_load_as_int8(tmp_path):
