@@ -8,8 +8,9 @@ from is its name: a SHA-256 over the sources and headers, the compiler and its `
 flags, and what ``-march=native`` compiles for (the CPU's model and feature flags), so a changed
 source, compiler or CPU (a home directory shared by several machines) builds a library of its own.
 
-The cache is ``$LUCID_FX_CACHE_DIR``, else ``$XDG_CACHE_HOME/lucid_fx``, else ``~/.cache/lucid_fx``,
-as ``torch.compile`` keeps its compiled kernels. A shared library runs code when it loads, so a
+The cache is ``$LUCID_FX_CACHE_DIR`` (an absolute path), else ``$XDG_CACHE_HOME/lucid_fx``, else
+``~/.cache/lucid_fx``, as ``torch.compile`` keeps its compiled kernels; without a home directory,
+nothing is kept. A shared library runs code when it loads, so a
 file is loaded only where it and its directory belong to this user and no one else may write
 them; otherwise, or with ``LUCID_FX_NATIVE_CACHE=0``, each process compiles in a temporary
 directory of its own and nothing is kept.
@@ -22,8 +23,10 @@ import hashlib
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -32,20 +35,26 @@ __all__ = ["cache_dir", "is_private", "library_key", "built"]
 
 
 def is_private(path: Path) -> bool:
-    """Owned by this user and writable by no one else (a file another user could swap is never loaded)."""
+    """Owned by this user and writable by no one else (a file another user could swap is never loaded);
+    False where the system has no user ids to compare (nothing is kept there)."""
+    getuid = getattr(os, "getuid", None)
     try:
         st = path.stat()
     except OSError:
         return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return getuid is not None and st.st_uid == getuid() and not st.st_mode & 0o022
 
 
 def cache_dir() -> Optional[Path]:
     """The private cache directory (made if missing), or None: turned off, not writable, or not private."""
     if os.environ.get("LUCID_FX_NATIVE_CACHE", "1") == "0":
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(os.environ.get("LUCID_FX_CACHE_DIR") or os.path.join(base, "lucid_fx"))
+    home = os.path.expanduser("~")
+    base = os.environ.get("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if os.path.isabs(home) else None)
+    chosen = os.environ.get("LUCID_FX_CACHE_DIR") or (os.path.join(base, "lucid_fx") if base else None)
+    if chosen is None or not os.path.isabs(chosen):
+        return None  # no home directory: never a cache relative to wherever the process runs
+    path = Path(chosen)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
@@ -97,6 +106,14 @@ def _compile(cc: str, flags: Sequence[str], sources: Sequence[Path], into: Path)
     return so, ""
 
 
+def _drop_abandoned(cache: Path, older_than_s: float = 3600.0) -> None:
+    """Build directories a killed process left in the cache (a build takes seconds, not an hour)."""
+    for leftover in cache.glob("lucid_fx_native_*"):
+        with contextlib.suppress(OSError):
+            if time.time() - leftover.stat().st_mtime > older_than_s:
+                shutil.rmtree(leftover)
+
+
 def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
     cache = cache_dir()
     errors = []
@@ -105,6 +122,8 @@ def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str
         kept = cache / f"native-{library_key(cc, flags, [*sources, *headers])}.so" if cache is not None else None
         if kept is not None and kept.exists() and is_private(kept):
             return kept, f"{described} (loaded from {kept})", None
+        if cache is not None:
+            _drop_abandoned(cache)
         tmp = tempfile.TemporaryDirectory(prefix="lucid_fx_native_", dir=cache)  # beside the cache: an atomic rename
         so, error = _compile(cc, flags, sources, Path(tmp.name))
         if so is None:

@@ -67,6 +67,19 @@ def test_a_file_another_user_could_swap_is_not_loaded(setup):
         cache.chmod(0o700)
 
 
+def test_a_build_a_killed_process_left_is_dropped_at_the_next_build(setup):
+    cache, source, _, cc = setup
+    cache.mkdir(mode=0o700)
+    abandoned, recent = cache / "lucid_fx_native_killed", cache / "lucid_fx_native_running"
+    for d in (abandoned, recent):
+        d.mkdir()
+        (d / "native.o").write_bytes(b"half")
+    os.utime(abandoned, (0, 0))  # an hour and more ago
+    with native_build.built(cc, [["-O1", "-DANSWER=42"]], [source]) as (so, _):
+        assert so.exists()
+    assert not abandoned.exists() and recent.exists()  # another process may still be building there
+
+
 def test_the_name_is_what_the_library_was_built_from(setup, monkeypatch):
     _, source, _, cc = setup
     key = native_build.library_key(cc, ["-O1"], [source])
@@ -78,6 +91,17 @@ def test_the_name_is_what_the_library_was_built_from(setup, monkeypatch):
     monkeypatch.undo()
     source.write_text(SOURCE.replace("ANSWER", "ANSWER + 1"))
     assert native_build.library_key(cc, ["-O1"], [source]) != key  # the source
+
+
+def test_without_a_home_or_an_absolute_path_nothing_is_kept_in_the_working_directory(setup, monkeypatch, tmp_path):
+    monkeypatch.delenv("LUCID_FX_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # no home directory: "~" stays "~"
+    monkeypatch.chdir(tmp_path)
+    assert native_build.cache_dir() is None
+    monkeypatch.setenv("LUCID_FX_CACHE_DIR", "relative/cache")
+    assert native_build.cache_dir() is None and not (tmp_path / "relative").exists()
 
 
 def test_turned_off_nothing_is_kept(setup, monkeypatch):
