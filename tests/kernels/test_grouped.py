@@ -6,6 +6,7 @@ import torch
 import lucid_fx  # noqa: F401  (registers the ops)
 from lucid_fx.kernels import KernelInputError, grouped
 from lucid_fx.kernels.codes import dequant
+from lucid_fx.kernels.library import KERNELS
 
 OPS = torch.ops.lucid_fx
 
@@ -92,6 +93,22 @@ def test_rows_that_do_not_fit_the_experts_are_named():
     qx, qw, ws = _case()
     with pytest.raises(KernelInputError, match=r"rows \(13, 24\), weights \(4, 20, 23\)"):
         OPS.grouped_linear(qx, 0.02, 120, qw[..., :23], ws, torch.tensor([1, 2, 3, 13]), 0.04, 100)
+
+
+def test_the_cuda_kernel_s_logic_runs_on_the_cpu():
+    """The CUDA grouped kernel (each expert on lucid_fx::linear's CUDA kernel: padded torch._int_mm,
+    which runs on the CPU too), on CPU tensors: each expert's rows are that kernel's, and within a
+    code of the CPU kernel's."""
+    qx, qw, ws = _case(4, rows=40, k=32, n=24)
+    offs = torch.tensor([0, 17, 30, 40])
+    on_cuda = grouped._on("cuda")(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        expected = KERNELS["linear"]["cuda"](qx[start:end], 0.02, 120, qw[e], ws[e], None, 0.04, 100, "none", None)
+        assert torch.equal(on_cuda[start:end], expected), f"expert {e}"
+        start = end
+    cpu = OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
+    assert (on_cuda.int() - cpu.int()).abs().max() <= 1
 
 
 @pytest.mark.cuda
