@@ -55,6 +55,7 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("mm.default", "linear", F.linear, special="mm"),  # mm(x, W.t()) -> linear(x, W); else matmul
     _row("_grouped_mm.default", "grouped_mm", F.grouped_mm, "self", "mat2", offs="offs", bias="bias", out_dtype="out_dtype"),
     # transformers' fallback for torch._grouped_mm (Mixtral's experts under torch.export): the same product
+    # (kept float, F.grouped_mm on the CPU wants K and N multiples of 4 in float32, as real configs have)
     _row("transformers::grouped_mm_fallback.default", "grouped_mm", F.grouped_mm, "input", "weight", offs="offs"),
     _row("baddbmm.default", "matmul", torch.matmul, special="baddbmm"),  # b + (q @ k) * alpha: BLOOM's ALiBi scores
     _row("conv1d.default", "conv1d", F.conv1d, *_CONV),  # same order
