@@ -165,6 +165,12 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
     for name in ("train", "eval"):
         gm.__dict__.pop(name, None)  # ep.module() replaces both with methods that raise
     gm._forward_pre_hooks.clear()  # export's check that a call has the example's structure: prepare checks inputs itself
+    # and the hook that undid one of those pre-hooks' effects (module-typed inputs) after each call: with
+    # it the prepared model could not be saved ("hooks are code"), while the converted one could
+    for hooks in (gm._forward_pre_hooks_with_kwargs, gm._forward_hooks, gm._forward_hooks_always_called):
+        hooks.clear()  # the bookkeeping of those hooks too
+    for name in ("range_constraints", "validate_inputs"):  # read only by those hooks (torch/export/_unlift.py)
+        gm.__dict__.pop(name, None)
     gm.eval()  # ep.module() says train; its graph holds the ops of the mode it was exported in
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:

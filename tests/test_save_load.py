@@ -120,6 +120,23 @@ def test_save_mid_calibration_then_continue_equals_uninterrupted(kind, qconfig, 
     assert torch.equal(lucid_fx.convert(resumed)(x), lucid_fx.convert(uninterrupted)(x))
 
 
+def test_a_model_prepared_from_a_torch_export_saves_mid_calibration(tmp_path):
+    """ep.module() carries export's hooks and input-check attributes; prepare drops them with the
+    checks they serve (it checks inputs itself), so the prepared model saves: before, save refused it
+    ("hooks are code"), every transformers model among them, while the converted one saved."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(2, 8, generator=g) for _ in range(4)]
+    exported = torch.export.export(model, (batches[0],), strict=False)
+    prepared, uninterrupted = (lucid_fx.prepare(exported, example_inputs=(batches[0],)) for _ in range(2))
+    lucid_fx.calibrate(uninterrupted, batches, progress=False)
+    lucid_fx.calibrate(prepared, batches[:2], progress=False)
+    lucid_fx.save(prepared, tmp_path / "half.pt")
+    resumed = lucid_fx.load(tmp_path / "half.pt")
+    lucid_fx.calibrate(resumed, batches[2:], progress=False)
+    assert torch.equal(lucid_fx.convert(resumed)(batches[1]), lucid_fx.convert(uninterrupted)(batches[1]))
+
+
 def test_nested_prepared_model_round_trips_with_its_class_allowed():
     class Gate(nn.Module):  # untraceable (data-dependent branch): prepare quantizes its children
         def __init__(self):
