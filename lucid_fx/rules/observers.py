@@ -153,6 +153,30 @@ def _attention_mask(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.FLOAT, reason, qconfig=ctx.qconfig(node))
 
 
+# Ops that choose by order: which experts a router picks (top-k), the order rows are grouped in (sort).
+CHOICES = frozenset({"topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "msort"})
+
+
+def decides_a_choice(node) -> bool:
+    """Whether every use of ``node``'s value ends in an order-based choice (:data:`CHOICES`), directly
+    or through ops that read only it: a mixture of experts' router logits and probabilities."""
+    def leads(user) -> bool:
+        if _OP not in user.meta:
+            return False
+        call = canonical(user)
+        return call.op in CHOICES or (call.tensor_inputs() == [node] and decides_a_choice(user))
+
+    return bool(node.users) and all(leads(user) for user in node.users)
+
+
+def _decides_a_choice(node, ctx) -> Optional[Decision]:
+    if node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or not decides_a_choice(node):
+        return None
+    # A mixture of experts, top 2 of 8 (examples/mixture_of_experts.py): 14.4 dB with the router in int8, 25.8 in float.
+    why = "decides a top-k/sort choice (a router picking experts): int8 rounding would flip which rows it picks"
+    return Decision(DecisionKind.FLOAT, why, keep_float=True)
+
+
 def _float_where_it_pays(node, ctx) -> Optional[Decision]:
     why = FLOAT_WHERE_IT_PAYS.get(ctx.op_name(node))
     if why is None or node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node):
@@ -246,6 +270,7 @@ GUARD_RULES: List[ObserverRule] = [
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
 ]
 OP_RULES: List[ObserverRule] = [
+    observer_rule(ANY, _decides_a_choice),  # router -> softmax -> topk -> float (the choice exact)
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own

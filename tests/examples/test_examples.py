@@ -54,6 +54,17 @@ def test_transformer_block(capsys):
     assert "torch.ops.lucid_fx.softmax(" in _line(out, "    softmax = ")
 
 
+def test_mixture_of_experts(capsys):
+    results = _load("mixture_of_experts").main(quick=True)
+    out = capsys.readouterr().out
+    assert float(re.search(r"SQNR int8 vs fp32: ([\d.]+) dB", out).group(1)) > 22  # 25.9 measured; 15.4 with an int8 router
+    assert _line(out, "int8 FLOPs:") == "int8 FLOPs: 99.0% of 6.36 MFLOP (float: router 1.0%)"
+    report = results["report"]
+    assert {"router", "softmax"} <= set(report.float_ops) and report.lowered["_grouped_mm"] == "grouped_mm"
+    assert [line.split(" = ")[1].split("(")[0] for line in out.splitlines() if "grouped_linear(" in line] == [
+        "torch.ops.lucid_fx.grouped_linear"] * 2
+
+
 def test_custom_op(capsys):
     module = _load("custom_op")
     results = module.main(quick=True)
