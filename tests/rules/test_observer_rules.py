@@ -1,5 +1,6 @@
-"""lucid_fx/rules/observers.py: what decides an order-based choice (a mixture of experts' router
-picking experts) is computed in float, unless a QConfig names it."""
+"""lucid_fx/rules/observers.py, the observer rule table (the observers themselves are
+tests/quantization/test_observers.py): what decides an order-based choice, a mixture of experts'
+router picking experts, is computed in float, unless a QConfig names it."""
 
 import math
 import sys
