@@ -12,7 +12,7 @@ end stays float (it has no lowering rule) are not quantized ops.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
@@ -22,7 +22,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, MEASURED_OPS, Decision, DecisionKind
+from lucid_fx.rules.observers import ANY, MEASURED_OPS, Decision, DecisionKind, choice_only_nodes
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
@@ -51,6 +51,7 @@ class RuleContext:
         self._plain.object_type_qconfigs = self._types
         self._groups: Optional[Dict[str, List[fx.Node]]] = None
         self._mask_only: Optional[Set[fx.Node]] = None
+        self._choice_only: Optional[FrozenSet[fx.Node]] = None
         # propagate_shapes ran (example inputs were given): every tensor value has its tensor_meta
         self._shapes_known = any(_meta.TENSOR_META in n.meta for n in gm.graph.nodes)
 
@@ -117,6 +118,12 @@ class RuleContext:
         if self._mask_only is None:
             self._mask_only = mask_only_nodes(self.gm.graph)
         return node in self._mask_only
+
+    def decides_a_choice(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value reaches only top-k/sort choices (rules/observers.py), so it stays float."""
+        if self._choice_only is None:
+            self._choice_only = choice_only_nodes(self.gm.graph)
+        return node in self._choice_only
 
     def interval(self, node: fx.Node):
         return node.meta.get(_meta.INTERVAL)

@@ -25,7 +25,7 @@ from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
-from lucid_fx.rules.lowering_grouped import expert_weights
+from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -60,10 +60,9 @@ def _qdq_experts(gm: fx.GraphModule, node: fx.Node, target: Target) -> None:
     attr = lambda n: functools.reduce(getattr, n.target.split("."), gm) if n.op == "get_attr" else None  # noqa: E731
     weight = expert_weights(attr, canonical(node).args.get("weight"))
     if weight is not None:
-        experts, n, k = weight.shape
-        codes, scales = quantize_weight(weight.reshape(experts * n, k), None, target.weight_range)
+        codes, scales = quantized_experts(weight, target.weight_range)
         with torch.no_grad():
-            weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0).reshape(weight.shape))
+            weight.copy_(codes * scales.unsqueeze(-1))  # the kernel's weights (zero points 0)
 
 
 _FLOAT_KINDS = (DecisionKind.FLOAT, DecisionKind.NONE)

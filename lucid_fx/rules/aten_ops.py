@@ -2,8 +2,9 @@
 would have recorded, so that it gets the same canonical op (lucid_fx/ops.py) and every observer,
 range and lowering rule applies to both front ends. ``passes/rewrite_aten.py`` applies it.
 
-One :class:`AtenRow` per aten overload (an op of another namespace names it: ``transformers::``): the canonical op it becomes, the torch-level callable (a
-function, or a ``Tensor`` method name) the node is rewritten to, and which aten arguments (by
+One :class:`AtenRow` per aten overload (an op of another namespace is named with it:
+``transformers::``): the canonical op it becomes, the torch-level callable (a function, or a
+``Tensor`` method name) the node is rewritten to, and which aten arguments (by
 schema name) go where: ``args`` positionally, ``kwargs`` as ``torch name -> aten name``. Arguments
 a row does not name are dropped (they are inference-time no-ops: ``cudnn_enable``,
 ``scale_grad_by_freq``). A row with a ``special`` does more than reorder (a transposed weight, a

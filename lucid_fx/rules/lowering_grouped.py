@@ -20,7 +20,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.rules.lowering_context import QValue
 
-__all__ = ["lower_grouped_mm", "expert_weights"]
+__all__ = ["lower_grouped_mm", "expert_weights", "quantized_experts"]
 
 _LAST_TWO = ({-2, -1}, {1, 2})  # transpose(W, -2, -1) of an (E, N, K) parameter, as transformers writes it
 
@@ -41,6 +41,14 @@ def expert_weights(attr: Callable, weight: object) -> Optional[torch.Tensor]:
     return value.detach() if value is not None and value.dim() == 3 else None
 
 
+def quantized_experts(weight: torch.Tensor, weight_range) -> tuple:
+    """(E, N, K) int8 codes and (E, N) scales of the (E, N, K) ``weight``, each expert's rows as a linear's
+    weight (per output channel, min/max): what the kernel multiplies by, and the reference model too."""
+    experts, n, k = weight.shape
+    codes, scales = quantize_weight(weight.reshape(experts * n, k), None, weight_range)
+    return codes.reshape(experts, n, k).contiguous(), scales.reshape(experts, n).contiguous()
+
+
 def lower_grouped_mm(ctx, members, resolve) -> Optional[QValue]:  # grouped_mm(x, W, offs) -> lucid_fx.grouped_linear
     node = members[0]
     call = canonical(node)
@@ -50,12 +58,10 @@ def lower_grouped_mm(ctx, members, resolve) -> Optional[QValue]:  # grouped_mm(x
             or call.args.get("bias") is not None or call.args.get("out_dtype") is not None
             or ctx.qparams_of(node) is None):
         return None
-    experts, n, k = weight.shape
-    codes, scales = quantize_weight(weight.reshape(experts * n, k), None, ctx.target.weight_range)
-    if ctx._may_overflow(node, codes):
+    codes, scales = quantized_experts(weight, ctx.target.weight_range)
+    if ctx._may_overflow(node, codes.flatten(0, 1)):
         return None
-    qw = ctx.constant(f"{node.name}_qweight", codes.reshape(experts, n, k).contiguous())
-    ws = ctx.constant(f"{node.name}_wscale", scales.reshape(experts, n).contiguous())
+    qw, ws = ctx.constant(f"{node.name}_qweight", codes), ctx.constant(f"{node.name}_wscale", scales)
     q = ctx.float_layout_of(x)  # rows as the float model has them
     scale, zp, _ = ctx.qparams_of(node)
     out = ctx.call(torch.ops.lucid_fx.grouped_linear, q.node, q.scale, q.zero_point, qw, ws, ctx.float_of(offs), scale, zp)

@@ -157,22 +157,28 @@ def _attention_mask(node, ctx) -> Optional[Decision]:
 CHOICES = frozenset({"topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "msort"})
 
 
-def decides_a_choice(node) -> bool:
-    """Whether every use of ``node``'s value ends in an order-based choice (:data:`CHOICES`), directly
-    or through ops that read only it: a mixture of experts' router logits and probabilities."""
-    def leads(user) -> bool:
-        if _OP not in user.meta:
-            return False
-        call = canonical(user)
-        return call.op in CHOICES or (call.tensor_inputs() == [node] and decides_a_choice(user))
+def choice_only_nodes(graph) -> FrozenSet[Any]:
+    """The nodes whose every use ends in an order-based choice (:data:`CHOICES`), directly or through
+    ops that read only them: a mixture of experts' router logits and probabilities. One pass from the
+    output up (a node's users come after it), as rules/masks.py finds what feeds only masks."""
+    found = set()
+    for node in reversed(graph.nodes):
+        if node.users and all(_leads_to_a_choice(user, node, found) for user in node.users):
+            found.add(node)
+    return frozenset(found)
 
-    return bool(node.users) and all(leads(user) for user in node.users)
+
+def _leads_to_a_choice(user, node, found) -> bool:
+    if _OP not in user.meta:
+        return False
+    call = canonical(user)
+    return call.op in CHOICES or (user in found and call.tensor_inputs() == [node])
 
 
 def _decides_a_choice(node, ctx) -> Optional[Decision]:
-    if node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or not decides_a_choice(node):
+    if node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or not ctx.decides_a_choice(node):
         return None
-    # A mixture of experts, top 2 of 8 (examples/mixture_of_experts.py): 14.4 dB with the router in int8, 25.8 in float.
+    # A mixture of experts, top 2 of 8 (examples/mixture_of_experts.py): 14.4 dB with the router in int8, 25.9 in float.
     why = "decides a top-k/sort choice (a router picking experts): int8 rounding would flip which rows it picks"
     return Decision(DecisionKind.FLOAT, why, keep_float=True)
 

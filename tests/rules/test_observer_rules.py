@@ -66,3 +66,23 @@ def test_logits_that_are_also_returned_stay_int8():
     prepared = lucid_fx.prepare(Classifier().eval(), example_inputs=(torch.randn(4, 16),))
     head = next(n for n in prepared.graph.nodes if n.name == "head")
     assert head.meta[_meta.DECISION].kind is DecisionKind.STATISTICS
+
+
+def test_a_long_chain_into_a_choice_is_found_in_one_pass():
+    """3000 ops that lead only to a top-k: all of them, found without recursion (a recursive walk
+    over users stopped at Python's recursion limit, ~1000 nodes deep)."""
+    from torch import fx
+
+    from lucid_fx.rules.observers import choice_only_nodes
+
+    class Chain(nn.Module):
+        def forward(self, x):
+            for _ in range(3000):
+                x = torch.relu(x)
+            return torch.topk(x, 2).indices
+
+    gm = fx.symbolic_trace(Chain())
+    lucid_fx.passes.canonicalize_ops.canonicalize_ops(gm, lucid_fx.current_registry())
+    relus = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.relu]
+    found = choice_only_nodes(gm.graph)
+    assert len(relus) == 3000 and all(relu in found for relu in relus)
