@@ -32,7 +32,7 @@ from lucid_fx.kernels.codes import f32_reciprocal
 from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
-__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS"]
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS"]
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
@@ -46,6 +46,13 @@ DEPTHWISE_MACS = 1 << 21
 # first widths); inside models, the DenseNet-like family 1.59 against 1.86 ms, but the ResNet-18-like
 # model with native convolutions up to 4096 output pixels 28.4 against 27.6 ms.
 DENSE_MACS = 1 << 24
+# With VNNI (the dense kernel's steps are vpdpbusd there, native_gemm.h), oneDNN's own kernels are
+# faster past small images; both kernels take convolutions of up to this many output pixels there.
+# Measured, 1 thread, AVX512-VNNI EPYC, us native / oneDNN on a prepacked weight: depthwise 7x7 on
+# 2x32x8x8 33 / 52, 2x64x4x4 19 / 49, 5x5 on 1x576x7x7 54 / 100, 3x3 on 2x144x8x8 39 / 61, but
+# 2x16x16x16 98 / 63, 1x96x28x28 96 / 71; dense 3x3 on 2x64x8x8 71 / 111, 2x128x4x4 69 / 174, 1x1 on
+# 2x64x8x8 to 128 channels 44 / 66, but 3x3 on 2x16x32x32 151 / 127, 1x64x56x56 1331 / 718.
+VNNI_PIXELS = 128
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,8 @@ class NativeConv:
     """A convolution's constants for :func:`conv_codes`, decided once: the weight in native_conv.c's
     layout (dense: a linear of (kh, kw, c rounded up to 4) inputs in native_gemm.c's blocks;
     depthwise: int16 (kh * kw, c rounded up to 16)), and oneDNN's float steps (its AVX2 kernels:
-    ``x_scale * w_scale`` multiplied first, the zero point folded into the bias where it folds it,
-    else taken away by the int32 ``offset``)."""
+    ``x_scale * w_scale`` multiplied first; its VNNI kernels': ``x_scale`` first, then ``scale``; the
+    zero point folded into the bias where it folds it, else taken away by the int32 ``offset``)."""
 
     weight: torch.Tensor
     depthwise: bool
@@ -66,44 +73,52 @@ class NativeConv:
     bias: Optional[torch.Tensor]  # (cout,) float32
     inv_out: float  # float32 1 / out_scale (0 for a float result)
     hardswish: bool  # oneDNN's hardswish post-op (linear_native.hardswish)
+    x_scale: float = 1.0  # the first step's factor: 1 where scale holds both scales (AVX2's order)
 
 
 def takes_conv(x_shape: Sequence[int], qw: torch.Tensor, groups: int, stride: Sequence[int],
-               padding: Sequence[int], dilation: Sequence[int]) -> bool:
+               padding: Sequence[int], dilation: Sequence[int], engine: str = "native") -> bool:
     """Whether the kernels take this convolution, and are measured faster there than oneDNN: dense
     with channels a multiple of 4 (fewer, as an RGB stem's 3, were measured 4x slower) up to
-    DENSE_MACS multiply-adds, or depthwise (one output per channel) up to DEPTHWISE_MACS."""
+    DENSE_MACS multiply-adds, or depthwise (one output per channel) up to DEPTHWISE_MACS; on the
+    VNNI engine (``"int_mm"``, whose oneDNN kernels are faster) up to VNNI_PIXELS output pixels too."""
     n, cin, h, w = x_shape
     if qw.dim() != 4 or not (groups == 1 and cin % 4 == 0 or groups == cin == qw.shape[0] and qw.shape[1] == 1):
         return False
     ho, wo = out_size(h, w, qw.shape[2:], stride, padding, dilation)
+    if engine != "native" and n * ho * wo > VNNI_PIXELS:
+        return False
     macs = n * ho * wo * qw.numel()  # each output pixel: cout x (cin / groups) x kh x kw
     return macs <= (DENSE_MACS if groups == 1 else DEPTHWISE_MACS)
 
 
 def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
-                padding: Sequence[int], groups: int, out_scale: Optional[float], post_op: str) -> Optional[NativeConv]:
+                padding: Sequence[int], groups: int, out_scale: Optional[float], post_op: str,
+                engine: str = "native") -> Optional[NativeConv]:
     """The constants of :func:`conv_codes` (``out_scale`` None: a float result; ``post_op`` none, relu
     (the caller's clamp bounds) or hardswish), from a copy of ``qw``; None where a code is past the
-    exact int16 pair sums of the dense kernel (:data:`linear_native.PAIR_SAFE`); the depthwise one sums in
-    int32 and takes any codes."""
+    exact int16 pair sums of the dense kernel (:data:`linear_native.PAIR_SAFE`) in a build without
+    VNNI; the depthwise one sums in int32 and takes any codes. ``engine`` is the float steps' order:
+    oneDNN's AVX2 kernels' (``"native"``: the two scales multiplied first) or its VNNI kernels'
+    (``"int_mm"``: one at a time, measured equal to them on every value of a float result)."""
     cout, cin, kh, kw = qw.shape
     if groups == 1 and not linear_native.takes_weight(qw):
         return None
     zp_left, bias = _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding)
     sums = qw.flatten(1).sum(1, dtype=torch.int32)
-    scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale.to(torch.float32)  # oneDNN's AVX2 order
+    step = 1.0 if engine == "native" else x_scale  # VNNI's: acc * x_scale, then * w_scale
+    scale = w_scale.to(torch.float32) * (torch.tensor(x_scale, dtype=torch.float32) if engine == "native" else 1)
     inv_out = 0.0 if out_scale is None else f32_reciprocal(out_scale)
     if groups > 1:  # centred sums: the offset puts back what oneDNN's folded bias expects
         taps = torch.zeros(kh * kw, -(-cout // 16) * 16, dtype=torch.int16)
         taps[:, :cout] = qw.reshape(cout, kh * kw).T
         return NativeConv(taps, True, (kh, kw), cout, qw.clone(), (x_zp - zp_left) * sums, scale, bias, inv_out,
-                          post_op == "hardswish")
+                          post_op == "hardswish", step)
     rows = torch.zeros(cout, kh, kw, -(-cin // 4) * 4, dtype=torch.int8)
     rows[..., :cin] = qw.permute(0, 2, 3, 1)
     packed = linear_native.packed_weight(rows.reshape(cout, -1)).packed
     return NativeConv(packed, False, (kh, kw), cout, qw.clone(), -zp_left * sums, scale, bias, inv_out,
-                      post_op == "hardswish")
+                      post_op == "hardswish", step)
 
 
 def out_size(h, w, kernel, stride, padding, dilation) -> Tuple[int, int]:
@@ -126,7 +141,7 @@ def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding
         return _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out)
     geometry = torch.tensor([n, h, w, c, *conv.kernel, *stride, *padding, *dilation, ho, wo, conv.cout], dtype=torch.int64)
     fn(x.data_ptr(), conv.weight.data_ptr(), out.data_ptr(), geometry.data_ptr(), int(conv.depthwise), x_zp,
-       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(), 1.0,
+       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(), conv.x_scale,
        conv.inv_out, zp, low, high, conv.hardswish)
     return out
 
@@ -136,6 +151,7 @@ def _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out):
     xd = F.pad(x.to(torch.float64), [padding[1], padding[1], padding[0], padding[0]], value=float(x_zp))
     groups = x.shape[1] if conv.depthwise else 1
     sums = F.conv2d(xd - (x_zp if conv.depthwise else 0), conv.int8.to(torch.float64), None, stride, 0, dilation, groups)
-    y = sums.to(torch.int32).add_(conv.offset.view(1, -1, 1, 1)).to(torch.float32).mul_(conv.scale.view(1, -1, 1, 1))
+    y = sums.to(torch.int32).add_(conv.offset.view(1, -1, 1, 1)).to(torch.float32)
+    y = y.mul_(torch.tensor(conv.x_scale, dtype=torch.float32)).mul_(conv.scale.view(1, -1, 1, 1))
     y = y if conv.bias is None else y.add_(conv.bias.view(1, -1, 1, 1))
     return out.copy_(linear_native.finish(y, conv.inv_out, zp, low, high, out.dtype, conv.hardswish))

@@ -32,7 +32,7 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "takes_weight", "BLOCK",
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "full_grid", "takes_weight", "BLOCK",
            "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
@@ -55,9 +55,16 @@ def available() -> bool:
     return bool(_function("gemm", "vectorized"))
 
 
+def full_grid() -> bool:
+    """Whether this build's sums are exact for every int8 weight: its GEMM steps are VNNI's
+    ``vpdpbusd`` (AVX512-VNNI or AVX-VNNI), which sum four products in int32 at once."""
+    return bool(_function("gemm", "full_grid"))
+
+
 def takes_weight(qw: torch.Tensor) -> bool:
-    """Whether ``qw``'s codes keep the int16 pair sums exact (``|w| <= PAIR_SAFE``)."""
-    return bool(qw.numel() == 0 or (int(qw.min()) >= -PAIR_SAFE and int(qw.max()) <= PAIR_SAFE))
+    """Whether this build's sums are exact for ``qw``'s codes: any with VNNI (:func:`full_grid`), else
+    while they keep the int16 pair sums exact (``|w| <= PAIR_SAFE``)."""
+    return bool(qw.numel() == 0 or full_grid() or (int(qw.min()) >= -PAIR_SAFE and int(qw.max()) <= PAIR_SAFE))
 
 
 def packed_weight(w2d: torch.Tensor) -> PackedWeight:

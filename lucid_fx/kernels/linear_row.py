@@ -1,8 +1,11 @@
 """Small linears (batch 1, or few small rows) off oneDNN, with oneDNN's values bit for bit.
 
-Two engines (``Target.linear_row``): ``torch._int_mm`` with VNNI, described below, and without VNNI
+Two engines (``Target.linear_row``): ``"int_mm"`` with VNNI, described below, and without VNNI
 lucid_fx's own GEMM (:mod:`lucid_fx.kernels.linear_native`), followed by the float steps of oneDNN's
-AVX2 kernels, which multiply the two scales first.
+AVX2 kernels, which multiply the two scales first. Where the native kernels are built with VNNI
+(``linear_native.full_grid``), the ``"int_mm"`` engine takes its int32 sums from that same GEMM, whose
+VNNI steps are exact for every weight, and fuses oneDNN's VNNI float steps in: the values of the
+``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_GEMM_ROWS`).
 
 At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product,
 faster than oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC,
@@ -45,7 +48,8 @@ from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
            "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
-           "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "NATIVE_GEMM_MNK"]
+           "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS",
+           "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
@@ -53,10 +57,11 @@ ROW_POST_OPS = ("none", "relu")
 ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish")}
 
 #: Post-ops a linear computes in torch after its float32 result, on an engine whose kernels cannot give
-#: oneDNN's values for them: SiLU on the native engine (oneDNN's swish approximates exp). There such a
+#: oneDNN's values for them: SiLU (oneDNN's swish approximates exp), on both engines. There such a
 #: linear never meets oneDNN's fused post-op, at any size, so its codes depend neither on the route
-#: (the native GEMM and oneDNN give equal float32 results) nor on the batch.
-FLOAT_POST_OPS = {"native": ("silu",)}
+#: (lucid_fx's GEMMs, _int_mm and oneDNN give equal float32 results) nor on the batch. With VNNI,
+#: oneDNN's swish linear took 100 us a call for a 32 x 64 x 128 gate projection (the Llama-like family).
+FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",)}
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
 # thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
@@ -64,6 +69,14 @@ FLOAT_POST_OPS = {"native": ("silu",)}
 # oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
+# Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums
+# as _int_mm, then oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us
+# native / _int_mm / oneDNN: 4.8 / 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256,
+# 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024, 55.8 / 180 / 80.0 at 8 x 1024 x 1024, 189 / 2000 / 212 at
+# 8 x 4096 x 1024, 234 / 331 / 219 at 32 x 1024 x 1024, 228 / 204 / 195 at 1024 x 64 x 256: it takes
+# any linear of up to this many rows (at one thread: oneDNN's threads win past one row), and any of
+# up to SMALL_GEMM_MNK multiply-adds.
+VNNI_GEMM_ROWS = 16
 # The native engine against oneDNN's 1x1 convolution on a prepacked weight (its route for a linear
 # there), measured on an AVX2 EPYC at one thread: 0.41 of its time at 1 x 1024 x 1024, 0.60-0.76 at
 # 2^21-2^23 multiply-adds, 0.82-0.96 at 2^24-2^25, 0.89-1.06 at 2^26 (64 x 1024 x 1024), 1.0-1.4
@@ -106,6 +119,9 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
         scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale  # oneDNN's AVX2 kernels: one product first
         return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out, post_op == "hardswish")
     assert post_op in ENGINE_POST_OPS["int_mm"], post_op
+    if linear_native.full_grid():  # the same sums from the native VNNI GEMM, and oneDNN's VNNI float steps
+        weight = PREPARED.get(qw, ("vnni gemm",), lambda: linear_native.packed_weight(qw.flatten(1)))
+        return RowLinear(weight, -zp_left * weight.row_sums, x_scale, w_scale, bias, inv_out)
     weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw.flatten(1), False))
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
@@ -147,10 +163,13 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
 
 def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
     """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
-    row always, several while the weight and the product are small (SMALL_GEMM_*); on the native
-    engine up to NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
+    row always, several while the weight and the product are small (SMALL_GEMM_*); on its native
+    VNNI GEMM up to VNNI_GEMM_ROWS rows or SMALL_GEMM_MNK multiply-adds; on the native engine up to
+    NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
     if engine == "native":
         return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 else NATIVE_GEMM_MNK >> 2)
+    if engine == "int_mm" and linear_native.full_grid():
+        return m <= (VNNI_GEMM_ROWS if torch.get_num_threads() == 1 else 1) or m * n * k <= SMALL_GEMM_MNK
     return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
 

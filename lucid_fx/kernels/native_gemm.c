@@ -1,5 +1,5 @@
-/* lucid_fx's native int8 GEMM for CPUs without VNNI: uint8 codes times int8 weights of at most 7
- * bits, with the float steps after the int32 sums fused in (compiled with native.c, see there).
+/* lucid_fx's native int8 GEMM: uint8 codes times int8 weights, of at most 7 bits without VNNI, any
+ * with it, with the float steps after the int32 sums fused in (compiled with native.c, see there).
  *
  * out = FINISH(((acc + offset[j]) * x_scale) * w_scale[j] + bias[j]), acc = sum_k x[i,k] * w[j,k]:
  * one float32 rounding per step (-ffp-contract=off, and the intrinsics below are separate multiplies
@@ -12,8 +12,9 @@
  * a row, multiplies them with the block's 64 weights (vpmaddubsw: u8 x s8, adjacent pairs summed in
  * int16) and sums the pairs into 8 int32 lanes per 8 outputs (vpmaddwd by 1), 4 rows at a time. A
  * pair sum is exact while |w| <= 64: 2 * 255 * 64 = 32640 <= 32767 (the weight grid of CPUs without
- * VNNI, lucid_fx.kernels.target.NARROW_GRID; the caller checks). Without AVX2 a plain loop computes
- * the same values. */
+ * VNNI, lucid_fx.kernels.target.NARROW_GRID; the caller checks). With VNNI one vpdpbusd per 8 outputs
+ * replaces the two multiplies and the add, exact for any weight (native_gemm.h's GEMM_STEP). Without
+ * AVX2 a plain loop computes the same values. */
 #include "native_gemm.h"
 
 #if GEMM_AVX2
@@ -55,6 +56,8 @@ static void gemm_block1(const uint8_t *x, int64_t k, const int8_t *w, int64_t j0
 #endif
 
 int32_t lucid_gemm_vectorized(void) { return GEMM_AVX2; }
+/* Whether this build's sums are exact for every int8 weight (VNNI), not only |w| <= 64. */
+int32_t lucid_gemm_full_grid(void) { return GEMM_VNNI; }
 
 static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                  const gemm_finish_t *f) {

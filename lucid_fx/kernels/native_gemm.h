@@ -108,12 +108,36 @@ static inline void gemm_finish16(__m256i lo8, __m256i hi8, int64_t j0, int64_t n
     for (int64_t c = 0; j0 + c < n; c++) gemm_finish1(sums[c], j0 + c, f, row + c * size);
 }
 
+/* VNNI's vpdpbusd adds the four u8 x s8 products of each 32-bit lane to its int32 sum in one step,
+ * exact for every int8 weight (no int16 pair sums): the full grid. AVX512-VNNI with AVX512VL, or AVX-VNNI. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GEMM_VNNI 1
+#define GEMM_DOT(acc, x, w) _mm256_dpbusd_epi32(acc, x, w)
+#elif defined(__AVXVNNI__)
+#define GEMM_VNNI 1
+#define GEMM_DOT(acc, x, w) _mm256_dpbusd_avx_epi32(acc, x, w)
+#else
+#define GEMM_VNNI 0
+#endif
+
 /* One step of row r: its 4 codes v times the block's weights w0, w1, added to its sums a<r>0, a<r>1. */
+#if GEMM_VNNI
+#define GEMM_STEP(r, v)                                                                               \
+    {                                                                                                 \
+        const __m256i xv = _mm256_set1_epi32(v);                                                      \
+        a##r##0 = GEMM_DOT(a##r##0, xv, w0);                                                          \
+        a##r##1 = GEMM_DOT(a##r##1, xv, w1);                                                          \
+        (void)ones;                                                                                   \
+    }
+#else
 #define GEMM_STEP(r, v)                                                                               \
     {                                                                                                 \
         const __m256i xv = _mm256_set1_epi32(v);                                                      \
         a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w0), ones));  \
         a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w1), ones));  \
     }
+#endif
+#else
+#define GEMM_VNNI 0
 #endif /* __AVX2__ */
 #endif /* LUCID_NATIVE_GEMM_H */

@@ -73,8 +73,10 @@ class Target:
     split_int_mm: bool
     #: The engine of small CPU linears (:mod:`lucid_fx.kernels.linear_row`; one row, or few and small
     #: ones: ``linear_row.small_gemm``), each with oneDNN's values bit for bit where it runs:
-    #: ``"int_mm"`` with VNNI (torch._int_mm's matrix-vector product: 165 against 233 us for the batch-1
-    #: MLP on an AVX512-VNNI EPYC), ``"native"`` without (lucid_fx's GEMM,
+    #: ``"int_mm"`` with VNNI (oneDNN's VNNI float steps after exact sums: lucid_fx's GEMM on VNNI's
+    #: steps where the native build has them, 4.8 against 26.7 us for 1x64 by 64, else torch._int_mm's
+    #: matrix-vector product: 165 against 233 us for the batch-1 MLP on an AVX512-VNNI EPYC;
+    #: small convolutions too: ``conv_native.VNNI_PIXELS``), ``"native"`` without (lucid_fx's GEMM,
     #: :mod:`lucid_fx.kernels.linear_native`: 32 against 79 us for 1x1024 by 1024, oneDNN's int8
     #: calls costing ~50 us there however small), None with AMX (not yet measured).
     linear_row: Optional[str]

@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import conv_native, cpu_float, matmul_native, native, program_ops, softmax_native
+from lucid_fx.kernels import conv_native, cpu_float, linear_native, matmul_native, native, program_ops, softmax_native
 from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
                                          row_out_scale, takes_row)
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
@@ -119,12 +119,12 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
 def _is_patchify(x, qw, stride, padding, dilation, groups, engine) -> bool:
     """A convolution whose kernel tiles the image (ViT's patch embedding: stride = kernel, unpadded):
     a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes. A 1x1
-    convolution only on the native engine: on ``_int_mm`` it was measured slower than oneDNN's inside
-    models whose rows run to thousands (the MobileNetV2-like family 3.44 against 3.00 ms, the
-    EfficientNet-like 2.76 against 2.59)."""
+    convolution only on lucid_fx's GEMM (_native_engine): on ``_int_mm`` it was measured slower than
+    oneDNN's inside models whose rows run to thousands (MobileNetV2-like 3.44 against 3.00 ms)."""
     kh, kw = qw.shape[2:]
-    return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or engine == "native") and list(stride) == [kh, kw] and not any(padding) and list(dilation) == [1, 1]
-            and x.shape[2] % kh == 0 and x.shape[3] % kw == 0 and x.is_contiguous(memory_format=torch.channels_last))
+    return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or _native_engine(engine)) and list(stride) == [kh, kw]
+            and not any(padding) and list(dilation) == [1, 1] and x.shape[2] % kh == 0 and x.shape[3] % kw == 0
+            and x.is_contiguous(memory_format=torch.channels_last))
 
 
 def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, post_op, engine):
@@ -142,13 +142,21 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
     return b.call_method("permute", grid, (0, 3, 1, 2))  # channels-last, as oneDNN's convolution returns it
 
 
-def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op):
+def _native_engine(engine: Optional[str]) -> bool:
+    """Whether ``engine`` runs lucid_fx's own GEMM and convolutions: the native engine, or the VNNI one
+    where the native build has VNNI steps (linear_native.full_grid)."""
+    return engine == "native" or engine == "int_mm" and linear_native.full_grid()
+
+
+def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,
+                 engine):
     """A convolution on lucid_fx's own kernels (kernels/conv_native.py: oneDNN's values, without its
     ~50-70 us a call on CPUs without VNNI); None where they do not take the weight or the layout."""
     x, dtype = b.value(qx), b.value(node).dtype
     if not x.is_contiguous(memory_format=torch.channels_last):
         return None
-    conv = conv_native.native_conv(qw, ws, bias, x_scale, x_zp, padding, groups, row_out_scale(out_scale, dtype), post_op)
+    conv = conv_native.native_conv(qw, ws, bias, x_scale, x_zp, padding, groups, row_out_scale(out_scale, dtype), post_op,
+                                   engine)
     if conv is None:
         return None
     return b.call(conv_native.conv_codes, qx, b.const(conv, "conv"), list(stride), list(padding), list(dilation), x_zp,
@@ -184,9 +192,9 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
         out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
                             engine)
-    elif engine == "native" and conv_native.takes_conv(x.shape, qw, groups, stride, padding, dilation):
+    elif _native_engine(engine) and conv_native.takes_conv(x.shape, qw, groups, stride, padding, dilation, engine):
         out = _native_conv(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), stride, padding, dilation,
-                           groups, out_scale, out_zp, post_op)
+                           groups, out_scale, out_zp, post_op, engine)
     if out is not None:
         return out
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import lucid_fx
 from lucid_fx.kernels import conv_native as cn
-from lucid_fx.kernels import cpu, force_cpu_features
+from lucid_fx.kernels import cpu, force_cpu_features, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.program import programs_of
@@ -26,8 +26,9 @@ FINISHES = [(torch.uint8, 7, "none"), (torch.uint8, 100, "relu"), (torch.uint8, 
 def _case(n, c, h, w, cout, k, groups, x_zp):
     g = torch.Generator().manual_seed(c * h + cout + x_zp)
     x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
-    # The grid the kernels are exact on: [-64, 63] for dense, the full grid for depthwise (Target.layer_weight_range)
-    low = -128 if groups > 1 else -64
+    # The grid the kernels are exact on: the full grid for depthwise (Target.layer_weight_range) and, in a
+    # build with VNNI's steps, for dense; [-64, 63] for dense without them
+    low = -128 if groups > 1 or ln.full_grid() else -64
     qw = torch.randint(low, -low, (cout, c // groups, k, k), dtype=torch.int8, generator=g)
     return x, qw, torch.rand(cout, generator=g) * 0.01 + 0.001, torch.randn(cout, generator=g)
 
@@ -39,13 +40,15 @@ def test_the_native_convolution_gives_onednn_s_values_bit_for_bit(case, x_zp, na
         pytest.skip("this torch build has no oneDNN quantized ops to compare with")
     n, c, h, w, cout, k, s, p, groups = case
     x, qw, ws, bias = _case(n, c, h, w, cout, k, groups, x_zp)
+    here = lr.engine_here()  # whose float steps this machine's oneDNN takes: its AVX2 kernels', or VNNI's
     for dtype, out_zp, post_op in FINISHES:
-        conv = cn.native_conv(qw, ws, bias, 0.0213, x_zp, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op)
+        conv = cn.native_conv(qw, ws, bias, 0.0213, x_zp, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op,
+                              here or "native")
         got = cn.conv_codes(x, conv, [s, s], [p, p], [1, 1], x_zp, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
         with force_cpu_features("avx2"):  # oneDNN's convolution, as the program would call it without the kernel
             want = cpu._conv(x, 0.0213, x_zp, qw, ws, bias, [s, s], [p, p], [1, 1], groups, 0.37, out_zp, post_op, dtype)
         assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
-        if lr.engine_here() == "native":  # this machine's oneDNN runs the AVX2 kernels whose steps these copy
+        if here == "native" or here == "int_mm" and post_op != "hardswish":  # the steps these copy, on their kernels
             assert torch.equal(got, want), (dtype, post_op, (got.double() - want.double()).abs().max())
         else:  # other kernels round some float32 steps otherwise: within a code, or float32 rounding
             assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-4)
@@ -66,15 +69,18 @@ def test_a_dilated_convolution_gives_onednn_s_values(groups, native_on):
     assert int((got.int() - want.int()).abs().max()) <= (0 if lr.engine_here() == "native" else 1)
 
 
-@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
 @pytest.mark.parametrize("case", CASES)
-def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_build, build, case):
-    # The torch path: float64 sums (exact), then the same float32 steps one rounding at a time.
+@pytest.mark.parametrize("order", ["native", "int_mm"])
+def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_build, build, case, order):
+    # The torch path: float64 sums (exact), then the same float32 steps one rounding at a time, in
+    # the order of oneDNN's AVX2 kernels (the scales' product first) or of its VNNI kernels.
     native_build(build)
     n, c, h, w, cout, k, s, p, groups = case
     x, qw, ws, bias = _case(n, c, h, w, cout, k, groups, 5)
     for dtype, out_zp, post_op in FINISHES:
-        conv = cn.native_conv(qw, ws, bias, 0.0213, 5, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op)
+        conv = cn.native_conv(qw, ws, bias, 0.0213, 5, [p, p], groups, lr.row_out_scale(0.37, dtype), post_op, order)
+        assert (conv.x_scale == 1.0) == (order == "native")
         args = ([s, s], [p, p], [1, 1], 5, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
         got = cn.conv_codes(x, conv, *args)
         with unittest.mock.patch.object(cn, "_function", lambda *a: None):
@@ -96,8 +102,17 @@ def test_what_the_kernels_take():
     assert cn.takes_conv((1, 144, 28, 28), dw, 144, [1, 1], [1, 1], [1, 1])  # 1.0M multiply-adds
     assert not cn.takes_conv((1, 144, 56, 56), dw, 144, [1, 1], [1, 1], [1, 1])  # 4.1M: oneDNN was faster
     wide = torch.zeros(8, 4, 3, 3, dtype=torch.int8)
-    wide[0, 0, 0, 0] = 65  # past the dense kernel's exact int16 pair sums
-    assert cn.native_conv(wide, torch.ones(8), None, 1.0, 0, [1, 1], 1, 1.0, "none") is None
+    wide[0, 0, 0, 0] = 65  # past the dense kernel's exact int16 pair sums without VNNI's steps
+    with unittest.mock.patch.object(ln, "full_grid", lambda: False):
+        assert cn.native_conv(wide, torch.ones(8), None, 1.0, 0, [1, 1], 1, 1.0, "none") is None
+    with unittest.mock.patch.object(ln, "full_grid", lambda: True):
+        assert cn.native_conv(wide, torch.ones(8), None, 1.0, 0, [1, 1], 1, 1.0, "none", "int_mm").x_scale == 1.0
+    # With VNNI (engine "int_mm"), oneDNN's own kernels are faster past VNNI_PIXELS output pixels
+    dw7 = torch.zeros(32, 1, 7, 7, dtype=torch.int8)
+    assert cn.takes_conv((2, 32, 8, 8), dw7, 32, [1, 1], [3, 3], [1, 1], "int_mm")  # 128 pixels
+    assert not cn.takes_conv((2, 16, 16, 16), dw7[:16], 16, [1, 1], [3, 3], [1, 1], "int_mm")  # 512
+    assert cn.takes_conv((2, 16, 16, 16), dw7[:16], 16, [1, 1], [3, 3], [1, 1])  # the native engine: 401k MACs
+    assert not cn.takes_conv((1, 64, 16, 16), big, 1, [1, 1], [1, 1], [1, 1], "int_mm")
     full = torch.full((8, 1, 3, 3), -128, dtype=torch.int8)  # the depthwise kernel sums in int32: any codes
     assert cn.native_conv(full, torch.ones(8), None, 1.0, 0, [1, 1], 8, 1.0, "none").depthwise
 
@@ -143,5 +158,28 @@ def test_a_program_runs_the_convolutions_natively_where_the_engine_is_here_with_
     native_here = lr.engine_here() == "native" and ln.available()
     assert calls.count(cn.conv_codes) == (2 if native_here else 0)  # the 3x3 and the depthwise; the 1x1 is a linear
     assert (lr.linear_row in calls) == native_here
+    assert torch.equal(got, portable)
+    assert sqnr_db(model(x), got) >= 30
+
+
+def test_with_vnni_a_program_runs_small_convolutions_on_the_vnni_kernels_with_the_portable_codes(native_on, sqnr_db):
+    # Where oneDNN runs its VNNI kernels and the build has VNNI's steps, the engine "int_mm" runs small
+    # convolutions natively (their float steps in VNNI's order) and a 1x1 one as a linear: the codes of
+    # the portable graph, which calls oneDNN, bit for bit.
+    target = resolve_target("cpu")
+    if lr.row_engine(target) != "int_mm" or not ln.full_grid():
+        pytest.skip(f"needs a CPU with VNNI, as its own kind (engine here: {lr.row_engine(target)}; VNNI GEMM: "
+                    f"{ln.full_grid()})")
+    torch.manual_seed(0)
+    model, x = Mobile().eval(), torch.randn(2, 8, 8, 8)  # 128 output pixels: cn.VNNI_PIXELS
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [(torch.randn(2, 8, 8, 8),) for _ in range(4)], progress=False)
+    q = lucid_fx.convert(prepared)
+    portable, got = q(x), q(x)
+    program = next(p for key, p in programs_of(q).items() if key[0] == target.cpu.name)
+    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    # the 3x3 with relu natively; the depthwise one's hardswish is not among VNNI's post-ops: oneDNN
+    assert calls.count(cn.conv_codes) == 1 and calls.count(torch.ops.onednn.qconv2d_pointwise.default) == 1
+    assert lr.linear_row in calls
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30

@@ -29,20 +29,29 @@ FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (tor
             (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
 
 
-@pytest.mark.parametrize("build", ["this CPU", "portable"])
+def _cpu_flags() -> set:
+    return set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+
+
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, k, n):
-    # "this CPU": -march=native (AVX2 here: 4 rows by 16 outputs per block, tails in every dimension);
-    # "portable": the plain loop alone.
+    # "this CPU": -march=native (4 rows by 16 outputs per block, tails in every dimension; VNNI's steps
+    # where the CPU has them, exact for every int8 weight); "no VNNI": the AVX2 steps, exact for 7-bit
+    # weights; "portable": the plain loop alone.
     native_build(build)
+    flags = _cpu_flags()
     if build == "portable":
-        assert not ln.available()
-    elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():
-        assert ln.available() == ("avx2" in Path("/proc/cpuinfo").read_text().split())
+        assert not ln.available() and not ln.full_grid()
+    elif flags and "-march=native" in native.status():
+        assert ln.available() == ("avx2" in flags)
+        vnni = "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
+        assert ln.full_grid() == (build == "this CPU" and vnni)
     g = torch.Generator().manual_seed(m * 1000 + k + n)
     q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
-    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE + 1, (n, k), dtype=torch.int8, generator=g)
-    w[0, :4] = -ln.PAIR_SAFE  # the widest pair sums: 255 * -64 twice
+    bound = 128 if ln.full_grid() else ln.PAIR_SAFE  # the grid this build's sums are exact on
+    w = torch.randint(-bound, min(bound + 1, 128), (n, k), dtype=torch.int8, generator=g)
+    w[0, :4] = -bound  # the widest sums: 255 * -64 in AVX2's int16 pairs, 255 * -128 in VNNI's int32
     q[0, :4] = 255
     weight = ln.packed_weight(w)
     offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
@@ -79,15 +88,36 @@ def test_the_packed_weight_is_a_copy_in_blocks_of_16_outputs_by_4_inputs():
     assert weight.packed[0, 0, 0, 0] == -40  # the weight's later edits do not reach the pack
 
 
-def test_a_weight_past_the_exact_pair_sums_is_left_to_onednn():
-    # Codes past +-64 could saturate the int16 pair sums: the native engine declines, oneDNN serves.
+@pytest.mark.parametrize("build", ["no VNNI", "this CPU"])
+def test_a_weight_past_the_exact_pair_sums_is_left_to_onednn_without_vnni(native_build, build):
+    # Without VNNI, codes past +-64 could saturate the int16 pair sums: the native engine declines,
+    # oneDNN serves. VNNI's steps sum in int32: a build with them takes every weight.
+    native_build(build)
     ws = torch.full((8,), 0.01)
     ok = torch.randint(-64, 65, (8, 16), dtype=torch.int8)
     wide = ok.clone()
-    wide[3, 7] = -65
-    assert ln.takes_weight(ok) and not ln.takes_weight(wide)
+    wide[3, 7] = -128
+    assert ln.takes_weight(ok) and ln.takes_weight(wide) == ln.full_grid()
+    assert build == "this CPU" or not ln.full_grid()
     assert lr.row_linear(ok, ws, None, 0.1, 0, 0.2, "native") is not None
-    assert lr.row_linear(wide, ws, None, 0.1, 0, 0.2, "native") is None
+    assert (lr.row_linear(wide, ws, None, 0.1, 0, 0.2, "native") is None) == (not ln.full_grid())
+
+
+def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypatch):
+    # With _int_mm, several rows only while the weight is small; the VNNI GEMM serves any of up to
+    # VNNI_GEMM_ROWS rows at one thread, and any of up to SMALL_GEMM_MNK multiply-adds.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setattr(ln, "full_grid", lambda: False)
+        assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(8, 1024, 1024) and lr.small_gemm(64, 64, 64)
+        monkeypatch.setattr(ln, "full_grid", lambda: True)
+        assert lr.small_gemm(16, 4096, 1024) and not lr.small_gemm(17, 1024, 1024)
+        assert lr.small_gemm(1024, 64, 64) and not lr.small_gemm(1024, 64, 256)  # 2^22, then 2^24 multiply-adds
+        torch.set_num_threads(2)
+        assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(2, 4096, 4096)  # oneDNN's threads past a row
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

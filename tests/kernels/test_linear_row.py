@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu, force_cpu_features, native, resolve_target
+from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
 
 ops = torch.ops.lucid_fx
@@ -31,7 +32,10 @@ def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, ou
     dtype, out_zp = getattr(torch, out[0]), out[1]
     g = torch.Generator().manual_seed(k + x_zp)
     qx = torch.randint(0, 256, (2048, k), dtype=torch.uint8, generator=g)
-    qw = torch.randint(-64, 64, (64, k), dtype=torch.int8, generator=g)  # a grid oneDNN is exact on, VNNI or not
+    # a grid oneDNN is exact on, VNNI or not; the full grid where its VNNI kernels run and are compared
+    bound = 128 if engine == "int_mm" and lr.engine_here() == "int_mm" else 64
+    qw = torch.randint(-bound, 64, (64, k), dtype=torch.int8, generator=g)
+    qw[0, 0] = -bound
     ws, bias = torch.rand(64, generator=g) * 0.01 + 0.001, torch.randn(64, generator=g)
     out_scale = 0.0371
     with force_cpu_features(ENGINE_KIND[engine]):  # oneDNN's call for this kind: its linear, or its 1x1 convolution
@@ -39,6 +43,8 @@ def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, ou
         one = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
         row = lr.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale, engine)
         got = lr.linear_row(qx, row, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
+        # the sums from lucid_fx's GEMM (the native engine; the VNNI one where the build has VNNI), else _int_mm
+        assert isinstance(row.weight, ln.PackedWeight) == (engine == "native" or ln.full_grid())
         monkeypatch.setattr(cpu, "takes_row", lambda *args: None)  # every batch on oneDNN
         want = cpu.linear(qx, 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
         one_onednn = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
@@ -87,20 +93,21 @@ def test_a_squeeze_excite_convolution_is_a_one_row_linear_with_onednn_s_values(p
     assert sqnr_db(y, real) >= 30
 
 
-@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512)])  # the native GEMM's route, and oneDNN's past it
-def test_a_silu_linear_without_vnni_applies_torch_s_silu_after_the_float_result_at_every_size(m, n, k):
-    # oneDNN's swish approximates exp, which no other route reproduces: on the native engine a SiLU linear
+@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512)])  # the small-linear route, and oneDNN's past it
+def test_a_silu_linear_applies_torch_s_silu_after_the_float_result_at_every_size(m, n, k):
+    # oneDNN's swish approximates exp, which no other route reproduces: on either row engine a SiLU linear
     # computes its float32 result (equal on both routes), then torch's SiLU and quantize_per_tensor's codes,
-    # so a row gives the same codes alone and in a batch, on the native GEMM and on oneDNN.
+    # so a row gives the same codes alone and in a batch, on the small-linear route and on oneDNN.
     target = resolve_target("cpu")
-    if lr.row_engine(target) != "native":  # its float steps are oneDNN's AVX2 ones: an AVX2 CPU's own kind only
-        pytest.skip(f"no native engine here (Target.linear_row {target.linear_row!r}, this CPU's {lr.engine_here()!r})")
+    engine = lr.row_engine(target)  # its float steps are those of this CPU's oneDNN kernels: its own kind only
+    if engine is None:
+        pytest.skip(f"no row engine here (Target.linear_row {target.linear_row!r}, this CPU's {lr.engine_here()!r})")
     assert lr.float_post_op(resolve_target("cpu"), True, "silu", torch.uint8)
     g = torch.Generator().manual_seed(m)
     qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
     qw = torch.randint(-64, 64, (n, k), dtype=torch.int8, generator=g)
     ws, bias = torch.rand(n, generator=g) * 0.01 + 0.001, torch.randn(n, generator=g)
-    assert lr.small_gemm(m, n, k, "native") == (m == 32)
+    assert lr.small_gemm(m, n, k, engine) == (m == 32)
     got = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8)
     y = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 1.0, 0, "none", torch.float32)
     expected = Q.quantize(F.silu(y), 0.0371, 9, torch.uint8)
@@ -108,12 +115,12 @@ def test_a_silu_linear_without_vnni_applies_torch_s_silu_after_the_float_result_
     assert torch.equal(cpu.linear(qx[3:4], 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8), got[3:4])
 
 
-def test_only_silu_into_uint8_codes_on_the_native_engine_runs_after_the_float_result():
+def test_only_silu_into_uint8_codes_on_a_row_engine_runs_after_the_float_result():
     for kind in ("avx2", "avx512_vnni", "amx"):
         with force_cpu_features(kind):
             target = resolve_target("cpu")
-            native_here = lr.row_engine(target) == "native"
-            assert lr.float_post_op(target, True, "silu", torch.uint8) == native_here
+            engine_here = lr.row_engine(target) is not None  # this CPU's own kind, AMX excepted
+            assert lr.float_post_op(target, True, "silu", torch.uint8) == engine_here
             assert not lr.float_post_op(target, False, "silu", torch.uint8)  # oneDNN off: the exact fallbacks
             assert not any(lr.float_post_op(target, True, p, d) for p, d in [("silu", torch.int8), ("silu", torch.float32),
                                                                               ("relu", torch.uint8), ("hardswish", torch.uint8)])
