@@ -124,13 +124,28 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
         free(src), free(wt);
         return;
     }
+    /* A pixel whose taps all fall inside the image reads tap t at a fixed offset from its first one. */
+    int64_t *offset = malloc((size_t)taps * sizeof *offset);
+    if (!offset) {
+        free(src), free(wt);
+        return;
+    }
+    for (int64_t t = 0; t < taps; t++) offset[t] = ((t / g[G_KW]) * g[G_DH] * g[G_W] + (t % g[G_KW]) * g[G_DW]) * c;
+    const int64_t kh = g[G_KH], kw = g[G_KW], dh = g[G_DH], dw = g[G_DW], height = g[G_H], width = g[G_W];
     for (int64_t p = 0; p < m; p++) {
         const conv_pixel_t px = conv_pixel(x, g, p);
-        int64_t valid = 0; /* the taps inside the image: the padding adds 0 */
-        for (int64_t t = 0; t < taps; t++) {
-            const uint8_t *s0 = conv_tap(px, g, t / g[G_KW], t % g[G_KW], NULL);
-            if (s0) src[valid] = s0, wt[valid++] = w + t * c16;
-        }
+        /* the taps inside the image, rows i0..i1-1 by columns j0..j1-1: the padding adds 0 */
+        int64_t i0 = 0, i1 = kh, j0 = 0, j1 = kw, valid = 0;
+        while (i0 < kh && px.h0 + i0 * dh < 0) i0++;
+        while (i1 > i0 && px.h0 + (i1 - 1) * dh >= height) i1--;
+        while (j0 < kw && px.w0 + j0 * dw < 0) j0++;
+        while (j1 > j0 && px.w0 + (j1 - 1) * dw >= width) j1--;
+        const int64_t first = (px.h0 * width + px.w0) * c; /* tap (0, 0)'s codes, maybe in the padding */
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t j = j0; j < j1; j++, valid++) {
+                const int64_t t = i * kw + j;
+                src[valid] = px.image + (first + offset[t]), wt[valid] = w + t * c16;
+            }
         char *row = out + p * c * size;
         int64_t c0 = 0;
 #if GEMM_AVX2
@@ -167,7 +182,7 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
             gemm_finish1(sum, c0, f, row + c0 * size);
         }
     }
-    free(src), free(wt);
+    free(src), free(wt), free(offset);
 }
 
 #define CONV_EXPORT(NAME, CODE, KIND)                                                                 \
