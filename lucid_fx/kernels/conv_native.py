@@ -7,7 +7,9 @@ of :mod:`lucid_fx.kernels.linear_native`, each pixel's row read tap by tap) and 
 Both take uint8 channels-last codes (the dense one 7-bit weights, the depthwise one any), and end with the float steps of oneDNN's
 AVX2 kernels (:mod:`lucid_fx.kernels.linear_native`), so their codes are oneDNN's, bit for bit
 (tests/kernels/test_conv_native.py compares them on this machine's oneDNN where it runs those
-kernels, and with exact sums everywhere).
+kernels, and with exact sums everywhere). Built on a CPU with VNNI, the dense kernel takes every
+int8 weight too, and with VNNI's float steps (``engine="int_mm"``) both serve the VNNI engine's
+convolutions of few output pixels (:data:`VNNI_PIXELS`), where oneDNN's call costs most.
 
 >>> qw = torch.ones(1, 4, 3, 3, dtype=torch.int8)  # a 3x3 box sum over 4 channels
 >>> conv = native_conv(qw, torch.ones(1), None, 1.0, 0, (1, 1), 1, None, "none")
@@ -32,7 +34,8 @@ from lucid_fx.kernels.codes import f32_reciprocal
 from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
-__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS"]
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS",
+           "VNNI_PIXELS"]
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
@@ -106,8 +109,10 @@ def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Te
         return None
     zp_left, bias = _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding)
     sums = qw.flatten(1).sum(1, dtype=torch.int32)
-    step = 1.0 if engine == "native" else x_scale  # VNNI's: acc * x_scale, then * w_scale
-    scale = w_scale.to(torch.float32) * (torch.tensor(x_scale, dtype=torch.float32) if engine == "native" else 1)
+    if engine == "native":  # oneDNN's AVX2 kernels: the two scales' product first
+        step, scale = 1.0, torch.tensor(x_scale, dtype=torch.float32) * w_scale.to(torch.float32)
+    else:  # its VNNI kernels: acc * x_scale, then * w_scale
+        step, scale = x_scale, w_scale.to(torch.float32)
     inv_out = 0.0 if out_scale is None else f32_reciprocal(out_scale)
     if groups > 1:  # centred sums: the offset puts back what oneDNN's folded bias expects
         taps = torch.zeros(kh * kw, -(-cout // 16) * 16, dtype=torch.int16)
@@ -141,8 +146,8 @@ def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding
         return _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out)
     geometry = torch.tensor([n, h, w, c, *conv.kernel, *stride, *padding, *dilation, ho, wo, conv.cout], dtype=torch.int64)
     fn(x.data_ptr(), conv.weight.data_ptr(), out.data_ptr(), geometry.data_ptr(), int(conv.depthwise), x_zp,
-       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(), conv.x_scale,
-       conv.inv_out, zp, low, high, conv.hardswish)
+       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(),
+       conv.x_scale, conv.inv_out, zp, low, high, conv.hardswish)
     return out
 
 

@@ -1,4 +1,5 @@
-"""int8 linears on CPUs without VNNI in lucid_fx's own GEMM (``native_gemm.c``), with oneDNN's values.
+"""int8 linears in lucid_fx's own GEMM (``native_gemm.c``), with oneDNN's values: on CPUs without VNNI,
+and with it for the VNNI engine's small linears (:mod:`lucid_fx.kernels.linear_row`).
 
 Without VNNI, oneDNN's int8 calls carry a large fixed cost (measured, 1 thread, AVX2 EPYC, torch
 2.13, on prepacked weights: 48-51 us for a 16 x 64 x 64 linear, as its linear or as its 1x1
@@ -32,8 +33,8 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "full_grid", "takes_weight", "BLOCK",
-           "STEP", "PAIR_SAFE"]
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "full_grid", "takes_weight",
+           "BLOCK", "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.

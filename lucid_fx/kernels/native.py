@@ -108,8 +108,9 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
             fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}")
             fn.argtypes, fn.restype = argtypes, restype
             functions[kernel, dtype] = fn
-    for kernel, fact in (("lut", "vectorized"), ("gemm", "vectorized"), ("gemm", "full_grid"), ("matmul", "vectorized")):
-        query = getattr(lib, f"lucid_{kernel}_{fact}")  # facts of this build, kept with its functions
+    facts = (("lut", "vectorized"), ("gemm", "vectorized"), ("gemm", "full_grid"), ("matmul", "vectorized"))
+    for kernel, fact in facts:  # facts of this build, kept with its functions
+        query = getattr(lib, f"lucid_{kernel}_{fact}")
         query.argtypes, query.restype = (), ctypes.c_int32
         functions[kernel, fact] = bool(query())
     return functions

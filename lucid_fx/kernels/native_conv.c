@@ -1,12 +1,14 @@
-/* lucid_fx's native int8 convolutions for CPUs without VNNI (lucid_fx.kernels.conv_native): uint8
- * channels-last codes, 7-bit weights (dense; depthwise any), the float steps of native_gemm.h fused in, a channels-last
- * result. geometry = {n, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, cout}.
+/* lucid_fx's native int8 convolutions (lucid_fx.kernels.conv_native): uint8 channels-last codes,
+ * weights of 7 bits for dense ones without VNNI (any with VNNI's steps, native_gemm.h; depthwise any),
+ * the float steps of native_gemm.h fused in, a channels-last result. Without VNNI they serve every
+ * small convolution; with it, those of few output pixels (conv_native.VNNI_PIXELS).
+ * geometry = {n, h, w, c, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, cout}.
  *
  * Dense (groups 1): an implicit GEMM, native_gemm.c's blocks of 4 output pixels by 16 output channels.
  * A pixel's row is read tap by tap from the image where the tap falls inside it, else from a row of
  * x_zp codes (the padding's real 0); the weight is packed as a linear of (kh, kw, cp) inputs, cp = c
  * rounded up to 4 with zero weights. The sums thus hold x_zp * (row sum) too, which the caller's
- * offset takes away: exact int32, as in native_gemm.c (|w| <= 64).
+ * offset takes away: exact int32, as in native_gemm.c (|w| <= 64 without VNNI).
  *
  * Depthwise (groups = c = cout): per pixel and channel, the sum over the taps inside the image of
  * (x - x_zp) * w (the padding adds 0), exact in int32 for any int8 weights (see conv_depthwise). */
@@ -124,7 +126,7 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
         free(src), free(wt);
         return;
     }
-    /* A pixel whose taps all fall inside the image reads tap t at a fixed offset from its first one. */
+    /* Tap t of a pixel lies at a fixed offset from its tap (0, 0), inside the image or not. */
     int64_t *offset = malloc((size_t)taps * sizeof *offset);
     if (!offset) {
         free(src), free(wt);
