@@ -32,6 +32,18 @@ QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHA
 _NOT_TENSORS = {"size", "getattr", "output", "_assert_is_none", "_assert", "eq", "chunk", "split", "unbind"}  # (tuples)
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
 _WEIGHTED = ops_tagged(Tag.WEIGHTED)
+_LAYOUT_OPS = frozenset({"permute", "transpose", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"})
+_PRODUCTS = frozenset({"conv1d", "conv2d", "conv3d", "linear"})
+
+
+def _op(node: fx.Node) -> Optional[str]:
+    call = canonical(node)
+    return call.op if call is not None else None
+
+
+def _input(node: fx.Node) -> Any:
+    call = canonical(node)
+    return call.args.get("input") if call is not None else None
 
 
 class RuleContext:
@@ -124,6 +136,19 @@ class RuleContext:
         if self._choice_only is None:
             self._choice_only = choice_only_nodes(self.gm.graph)
         return node in self._choice_only
+
+    def reads_kernel_codes(self, node: fx.Node) -> bool:
+        """Whether ``node``'s input is the output of an int8 product (a convolution or linear that runs
+        int8 here, read by nothing else) moved by layout ops, a permute or reshape among them: codes
+        either way, since convert gives a kernel's float result only to a dequantize that reads it
+        through ``contiguous`` at most (fold_dequantize). ConvNeXt's depthwise convolution -> permute
+        -> LayerNorm: a norm there reads those codes, int8 or float."""
+        source, moved = _input(node), False
+        while isinstance(source, fx.Node) and len(source.users) == 1 and _op(source) in _LAYOUT_OPS:
+            moved = moved or _op(source) != "contiguous"
+            source = _input(source)
+        return (moved and isinstance(source, fx.Node) and len(source.users) == 1 and _op(source) in _PRODUCTS
+                and self.qconfig(source) is not None and self.lowers(self.lowering_key(source)))
 
     def interval(self, node: fx.Node):
         return node.meta.get(_meta.INTERVAL)

@@ -43,7 +43,8 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c") for name in ("gemm", "conv", "matmul", "softmax", "rotary")))  # one library
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c")  # one library
+                     for name in ("gemm", "conv", "matmul", "softmax", "rotary", "norm")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
@@ -71,6 +72,7 @@ SIGNATURES = {
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_gemm.c
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
+    "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

@@ -15,12 +15,14 @@ input by ``s`` is the same as dividing ``eps`` by ``s**2``. Every kernel reads i
 True
 """
 
+import math
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels.codes import dequant, finish
+from lucid_fx.kernels import native
+from lucid_fx.kernels.codes import dequant, f32_reciprocal, finish
 
 __all__ = ["layer_norm", "rms_norm", "fake_norm", "cpu_layer_norm", "cpu_rms_norm"]
 
@@ -47,14 +49,41 @@ def fake_norm(q: torch.Tensor, *rest) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
+def _native_norm(q, zp, normalized_shape, weight, bias, eps, out_scale, out_zp, rms: bool) -> Optional[torch.Tensor]:
+    """native_norm.c's one pass per row (exact sums of the codes, float32 steps), or None where the
+    kernels are not loaded or a weight or bias is not a dense float32 tensor of the normalised size."""
+    fn = native._function("norm", q.dtype)
+    n = math.prod(normalized_shape)
+    params = [t for t in (weight, bias) if t is not None]
+    if fn is None or not 0 < n < 1 << 15 or q.numel() % n or q.device.type != "cpu" or not all(  # int32 sums
+            t.dtype == torch.float32 and t.is_contiguous() and t.numel() == n and t.device.type == "cpu" for t in params):
+        return None
+    q, info = q.contiguous(), torch.iinfo(q.dtype)
+    out = torch.empty_like(q)
+    fn(q.data_ptr(), out.data_ptr(), q.numel() // n, n, zp if rms else 0, int(rms), eps,
+       None if weight is None else weight.data_ptr(), None if bias is None else bias.data_ptr(),
+       f32_reciprocal(out_scale), out_zp, info.min, info.max)
+    return out
+
+
 def cpu_layer_norm(q, scale, zp, normalized_shape, weight, bias, eps, out_scale, out_zp):
-    """Layer norm of the raw codes: no zero point (a shift), no scale (folded into ``eps``)."""
-    y = F.layer_norm(q.contiguous().to(torch.float32), normalized_shape, weight, bias, eps / (scale * scale))
+    """Layer norm of the raw codes: no zero point (a shift), no scale (folded into ``eps``); one
+    native pass where the kernels are loaded (values within float32 rounding of torch's)."""
+    eps = eps / (scale * scale)
+    out = _native_norm(q, zp, normalized_shape, weight, bias, eps, out_scale, out_zp, rms=False)
+    if out is not None:
+        return out
+    y = F.layer_norm(q.contiguous().to(torch.float32), normalized_shape, weight, bias, eps)
     return finish(y, "none", out_scale, out_zp, q.dtype)
 
 
 def cpu_rms_norm(q, scale, zp, normalized_shape, weight, eps, out_scale, out_zp):
-    """RMS norm of the centred codes: the scale folds into ``eps``, the zero point does not."""
+    """RMS norm of the centred codes: the scale folds into ``eps``, the zero point does not; one
+    native pass where the kernels are loaded."""
+    eps = eps / (scale * scale)
+    out = _native_norm(q, zp, normalized_shape, weight, None, eps, out_scale, out_zp, rms=True)
+    if out is not None:
+        return out
     codes = q.contiguous().to(torch.float32)
-    y = F.rms_norm(codes.sub_(zp) if zp else codes, normalized_shape, weight, eps / (scale * scale))
+    y = F.rms_norm(codes.sub_(zp) if zp else codes, normalized_shape, weight, eps)
     return finish(y, "none", out_scale, out_zp, q.dtype)

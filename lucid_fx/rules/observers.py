@@ -185,8 +185,8 @@ def _decides_a_choice(node, ctx) -> Optional[Decision]:
 
 def _float_where_it_pays(node, ctx) -> Optional[Decision]:
     why = FLOAT_WHERE_IT_PAYS.get(ctx.op_name(node))
-    if why is None or node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node):
-        return None
+    if why is None or node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or ctx.reads_kernel_codes(node):
+        return None  # a norm that reads a kernel's codes anyway loses nothing in int8 (RuleContext.reads_kernel_codes)
     return Decision(DecisionKind.FLOAT, why, keep_float=True)
 
 

@@ -1,4 +1,4 @@
-"""Program rules for the CPU's elementwise steps: the float boundary, table lookups, add, mul and cat.
+"""Program rules for the CPU's elementwise steps: the float boundary, table lookups, add, mul, cat and norms.
 
 Rules as in :mod:`lucid_fx.rules.program_cpu` (whose table includes these): ``rule(b, node)`` returns
 the program node computing the same codes, or None to decline. Run-time steps come from
@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import fx
 
-from lucid_fx.kernels import cpu_float, native, native_elementwise, native_rotary, program_ops
+from lucid_fx.kernels import cpu_float, native, native_elementwise, native_rotary, norms, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.channel_lut import code_index
 from lucid_fx.kernels.reference import dequant, f32_reciprocal
@@ -226,6 +226,14 @@ def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut(
     return b.call(b.kernel("channel_lut"), joined, b.const(torch.cat(rows).contiguous(), "tables"), dim)
 
 
+def layer_norm(b, node):  # lucid_fx.layer_norm -> norms.cpu_layer_norm without the dispatcher: one native pass
+    return b.call(norms.cpu_layer_norm, *node.args)
+
+
+def rms_norm(b, node):  # lucid_fx.rms_norm -> norms.cpu_rms_norm without the dispatcher
+    return b.call(norms.cpu_rms_norm, *node.args)
+
+
 PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "lut": lut,  # lut(lut(q)) -> one composed table
@@ -235,4 +243,6 @@ PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "cat": cat,  # -> torch.cat; inputs on other grids through a requantizing table
     "channel_lut": channel_lut,  # after such a cat: the parts' tables composed into the channels' tables
     # (and lut(channel_lut) / dequantize(channel_lut) compose in the lut and dequantize rules above)
+    "layer_norm": layer_norm,  # -> the CPU kernel itself (native_norm.c's pass), the dispatcher skipped
+    "rms_norm": rms_norm,
 }

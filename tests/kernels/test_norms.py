@@ -2,6 +2,8 @@
 against the float op on a typical input, and the CPU kernels (no dequantize) against the
 reference ones."""
 
+import unittest.mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,3 +107,38 @@ def test_norms_run_in_float_by_default_and_say_why():
     assert all("runs in float where it pays" in why for why in floats.values())
     assert "layer_norm runs in float where it pays" in str(converted.lucid_fx_convert_report)
     assert _sqnr(model(x), converted(x)) > _sqnr(model(x), forced(x))
+
+
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
+def test_the_native_pass_gives_the_torch_path_s_codes(native_build, build):
+    # native_norm.c: exact sums of the codes, then float32 steps; 8 codes a step with AVX2, tails and
+    # builds without it one at a time. Against the torch path (F.layer_norm / F.rms_norm of the codes).
+    native_build(build)
+    from lucid_fx.kernels import native
+
+    calls, function = [], native._function
+    assert function("norm", torch.uint8) is not None and function("norm", torch.int8) is not None
+    g = torch.Generator().manual_seed(3)
+    for dtype, zp in ((torch.uint8, 131), (torch.int8, -3)):
+        info = torch.iinfo(dtype)
+        for shape, normalized in (((2, 16, 16, 16), [16]), ((4, 7, 33), [7, 33]), ((5, 13), [13]), ((3, 1000), [1000])):
+            q = torch.randint(info.min, info.max + 1, shape, dtype=dtype, generator=g)
+            q[0] = info.max  # a constant row: variance 0, rstd = 1 / sqrt(eps)
+            w, b = torch.randn(normalized, generator=g), torch.randn(normalized, generator=g)
+            for kernel, args in ((norms.cpu_layer_norm, (w, b)), (norms.cpu_layer_norm, (None, None)),
+                                 (norms.cpu_rms_norm, (w,)), (norms.cpu_rms_norm, (None,))):
+                with unittest.mock.patch.object(native, "_function", lambda *a: calls.append(a) or function(*a)):
+                    got = kernel(q, 0.02, zp, normalized, *args, 1e-5, 0.03, 5)
+                with unittest.mock.patch.object(native, "_function", lambda *a: None):
+                    want = kernel(q, 0.02, zp, normalized, *args, 1e-5, 0.03, 5)
+                steps = (got.int() - want.int()).abs()
+                assert got.dtype == dtype and steps.max() <= 1 and (steps > 0).float().mean() < 0.005
+    assert len(calls) == 32 and all(call[0] == "norm" for call in calls)
+
+
+def test_rows_past_the_exact_int32_sums_take_the_torch_path():
+    # 65025 * n must stay below 2^31: rows of 2^15 codes or more are left to torch.
+    q = torch.full((1, 1 << 15), 255, dtype=torch.uint8)
+    assert norms._native_norm(q, 0, [1 << 15], None, None, 1e-5, 0.1, 0, rms=True) is None
+    y = norms.cpu_rms_norm(q, 0.02, 0, [1 << 15], None, 1e-5, 0.1, 0)
+    assert y.shape == q.shape and int(y.min()) == int(y.max()) == 10  # (255 / 255) / 0.1

@@ -86,3 +86,60 @@ def test_a_long_chain_into_a_choice_is_found_in_one_pass():
     relus = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.relu]
     found = choice_only_nodes(gm.graph)
     assert len(relus) == 3000 and all(relu in found for relu in relus)
+
+
+class ConvThenNorm(nn.Module):
+    """ConvNeXt's block head: a depthwise convolution, a permute to channels-last, LayerNorm, a linear;
+    ``direct`` drops the permute (a norm over W), ``residual`` adds the input before the permute, and
+    ``shared`` lets the convolution's output be read twice."""
+
+    def __init__(self, direct=False, residual=False, shared=False):
+        super().__init__()
+        self.direct, self.residual, self.shared = direct, residual, shared
+        self.conv = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = nn.LayerNorm(8 if direct else 16)
+        self.fc = nn.Linear(8 if direct else 16, 32)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y + x if self.residual else y
+        z = self.fc(self.norm(y if self.direct else y.permute(0, 2, 3, 1)))
+        return z + y.sum() if self.shared else z
+
+
+def _converted_images(model):
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randn(2, 16, 8, 8, generator=g) for _ in range(6)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches[:4], progress=False)
+    return lucid_fx.convert(prepared), batches[4:]
+
+
+def test_a_norm_that_reads_a_convolution_s_codes_through_a_permute_runs_int8():
+    # The convolution's output is codes either way (convert gives a kernel's float result only to a
+    # dequantize that reads it directly): the int8 norm reads the same codes in one pass.
+    from lucid_fx.kernels import norms
+    from lucid_fx.program import programs_of
+
+    torch.manual_seed(0)
+    model = ConvThenNorm().eval()
+    qmodel, held_out = _converted_images(model)
+    targets = [n.target for n in qmodel.graph.nodes if n.op == "call_function"]
+    assert torch.ops.lucid_fx.layer_norm in targets and "norm" not in qmodel.lucid_fx_convert_report.float_ops
+    x = held_out[0]
+    portable, again = qmodel(x), qmodel(x)  # the portable graph, then the program, whose norm is the CPU kernel itself
+    program = next(p for p in programs_of(qmodel).values() if p is not None)
+    assert norms.cpu_layer_norm in [n.target for n in program.graph.nodes] and torch.equal(portable, again)
+    with torch.no_grad():
+        assert _sqnr(model(x), again) >= 30
+
+
+def test_a_norm_that_reads_float_or_shared_values_stays_float():
+    # Read directly, the convolution gives its float result; a residual sum and a value read twice
+    # are not one kernel's codes: the norm keeps float input there (docs/convert.md#float-where-it-pays).
+    for options in ({"direct": True}, {"residual": True}, {"shared": True}):
+        torch.manual_seed(0)
+        qmodel, _ = _converted_images(ConvThenNorm(**options).eval())
+        targets = [n.target for n in qmodel.graph.nodes if n.op == "call_function"]
+        assert torch.ops.lucid_fx.layer_norm not in targets, options
+        assert "runs in float where it pays" in qmodel.lucid_fx_convert_report.float_ops["norm"], options
