@@ -22,7 +22,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, MEASURED_OPS, Decision, DecisionKind, choice_only_nodes
+from lucid_fx.rules.observers import ANY, MEASURED_OPS, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind, choice_only_nodes
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
@@ -32,8 +32,11 @@ QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHA
 _NOT_TENSORS = {"size", "getattr", "output", "_assert_is_none", "_assert", "eq", "chunk", "split", "unbind"}  # (tuples)
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
 _WEIGHTED = ops_tagged(Tag.WEIGHTED)
-_LAYOUT_OPS = frozenset({"permute", "transpose", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"})
-_PRODUCTS = frozenset({"conv1d", "conv2d", "conv3d", "linear"})
+# Ops that pass one tensor's codes on (the observer table's SHARED_OPS, tuples aside), and of those the
+# ones that leave them where they are; the int8 products (Tag.PRODUCT) whose output is codes.
+_MOVES_CODES = SHARED_OPS - TUPLE_MOVERS - {"getitem"}
+_IN_PLACE = frozenset({"contiguous", "identity", "dropout"})
+_PRODUCTS = ops_tagged(Tag.PRODUCT)
 
 
 def _op(node: fx.Node) -> Optional[str]:
@@ -138,14 +141,14 @@ class RuleContext:
         return node in self._choice_only
 
     def reads_kernel_codes(self, node: fx.Node) -> bool:
-        """Whether ``node``'s input is the output of an int8 product (a convolution or linear that runs
-        int8 here, read by nothing else) moved by layout ops, a permute or reshape among them: codes
-        either way, since convert gives a kernel's float result only to a dequantize that reads it
-        through ``contiguous`` at most (fold_dequantize). ConvNeXt's depthwise convolution -> permute
-        -> LayerNorm: a norm there reads those codes, int8 or float."""
+        """Whether ``node``'s input is the output of an int8 product (a convolution, linear or matmul that
+        runs int8 here, read by nothing else) moved by ops that pass codes on, a permute or reshape
+        among them: codes either way, since convert gives a kernel's float result only to a dequantize
+        that reads it through ``contiguous`` at most (fold_dequantize). ConvNeXt's depthwise
+        convolution -> permute -> LayerNorm: a norm there reads those codes, int8 or float."""
         source, moved = _input(node), False
-        while isinstance(source, fx.Node) and len(source.users) == 1 and _op(source) in _LAYOUT_OPS:
-            moved = moved or _op(source) != "contiguous"
+        while isinstance(source, fx.Node) and len(source.users) == 1 and _op(source) in _MOVES_CODES:
+            moved = moved or _op(source) not in _IN_PLACE
             source = _input(source)
         return (moved and isinstance(source, fx.Node) and len(source.users) == 1 and _op(source) in _PRODUCTS
                 and self.qconfig(source) is not None and self.lowers(self.lowering_key(source)))
