@@ -44,7 +44,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
 
 SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c")  # one library
-                     for name in ("gemm", "conv", "matmul", "softmax", "rotary", "norm")))
+                     for name in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
 # -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
@@ -57,6 +57,7 @@ _CODES = (torch.uint8, torch.int8)
 # The C functions, {kernel: (argument types, result type, the dtypes it writes)}: lucid_<kernel>_<dtype>.
 SIGNATURES = {
     "quantize": ((_P, _P, _I64, _F, _I32, _I32, _I32, _I32), _I64, _CODES),  # x, out, n, inv, zp, qmin, qmax, check
+    "quantize_cl": ((_P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32, _I32), _I64, _CODES),  # x, out, n, c, hw, inv, ...
     "gate_mul": ((_P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),
     "global_avg_pool": ((_P, _P, _P, _I64, _I64, _I64, _I32, _F, _F, _I32, _I32, _I32), None, _CODES),
     "row_epilogue": ((_P, _P, _P, _P, _P, _I64, _I64, _F, _F, _I32, _F, _F), None, (*_CODES, torch.float32)),
@@ -70,9 +71,11 @@ SIGNATURES = {
     "softmax": ((_P, _P, _P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32), _I32, _CODES),  # native_softmax.c
     "rotary": ((_P, _P, _P, _P, _P, _P, _P, _P, _P), None, _CODES),  # native_rotary.c: x, c, s, tables, out, geometry, ints, floats
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
+    "channel_lut_cat": ((_P, _P, _I32, _P, _P, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # srcs, widths, n, tables, ...
     "gemm": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_gemm.c
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
+    "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

@@ -1,4 +1,4 @@
-"""Native one-pass kernels for elementwise steps of programs: dequantize, and the product and sum of
+"""Native one-pass kernels for elementwise steps of programs: quantize to channels-last, dequantize, and the product and sum of
 two code tensors of any strides and broadcast (llama's rotary ``q * cos + rotate_half(q) * sin``, a
 layer scale, a norm's weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
 kernels are not loaded (:mod:`lucid_fx.kernels.native`) or the operands are not what the program
@@ -14,19 +14,20 @@ tensor([[102,  98],
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
 from lucid_fx.kernels import channel_lut as _channel_lut
-from lucid_fx.kernels import program_ops
+from lucid_fx.kernels import checks, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
 
-__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "dequantize_codes", "channel_lut",
-           "MAX_DIMS"]
+__all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "quantize_channels_last",
+           "dequantize_codes", "channel_lut", "channel_lut_cat", "MAX_DIMS"]
 
 MAX_DIMS = 6
 
@@ -98,6 +99,20 @@ def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: in
                     lambda: program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype))
 
 
+def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`lucid_fx.kernels.native.quantize_codes` of a contiguous 4-d float32 ``x``, written
+    channels-last in the same pass (what a convolution reads): its codes, bit for bit, without the
+    copy to channels-last after it. Other inputs take that quantize and the copy."""
+    fn = _function("quantize_cl", dtype)
+    if fn is None or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or x.device.type != "cpu":
+        return native.quantize_codes(x, inv_scale, zp, qmin, qmax, dtype).contiguous(memory_format=torch.channels_last)
+    n, c, h, w = x.shape
+    out = torch.empty((n, c, h, w), dtype=dtype, memory_format=torch.channels_last)
+    if fn(x.data_ptr(), out.data_ptr(), n, c, h * w, inv_scale, zp, qmin, qmax, native.check_finite):
+        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
+    return out
+
+
 def dequantize_codes(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
     """``lucid_fx::dequantize_per_tensor`` (float32 ``(q - zp) * scale``) of dense 8-bit codes in one
     pass, in ``q``'s layout: the reference kernel's values bit for bit."""
@@ -128,4 +143,23 @@ def channel_lut(q: torch.Tensor, tables: torch.Tensor, dim: int) -> torch.Tensor
         return _channel_lut.channel_lut(q, tables, dim)
     out, tables = torch.empty_like(q, dtype=tables.dtype), tables.contiguous()  # held while the C loop reads it
     fn(q.data_ptr(), tables.data_ptr(), out.data_ptr(), outer, c, inner, 128 if q.dtype == torch.int8 else 0)
+    return out
+
+
+def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torch.Tensor:
+    """``channel_lut(torch.cat(parts, 1), tables, 1)`` of channels-last 4-d codes in one pass, without
+    the cat (DenseNet's cat -> batch norm -> relu): the same values, channels-last. Parts of other
+    layouts, shapes or dtypes take the cat and :func:`channel_lut`."""
+    fn, first = _function("channel_lut_cat", tables.dtype), parts[0]
+    if fn is None or tables.dim() != 2 or tables.device.type != "cpu" or first.dtype not in (torch.uint8, torch.int8) \
+            or not all(p.dim() == 4 and p.dtype == first.dtype and p.device.type == "cpu" and p.shape[0] == first.shape[0]
+                       and p.shape[2:] == first.shape[2:] and p.is_contiguous(memory_format=torch.channels_last) for p in parts) \
+            or tables.shape != (sum(p.shape[1] for p in parts), 256):
+        return channel_lut(torch.cat(list(parts), 1), tables, 1)
+    n, c, (h, w) = first.shape[0], tables.shape[0], first.shape[2:]
+    out, tables = torch.empty((n, c, h, w), dtype=tables.dtype, memory_format=torch.channels_last), tables.contiguous()
+    sources = (ctypes.c_void_p * len(parts))(*[p.data_ptr() for p in parts])
+    widths = (ctypes.c_int64 * len(parts))(*[p.shape[1] for p in parts])
+    fn(ctypes.addressof(sources), ctypes.addressof(widths), len(parts), tables.data_ptr(), out.data_ptr(), n * h * w, c,
+       128 if first.dtype == torch.int8 else 0)
     return out

@@ -23,6 +23,7 @@ from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row,
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
+from lucid_fx.rules.program_cpu_pool import PROGRAM_RULES_CPU_POOL
 
 __all__ = ["PROGRAM_RULES_CPU"]
 
@@ -225,33 +226,6 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
                   out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
 
 
-def max_pool2d(b, node):  # max_pool2d of codes -> the maximum of strided views
-    q, kernel, stride, padding, dilation, ceil_mode = node.args
-    kernel = list(kernel)
-    stride = list(stride) if stride else kernel
-    if b.value(q).dim() != 4 or not program_ops.max_pool_taps_supported(kernel, stride, list(padding), list(dilation),
-                                                                         ceil_mode):
-        return None
-    return b.call(program_ops.max_pool_taps, q, kernel, stride, list(padding))
-
-
-def adaptive_avg_pool2d(b, node):  # global average pool of codes -> an int32 sum and one requantization
-    q, scale, zp, size, out_scale, out_zp = node.args
-    value = b.value(q)
-    if list(size) != [1, 1] or value.dim() != 4:
-        return None
-    return b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
-
-
-def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> the global average pool
-    q, scale, zp, dim, keepdim, out_scale, out_zp = node.args
-    value = b.value(q)
-    if value.dim() != 4 or sorted(d % 4 for d in dim) != [2, 3]:
-        return None
-    pooled = b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
-    return pooled if keepdim else b.call_method("reshape", pooled, tuple(value.shape[:2]))
-
-
 def matmul(b, node):  # lucid_fx.matmul on the CPU -> program_ops.matmul_codes
     qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp = node.args
     dtype = b.value(node).dtype
@@ -290,11 +264,9 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
-    "max_pool2d": max_pool2d,  # -> program_ops.max_pool_taps
-    "adaptive_avg_pool2d": adaptive_avg_pool2d,  # to 1x1 -> native / program_ops.global_avg_pool_codes
-    "mean": mean,  # over H and W -> the same global average pool
     "matmul": matmul,  # -> native / program_ops.matmul_codes
     "softmax": softmax,  # -> softmax_native / program_ops.softmax_codes
     "masked_softmax": masked_softmax,  # -> softmax_native.masked_softmax_codes (decided per call by the mask)
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
+    **PROGRAM_RULES_CPU_POOL,  # max, average and global average pools of codes
 }

@@ -32,7 +32,18 @@ def quantize_per_tensor(b, node):  # lucid_fx.quantize_per_tensor -> one native 
     x, scale, zp, qmin, qmax, dtype = node.args
     if b.value(x).dtype != torch.float32:
         return None
+    if native.available() and _read_channels_last(b, node):  # an image into a convolution: codes written channels-last
+        return b.call(native_elementwise.quantize_channels_last, x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
     return b.call(step("quantize_codes"), x, f32_reciprocal(scale), zp, qmin, qmax, dtype)
+
+
+def _read_channels_last(b, node) -> bool:
+    """Whether contiguous 4-d codes of ``node`` are only read by a copy to channels-last (the layout
+    pass puts one before a convolution), which is then a no-op."""
+    value, users = b.value(node), list(node.users)
+    return (value is not None and value.dim() == 4 and value.is_contiguous() and not value.is_contiguous(memory_format=torch.channels_last)
+            and len(users) == 1 and users[0].op == "call_method" and users[0].target == "contiguous"
+            and users[0].kwargs.get("memory_format") == torch.channels_last and len(users[0].args) == 1)
 
 
 def _index(table: torch.Tensor) -> torch.Tensor:
@@ -46,6 +57,8 @@ def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]); lut(channel_lut(q, T
         return None
     q, inner_table, *dim = inner.args
     composed = b.attr(outer_table)[_index(b.attr(inner_table))].contiguous()  # a relu after a batch norm: one pass
+    if inner.target is native_elementwise.channel_lut_cat:  # the same lookup of the cat's parts
+        return b.call(native_elementwise.channel_lut_cat, q, b.const(composed, "tables"))
     if dim:
         return b.call(b.kernel("channel_lut"), q, b.const(composed, "tables"), *dim)
     return b.call(b.kernel("lut"), q, b.const(composed, "lut"))
@@ -206,7 +219,7 @@ def cat(b, node):  # cat of codes -> torch.cat, an input on another grid through
     return b.call(torch.cat, parts, dim)
 
 
-def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut(cat([x, y]), T composed with t)
+def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut_cat([x, y], T composed with t)
     q, tables, dim = node.args
     value, table = b.value(q), b.attr(tables)
     dim = dim % value.dim()
@@ -222,8 +235,14 @@ def channel_lut(b, node):  # channel_lut(cat([lut(x, t), y]), T) -> channel_lut(
         rows.append(block[:, _index(b.attr(part.args[1]))] if looked_up else block)  # a requantization, composed
         parts.append(codes)
         start += width
-    joined = b.call(torch.cat, parts, q.args[1])
-    return b.call(b.kernel("channel_lut"), joined, b.const(torch.cat(rows).contiguous(), "tables"), dim)
+    tables = b.const(torch.cat(rows).contiguous(), "tables")
+    if native.available() and dim == 1 and all(_channels_last(b.value(part)) for part in parts):
+        return b.call(native_elementwise.channel_lut_cat, parts, tables)  # one pass over the parts: no cat
+    return b.call(b.kernel("channel_lut"), b.call(torch.cat, parts, q.args[1]), tables, dim)
+
+
+def _channels_last(value) -> bool:
+    return value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last)
 
 
 def layer_norm(b, node):  # lucid_fx.layer_norm -> norms.cpu_layer_norm without the dispatcher: one native pass

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lucid_fx
-from lucid_fx.kernels import cpu_float, matmul_native, native, program_ops, softmax_native
+from lucid_fx.kernels import cpu_float, matmul_native, native, native_elementwise, program_ops, softmax_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
@@ -194,7 +194,7 @@ def test_a_squeeze_excite_block_runs_natively_with_the_same_output(native_on, mo
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
     targets = {n.target for n in program.graph.nodes}
-    assert {native.quantize_codes, native.gate_mul_codes, native.global_avg_pool_codes} <= targets
+    assert {native_elementwise.quantize_channels_last, native.gate_mul_codes, native.global_avg_pool_codes} <= targets
     monkeypatch.setattr(native, "available", lambda: False)  # the same model, programs of torch kernels
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)

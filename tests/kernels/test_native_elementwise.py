@@ -1,6 +1,7 @@
-"""lucid_fx/kernels/native_elementwise.py: the one-pass product of broadcast code tensors and the
-one-pass dequantize give program_ops' and the reference kernel's values bit for bit, in the layout
-the program recorded, and fall back to them where the native kernels are off or the strides moved."""
+"""lucid_fx/kernels/native_elementwise.py: the one-pass product of broadcast code tensors, the
+one-pass dequantize and the quantize straight to channels-last give program_ops' and the reference
+kernel's values bit for bit, in the layout the program recorded, and fall back to them where the
+native kernels are off or the strides moved."""
 
 import pytest
 import torch
@@ -116,3 +117,31 @@ def test_dequantize_equals_the_reference_bit_for_bit_in_its_layout(native_on, dt
         got, expected = ne.dequantize_codes(q, scale, zp), ref.dequantize_per_tensor(q, scale, zp)
         assert got.dtype == torch.float32 and got.stride() == expected.stride()
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("dtype,zp,low,high", [(torch.uint8, 128, 0, 255), (torch.int8, -3, -128, 127), (torch.uint8, 0, 0, 15)])
+@pytest.mark.parametrize("shape", [(2, 3, 17, 19), (1, 1, 9, 9), (1, 40, 8, 8)])  # an odd image; one channel; past a block
+def test_an_image_is_quantized_straight_to_channels_last_codes(native_build, build, dtype, zp, low, high, shape):
+    from lucid_fx.kernels import native
+
+    native_build(build)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
+    x[0, 0, 0, :3] = torch.tensor([1e30, -1e30, 0.05])  # clamped both ways, and a tie at scale 0.1
+    got = ne.quantize_channels_last(x, 10.0, zp, low, high, dtype)
+    expected = native.quantize_codes(x, 10.0, zp, low, high, dtype).contiguous(memory_format=torch.channels_last)
+    assert got.is_contiguous(memory_format=torch.channels_last)  # (one channel: either stride of it)
+    assert torch.equal(got, expected) and torch.equal(got, ref.quantize_per_tensor(x, 0.1, zp, low, high, dtype))
+
+
+def test_a_nonfinite_image_is_refused_naming_the_count(native_on):
+    from lucid_fx.kernels.checks import KernelInputError
+
+    x = torch.randn(1, 3, 8, 8)
+    x[0, 2, 7, 7] = float("nan")
+    with pytest.raises(KernelInputError, match=r"NaN or ±inf in 1 of its 192 elements.*torch.nan_to_num"):
+        ne.quantize_channels_last(x, 10.0, 128, 0, 255, torch.uint8)
+    planes = torch.randn(1, 3, 8, 8).transpose(2, 3)  # not contiguous: quantized, then copied
+    got = ne.quantize_channels_last(planes, 10.0, 128, 0, 255, torch.uint8)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, ref.quantize_per_tensor(planes, 0.1, 128, 0, 255, torch.uint8))
