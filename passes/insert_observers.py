@@ -4,7 +4,7 @@ Reads ``node.meta[DECISION]``; adds observer modules under the root's ``lucid_fx
 (one per observed node, named after it where the name is free) and calls them right after the
 node they watch; a ``shared`` node calls its input's observer again, so both carry one set of qparams. Weight
 observers (per-channel by default) go under ``lucid_fx_weight_observers`` and see the weight
-once, now. Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
+once, now (a grouped product's experts too, their rows as a linear's). Writes ``node.meta[OBSERVER]`` and ``node.meta[WEIGHT_OBSERVER]``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize, FixedQParamsFakeQu
 from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.rules.lowering_grouped import expert_weights
 from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
 
 __all__ = ["insert_observers"]
 
 _WEIGHTED = ops_tagged(Tag.WEIGHTED) - FLOAT_BY_DESIGN.keys()  # whose weights a kernel reads as int8
+_EXPERT_PRODUCTS = {"grouped_mm"}  # whose weight operand is a stack of experts' weights (rules/lowering_grouped.py)
 
 
 def _container(gm: fx.GraphModule, name: str) -> nn.ModuleDict:
@@ -111,6 +113,23 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, target: Option
         node.meta[_meta.WEIGHT_OBSERVER] = key
 
 
+def _observe_experts(gm: fx.GraphModule, node: fx.Node) -> None:
+    """The QConfig's weight observer for a grouped product's experts, as for a linear's weight: it sees
+    their (E * N, K) rows once, now, and convert observes them afresh with a copy of it."""
+    attr = lambda n: functools.reduce(getattr, n.target.split("."), gm) if n.op == "get_attr" else None  # noqa: E731
+    weight = expert_weights(attr, canonical(node).args.get("weight"))
+    if weight is None:
+        return  # a weight computed in the graph: the product stays float
+    qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
+    observer = qconfig.weight()
+    with torch.no_grad():
+        observer(weight.flatten(0, 1))
+    container = _container(gm, WEIGHT_OBSERVERS)
+    key = _free_key(container, f"{node.name}_experts")
+    container[key] = observer
+    node.meta[_meta.WEIGHT_OBSERVER] = key
+
+
 def insert_observers(
     gm: fx.GraphModule, *, qat: bool = False, target: Optional[Target] = None
 ) -> fx.GraphModule:
@@ -136,6 +155,8 @@ def insert_observers(
                 _insert_call(gm, node, _observer_of(source))
         if decision.kind in (DecisionKind.STATISTICS, DecisionKind.FUSED, DecisionKind.FIXED) and canonical(node).op in _WEIGHTED:
             _observe_weight(gm, node, qat, target)
+        elif decision.kind is DecisionKind.STATISTICS and canonical(node).op in _EXPERT_PRODUCTS:
+            _observe_experts(gm, node)
     gm.graph.lint()
     gm.recompile()
     return gm

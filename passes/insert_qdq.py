@@ -59,8 +59,9 @@ def _qdq_experts(gm: fx.GraphModule, node: fx.Node, target: Target) -> None:
     """A grouped product's expert weights (in place) as convert quantizes them (rules/lowering_grouped.py)."""
     attr = lambda n: functools.reduce(getattr, n.target.split("."), gm) if n.op == "get_attr" else None  # noqa: E731
     weight = expert_weights(attr, canonical(node).args.get("weight"))
+    observers, key = getattr(gm, WEIGHT_OBSERVERS, {}), node.meta.get(_meta.WEIGHT_OBSERVER)
     if weight is not None:
-        codes, scales = quantized_experts(weight, target.weight_range)
+        codes, scales = quantized_experts(weight, target.weight_range, observers[key] if key in observers else None)
         with torch.no_grad():
             weight.copy_(codes * scales.unsqueeze(-1))  # the kernel's weights (zero points 0)
 

@@ -4,7 +4,8 @@
 expert's (K, N) weight: Mixtral's experts, as transformers writes them (``torch._grouped_mm`` or its
 ``grouped_mm_fallback``). Where ``W`` is a parameter, or a transposed view of one (transformers
 stores experts as (E, N, K) and passes ``W.transpose(-2, -1)``), it is quantized once here as a
-linear's weight, (E, N, K) int8 with one scale per (expert, output channel), and the product runs
+linear's weight (with the QConfig's weight observer, as a linear's), (E, N, K) int8 with one scale
+per (expert, output channel), and the product runs
 as ``lucid_fx::grouped_linear``: each expert's rows on the device's int8 linear. A weight computed
 in the graph, a bias or another result dtype declines (float).
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torch import fx
+from torch import fx, nn
 
+from lucid_fx import _meta
 from lucid_fx.ops import canonical
+from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.rules.lowering_context import QValue
 
@@ -41,11 +44,16 @@ def expert_weights(attr: Callable, weight: object) -> Optional[torch.Tensor]:
     return value.detach() if value is not None and value.dim() == 3 else None
 
 
-def quantized_experts(weight: torch.Tensor, weight_range) -> tuple:
+def quantized_experts(weight: torch.Tensor, weight_range, observer: Optional[nn.Module] = None) -> tuple:
     """(E, N, K) int8 codes and (E, N) scales of the (E, N, K) ``weight``, each expert's rows as a linear's
-    weight (per output channel, min/max): what the kernel multiplies by, and the reference model too."""
+    weight, observed afresh by a copy of the QConfig's weight ``observer`` (prepare's, under the
+    grouped product's ``WEIGHT_OBSERVER``; None: per output channel, min/max): what the kernel
+    multiplies by, and the reference model too. A QAT fake quant's observer observes (the experts
+    were not trained through it)."""
+    if isinstance(observer, FakeQuantize):
+        observer = observer.activation_post_process
     experts, n, k = weight.shape
-    codes, scales = quantize_weight(weight.reshape(experts * n, k), None, weight_range)
+    codes, scales = quantize_weight(weight.reshape(experts * n, k), observer, weight_range)
     return codes.reshape(experts, n, k).contiguous(), scales.reshape(experts, n).contiguous()
 
 
@@ -58,7 +66,8 @@ def lower_grouped_mm(ctx, members, resolve) -> Optional[QValue]:  # grouped_mm(x
             or call.args.get("bias") is not None or call.args.get("out_dtype") is not None
             or ctx.qparams_of(node) is None):
         return None
-    codes, scales = quantized_experts(weight, ctx.target.weight_range)
+    key = node.meta.get(_meta.WEIGHT_OBSERVER)
+    codes, scales = quantized_experts(weight, ctx.target.weight_range, ctx.weight_observers[key] if key in ctx.weight_observers else None)
     if ctx._may_overflow(node, codes.flatten(0, 1)):
         return None
     qw, ws = ctx.constant(f"{node.name}_qweight", codes), ctx.constant(f"{node.name}_wscale", scales)

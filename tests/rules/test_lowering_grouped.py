@@ -1,5 +1,6 @@
 """lucid_fx/rules/lowering_grouped.py: a mixture of experts' grouped products (Mixtral's, as
-transformers writes them) become lucid_fx::grouped_linear on int8 expert weights."""
+transformers writes them) become lucid_fx::grouped_linear on int8 expert weights, observed by the
+QConfig's weight observer as a linear's weight is."""
 
 import io
 
@@ -72,6 +73,34 @@ def test_experts_run_as_int8_grouped_products(transposed, sqnr_db):
     assert torch.allclose(up, codes * scales[..., None], rtol=0, atol=1e-7)
     assert torch.equal(model.up, Experts(transposed).up)  # convert and the reference left the model as it was
     assert torch.equal(prepared.up, model.up) and not torch.equal(reference.up, model.up)  # the reference changed its copy
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["stored_n_by_k", "stored_k_by_n"])
+def test_experts_take_the_qconfigs_weight_observer_as_a_linear_does(transposed, sqnr_db):
+    # A per-tensor weight observer: one scale for every row of every expert, as for the router linear,
+    # where the default gives one per (expert, output channel); the reference multiplies by the same.
+    from lucid_fx.quantization import QConfig, QConfigMapping, per_tensor_symmetric, qint8
+    from lucid_fx.quantization.observers import MinMaxObserver
+
+    model = Experts(transposed).eval()
+    qconfig = QConfig(activation=lucid_fx.quantization.default_qconfig.activation,
+                      weight=MinMaxObserver.with_args(qscheme=per_tensor_symmetric, qdtype=qint8))
+    prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(16, 32), OFFSETS),
+                                qconfig_mapping=QConfigMapping().set_global(qconfig))
+    assert sorted(prepared.lucid_fx_weight_observers.keys()) == ["_grouped_mm_1_experts", "_grouped_mm_experts", "router"]
+    g = torch.Generator().manual_seed(1)
+    lucid_fx.calibrate(prepared, [(torch.randn(16, 32, generator=g), OFFSETS) for _ in range(4)], progress=False)
+    qmodel, reference = lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+    low, high = resolve_target("cpu").weight_range
+    for name, weight in (("_lucid__grouped_mm_wscale", model.up), ("_lucid__grouped_mm_1_wscale", model.down)):
+        scales = qmodel.get_buffer(name)
+        assert scales.unique().numel() == 1, name
+        assert abs(float(scales[0, 0]) - float(weight.detach().abs().max()) / ((high - low) / 2)) < 1e-9
+    default = _converted(Experts(transposed).eval())[1].get_buffer("_lucid__grouped_mm_wscale")
+    assert default.unique().numel() == default.numel()  # per (expert, output channel) by default
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the same weights (a code apart at most where a kernel rounds inside)
+        assert sqnr_db(reference(x, OFFSETS), qmodel(x, OFFSETS)) > 30
 
 
 def test_experts_save_and_load_as_int8(tmp_path):
