@@ -10,7 +10,8 @@ source, compiler or CPU (a home directory shared by several machines) builds a l
 
 The cache is ``$LUCID_FX_CACHE_DIR`` (an absolute path), else ``$XDG_CACHE_HOME/lucid_fx``, else
 ``~/.cache/lucid_fx``, as ``torch.compile`` keeps its compiled kernels; without a home directory,
-nothing is kept. A shared library runs code when it loads, so a
+nothing is kept. A new build removes the libraries past the :data:`KEEP` most recently built or
+loaded. A shared library runs code when it loads, so a
 file is loaded only where it and its directory belong to this user and no one else may write
 them; otherwise, or with ``LUCID_FX_NATIVE_CACHE=0``, each process compiles in a temporary
 directory of its own and nothing is kept.
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["cache_dir", "is_private", "library_key", "built"]
+__all__ = ["cache_dir", "is_private", "library_key", "built", "KEEP"]
 
 
 def is_private(path: Path) -> bool:
@@ -114,6 +115,27 @@ def _drop_abandoned(cache: Path, older_than_s: float = 3600.0) -> None:
                 shutil.rmtree(leftover)
 
 
+KEEP = 16  # libraries kept in the cache: the ones most recently built or loaded
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile by another process's prune
+        return 0.0
+
+
+def _prune(cache: Path) -> None:
+    """Remove the cache's libraries past the :data:`KEEP` most recently built or loaded (a load touches its
+    file): each new lucid_fx, compiler, flag set or CPU builds a library of its own, and the old ones
+    piled up (48 files, 7.3 MB, in one day of development). A process that has one loaded keeps its
+    mapping (POSIX); one that looks for it later builds it again (seconds)."""
+    libraries = sorted(cache.glob("native-*.so"), key=_mtime, reverse=True)
+    for old in libraries[KEEP:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
 def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
     cache = cache_dir()
     errors = []
@@ -121,6 +143,8 @@ def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str
         described = f"compiled with {cc} {' '.join(flags)}"
         kept = cache / f"native-{library_key(cc, flags, [*sources, *headers])}.so" if cache is not None else None
         if kept is not None and kept.exists() and is_private(kept):
+            with contextlib.suppress(OSError):
+                os.utime(kept)  # recently used: a prune keeps it
             return kept, f"{described} (loaded from {kept})", None
         if cache is not None:
             _drop_abandoned(cache)
@@ -134,6 +158,7 @@ def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str
             return so, described, tmp
         os.replace(so, kept)  # a process loading it meanwhile sees the old file or the new
         tmp.cleanup()
+        _prune(cache)
         return kept, f"{described} (kept in {kept})", None
     return None, f"{cc} failed ({errors[-1]}): the torch kernels run", None
 

@@ -80,6 +80,23 @@ def test_a_build_a_killed_process_left_is_dropped_at_the_next_build(setup):
     assert not abandoned.exists() and recent.exists()  # another process may still be building there
 
 
+def test_a_new_build_keeps_only_the_most_recently_used_libraries(setup, monkeypatch):
+    cache, source, _, cc = setup
+    monkeypatch.setattr(native_build, "KEEP", 3)
+    built = []
+    for answer in range(4):  # four builds, oldest first
+        with native_build.built(cc, [["-O1", f"-DANSWER={answer}"]], [source]) as (so, _):
+            built.append(so)
+        os.utime(so, (1000.0 * (answer + 1),) * 2)  # built at distinct times
+    assert [so.exists() for so in built] == [False, True, True, True]  # the fourth build removed the first
+    with native_build.built(cc, [["-O1", "-DANSWER=1"]], [source]) as (so, how):
+        assert so == built[1] and "(loaded from " in how  # a load makes it the most recent
+    with native_build.built(cc, [["-O1", "-DANSWER=9"]], [source]) as (so, _):
+        assert so.exists()
+    assert [so.exists() for so in built] == [False, True, False, True]  # the least recently used went
+    assert len(list(cache.glob("native-*.so"))) == 3
+
+
 def test_the_name_is_what_the_library_was_built_from(setup, monkeypatch):
     _, source, _, cc = setup
     key = native_build.library_key(cc, ["-O1"], [source])
