@@ -9,7 +9,8 @@ loaded or the codes do not have the recorded strides.
 
 - **max:** the window's largest code: the torch path's codes exactly.
 - **average:** an exact int32 sum of the window's codes, then one requantization with torch's
-  divisor: at most one code from the reference's float average, at float32 ties.
+  divisor: the exact average's code except at exact ties, one code from the reference's float
+  average at most.
 
 Measured on DenseNet-like's pools (AVX512-VNNI EPYC, 1 thread): docs/benchmarks.md.
 """
