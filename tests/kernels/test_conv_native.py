@@ -69,7 +69,7 @@ def test_a_dilated_convolution_gives_onednn_s_values(groups, native_on):
     assert int((got.int() - want.int()).abs().max()) <= (0 if lr.engine_here() == "native" else 1)
 
 
-@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("order", ["native", "int_mm"])
 def test_the_kernels_equal_the_torch_path_with_and_without_avx2(native_build, build, case, order):

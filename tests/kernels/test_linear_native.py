@@ -24,7 +24,8 @@ def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
     return (y * f32(inv_out) + f32(float(zp))).clamp(low, high).round().to(dtype)
 
 
-SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64)]
+SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64),
+          (7, 20, 24), (2, 9, 41)]  # a block of 8 and 9 outputs past the full ones: a vector of 8 and a tail
 FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (torch.int8, -2, -128.0, 127.0),
             (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
 
@@ -33,12 +34,13 @@ def _cpu_flags() -> set:
     return set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 
 
-@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, k, n):
     # "this CPU": -march=native (4 rows by 16 outputs per block, tails in every dimension; VNNI's steps
-    # where the CPU has them, exact for every int8 weight); "no VNNI": the AVX2 steps, exact for 7-bit
-    # weights; "portable": the plain loop alone.
+    # where the CPU has them, exact for every int8 weight; float steps 16 at a time with AVX-512);
+    # "no VNNI": the AVX2 steps, exact for 7-bit weights; "no AVX-512": those with the float steps 8
+    # at a time; "portable": the plain loop alone.
     native_build(build)
     flags = _cpu_flags()
     if build == "portable":
