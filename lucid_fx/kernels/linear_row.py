@@ -49,6 +49,7 @@ from lucid_fx.kernels.zero_point import _folded_zero_point
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
            "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS",
+           "VNNI_POINTWISE_ROWS",
            "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
@@ -77,6 +78,12 @@ SMALL_GEMM_NK = 1 << 18
 # any linear of up to this many rows (at one thread: oneDNN's threads win past one row), and any of
 # up to SMALL_GEMM_MNK multiply-adds.
 VNNI_GEMM_ROWS = 16
+# A 1x1 convolution (a GEMM over the pixels) on the native VNNI GEMM against oneDNN's 1x1
+# convolution, its route otherwise, us, 1 thread, AVX512-VNNI EPYC, the same codes: 68 / 214 at 49
+# pixels x 1152 -> 192 channels, 80 / 287 at 49 x 192 -> 1152, 138 / 231 at 196 x 112 -> 672, 68 / 119
+# at 196 x 80 -> 480, 107 / 127 at 784 x 40 -> 240, 79 / 113 at 784 x 240 -> 40; at 3136 pixels
+# 187 / 179 and 110 / 143, at 12544 409 / 386. Up to this many pixels at one thread, at any size.
+VNNI_POINTWISE_ROWS = 1024
 # The native engine against oneDNN's 1x1 convolution on a prepacked weight (its route for a linear
 # there), measured on an AVX2 EPYC at one thread: 0.41 of its time at 1 x 1024 x 1024, 0.60-0.76 at
 # 2^21-2^23 multiply-adds, 0.82-0.96 at 2^24-2^25, 0.89-1.06 at 2^26 (64 x 1024 x 1024), 1.0-1.4
@@ -161,15 +168,18 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
     return None if dtype == torch.float32 else out_scale
 
 
-def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm") -> bool:
+def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwise: bool = False) -> bool:
     """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
     row always, several while the weight and the product are small (SMALL_GEMM_*); on its native
-    VNNI GEMM up to VNNI_GEMM_ROWS rows or SMALL_GEMM_MNK multiply-adds; on the native engine up to
+    VNNI GEMM up to VNNI_GEMM_ROWS rows or SMALL_GEMM_MNK multiply-adds, and a 1x1 convolution's
+    (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread; on the native engine up to
     NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
     if engine == "native":
         return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 else NATIVE_GEMM_MNK >> 2)
     if engine == "int_mm" and linear_native.full_grid():
-        return m <= (VNNI_GEMM_ROWS if torch.get_num_threads() == 1 else 1) or m * n * k <= SMALL_GEMM_MNK
+        one_thread = torch.get_num_threads() == 1
+        return (m <= (VNNI_GEMM_ROWS if one_thread else 1) or m * n * k <= SMALL_GEMM_MNK
+                or (pointwise and one_thread and m <= VNNI_POINTWISE_ROWS))
     return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
 
@@ -213,9 +223,10 @@ def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtyp
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,
-              k: int) -> Optional[str]:
-    """The engine an (m, k) by (k, n) linear with this post-op and result runs on (:func:`row_engine`,
-    where :func:`small_gemm` says it is faster there), while oneDNN serves the others (``onednn_on``);
-    None for oneDNN."""
+              k: int, pointwise: bool = False) -> Optional[str]:
+    """The engine an (m, k) by (k, n) linear (a 1x1 convolution's: ``pointwise``) with this post-op and
+    result runs on (:func:`row_engine`, where :func:`small_gemm` says it is faster there), while
+    oneDNN serves the others (``onednn_on``); None for oneDNN."""
     engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
-    return engine if engine is not None and post_op in ENGINE_POST_OPS[engine] and small_gemm(m, n, k, engine) else None
+    return (engine if engine is not None and post_op in ENGINE_POST_OPS[engine] and small_gemm(m, n, k, engine, pointwise)
+            else None)

@@ -95,9 +95,10 @@ def _linear(b, node, post_op: str, dtype: torch.dtype):
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 
-def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int) -> Optional[str]:
-    """The engine an (m, k) by (k, n) linear takes off oneDNN (linear_row.takes_row), or None."""
-    return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k)
+def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int, pointwise: bool = False) -> Optional[str]:
+    """The engine an (m, k) by (k, n) linear (a 1x1 convolution's: ``pointwise``) takes off oneDNN
+    (linear_row.takes_row), or None."""
+    return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k, pointwise)
 
 
 def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None):
@@ -185,7 +186,7 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     engine = None
     if qw is not None and x.dtype == torch.uint8 and x.dim() == 4:  # an (pixels, taps * c) by (taps * c, cout) product
         pixels = x.shape[0] * math.prod(conv_native.out_size(*x.shape[2:], qw.shape[2:], stride, padding, dilation))
-        engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel())
+        engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel(), tuple(qw.shape[2:]) == (1, 1) and groups == 1)
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,

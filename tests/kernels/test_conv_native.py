@@ -13,6 +13,7 @@ from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import cpu, force_cpu_features, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from lucid_fx.program import programs_of
 
 # (n, c, h, w, cout, kernel, stride, padding, groups): dense with channel tails of 4 and output
@@ -183,3 +184,38 @@ def test_with_vnni_a_program_runs_small_convolutions_on_the_vnni_kernels_with_th
     assert lr.linear_row in calls
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30
+
+
+class Pointwise(nn.Module):
+    """EfficientNet's 1x1 expansion and projection at 14x14: past SMALL_GEMM_MNK multiply-adds."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand, self.project = nn.Conv2d(112, 672, 1), nn.Conv2d(672, 112, 1)
+
+    def forward(self, x):
+        return self.project(torch.relu(self.expand(x)))
+
+
+def test_with_vnni_a_program_runs_1x1_convolutions_of_up_to_1024_pixels_on_the_vnni_gemm(native_on, sqnr_db):
+    # oneDNN's 1x1 convolution took 1.2-3.5x the VNNI GEMM's time up to 784 pixels (linear_row.py):
+    # both 1x1 convolutions (196 pixels, 14.8M multiply-adds each) run as linears, with the portable
+    # graph's codes, which calls oneDNN's convolution.
+    target = resolve_target("cpu")
+    if lr.row_engine(target) != "int_mm" or not ln.full_grid():
+        pytest.skip(f"needs a CPU with VNNI, as its own kind (engine here: {lr.row_engine(target)}; VNNI GEMM: "
+                    f"{ln.full_grid()})")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model, x = Pointwise().eval(), torch.randn(1, 112, 14, 14)
+        q = lucid_fx.quantize(model, (x,), [torch.randn(1, 112, 14, 14) for _ in range(4)], progress=False)
+        portable, values = record_values(q, (x,))
+        program = lower_to_program(q, values, "cpu")
+        calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+        assert calls.count(lr.linear_row) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
+        assert torch.equal(program(x), portable)
+        assert sqnr_db(model(x), portable) >= 30
+    finally:
+        torch.set_num_threads(before)

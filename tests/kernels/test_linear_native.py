@@ -107,7 +107,8 @@ def test_a_weight_past_the_exact_pair_sums_is_left_to_onednn_without_vnni(native
 
 def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypatch):
     # With _int_mm, several rows only while the weight is small; the VNNI GEMM serves any of up to
-    # VNNI_GEMM_ROWS rows at one thread, and any of up to SMALL_GEMM_MNK multiply-adds.
+    # VNNI_GEMM_ROWS rows at one thread, any of up to SMALL_GEMM_MNK multiply-adds, and a 1x1
+    # convolution's of up to VNNI_POINTWISE_ROWS pixels at one thread.
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -116,8 +117,12 @@ def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypat
         monkeypatch.setattr(ln, "full_grid", lambda: True)
         assert lr.small_gemm(16, 4096, 1024) and not lr.small_gemm(17, 1024, 1024)
         assert lr.small_gemm(1024, 64, 64) and not lr.small_gemm(1024, 64, 256)  # 2^22, then 2^24 multiply-adds
+        # a 1x1 convolution's GEMM: any size up to VNNI_POINTWISE_ROWS pixels (oneDNN's convolution was slower)
+        assert lr.small_gemm(196, 672, 112, pointwise=True) and not lr.small_gemm(196, 672, 112)
+        assert lr.small_gemm(1024, 1024, 1024, pointwise=True) and not lr.small_gemm(1025, 64, 256, pointwise=True)
         torch.set_num_threads(2)
         assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(2, 4096, 4096)  # oneDNN's threads past a row
+        assert not lr.small_gemm(196, 672, 112, pointwise=True)
     finally:
         torch.set_num_threads(before)
 
