@@ -1,6 +1,6 @@
-"""Native one-pass kernels for elementwise steps of programs: quantize to channels-last, dequantize, and the product and sum of
-two code tensors of any strides and broadcast (llama's rotary ``q * cos + rotate_half(q) * sin``, a
-layer scale, a norm's weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
+"""Native one-pass kernels for elementwise steps of programs: quantize to channels-last, dequantize,
+and the product and sum of two code tensors of any strides and broadcast (llama's rotary
+``q * cos + rotate_half(q) * sin``, a layer scale, a norm's weight). Each gives the torch kernels' values bit for bit, and falls back to them where the native
 kernels are not loaded (:mod:`lucid_fx.kernels.native`) or the operands are not what the program
 was built for.
 
@@ -99,7 +99,8 @@ def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: in
                     lambda: program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype))
 
 
-def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
+                           dtype: torch.dtype) -> torch.Tensor:
     """:func:`lucid_fx.kernels.native.quantize_codes` of a contiguous 4-d float32 ``x``, written
     channels-last in the same pass (what a convolution reads): its codes, bit for bit, without the
     copy to channels-last after it. Other inputs take that quantize and the copy."""
@@ -152,8 +153,9 @@ def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torc
     layouts, shapes or dtypes take the cat and :func:`channel_lut`."""
     fn, first = _function("channel_lut_cat", tables.dtype), parts[0]
     if fn is None or tables.dim() != 2 or tables.device.type != "cpu" or first.dtype not in (torch.uint8, torch.int8) \
-            or not all(p.dim() == 4 and p.dtype == first.dtype and p.device.type == "cpu" and p.shape[0] == first.shape[0]
-                       and p.shape[2:] == first.shape[2:] and p.is_contiguous(memory_format=torch.channels_last) for p in parts) \
+            or not all(p.dim() == 4 and p.dtype == first.dtype and p.device.type == "cpu"
+                       and p.shape[0] == first.shape[0] and p.shape[2:] == first.shape[2:]
+                       and p.is_contiguous(memory_format=torch.channels_last) for p in parts) \
             or tables.shape != (sum(p.shape[1] for p in parts), 256):
         return channel_lut(torch.cat(list(parts), 1), tables, 1)
     n, c, (h, w) = first.shape[0], tables.shape[0], first.shape[2:]

@@ -5,9 +5,9 @@ expert's (K, N) weight: Mixtral's experts, as transformers writes them (``torch.
 ``grouped_mm_fallback``). Where ``W`` is a parameter, or a transposed view of one (transformers
 stores experts as (E, N, K) and passes ``W.transpose(-2, -1)``), it is quantized once here as a
 linear's weight (with the QConfig's weight observer, as a linear's), (E, N, K) int8 with one scale
-per (expert, output channel), and the product runs
-as ``lucid_fx::grouped_linear``: each expert's rows on the device's int8 linear. A weight computed
-in the graph, a bias or another result dtype declines (float).
+per (expert, output channel), and the product runs as ``lucid_fx::grouped_linear``: each expert's
+rows on the device's int8 linear. A weight computed in the graph, a bias or another result dtype
+declines (float).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def lower_grouped_mm(ctx, members, resolve) -> Optional[QValue]:  # grouped_mm(x
             or ctx.qparams_of(node) is None):
         return None
     key = node.meta.get(_meta.WEIGHT_OBSERVER)
-    codes, scales = quantized_experts(weight, ctx.target.weight_range, ctx.weight_observers[key] if key in ctx.weight_observers else None)
+    observer = ctx.weight_observers[key] if key in ctx.weight_observers else None
+    codes, scales = quantized_experts(weight, ctx.target.weight_range, observer)
     if ctx._may_overflow(node, codes.flatten(0, 1)):
         return None
     qw, ws = ctx.constant(f"{node.name}_qweight", codes), ctx.constant(f"{node.name}_wscale", scales)

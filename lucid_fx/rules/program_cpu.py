@@ -186,7 +186,8 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     engine = None
     if qw is not None and x.dtype == torch.uint8 and x.dim() == 4:  # an (pixels, taps * c) by (taps * c, cout) product
         pixels = x.shape[0] * math.prod(conv_native.out_size(*x.shape[2:], qw.shape[2:], stride, padding, dilation))
-        engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel(), tuple(qw.shape[2:]) == (1, 1) and groups == 1)
+        pointwise = tuple(qw.shape[2:]) == (1, 1) and groups == 1  # a GEMM over the pixels
+        engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel(), pointwise)
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,

@@ -41,8 +41,9 @@ def _read_channels_last(b, node) -> bool:
     """Whether contiguous 4-d codes of ``node`` are only read by a copy to channels-last (the layout
     pass puts one before a convolution), which is then a no-op."""
     value, users = b.value(node), list(node.users)
-    return (value is not None and value.dim() == 4 and value.is_contiguous() and not value.is_contiguous(memory_format=torch.channels_last)
-            and len(users) == 1 and users[0].op == "call_method" and users[0].target == "contiguous"
+    planes = value is not None and value.dim() == 4 and value.is_contiguous()
+    return (planes and not value.is_contiguous(memory_format=torch.channels_last) and len(users) == 1
+            and users[0].op == "call_method" and users[0].target == "contiguous"
             and users[0].kwargs.get("memory_format") == torch.channels_last and len(users[0].args) == 1)
 
 
