@@ -14,13 +14,10 @@ packed for the input shape they meet (up to :data:`SHAPED_PACKS` shapes; 0.83 ag
 for 512 channels 3x3 on 7x7); int8 activations enter as uint8 (s8 measured 5x slower).
 
 oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy of the result (1.15 ms NHWC
-against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56), so models should feed channels-last activations.
-Each oneDNN call also has a fixed cost of ~50-100 us here, more than the arithmetic of a tiny linear.
-
-Hardware caveat, measured on an AVX2 CPU without VNNI: oneDNN's u8 x s8 kernels add pairs of products in int16
-with saturation (``vpmaddubsw``), so a full-range int8 weight can give errors of many quantization steps.
-:func:`weight_quant_range` gives the weight grid that is exact on the device (``[-64, 63]`` on such CPUs); a
-weight outside it is run through the ``_int_mm`` fallback instead (correct, slower), with a warning.
+against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56). Each oneDNN call costs ~50-100 us here.
+Without VNNI, oneDNN's u8 x s8 kernels add pairs of products in int16 with saturation (``vpmaddubsw``), so a
+full-range int8 weight can be many steps off: :func:`weight_quant_range` gives the device's exact weight grid
+(``[-64, 63]`` there); a weight outside it runs the ``_int_mm`` fallback (correct, slower), with a warning.
 
 >>> weight_quant_range(torch.device("cuda"))
 (-128, 127)
@@ -111,9 +108,7 @@ def _exact_on_onednn(qw: torch.Tensor, groups: int = 1) -> bool:
     warnings.warn(
         f"int8 weight {tuple(qw.shape)} has codes outside {(qmin, qmax)}; oneDNN would saturate on this CPU "
         "(no VNNI), so it runs on the slower _int_mm path. Quantize weights to weight_quant_range('cpu').",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+        RuntimeWarning, stacklevel=4)
     return False
 
 
@@ -241,7 +236,11 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
           out_dtype):
     ref.check_post_op(post_op)
     dtype = ref.out_storage(qx, out_dtype)
-    if conv_is_row(qx.shape, qw.shape, padding, groups):  # squeeze-excite's: a linear of one row
+    row = conv_is_row(qx.shape, qw.shape, padding, groups)  # squeeze-excite's: a linear of one row
+    if row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):  # SiLU after the float result, as linear's
+        y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
+        return post_op_codes(y, post_op, out_scale, out_zp, dtype)
+    if row:
         out = _small_linear(*_as_uint8(qx.reshape(1, -1), x_zp), qw, w_scale, bias, x_scale, out_scale, out_zp,
                             post_op, dtype)
         if out is not None:

@@ -180,9 +180,19 @@ def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, 
 
 
 def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.qconv2d_pointwise on a packed weight
-    qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, post_op, out_dtype = \
-        node.args
-    dtype, x, qw = b.value(node).dtype, b.value(qx), b.attr(qw_n)
+    post_op, dtype, qx, qw = node.args[12], b.value(node).dtype, node.args[0], b.attr(node.args[3])
+    x = b.value(qx)
+    if (qw is None or not conv_is_row(x.shape, qw.shape, node.args[7], node.args[9])
+            or not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype)):
+        return _conv2d(b, node, post_op, dtype)
+    y = _conv2d(b, node, "none", torch.float32)  # squeeze-excite's SiLU reduction after the float result, as cpu._conv
+    return None if y is None else b.call(post_op_codes, y, post_op, node.args[10], node.args[11], dtype)
+
+
+def _conv2d(b, node, post_op: str, dtype: torch.dtype):
+    """The convolution of ``node`` with this post-op and result dtype (``node``'s, or float32 for a post-op after it)."""
+    qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, out_scale, out_zp, _, out_dtype = node.args
+    x, qw = b.value(qx), b.attr(qw_n)
     engine = None
     if qw is not None and x.dtype == torch.uint8 and x.dim() == 4:  # an (pixels, taps * c) by (taps * c, cout) product
         pixels = x.shape[0] * math.prod(conv_native.out_size(*x.shape[2:], qw.shape[2:], stride, padding, dilation))
@@ -191,7 +201,7 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
-                          post_op, engine)
+                          post_op, engine, dtype=dtype)
     elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
         out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
                             engine)

@@ -115,6 +115,46 @@ def test_a_silu_linear_applies_torch_s_silu_after_the_float_result_at_every_size
     assert torch.equal(cpu.linear(qx[3:4], 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8), got[3:4])
 
 
+def test_a_silu_convolution_of_one_row_applies_torch_s_silu_after_the_float_result(sqnr_db):
+    # Squeeze-excite's reduction (a 1x1 convolution of a 1x1 image) is a linear of one row: as a SiLU
+    # linear, it computes its float32 result, then torch's SiLU and quantize_per_tensor's codes (oneDNN's
+    # fused swish took 88-114 us a call for 1152 -> 48 channels); the program does the same.
+    import lucid_fx
+    from torch import nn
+    from lucid_fx.kernels.linear_row import post_op_codes
+    from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+
+    target = resolve_target("cpu")
+    if lr.row_engine(target) is None:
+        pytest.skip(f"no row engine here (Target.linear_row {target.linear_row!r}, this CPU's {lr.engine_here()!r})")
+    g = torch.Generator().manual_seed(0)
+    qx = torch.randint(0, 256, (1, 96, 1, 1), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-64, 64, (24, 96, 1, 1), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(24, generator=g) * 0.01 + 0.001, torch.randn(24, generator=g)
+    conv = (qx, 0.0213, 117, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1)
+    got = cpu._conv(*conv, 0.0371, 9, "silu", torch.uint8)
+    y = cpu._conv(*conv, 1.0, 0, "none", torch.float32)
+    assert got.shape == (1, 24, 1, 1) and torch.equal(got, Q.quantize(F.silu(y), 0.0371, 9, torch.uint8))
+    assert torch.equal(got, post_op_codes(y.clone(), "silu", 0.0371, 9, torch.uint8))
+
+    class Reduce(nn.Module):  # EfficientNet's squeeze-excite: pool, 1x1 reduction with SiLU, 1x1 expansion
+        def __init__(self):
+            super().__init__()
+            self.reduce, self.expand = nn.Conv2d(96, 24, 1), nn.Conv2d(24, 96, 1)
+
+        def forward(self, x):
+            return self.expand(F.silu(self.reduce(F.adaptive_avg_pool2d(x, 1))))
+
+    torch.manual_seed(0)
+    model, x = Reduce().eval(), torch.randn(1, 96, 7, 7)
+    q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 7, 7) for _ in range(4)], progress=False)
+    portable, values = record_values(q, (x,))
+    program = lower_to_program(q, values, "cpu")
+    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert post_op_codes in calls and torch.ops.onednn.qconv2d_pointwise.default not in calls
+    assert torch.equal(program(x), portable) and sqnr_db(model(x), portable) >= 30
+
+
 def test_only_silu_into_uint8_codes_on_a_row_engine_runs_after_the_float_result():
     for kind in ("avx2", "avx512_vnni", "amx"):
         with force_cpu_features(kind):
