@@ -366,7 +366,8 @@ ADD_STRIDED(lucid_add_strided_int8, int8_t)
  * out[o, k, i] = tables[k][q[o, k, i] ^ flip]. Contiguous (N, C, H, W) codes are outer N, inner H*W:
  * each plane takes the vectorized lookup of its own table, as LUT. Channels-last ones are outer
  * N*H*W, inner 1: one pixel's channels in a row, each code beside its table's offset, with no inner
- * loop per code (a loop of one per code ran at ~10 cycles a code). One function per table dtype. */
+ * loop per code (a loop of one per code took 3.7 ns a code: 1x256x56x56 in 2942 us, measured). One
+ * function per table dtype. */
 #define CHANNEL_LUT(NAME, OUT, FAST, GATHER)                                                               \
     void NAME(const uint8_t *restrict q, const OUT *restrict tables, OUT *restrict out, int64_t outer, \
               int64_t c, int64_t inner, int32_t flip) {                                            \

@@ -13,8 +13,8 @@ from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import cpu, force_cpu_features, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
-from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from lucid_fx.program import programs_of
+from _program import lowered
 
 # (n, c, h, w, cout, kernel, stride, padding, groups): dense with channel tails of 4 and output
 # tails of 16, depthwise with channel tails of 16 and 8, strides, 1x1, 5x5.
@@ -211,9 +211,7 @@ def test_with_vnni_a_program_runs_1x1_convolutions_of_up_to_1024_pixels_on_the_v
         torch.manual_seed(0)
         model, x = Pointwise().eval(), torch.randn(1, 112, 14, 14)
         q = lucid_fx.quantize(model, (x,), [torch.randn(1, 112, 14, 14) for _ in range(4)], progress=False)
-        portable, values = record_values(q, (x,))
-        program = lower_to_program(q, values, "cpu")
-        calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+        portable, program, calls = lowered(q, x)
         assert calls.count(lr.linear_row) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
         assert torch.equal(program(x), portable)
         assert sqnr_db(model(x), portable) >= 30

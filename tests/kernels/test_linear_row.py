@@ -122,7 +122,7 @@ def test_a_silu_convolution_of_one_row_applies_torch_s_silu_after_the_float_resu
     import lucid_fx
     from torch import nn
     from lucid_fx.kernels.linear_row import post_op_codes
-    from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+    from _program import lowered
 
     target = resolve_target("cpu")
     if lr.row_engine(target) is None:
@@ -148,9 +148,7 @@ def test_a_silu_convolution_of_one_row_applies_torch_s_silu_after_the_float_resu
     torch.manual_seed(0)
     model, x = Reduce().eval(), torch.randn(1, 96, 7, 7)
     q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 7, 7) for _ in range(4)], progress=False)
-    portable, values = record_values(q, (x,))
-    program = lower_to_program(q, values, "cpu")
-    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    portable, program, calls = lowered(q, x)
     assert post_op_codes in calls and torch.ops.onednn.qconv2d_pointwise.default not in calls
     assert torch.equal(program(x), portable) and sqnr_db(model(x), portable) >= 30
 

@@ -10,7 +10,7 @@ import lucid_fx
 from lucid_fx import _meta
 from lucid_fx.kernels import native, native_elementwise
 from lucid_fx.kernels.library import op_name
-from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+from _program import lowered
 from models import _init_bn
 
 
@@ -48,10 +48,8 @@ def test_a_batch_norm_after_a_cat_runs_as_a_table_per_channel():
 def test_the_program_composes_the_cat_and_the_relu_into_the_tables_with_the_same_values():
     model, x = _model(), torch.randn(2, 3, 12, 12)
     q = lucid_fx.quantize(model, (x,), [x, torch.randn_like(x), 2 * torch.randn_like(x)])
-    portable, values = record_values(q, (x,))
-    program = lower_to_program(q, values, "cpu")
+    portable, program, targets = lowered(q, x)
     assert torch.equal(program(x), portable)
-    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
     calls = [getattr(t, "__name__", str(t)) for t in targets]
     assert "lut" not in calls, calls  # the relu and the cat's tables: composed
     if native.available():  # one pass over the cat's parts, without the cat (LUCID_FX_NATIVE=0 reruns the rest)

@@ -9,7 +9,7 @@ from torch import nn
 import lucid_fx
 from lucid_fx.kernels import native, native_elementwise, native_pool, program_ops
 from lucid_fx.kernels.library import op_name
-from lucid_fx.passes.lower_to_program import lower_to_program, record_values
+from _program import lowered
 
 
 class Stem(nn.Module):
@@ -27,9 +27,7 @@ class Stem(nn.Module):
 def _lowered(model, x):
     torch.manual_seed(0)
     q = lucid_fx.quantize(model.eval(), (x,), [x, 2 * torch.randn_like(x), torch.randn_like(x)])
-    out, values = record_values(q, (x,))
-    program = lower_to_program(q, values, "cpu")
-    return q, out, program, [n.target for n in program.graph.nodes if n.op == "call_function"]
+    return (q, *lowered(q, x))
 
 
 def test_a_max_pool_and_the_image_quantize_run_natively_with_the_portable_codes():
