@@ -253,6 +253,24 @@ def test_a_gated_product_of_two_lookups_equals_the_torch_kernels(native_on, code
         assert torch.equal(out, expected) and out.stride() == qa.stride()
 
 
+@pytest.mark.parametrize("build", ["this CPU", "no AVX-512", "portable"])
+@pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int8])
+def test_the_gated_product_of_every_pair_of_codes_on_each_build(native_build, build, code_dtype):
+    # All 65536 pairs (blocks of 256 codes: the byte lookups, VBMI or AVX2, then vector products)
+    # and a tail of 37 (one at a time through int32 tables).
+    native_build(build)
+    info = torch.iinfo(code_dtype)
+    codes = torch.arange(info.min, info.max + 1).to(code_dtype)
+    qa, qb = codes.repeat_interleave(256), codes.repeat(256)
+    qa, qb = torch.cat([qa, qa[:37]]), torch.cat([qb, qb[1000:1037]])
+    for dtype, a_zp, b_zp, zp, bounds in ((torch.uint8, 128, 0, 128, (0, 255)), (torch.int8, 5, -128, 1, (-128, 127))):
+        ta, tb = _codes((256,), dtype, 18), _codes((256,), dtype, 19)
+        out = native.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, 1 / 300, zp, *bounds, dtype)
+        expected = program_ops.mul_codes(ref.lut(qa, ta), a_zp, ref.lut(qb, tb), b_zp, 1 / 300, zp, *bounds, dtype)
+        assert torch.equal(out, expected), (build, dtype)
+        assert expected.unique().numel() > 100  # the products span the grid, not a corner of it
+
+
 @pytest.mark.parametrize("case", ["layouts-differ", "strided", "table-dtype", "no-native"])
 def test_the_gated_product_leaves_what_it_does_not_take_to_the_torch_kernels(native_env, case):
     native_env(**({"LUCID_FX_NATIVE": "0"} if case == "no-native" else {}))
