@@ -31,11 +31,12 @@ CASES = {  # (a, b) of codes of dtype d: attention's shapes and layouts, and odd
     "odd k, both operands transposed": lambda d: (_codes((3, 7, 5), d, 0).transpose(-1, -2),
                                                   _codes((3, 9, 7), d, 1).transpose(-1, -2)),
     "odd k, keys transposed, 40 keys": lambda d: (_codes((2, 6, 11), d, 0), _codes((2, 40, 11), d, 1).transpose(-1, -2)),
+    "values of 40 columns, odd k": lambda d: (_codes((2, 6, 13), d, 0), _codes((2, 13, 40), d, 1)),
     "six dims": lambda d: (_codes((2, 1, 3, 2, 4, 5), d, 0), _codes((1, 2, 1, 2, 5, 3), d, 1)),
 }
 
 
-@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype,zps,out_zp", [(torch.uint8, (128, 0), 100), (torch.uint8, (3, 250), 0),
                                               (torch.int8, (0, -5), 0), (torch.int8, (-128, 127), -1)])
@@ -44,12 +45,17 @@ def test_the_product_equals_program_ops_bit_for_bit(native_build, no_fallback, b
     a, b = CASES[case](dtype)
     plan = mn.matmul_plan(a, b, *zps)
     assert plan is not None and plan.out_shape == torch.matmul(a.float(), b.float()).shape
-    low, high = program_ops.code_bounds(dtype, out_zp, "none")
-    for mult in (0.0017, 1.0 / 3, 2.0 ** -9):  # a power of two puts sums on exact ties
-        got = mn.matmul_codes(a, zps[0], b, zps[1], mult, out_zp, low, high, dtype, plan)
-        expected = program_ops.matmul_codes(a, zps[0], b, zps[1], mult, out_zp, low, high, dtype)
+    sums = torch.matmul(a.double() - zps[0], b.double() - zps[1])
+    spread = 100.0 / float(sums.abs().max().clamp_min(1))  # codes across the grid around its middle
+    middle = 128 if dtype == torch.uint8 else 0
+    # a power of two puts sums on exact ties; the spread's codes are not all clamped to one end
+    for mult, zp in ((0.0017, out_zp), (1.0 / 3, out_zp), (2.0 ** -9, out_zp), (spread, middle)):
+        low, high = program_ops.code_bounds(dtype, zp, "none")
+        got = mn.matmul_codes(a, zps[0], b, zps[1], mult, zp, low, high, dtype, plan)
+        expected = program_ops.matmul_codes(a, zps[0], b, zps[1], mult, zp, low, high, dtype)
         assert got.dtype == dtype and got.stride() == expected.stride()
         assert torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
+    assert expected.unique().numel() >= min(10, expected.numel() // 2)
 
 
 def test_sums_at_the_exact_limit_and_the_plan_past_it(native_on, no_fallback):
