@@ -68,6 +68,10 @@ class ProgramBuilder:
             return True
         return any(u is not node and (u.op == "output" or self._order.get(u, -1) > self._order[node]) for u in value.users)
 
+    def defined_before(self, value: fx.Node, node: fx.Node) -> bool:
+        """Whether ``value`` is computed before ``node`` (a call a rule inserted is, before its own node)."""
+        return self._order.get(value, -1) < self._order[node]
+
     def kernel(self, name: str) -> Callable:
         """The device kernel function of ``lucid_fx::name`` (its reference kernel where none is registered)."""
         kernels = KERNELS[name]

@@ -18,104 +18,16 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import conv_native, cpu_float, linear_native, matmul_native, native, program_ops, softmax_native
-from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
-                                         row_out_scale, takes_row)
+from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, post_op_codes, row_bounds, row_out_scale
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
+from lucid_fx.rules.program_cpu_linear import PROGRAM_RULES_CPU_LINEAR, _engine, _linear_row, _out_args, _weights
 from lucid_fx.rules.program_cpu_pool import PROGRAM_RULES_CPU_POOL
 
 __all__ = ["PROGRAM_RULES_CPU"]
 
 ON = torch.ops.onednn
-
-
-def _weights(b, node: fx.Node, qw_node, ws_node, bias_node, groups: int = 1):
-    """(int8 weight, float32 scales, bias) of a linear or conv (in ``groups`` groups), or None where
-    oneDNN would not be exact here."""
-    qw = b.attr(qw_node)
-    if qw is None or not onednn.onednn_available() or not onednn._exact_on_onednn(qw, groups):
-        return None
-    ws = b.attr(ws_node)
-    return qw, ws.to(torch.float32), b.attr(bias_node)
-
-
-def _out_args(out_scale: float, out_zp: int, dtype: torch.dtype):
-    """oneDNN's (output scale, zero point, dtype) for a uint8 or float32 result."""
-    return (1.0, 0, torch.float32) if dtype == torch.float32 else (out_scale, out_zp, None)
-
-
-def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 1x1 qconv2d (AVX2) on a packed weight
-    post_op, dtype = node.args[8], b.value(node).dtype
-    if not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype):
-        return _linear(b, node, post_op, dtype)
-    y = _linear(b, node, "none", torch.float32)  # SiLU without VNNI: after the float result, as cpu.linear
-    return None if y is None else b.call(post_op_codes, y, post_op, node.args[6], node.args[7], dtype)
-
-
-def _linear(b, node, post_op: str, dtype: torch.dtype):
-    """The linear of ``node`` with this post-op and result dtype (``node``'s, or float32 for a post-op after it)."""
-    qx, x_scale, x_zp, qw_n, ws_n, bias_n, out_scale, out_zp, _, out_dtype = node.args
-    x = b.value(qx)
-    if x.dtype != torch.uint8 or dtype not in (torch.uint8, torch.float32) or x.numel() == 0:
-        return None
-    qw = b.attr(qw_n)
-    engine = None if qw is None else _engine(post_op, dtype, x.numel() // qw.shape[1], *qw.shape)
-    out = None if engine is None else _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n),
-                                                  out_scale, out_zp, post_op, engine, dtype=dtype)
-    if out is not None:
-        return out
-    weights = _weights(b, node, qw_n, ws_n, bias_n)
-    if weights is None:
-        return None
-    qw, ws, bias = weights
-    n, k = qw.shape
-    zp, bias = onednn._folded_zero_point(qw, ws, bias, x_scale, x_zp)
-    if not onednn._zero_point_exact_on_onednn(qw, zp):
-        return None
-    rows = qx if x.dim() == 2 else b.call_method("reshape", qx, (-1, k))
-    if not x.is_contiguous():  # a slice such as h[:, 0]: the routes below read dense rows
-        rows = b.call_method("contiguous", rows)
-    m = x.numel() // k
-    scale, ozp, odtype = _out_args(out_scale, out_zp, dtype)
-    bias_c = None if bias is None else b.const(bias.to(torch.float32), "bias")
-    zeros = b.const(torch.zeros(n, dtype=torch.int64), "wzp")
-    if onednn._linear_as_conv() and zp == 0:
-        # (M, K) row-major codes are a (1, K, 1, M) channels-last image; the (1, N, 1, M) channels-last
-        # result is the (M, N) output: no copy either way (1.1-2.2x faster than the linear without VNNI).
-        packed = ON.qconv_prepack(qw.contiguous().view(n, k, 1, 1), ws, 1.0, 0, [1, 1], [0, 0], [1, 1], 1, None)
-        image = b.call_method("as_strided", rows, (1, k, 1, m), (m * k, 1, m * k, k))
-        out = b.call(ON.qconv2d_pointwise.default, image, x_scale, 0, b.const(packed, "packed"), b.const(ws, "wscale"),
-                     zeros, bias_c, [1, 1], [0, 0], [1, 1], 1, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
-        out = b.call_method("reshape", b.call_method("permute", out, (0, 2, 3, 1)), tuple(b.value(node).shape))
-        return out
-    packed = ON.qlinear_prepack(qw.contiguous(), None)
-    out = b.call(ON.qlinear_pointwise.default, rows, x_scale, zp, b.const(packed, "packed"), b.const(ws, "wscale"),
-                 zeros, bias_c, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
-    return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
-
-
-def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int, pointwise: bool = False) -> Optional[str]:
-    """The engine an (m, k) by (k, n) linear (a 1x1 convolution's: ``pointwise``) takes off oneDNN
-    (linear_row.takes_row), or None."""
-    return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k, pointwise)
-
-
-def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None):
-    """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
-    ``engine`` with oneDNN's float steps; None where the engine does not take the weight. The program
-    owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it only through
-    ``recompile`` (which rebuilds the folded bias too)."""
-    dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
-    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op)
-    if row is None:
-        return None
-    row = b.const(row, "row")
-    if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
-        return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))
-    out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-    return out if len(shape) == 2 else b.call_method("view", out, shape)
 
 
 def _is_patchify(x, qw, stride, padding, dilation, groups, engine) -> bool:
@@ -273,7 +185,7 @@ def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> the table 
 
 
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
-    "linear": linear,  # lucid_fx.linear -> onednn.qlinear_pointwise / 1x1 qconv2d_pointwise, packed once; one row: _int_mm
+    **PROGRAM_RULES_CPU_LINEAR,  # lucid_fx.linear -> onednn.qlinear_pointwise (a residual add fused) / linear_row
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
     "conv2d_add": conv2d_add,  # lucid_fx.conv2d_add -> onednn.qconv2d_pointwise.binary("sum")
     "matmul": matmul,  # -> native / program_ops.matmul_codes
