@@ -349,7 +349,7 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
                      and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
                      and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
         se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
-        rows = sum(n.target is lr.linear_row for n in calls)
+        rows = sum(n.target is lr.pointwise_rows for n in calls)
         if engine is not None:
             assert not rows_left and rows >= se >= 2, kind  # every gate has a convolution without a fused SiLU
         elif onednn_exact(target):

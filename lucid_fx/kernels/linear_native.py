@@ -33,7 +33,7 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "hardswish", "finish", "available", "full_grid", "takes_weight",
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "hardswish", "finish", "available", "full_grid", "takes_weight",
            "BLOCK", "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
@@ -87,17 +87,29 @@ def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_sca
     bias float32, one per output. Without the native kernels, torch computes the same values (an
     int64 matrix product, exact)."""
     q = q if q.is_contiguous() else q.contiguous()
-    m = q.shape[0]
-    fn = _function("gemm", dtype)
-    if fn is not None:
-        out = torch.empty((m, weight.n), dtype=dtype)
-        fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), m, weight.n, weight.k, offset.data_ptr(),
-           w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low, high, hardswish)
+    if _function("gemm", dtype) is not None:
+        out = torch.empty((q.shape[0], weight.n), dtype=dtype)
+        gemm_into(q, out, weight, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, hardswish)
         return out
     w = weight.packed.permute(0, 2, 1, 3).reshape(-1, weight.packed.shape[1] * STEP)[:weight.n, :weight.k]
     acc = (q.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32).add_(offset)
     y = acc.to(torch.float32).mul_(torch.tensor(x_scale, dtype=torch.float32)).mul_(w_scale)
     return finish(y if bias is None else y.add_(bias), inv_out, zp, low, high, dtype, hardswish)
+
+
+def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float,
+              w_scale: torch.Tensor, bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
+              dtype: torch.dtype, hardswish: bool = False) -> bool:
+    """:func:`gemm_rows` of the rows ``q``'s storage holds (M rows of K codes, dense: a 2-d tensor, or
+    a channels-last image's pixels) into ``out``'s dense storage (M x N values of ``dtype``), whatever
+    their shapes; False (nothing written) without the native kernels."""
+    fn = _function("gemm", dtype)
+    if fn is None:
+        return False
+    fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), q.numel() // weight.k, weight.n, weight.k,
+       offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low,
+       high, hardswish)
+    return True
 
 
 def hardswish(y: torch.Tensor) -> torch.Tensor:

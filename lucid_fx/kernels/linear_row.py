@@ -47,7 +47,7 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
-           "row_linear", "linear_row", "row_bounds", "row_out_scale", "conv_is_row",
+           "row_linear", "linear_row", "pointwise_rows", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS",
            "VNNI_POINTWISE_ROWS",
            "NATIVE_GEMM_MNK"]
@@ -153,6 +153,22 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
         return y.clamp_(low, high) if low > -math.inf else y
     y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
+
+
+def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`linear_row` of each pixel of 4-d channels-last codes ``q`` (a 1x1 convolution of stride 1,
+    or squeeze-excite's of a 1x1 image): the result (N, N_out, H, W), channels-last (contiguous for a
+    1x1 image, as a linear's result viewed so). On lucid_fx's GEMM the pixels are its rows in place
+    and it writes the result's storage: the views to rows and back took six torch calls a convolution."""
+    n, c, h, w = q.shape
+    if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last):
+        out = torch.empty((n, row.weight.n, h, w), dtype=dtype,
+                          memory_format=torch.channels_last if h * w > 1 else torch.contiguous_format)
+        if linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish):
+            return out
+    out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
+    return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

@@ -45,6 +45,9 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
     """A patchify convolution as linear_row on the patches, (kh, kw, C) per row as the weight is permuted."""
     n, c, h, w = b.value(qx).shape
     kh, kw = qw.shape[2:]
+    if kh == kw == 1:  # a pixel a row, read in place
+        return _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), ws, bias, out_scale, out_zp, post_op, engine,
+                           pointwise=True)
     nhwc = b.call_method("permute", qx, (0, 2, 3, 1))  # the channels-last codes as they lie
     tiles = b.call_method("permute", b.call_method("view", nhwc, (n, h // kh, kh, w // kw, kw, c)), (0, 1, 3, 2, 4, 5))
     rows = b.call_method("reshape", tiles, (-1, kh * kw * c))
@@ -113,7 +116,7 @@ def _conv2d(b, node, post_op: str, dtype: torch.dtype):
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,
-                          post_op, engine, dtype=dtype)
+                          post_op, engine, dtype=dtype, pointwise=True)
     elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
         out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
                             engine)

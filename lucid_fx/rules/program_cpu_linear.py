@@ -13,7 +13,8 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels.linear_row import float_post_op, linear_row, post_op_codes, row_bounds, row_linear, row_out_scale, takes_row
+from lucid_fx.kernels.linear_row import (float_post_op, linear_row, pointwise_rows, post_op_codes, row_bounds, row_linear,
+                                         row_out_scale, takes_row)
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 
 __all__ = ["PROGRAM_RULES_CPU_LINEAR"]
@@ -123,16 +124,20 @@ def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int, pointwise:
     return takes_row(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, m, n, k, pointwise)
 
 
-def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None):
+def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None,
+                pointwise=False):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
-    ``engine`` with oneDNN's float steps; None where the engine does not take the weight. The program
-    owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it only through
-    ``recompile`` (which rebuilds the folded bias too)."""
+    ``engine`` with oneDNN's float steps; None where the engine does not take the weight. ``pointwise``:
+    a 1x1 convolution of stride 1 of channels-last ``qx``, its pixels the rows (linear_row.pointwise_rows).
+    The program owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it
+    only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
     row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op)
     if row is None:
         return None
     row = b.const(row, "row")
+    if pointwise:
+        return b.call(pointwise_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
         return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))

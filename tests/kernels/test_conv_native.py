@@ -158,7 +158,7 @@ def test_a_program_runs_the_convolutions_natively_where_the_engine_is_here_with_
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     native_here = lr.engine_here() == "native" and ln.available()
     assert calls.count(cn.conv_codes) == (2 if native_here else 0)  # the 3x3 and the depthwise; the 1x1 is a linear
-    assert (lr.linear_row in calls) == native_here
+    assert (lr.pointwise_rows in calls) == native_here
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30
 
@@ -181,7 +181,7 @@ def test_with_vnni_a_program_runs_small_convolutions_on_the_vnni_kernels_with_th
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     # the 3x3 with relu natively; the depthwise one's hardswish is not among VNNI's post-ops: oneDNN
     assert calls.count(cn.conv_codes) == 1 and calls.count(torch.ops.onednn.qconv2d_pointwise.default) == 1
-    assert lr.linear_row in calls
+    assert lr.pointwise_rows in calls
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30
 
@@ -212,7 +212,7 @@ def test_with_vnni_a_program_runs_1x1_convolutions_of_up_to_1024_pixels_on_the_v
         model, x = Pointwise().eval(), torch.randn(1, 112, 14, 14)
         q = lucid_fx.quantize(model, (x,), [torch.randn(1, 112, 14, 14) for _ in range(4)], progress=False)
         portable, program, calls = lowered(q, x)
-        assert calls.count(lr.linear_row) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
+        assert calls.count(lr.pointwise_rows) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
         assert torch.equal(program(x), portable)
         assert sqnr_db(model(x), portable) >= 30
     finally:

@@ -162,3 +162,30 @@ def test_only_silu_into_uint8_codes_on_a_row_engine_runs_after_the_float_result(
             assert not lr.float_post_op(target, False, "silu", torch.uint8)  # oneDNN off: the exact fallbacks
             assert not any(lr.float_post_op(target, True, p, d) for p, d in [("silu", torch.int8), ("silu", torch.float32),
                                                                               ("relu", torch.uint8), ("hardswish", torch.uint8)])
+
+
+@pytest.mark.parametrize("engine", ["int_mm", "native"])
+@pytest.mark.parametrize("image", [(2, 24, 5, 7), (3, 24, 1, 1)], ids=["5x7 image", "1x1 image"])
+@pytest.mark.parametrize("out", [("uint8", 9), ("float32", 0)])
+def test_pointwise_rows_are_the_linear_of_each_pixel_in_the_image_s_layout(engine, image, out, native_or_torch):
+    # A 1x1 convolution's pixels as rows: read in place on lucid_fx's GEMM, written into a channels-last
+    # result (contiguous for a 1x1 image, as a linear's result viewed so); the same values as
+    # linear_row on the pixels laid out as rows, and the views' route (non-channels-last codes, _int_mm).
+    dtype, out_zp = getattr(torch, out[0]), out[1]
+    g = torch.Generator().manual_seed(3)
+    n, c, h, w = image
+    q = torch.randint(0, 256, image, dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    qw = torch.randint(-64, 64, (40, c), dtype=torch.int8, generator=g)
+    with force_cpu_features(ENGINE_KIND[engine]):
+        row = lr.row_linear(qw, torch.rand(40, generator=g) * 0.01, torch.randn(40, generator=g), 0.02, 117,
+                            None if dtype == torch.float32 else 0.05, engine)
+    bounds = lr.row_bounds(dtype, out_zp, "none")
+    want = lr.linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, out_zp, *bounds, dtype).view(n, h, w, 40)
+    for codes in (q, q.contiguous()):  # the second: not channels-last, the views' route
+        got = lr.pointwise_rows(codes, row, out_zp, *bounds, dtype)
+        assert got.shape == (n, 40, h, w) and got.dtype == dtype
+        assert torch.equal(got.permute(0, 2, 3, 1), want)
+        layout = torch.channels_last if h * w > 1 else torch.contiguous_format
+        assert got.is_contiguous(memory_format=layout)
+        if h * w == 1:
+            assert got.stride() == (40, 1, 1, 1)  # the strides of a (N, 40) result viewed (N, 40, 1, 1)
