@@ -19,7 +19,7 @@ ENGINE_KIND = {"int_mm": "avx512_vnni", "native": "avx2"}
 
 @pytest.mark.parametrize("engine", ["int_mm", "native"])
 @pytest.mark.parametrize("k", [1, 13, 256])
-@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish"])
 @pytest.mark.parametrize("out", [("uint8", 0), ("uint8", 7), ("uint8", 128), ("float32", 0)])
 @pytest.mark.parametrize("x_zp", [0, 117])
 def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, out, x_zp, native_or_torch, monkeypatch):
@@ -30,6 +30,10 @@ def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, ou
     # native_or_torch: the steps after the int32 sums in one C pass, or as torch ops
     assert native.available() == (native_or_torch == "native"), native.status()
     dtype, out_zp = getattr(torch, out[0]), out[1]
+    if post_op not in lr.engine_post_ops(engine):  # hardswish on _int_mm's route (VNNI, no native GEMM): oneDNN's
+        with force_cpu_features(ENGINE_KIND[engine]):
+            assert lr.takes_row(resolve_target("cpu"), True, post_op, dtype, 1, 64, k) is None
+        return
     g = torch.Generator().manual_seed(k + x_zp)
     qx = torch.randint(0, 256, (2048, k), dtype=torch.uint8, generator=g)
     # a grid oneDNN is exact on, VNNI or not; the full grid where its VNNI kernels run and are compared
@@ -41,7 +45,7 @@ def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, ou
     with force_cpu_features(ENGINE_KIND[engine]):  # oneDNN's call for this kind: its linear, or its 1x1 convolution
         here = lr.row_engine(resolve_target("cpu"))
         one = cpu.linear(qx[5:6], 0.0213, x_zp, qw, ws, bias, out_scale, out_zp, post_op, dtype)
-        row = lr.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale, engine)
+        row = lr.row_linear(qw, ws, bias, 0.0213, x_zp, None if dtype == torch.float32 else out_scale, engine, post_op)
         got = lr.linear_row(qx, row, out_zp, *lr.row_bounds(dtype, out_zp, post_op), dtype)
         # the sums from lucid_fx's GEMM (the native engine; the VNNI one where the build has VNNI), else _int_mm
         assert isinstance(row.weight, ln.PackedWeight) == (engine == "native" or ln.full_grid())
@@ -56,7 +60,7 @@ def test_a_small_linear_gives_onednn_s_values_bit_for_bit(engine, k, post_op, ou
         assert here is None and torch.equal(one, one_onednn)
         assert float((got.double() - want.double()).abs().max()) <= (1 if dtype == torch.uint8 else 1e-5)
     y = F.linear(Q.dequantize(qx, 0.0213, x_zp), qw.float() * ws[:, None], bias)
-    y = y.relu() if post_op == "relu" else y
+    y = y.relu() if post_op == "relu" else ln.hardswish(y) if post_op == "hardswish" else y
     if dtype == torch.float32:
         torch.testing.assert_close(got, y, rtol=1e-5, atol=1e-4)
     else:
