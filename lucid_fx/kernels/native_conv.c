@@ -111,6 +111,14 @@ static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const 
     free(pad);
 }
 
+/* With AVX512-VNNI, 32 channels at a time: the same pairs of taps in 512-bit vectors, multiplied and
+ * added into int32 by vpdpwssd (exact, as vpmaddwd and the add it fuses). */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define DW_AVX512 1
+#else
+#define DW_AVX512 0
+#endif
+
 /* w: int16 (kh * kw, c16) weights, c16 = c rounded up to 16 with zeros: any int8 codes, the full grid
  * included (the depthwise kernels of every CPU kind take the full grid, docs/convert.md#weights). With
  * AVX2, 16 channels at a time: two taps' (x - x_zp) (|.| <= 255) interleaved with their weights and
@@ -150,6 +158,25 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
             }
         char *row = out + p * c * size;
         int64_t c0 = 0;
+#if DW_AVX512
+        const __m512i zp32x16 = _mm512_set1_epi16((int16_t)x_zp), zero512 = _mm512_setzero_si512();
+        const __m512i lanes_lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), lanes_hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+#define DW_CENTRED32(t) _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src[t] + c0))), zp32x16)
+#define DW_WEIGHT32(t) _mm512_loadu_si512((const void *)(wt[t] + c0))
+        for (; c0 + 32 <= c; c0 += 32) {
+            __m512i a = zero512, b = zero512; /* per 128-bit lane L: channels 8L..8L+3 in a, 8L+4..8L+7 in b */
+            for (int64_t t = 0; t < valid; t += 2) {
+                const int pair = t + 1 < valid;
+                const __m512i x0 = DW_CENTRED32(t), x1 = pair ? DW_CENTRED32(t + 1) : zero512;
+                const __m512i w0 = DW_WEIGHT32(t), w1 = pair ? DW_WEIGHT32(t + 1) : zero512;
+                a = _mm512_dpwssd_epi32(a, _mm512_unpacklo_epi16(x0, x1), _mm512_unpacklo_epi16(w0, w1));
+                b = _mm512_dpwssd_epi32(b, _mm512_unpackhi_epi16(x0, x1), _mm512_unpackhi_epi16(w0, w1));
+            }
+            const __m512i lo = _mm512_permutex2var_epi64(a, lanes_lo, b), hi = _mm512_permutex2var_epi64(a, lanes_hi, b);
+            gemm_finish16(_mm512_castsi512_si256(lo), _mm512_extracti64x4_epi64(lo, 1), c0, c, f, row + c0 * size);
+            gemm_finish16(_mm512_castsi512_si256(hi), _mm512_extracti64x4_epi64(hi, 1), c0 + 16, c, f, row + (c0 + 16) * size);
+        }
+#endif
 #if GEMM_AVX2
         const __m256i zp16 = _mm256_set1_epi16((int16_t)x_zp), zp32 = _mm256_set1_epi32(x_zp), zero = _mm256_setzero_si256();
 #define DW_CENTRED(t) _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src[t] + c0))), zp16)
