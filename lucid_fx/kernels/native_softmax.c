@@ -12,17 +12,62 @@
  * per code in the same layout, marks the positions a mask leaves (program_ops.softmax_keep). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */
 
-/* One row of n codes a step apart (step 1: loops the compiler vectorizes, the lookups as gathers).
- * Sums of fewer than 256 values stay below 2^31: int32 there, int64 beyond. */
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define SOFTMAX_VBMI 1
+/* e[j] = table[top - x[j]] for 64 codes of a row from the table's three low bytes (its values are at
+ * most 2^23), each a 256-byte lookup of two VBMI permutes, the bytes then joined into int32, where
+ * the compiler gathers: 8x4x128x128 codes 504-574 -> 363-417 us (AVX512-VBMI EPYC, runs alternating). */
+static inline __m512i softmax_plane(const __m512i plane[4], __m512i idx, __mmask64 high) {
+    const __m512i lo = _mm512_permutex2var_epi8(plane[0], idx, plane[1]); /* the index's low 7 bits */
+    return _mm512_mask_blend_epi8(high, lo, _mm512_permutex2var_epi8(plane[2], idx, plane[3]));
+}
+#define SOFTMAX_JOIN(q)                                                                            \
+    _mm512_storeu_si512(e + 16 * (q), _mm512_or_si512(_mm512_or_si512(                            \
+        _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, q)),                                    \
+        _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, q)), 8)),            \
+        _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b2, q)), 16)))
+static inline void softmax_lookup64(const void *x, int32_t top, const __m512i planes[3][4], int32_t *e) {
+    const __m512i idx = _mm512_sub_epi8(_mm512_set1_epi8((char)top), _mm512_loadu_si512(x)); /* top - x, mod 256 */
+    const __mmask64 high = _mm512_movepi8_mask(idx);
+    const __m512i b0 = softmax_plane(planes[0], idx, high), b1 = softmax_plane(planes[1], idx, high);
+    const __m512i b2 = softmax_plane(planes[2], idx, high);
+    SOFTMAX_JOIN(0);
+    SOFTMAX_JOIN(1);
+    SOFTMAX_JOIN(2);
+    SOFTMAX_JOIN(3);
+}
+#define SOFTMAX_PLANES                                                                             \
+    __m512i planes[3][4];                                                                          \
+    {                                                                                              \
+        uint8_t bytes[3][256];                                                                     \
+        for (int k = 0; k < 3; k++)                                                                \
+            for (int d = 0; d < 256; d++) bytes[k][d] = (uint8_t)(table[d] >> (8 * k));            \
+        for (int k = 0; k < 3; k++)                                                                \
+            for (int r = 0; r < 4; r++) planes[k][r] = _mm512_loadu_si512(bytes[k] + 64 * r);      \
+    }
+#define SOFTMAX_FAST(STEP)                                                                         \
+    if ((STEP) == 1)                                                                               \
+        for (; j + 64 <= n; j += 64) softmax_lookup64(x + j, top, (const __m512i(*)[4])planes, e + j);
+#else
+#define SOFTMAX_PLANES
+#define SOFTMAX_FAST(STEP)
+#endif
+
+/* One row of n codes a step apart (step 1: loops the compiler vectorizes, the lookups with VBMI as
+ * above, else as gathers). Sums of fewer than 256 values stay below 2^31: int32 there, int64 beyond. */
 #define SOFTMAX_ROW(CODE, STEP)                                                                    \
     {                                                                                              \
         int32_t top = x[0];                                                                        \
         for (int64_t j = 1; j < n; j++) top = x[j * (STEP)] > top ? x[j * (STEP)] : top;           \
         const int32_t *t = table + top; /* t[-code] = table[top - code] */                       \
-        for (int64_t j = 0; j < n; j++) e[j] = t[-(int32_t)x[j * (STEP)]];                         \
+        int64_t j = 0;                                                                             \
+        SOFTMAX_FAST(STEP)                                                                         \
+        for (; j < n; j++) e[j] = t[-(int32_t)x[j * (STEP)]];                                      \
         int64_t sum = 0;                                                                           \
         if (n < 256) {                                                                             \
             int32_t small = 0;                                                                     \
@@ -58,6 +103,7 @@
                  CODE *restrict out, int64_t outer, int64_t n, int64_t inner, float mult, int32_t zp, \
                  int32_t low, int32_t high) {                                                      \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        SOFTMAX_PLANES                                                                             \
         int32_t *restrict e = malloc((size_t)n * sizeof *e);                                        \
         if (!e) return -1;                                                                         \
         for (int64_t o = 0; o < outer; o++)                                                        \

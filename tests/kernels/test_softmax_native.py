@@ -23,10 +23,12 @@ def no_fallback(forbid_route):
     forbid_route(softmax_native.program_ops, "softmax_codes")  # what passes ran native_softmax.c
 
 
-SHAPES = [((4, 2, 33, 33), -1), ((3, 17, 5), 1), ((4, 9, 6), 0), ((2, 255), -1), ((2, 300), -1), ((7, 1), -1)]
+# rows of 33 (a tail alone), 128 and 255 (steps of 64 codes with VBMI, and a tail), 300 (int64 sums)
+SHAPES = [((4, 2, 33, 33), -1), ((3, 17, 5), 1), ((4, 9, 6), 0), ((2, 255), -1), ((2, 300), -1), ((7, 1), -1),
+          ((2, 3, 5, 128), -1)]
 
 
-@pytest.mark.parametrize("build", ["this CPU", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no AVX-512", "portable"])
 @pytest.mark.parametrize("shape,dim", SHAPES, ids=[f"{s}-dim{d}" for s, d in SHAPES])
 @pytest.mark.parametrize("dtype,out_zp", [(torch.uint8, 0), (torch.uint8, 5), (torch.int8, -128)])
 def test_the_native_softmax_equals_the_torch_route_bit_for_bit(native_build, no_fallback, build, shape, dim, dtype, out_zp):
