@@ -33,7 +33,7 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "hardswish", "finish", "available", "full_grid", "takes_weight",
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "finish", "available", "full_grid", "takes_weight",
            "BLOCK", "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
@@ -99,17 +99,26 @@ def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_sca
 
 def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float,
               w_scale: torch.Tensor, bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
-              dtype: torch.dtype, hardswish: bool = False) -> bool:
+              dtype: torch.dtype, hardswish: bool = False, accum: Optional[torch.Tensor] = None, sum_scale: float = 0.0,
+              sum_zp: int = 0) -> bool:
     """:func:`gemm_rows` of the rows ``q``'s storage holds (M rows of K codes, dense: a 2-d tensor, or
     a channels-last image's pixels) into ``out``'s dense storage (M x N values of ``dtype``), whatever
-    their shapes; False (nothing written) without the native kernels."""
-    fn = _function("gemm", dtype)
+    their shapes; False (nothing written) without the native kernels. ``accum``: uint8 codes laid out
+    as ``out`` (a residual), added before the requantization as oneDNN's "sum" post-op adds them,
+    ``fma(accum - sum_zp, sum_scale, y)`` (uint8 results only: :func:`sum_available`)."""
+    fn = _function("gemm" if accum is None else "gemm_sum", dtype)
     if fn is None:
         return False
+    tail = (hardswish,) if accum is None else (accum.data_ptr(), sum_scale, sum_zp)
     fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), q.numel() // weight.k, weight.n, weight.k,
        offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low,
-       high, hardswish)
+       high, *tail)
     return True
+
+
+def sum_available() -> bool:
+    """Whether :func:`gemm_into` takes a residual (``accum``) here: the native kernels are loaded."""
+    return _function("gemm_sum", torch.uint8) is not None
 
 
 def hardswish(y: torch.Tensor) -> torch.Tensor:

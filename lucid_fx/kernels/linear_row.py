@@ -47,7 +47,7 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
-           "row_linear", "linear_row", "pointwise_rows", "row_bounds", "row_out_scale", "conv_is_row",
+           "row_linear", "linear_row", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale", "conv_is_row",
            "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS",
            "VNNI_POINTWISE_ROWS",
            "NATIVE_GEMM_MNK"]
@@ -180,6 +180,27 @@ def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: f
             return out
     out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
     return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
+
+
+def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int, zp: int,
+                       low: float, high: float) -> torch.Tensor:
+    """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's
+    shape, channels-last), as oneDNN's 1x1 convolution with its "sum" post-op adds it: the same codes
+    (its VNNI kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
+    tensor where oneDNN writes into a copy of ``other``. The program calls it only on lucid_fx's GEMM
+    (:func:`lucid_fx.kernels.linear_native.sum_available`)."""
+    n, c, h, w = q.shape
+    out = torch.empty((n, row.weight.n, h, w), dtype=torch.uint8, memory_format=torch.channels_last)
+    if not (isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last)
+            and other.dtype == torch.uint8 and other.shape == out.shape
+            and other.is_contiguous(memory_format=torch.channels_last)  # out's layout (any strides of size-1 dims)
+            and linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                        row.inv_out, zp, low, high, torch.uint8, accum=other,
+                                        sum_scale=other_scale, sum_zp=other_zp)):
+        raise RuntimeError("lucid_fx: a program's 1x1 convolution with a residual met inputs other than those it was "
+                           "built for (channels-last uint8 codes on lucid_fx's native GEMM): a bug in lucid_fx, please "
+                           "report it")
+    return out
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

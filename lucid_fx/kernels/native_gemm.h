@@ -15,7 +15,15 @@ typedef struct {
     const float *w_scale, *bias;
     float x_scale, inv_out, zp, low, high;
     int kind, hardswish; /* hardswish: oneDNN's post-op, y * min(max(y * (1/6) + 1/2, 0), 1) */
+    /* A residual's uint8 codes (oneDNN's "sum" post-op): y = fma(accum - sum_zp, sum_scale, y), one
+     * rounding, as oneDNN's VNNI kernels (measured equal on 30M outputs); accum[i] is added to the
+     * output at out_base + i. NULL: none. */
+    const uint8_t *accum, *out_base;
+    float sum_scale;
+    int32_t sum_zp;
 } gemm_finish_t;
+
+#include <math.h> /* fmaf */
 
 #define GEMM_SIXTH (1.0f / 6.0f)
 #define GEMM_CLAMP(v, lo, hi) ((v) >= (lo) ? ((v) <= (hi) ? (v) : (hi)) : (lo))
@@ -25,6 +33,7 @@ static inline void gemm_finish1(int32_t acc, int64_t j, const gemm_finish_t *f, 
     float y = (float)(acc + f->offset[j]) * f->x_scale;
     y = y * f->w_scale[j];
     if (f->bias) y = y + f->bias[j];
+    if (f->accum) y = fmaf((float)((int32_t)f->accum[(const uint8_t *)out - f->out_base] - f->sum_zp), f->sum_scale, y);
     if (f->hardswish) {
         const float gate = y * GEMM_SIXTH + 0.5f; /* two roundings: -ffp-contract=off */
         y = y * (gate > 0.0f ? (gate < 1.0f ? gate : 1.0f) : 0.0f);
@@ -72,12 +81,30 @@ static inline __m256 gemm_clamp8(__m256 v, __m256 lo, __m256 hi) {
     return _mm256_blendv_ps(lo, upper, _mm256_cmp_ps(v, lo, _CMP_GE_OQ));
 }
 
+/* a * b + c rounded once, 8 lanes (FMA3, or fmaf lane by lane where the build has no FMA). */
+static inline __m256 gemm_fma8(__m256 a, __m256 b, __m256 c) {
+#if defined(__FMA__)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    float x[8], y[8], z[8];
+    _mm256_storeu_ps(x, a), _mm256_storeu_ps(y, b), _mm256_storeu_ps(z, c);
+    for (int i = 0; i < 8; i++) z[i] = fmaf(x[i], y[i], z[i]);
+    return _mm256_loadu_ps(z);
+#endif
+}
+
 /* The float steps of 8 sums for outputs j..j+7, written to out (8 codes or floats). */
 static inline void gemm_finish8(__m256i acc, int64_t j, const gemm_finish_t *f, void *out) {
     __m256 y = _mm256_cvtepi32_ps(_mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(f->offset + j))));
     y = _mm256_mul_ps(y, _mm256_set1_ps(f->x_scale));
     y = _mm256_mul_ps(y, _mm256_loadu_ps(f->w_scale + j));
     if (f->bias) y = _mm256_add_ps(y, _mm256_loadu_ps(f->bias + j));
+    if (f->accum) {
+        int64_t codes;
+        memcpy(&codes, f->accum + ((const uint8_t *)out - f->out_base), sizeof codes);
+        const __m256i centred = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(codes)), _mm256_set1_epi32(f->sum_zp));
+        y = gemm_fma8(_mm256_cvtepi32_ps(centred), _mm256_set1_ps(f->sum_scale), y);
+    }
     if (f->hardswish) {
         const __m256 gate = _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(GEMM_SIXTH)), _mm256_set1_ps(0.5f));
         y = _mm256_mul_ps(y, _mm256_min_ps(_mm256_max_ps(gate, _mm256_setzero_ps()), _mm256_set1_ps(1.0f)));
@@ -103,6 +130,11 @@ static inline void gemm_finish16_avx512(__m256i lo8, __m256i hi8, int64_t j, con
     y = _mm512_mul_ps(y, _mm512_set1_ps(f->x_scale));
     y = _mm512_mul_ps(y, _mm512_loadu_ps(f->w_scale + j));
     if (f->bias) y = _mm512_add_ps(y, _mm512_loadu_ps(f->bias + j));
+    if (f->accum) {
+        const __m128i codes = _mm_loadu_si128((const __m128i *)(f->accum + ((const uint8_t *)out - f->out_base)));
+        const __m512i centred = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), _mm512_set1_epi32(f->sum_zp));
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(f->sum_scale), y);
+    }
     if (f->hardswish) {
         const __m512 gate = _mm512_add_ps(_mm512_mul_ps(y, _mm512_set1_ps(GEMM_SIXTH)), _mm512_set1_ps(0.5f));
         y = _mm512_mul_ps(y, _mm512_min_ps(_mm512_max_ps(gate, _mm512_setzero_ps()), _mm512_set1_ps(1.0f)));

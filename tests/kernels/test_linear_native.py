@@ -66,6 +66,31 @@ def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, 
             assert torch.equal(got, want), (dtype, (got.double() - want.double()).abs().max())
 
 
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 20, 24), (9, 260, 48), (20000, 1, 100), (200000, 1, 7)])
+def test_a_residual_is_added_as_one_fused_multiply_add_on_every_build(native_build, build, m, k, n):
+    # oneDNN's "sum" post-op: y + (r - r_zp) * r_scale rounded once (fmaf; FMA3 8 lanes, AVX-512 16),
+    # before the output's scale: the oracle's fused step is a float64 sum, exact here, rounded once.
+    # The two big cases (2M and 1.4M outputs, vectors with a tail and a tail alone) are where a
+    # product rounded before the sum gives another code somewhere.
+    native_build(build)
+    g = torch.Generator().manual_seed(m + k + n)
+    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE, (n, k), dtype=torch.int8, generator=g)
+    weight = ln.packed_weight(w)
+    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
+    w_scale, bias = torch.rand(n, generator=g) * 0.01 + 1e-4, torch.randn(n, generator=g)
+    residual = torch.randint(0, 256, (m, n), dtype=torch.uint8, generator=g)
+    y = _steps(q, w, offset, 0.37, w_scale, bias, 0.0, 0, -math.inf, math.inf, torch.float32)
+    fused = ((residual.double() - 121) * float(f32(0.0411)) + y.double()).float()
+    for zp, low in ((117, 0.0), (117, 117.0)):  # none, relu
+        want = (fused * f32(5.5) + f32(float(zp))).clamp(low, 255.0).round().to(torch.uint8)
+        out = torch.empty((m, n), dtype=torch.uint8)
+        assert ln.gemm_into(q, out, weight, offset, 0.37, w_scale, bias, 5.5, zp, low, 255.0, torch.uint8,
+                            accum=residual, sum_scale=0.0411, sum_zp=121)
+        assert torch.equal(out, want), int((out != want).sum())
+
+
 def test_without_the_native_kernels_torch_computes_the_same_values(native_env):
     native_env()
     g = torch.Generator().manual_seed(1)

@@ -1,6 +1,8 @@
 """One-row linears on torch._int_mm (lucid_fx/kernels/linear_row.py): oneDNN's values bit for bit,
 where batch 1 takes them; a float oracle everywhere."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -193,3 +195,31 @@ def test_pointwise_rows_are_the_linear_of_each_pixel_in_the_image_s_layout(engin
         assert got.is_contiguous(memory_format=layout)
         if h * w == 1:
             assert got.stride() == (40, 1, 1, 1)  # the strides of a (N, 40) result viewed (N, 40, 1, 1)
+
+
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+def test_a_pointwise_convolution_plus_a_residual_gives_onednn_s_sum_codes(post_op):
+    # oneDNN's 1x1 convolution with its "sum" post-op adds the residual as fma(r - r_zp, r_scale, y):
+    # with VNNI, lucid_fx's GEMM does the same, the codes bit for bit (here 1.5M outputs, scales not
+    # powers of two, so the float steps' order shows), into a new tensor, the residual untouched.
+    if lr.engine_here() != "int_mm" or not ln.full_grid() or not ln.sum_available():
+        pytest.skip(f"needs a VNNI CPU as its own kind with the native VNNI GEMM (engine here {lr.engine_here()})")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (1, 24, 160, 160), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    other = torch.randint(0, 256, (1, 60, 160, 160), dtype=torch.uint8, generator=g)
+    other = other.contiguous(memory_format=torch.channels_last)
+    kept = other.clone()
+    qw = torch.randint(-128, 128, (60, 24, 1, 1), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(60, generator=g) * 0.01 + 0.001, torch.randn(60, generator=g)
+    want = cpu.conv2d_add(x, 0.0173, 7, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1, other, 0.0411, 121, 0.0297, 117,
+                          post_op, None)
+    row = lr.row_linear(qw, ws, bias, 0.0173, 7, 0.0297, "int_mm", post_op)
+    got = lr.pointwise_rows_sum(x, row, other, 0.0411, 121, 117, *lr.row_bounds(torch.uint8, 117, post_op))
+    assert got.is_contiguous(memory_format=torch.channels_last) and torch.equal(other, kept)
+    assert torch.equal(got, want), f"{int((got != want).sum())} codes differ"
+    # the sum's rounding shows: adding the residual after a separate product would give other codes
+    y = lr.pointwise_rows(x, lr.row_linear(qw, ws, bias, 0.0173, 7, None, "int_mm"), 0, -math.inf, math.inf,
+                          torch.float32)
+    r = (other.to(torch.int32) - 121).to(torch.float32) * torch.tensor(0.0411)
+    unfused = ((y + r) * (torch.tensor(1.0) / torch.tensor(0.0297)) + 117).clamp(117 if post_op == "relu" else 0, 255)
+    assert int((unfused.round().to(torch.uint8) != want).sum()) > 0
