@@ -33,8 +33,8 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "finish", "available", "full_grid", "takes_weight",
-           "BLOCK", "STEP", "PAIR_SAFE"]
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "finish",
+           "available", "full_grid", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.

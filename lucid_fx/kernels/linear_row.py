@@ -46,11 +46,10 @@ from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
-__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes", "RowLinear",
-           "row_linear", "linear_row", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale", "conv_is_row",
-           "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS",
-           "VNNI_POINTWISE_ROWS",
-           "NATIVE_GEMM_MNK"]
+__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
+           "RowLinear", "row_linear", "linear_row", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale",
+           "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
+           "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
 ROW_POST_OPS = ("none", "relu")
@@ -166,7 +165,8 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
 
 
-def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
+                   dtype: torch.dtype) -> torch.Tensor:
     """:func:`linear_row` of each pixel of 4-d channels-last codes ``q`` (a 1x1 convolution of stride 1,
     or squeeze-excite's of a 1x1 image): the result (N, N_out, H, W), channels-last (contiguous for a
     1x1 image, as a linear's result viewed so). On lucid_fx's GEMM the pixels are its rows in place
@@ -276,5 +276,5 @@ def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype,
     result runs on (:func:`row_engine`, where :func:`small_gemm` says it is faster there), while
     oneDNN serves the others (``onednn_on``); None for oneDNN."""
     engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
-    return (engine if engine is not None and post_op in engine_post_ops(engine) and small_gemm(m, n, k, engine, pointwise)
-            else None)
+    takes = engine is not None and post_op in engine_post_ops(engine) and small_gemm(m, n, k, engine, pointwise)
+    return engine if takes else None

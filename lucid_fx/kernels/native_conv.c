@@ -160,8 +160,10 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
         int64_t c0 = 0;
 #if DW_AVX512
         const __m512i zp32x16 = _mm512_set1_epi16((int16_t)x_zp), zero512 = _mm512_setzero_si512();
-        const __m512i lanes_lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), lanes_hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-#define DW_CENTRED32(t) _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src[t] + c0))), zp32x16)
+        const __m512i lanes_lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+        const __m512i lanes_hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+#define DW_CENTRED32(t)                                                                               \
+    _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src[t] + c0))), zp32x16)
 #define DW_WEIGHT32(t) _mm512_loadu_si512((const void *)(wt[t] + c0))
         for (; c0 + 32 <= c; c0 += 32) {
             __m512i a = zero512, b = zero512; /* per 128-bit lane L: channels 8L..8L+3 in a, 8L+4..8L+7 in b */
@@ -173,8 +175,9 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
                 b = _mm512_dpwssd_epi32(b, _mm512_unpackhi_epi16(x0, x1), _mm512_unpackhi_epi16(w0, w1));
             }
             const __m512i lo = _mm512_permutex2var_epi64(a, lanes_lo, b), hi = _mm512_permutex2var_epi64(a, lanes_hi, b);
-            gemm_finish16(_mm512_castsi512_si256(lo), _mm512_extracti64x4_epi64(lo, 1), c0, c, f, row + c0 * size);
-            gemm_finish16(_mm512_castsi512_si256(hi), _mm512_extracti64x4_epi64(hi, 1), c0 + 16, c, f, row + (c0 + 16) * size);
+            char *at = row + c0 * size;
+            gemm_finish16(_mm512_castsi512_si256(lo), _mm512_extracti64x4_epi64(lo, 1), c0, c, f, at);
+            gemm_finish16(_mm512_castsi512_si256(hi), _mm512_extracti64x4_epi64(hi, 1), c0 + 16, c, f, at + 16 * size);
         }
 #endif
 #if GEMM_AVX2

@@ -71,15 +71,15 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
                 acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, w1));                 \
             }                                                                                      \
         }                                                                                          \
-        for (int r = 0; r < MM_ROWS && i + r < m; r++) MATMUL_STORE(CODE, r, acc[r][0], acc[r][1]) \
+        for (int r = 0; r < MM_ROWS && i + r < m; r++) MATMUL_STORE(CODE, out + (i + r) * n + j, acc[r][0], acc[r][1]) \
     }
 
-/* The codes of row i + r's 16 sums s0, s1 (columns j..j+15, those below n written). */
-#define MATMUL_STORE(CODE, r, s0, s1)                                                              \
+/* The codes of 16 sums s0, s1 at `at`, columns j..j+15 of a row (those below n written). */
+#define MATMUL_STORE(CODE, at, s0, s1)                                                             \
     {                                                                                              \
         const __m128i codes = pack16_##CODE(requantize8(s0, vmult, vlo, vhi, vzp),                 \
                                             requantize8(s1, vmult, vlo, vhi, vzp));                \
-        CODE *row = out + (i + r) * n + j;                                                         \
+        CODE *row = (at);                                                                          \
         if (j + MM_COLS <= n) _mm_storeu_si128((__m128i *)row, codes);                             \
         else {                                                                                     \
             CODE tail[MM_COLS];                                                                    \
@@ -99,6 +99,16 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
 #endif
 
 int32_t lucid_matmul_vectorized(void) { return MATMUL_AVX2; }
+
+/* The offset of batch number `batch` (of g[0] * g[1] * g[2] * g[3], the last dim fastest) along strides s. */
+static inline int64_t mm_batch_offset(const int64_t *g, const int64_t *s, int64_t batch) {
+    int64_t offset = 0;
+    for (int d = 3; d >= 0; d--) {
+        offset += (batch % g[d]) * s[d];
+        batch /= g[d];
+    }
+    return offset;
+}
 
 /* STORE for every i < rows and t < cols, the loop along the smaller of the strides innermost. */
 #define PACK(rows, cols, row_stride, col_stride, STORE)                                            \
@@ -127,16 +137,8 @@ int32_t lucid_matmul_vectorized(void) { return MATMUL_AVX2; }
 #define MM_ROW(CODE, r, acc0, acc1)                                                                \
     if ((r) < rows) {                                                                              \
         const __m256i rcv = _mm256_set1_epi32(rc[r]);                                              \
-        const __m128i codes = pack16_##CODE(                                                       \
-            requantize8(_mm256_add_epi32(_mm256_add_epi32(acc0, c0), rcv), vmult, vlo, vhi, vzp),  \
-            requantize8(_mm256_add_epi32(_mm256_add_epi32(acc1, c1), rcv), vmult, vlo, vhi, vzp)); \
-        CODE *row = out + (r) * n + j;                                                             \
-        if (j + MM_COLS <= n) _mm_storeu_si128((__m128i *)row, codes);                             \
-        else {                                                                                     \
-            CODE tail[MM_COLS];                                                                    \
-            _mm_storeu_si128((__m128i *)tail, codes);                                              \
-            memcpy(row, tail, (size_t)(n - j) * sizeof *row);                                      \
-        }                                                                                          \
+        MATMUL_STORE(CODE, out + (r) * n + j, _mm256_add_epi32(_mm256_add_epi32(acc0, c0), rcv),    \
+                     _mm256_add_epi32(_mm256_add_epi32(acc1, c1), rcv))                            \
     }
 /* The codes of 4 packed rows x (kp values each, the rows below `rows` written to out) with every
  * packed block of b: per block, native_gemm.h's steps (GEMM_STEP), then the row and column terms
@@ -212,12 +214,8 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         if (!rc) return -1;                                                                        \
         int32_t *cc = rc + mp; /* the row terms -B0 * rowsum, the column terms k*A0*B0 - A0 * colsum */ \
         uint8_t *pa = (uint8_t *)(cc + np), *pb = pa + mp * kp;                                    \
-        for (int64_t b0_ = 0; b0_ < g[0]; b0_++)                                                   \
-        for (int64_t b1 = 0; b1 < g[1]; b1++)                                                      \
-        for (int64_t b2 = 0; b2 < g[2]; b2++)                                                      \
-        for (int64_t b3 = 0; b3 < g[3]; b3++, out += m * n) {                                      \
-            const CODE *x = a + b0_ * sa[0] + b1 * sa[1] + b2 * sa[2] + b3 * sa[3];                  \
-            const CODE *y = b + b0_ * sb[0] + b1 * sb[1] + b2 * sb[2] + b3 * sb[3];                  \
+        for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
+            const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
                 for (int64_t i = 0; i < m; i++)                                                    \
                     for (int64_t t = 0; t < k; t++) pa[i * kp + t] = (uint8_t)x[i * sa[4] + t] ^ fa; \
@@ -284,12 +282,8 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         int16_t *pa = calloc((size_t)(mp * kp + kp * np), sizeof *pa);                             \
         if (!pa) return -1;                                                                        \
         int16_t *pb = pa + mp * kp;                                                                \
-        for (int64_t b0 = 0; b0 < g[0]; b0++)                                                      \
-        for (int64_t b1 = 0; b1 < g[1]; b1++)                                                      \
-        for (int64_t b2 = 0; b2 < g[2]; b2++)                                                      \
-        for (int64_t b3 = 0; b3 < g[3]; b3++, out += m * n) {                                      \
-            const CODE *x = a + b0 * sa[0] + b1 * sa[1] + b2 * sa[2] + b3 * sa[3];                   \
-            const CODE *y = b + b0 * sb[0] + b1 * sb[1] + b2 * sb[2] + b3 * sb[3];                   \
+        for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
+            const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
             /* each operand read along its smaller stride (a transposed view of keys: down its columns) */ \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
                 for (int64_t i = 0; i < m; i++) {                                                  \
