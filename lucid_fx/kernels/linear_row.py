@@ -186,7 +186,7 @@ def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, oth
                        low: float, high: float) -> torch.Tensor:
     """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's
     shape, channels-last), as oneDNN's 1x1 convolution with its "sum" post-op adds it: the same codes
-    (its VNNI kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
+    (its kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
     tensor where oneDNN writes into a copy of ``other``. The program calls it only on lucid_fx's GEMM
     (:func:`lucid_fx.kernels.linear_native.sum_available`)."""
     n, c, h, w = q.shape

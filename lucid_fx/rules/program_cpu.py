@@ -158,10 +158,10 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
 
 
 def _pointwise_add(b, node):
-    """A 1x1 convolution of stride 1 plus a residual (a projection's shortcut) on lucid_fx's VNNI GEMM,
-    where it takes the convolution: linear_row.pointwise_rows_sum, oneDNN's VNNI codes (its "sum"
-    post-op's arithmetic, measured equal on 30M outputs) without its ~26 us a call or the residual's copy.
-    None elsewhere: the arithmetic of oneDNN's AVX2 kernels was not compared."""
+    """A 1x1 convolution of stride 1 plus a residual (a projection's shortcut) on lucid_fx's GEMM, where
+    its engine takes the convolution: linear_row.pointwise_rows_sum, oneDNN's codes (its "sum" post-op's
+    arithmetic, measured equal on 30M outputs of its VNNI kernels and 30M of its AVX2 ones) without its
+    call (~26 us with VNNI, ~50 without) or the residual's copy."""
     (qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, qother, o_scale, o_zp, out_scale,
      out_zp, post_op, _) = node.args
     x, qw, other = b.value(qx), b.attr(qw_n), b.value(qother)
@@ -171,9 +171,12 @@ def _pointwise_add(b, node):
             or not other.is_contiguous(memory_format=torch.channels_last)):
         return None
     pixels = x.shape[0] * x.shape[2] * x.shape[3]
-    if _engine(post_op, torch.uint8, pixels, qw.shape[0], qw.shape[1], True) != "int_mm" or not linear_native.full_grid():
+    engine = _engine(post_op, torch.uint8, pixels, qw.shape[0], qw.shape[1], True)
+    if not _native_engine(engine):
         return None
-    row = row_linear(qw.flatten(1).clone(), b.attr(ws_n), b.attr(bias_n), x_scale, x_zp, out_scale, "int_mm", post_op)
+    row = row_linear(qw.flatten(1).clone(), b.attr(ws_n), b.attr(bias_n), x_scale, x_zp, out_scale, engine, post_op)
+    if row is None:  # the native engine's 7-bit grid and a wider weight
+        return None
     return b.call(pointwise_rows_sum, qx, b.const(row, "row"), qother, o_scale, o_zp, out_zp,
                   *row_bounds(torch.uint8, out_zp, post_op))
 

@@ -2,6 +2,10 @@
 where batch 1 takes them; a float oracle everywhere."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,29 +201,50 @@ def test_pointwise_rows_are_the_linear_of_each_pixel_in_the_image_s_layout(engin
             assert got.stride() == (40, 1, 1, 1)  # the strides of a (N, 40) result viewed (N, 40, 1, 1)
 
 
-@pytest.mark.parametrize("post_op", ["none", "relu"])
-def test_a_pointwise_convolution_plus_a_residual_gives_onednn_s_sum_codes(post_op):
-    # oneDNN's 1x1 convolution with its "sum" post-op adds the residual as fma(r - r_zp, r_scale, y):
-    # with VNNI, lucid_fx's GEMM does the same, the codes bit for bit (here 1.5M outputs, scales not
-    # powers of two, so the float steps' order shows), into a new tensor, the residual untouched.
-    if lr.engine_here() != "int_mm" or not ln.full_grid() or not ln.sum_available():
-        pytest.skip(f"needs a VNNI CPU as its own kind with the native VNNI GEMM (engine here {lr.engine_here()})")
+def _residual_check(engine: str, post_op: str) -> None:
+    """lucid_fx's GEMM on ``engine`` adds a residual as this process's oneDNN 1x1 convolution with its
+    "sum" post-op does, fma(r - r_zp, r_scale, y): the codes bit for bit (1.5M outputs, scales not
+    powers of two, so the float steps' order shows), into a new tensor, the residual untouched."""
     g = torch.Generator().manual_seed(5)
     x = torch.randint(0, 256, (1, 24, 160, 160), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
     other = torch.randint(0, 256, (1, 60, 160, 160), dtype=torch.uint8, generator=g)
     other = other.contiguous(memory_format=torch.channels_last)
     kept = other.clone()
-    qw = torch.randint(-128, 128, (60, 24, 1, 1), dtype=torch.int8, generator=g)
+    bound = 128 if engine == "int_mm" else ln.PAIR_SAFE  # the engine's grid
+    qw = torch.randint(-bound, bound, (60, 24, 1, 1), dtype=torch.int8, generator=g)
     ws, bias = torch.rand(60, generator=g) * 0.01 + 0.001, torch.randn(60, generator=g)
     want = cpu.conv2d_add(x, 0.0173, 7, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1, other, 0.0411, 121, 0.0297, 117,
                           post_op, None)
-    row = lr.row_linear(qw, ws, bias, 0.0173, 7, 0.0297, "int_mm", post_op)
+    row = lr.row_linear(qw, ws, bias, 0.0173, 7, 0.0297, engine, post_op)
     got = lr.pointwise_rows_sum(x, row, other, 0.0411, 121, 117, *lr.row_bounds(torch.uint8, 117, post_op))
     assert got.is_contiguous(memory_format=torch.channels_last) and torch.equal(other, kept)
-    assert torch.equal(got, want), f"{int((got != want).sum())} codes differ"
+    assert torch.equal(got, want), f"{engine}: {int((got != want).sum())} codes differ"
     # the sum's rounding shows: adding the residual after a separate product would give other codes
-    y = lr.pointwise_rows(x, lr.row_linear(qw, ws, bias, 0.0173, 7, None, "int_mm"), 0, -math.inf, math.inf,
+    y = lr.pointwise_rows(x, lr.row_linear(qw, ws, bias, 0.0173, 7, None, engine), 0, -math.inf, math.inf,
                           torch.float32)
     r = (other.to(torch.int32) - 121).to(torch.float32) * torch.tensor(0.0411)
     unfused = ((y + r) * (torch.tensor(1.0) / torch.tensor(0.0297)) + 117).clamp(117 if post_op == "relu" else 0, 255)
     assert int((unfused.round().to(torch.uint8) != want).sum()) > 0
+
+
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+def test_a_pointwise_convolution_plus_a_residual_gives_onednn_s_sum_codes(post_op):
+    # On this CPU's engine: VNNI's (lucid_fx's GEMM built with VNNI's steps) or AVX2's.
+    engine = lr.engine_here()
+    if engine is None or (engine == "int_mm" and not ln.full_grid()) or not ln.sum_available():
+        pytest.skip(f"needs lucid_fx's GEMM as this CPU's own engine (engine here {engine}, VNNI GEMM {ln.full_grid()})")
+    _residual_check(engine, post_op)
+
+
+def test_the_residual_on_the_avx2_engine_gives_onednn_s_avx2_sum_codes():
+    # On a CPU past AVX2, oneDNN capped at AVX2 (read once, at its start: a process of its own) runs
+    # an AVX2 CPU's kernels, and the native engine (AVX2's order of the float steps) matches them.
+    if lr.engine_here() != "int_mm" or not ln.sum_available():
+        pytest.skip(f"this CPU's own engine is {lr.engine_here()}: the test above compares it")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "LUCID_FX_CPU_ISA": "avx2", "OMP_NUM_THREADS": "1"}
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_linear_row as t, lucid_fx.kernels.linear_row as lr; "
+            "assert lr.engine_here() == 'native', lr.engine_here(); t._residual_check('native', 'none'); "
+            "t._residual_check('native', 'relu'); print('checked')")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-2000:]
