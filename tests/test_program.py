@@ -76,7 +76,8 @@ def test_program_computes_the_portable_graphs_values(name):
     assert torch.equal(got, portable), (got - portable).abs().max()
     calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
     if onednn_exact(resolve_target("cpu")):  # else (a VNNI kind forced on an AVX2 CPU) the exact fallback kernels
-        assert calls & (ONEDNN | {lr.linear_row}), f"no oneDNN call (or row engine linear) in the program of {name}"
+        assert calls & (ONEDNN | {lr.linear_row, lr.linear_rows, lr.pointwise_rows}), \
+            f"no oneDNN call (or row engine linear) in the program of {name}"
     assert not any(getattr(t, "_qualified_op_name", "").startswith("lucid_fx::") for t in calls), \
         "a program calls kernel functions, not the dispatcher's lucid_fx ops"
 
@@ -325,7 +326,7 @@ def test_a_batch_one_linear_runs_off_onednn_where_that_was_measured_faster(shape
             calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
             row = lr.row_engine(resolve_target("cpu")) is not None  # verified bit-identical to oneDNN here
             assert row == (kind == detected_cpu_features().name and lr.engine_here() is not None), kind
-            assert calls.count(lr.linear_row) == (3 if row else 0), kind
+            assert calls.count(lr.linear_row) + calls.count(lr.linear_rows) == (3 if row else 0), kind
             assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 
 

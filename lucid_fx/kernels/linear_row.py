@@ -47,7 +47,7 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
-           "RowLinear", "row_linear", "linear_row", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale",
+           "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale",
            "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
@@ -163,6 +163,19 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
         return y.clamp_(low, high) if low > -math.inf else y
     y = y.mul_(operand(row.inv_out)).add_(operand(zp)).clamp_(low, high)  # integer bounds: clamping first is the same
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
+
+
+def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`linear_row` along the last dim of codes ``q`` of any rank (a transformer's (batch, seq,
+    K)), the result (..., N) contiguous: on lucid_fx's GEMM a dense ``q``'s storage is its rows in
+    place and the result is written directly, where a reshape to rows and a view back took two torch
+    calls a linear."""
+    if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous():
+        out = torch.empty((*q.shape[:-1], row.weight.n), dtype=dtype)
+        if linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish):
+            return out
+    return linear_row(q.reshape(-1, q.shape[-1]), row, zp, low, high, dtype).view(*q.shape[:-1], -1)
 
 
 def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,

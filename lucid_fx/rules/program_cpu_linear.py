@@ -13,8 +13,8 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels.linear_row import (float_post_op, linear_row, pointwise_rows, post_op_codes, row_bounds, row_linear,
-                                         row_out_scale, takes_row)
+from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, pointwise_rows, post_op_codes, row_bounds,
+                                         row_linear, row_out_scale, takes_row)
 from lucid_fx.kernels.reference import ONEDNN_POST_OPS
 
 __all__ = ["PROGRAM_RULES_CPU_LINEAR"]
@@ -140,9 +140,9 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
         return b.call(pointwise_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
         return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-    rows = qx if b.value(qx).dim() == 2 else b.call_method("reshape", qx, (-1, qw2d.shape[1]))
-    out = b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
-    return out if len(shape) == 2 else b.call_method("view", out, shape)
+    # rows of any rank (a transformer's (batch, seq, K)) in one call, without a reshape and a view
+    return b.call(linear_row if len(shape) == 2 else linear_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op),
+                  dtype)
 
 
 PROGRAM_RULES_CPU_LINEAR: Dict[str, Callable[..., Optional[fx.Node]]] = {

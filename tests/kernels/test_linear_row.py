@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lucid_fx
 import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu, force_cpu_features, native, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
+from _program import lowered
 
 ops = torch.ops.lucid_fx
 
@@ -242,9 +244,47 @@ def test_the_residual_on_the_avx2_engine_gives_onednn_s_avx2_sum_codes():
     if lr.engine_here() != "int_mm" or not ln.sum_available():
         pytest.skip(f"this CPU's own engine is {lr.engine_here()}: the test above compares it")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "LUCID_FX_CPU_ISA": "avx2", "OMP_NUM_THREADS": "1"}
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_linear_row as t, lucid_fx.kernels.linear_row as lr; "
+    code = ("import sys; sys.path[:0] = sys.argv[1:]; import test_linear_row as t, lucid_fx.kernels.linear_row as lr; "
             "assert lr.engine_here() == 'native', lr.engine_here(); t._residual_check('native', 'none'); "
             "t._residual_check('native', 'relu'); print('checked')")
-    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env, capture_output=True,
+    here = Path(__file__).parent  # the test's own folder, and tests/ (its helpers)
+    done = subprocess.run([sys.executable, "-c", code, str(here), str(here.parent)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("engine", ["int_mm", "native"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_linear_rows_are_the_linear_of_the_last_dim_of_any_rank(engine, layout, native_or_torch):
+    # A transformer's (batch, seq, K) codes: read in place on lucid_fx's GEMM, the (batch, seq, N)
+    # result written directly; a strided input takes the reshape's route. The values of linear_row
+    # on the rows laid out as a matrix.
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 256, (3, 7, 24), dtype=torch.uint8, generator=g)
+    q = q if layout == "contiguous" else q.transpose(0, 1).contiguous().transpose(0, 1)
+    qw = torch.randint(-64, 64, (40, 24), dtype=torch.int8, generator=g)
+    with force_cpu_features(ENGINE_KIND[engine]):
+        row = lr.row_linear(qw, torch.rand(40, generator=g) * 0.01, torch.randn(40, generator=g), 0.02, 117, 0.05,
+                            engine)
+    got = lr.linear_rows(q, row, 9, 0, 255, torch.uint8)
+    want = lr.linear_row(q.reshape(-1, 24), row, 9, 0, 255, torch.uint8).view(3, 7, 40)
+    assert got.shape == (3, 7, 40) and got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(lr.linear_rows(q[0, 0], row, 9, 0, 255, torch.uint8), want[0, 0])  # one row of rank 1
+
+
+def test_a_program_s_small_linear_of_rank_3_is_one_call():
+    # (2, 5, 16) codes into a small linear: the row engine's call, without a reshape before it and a
+    # view after, where this CPU's kind has a row engine here; oneDNN's linear otherwise.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8)).eval()
+    x = torch.randn(2, 5, 16)
+    q = lucid_fx.quantize(model, (x,), [x, torch.randn_like(x), 2 * torch.randn_like(x)])
+    portable, program, calls = lowered(q, x)
+    assert torch.equal(program(x), portable)
+    methods = [n.target for n in program.graph.nodes if n.op == "call_method"]
+    target, on = resolve_target("cpu"), cpu._onednn_on()
+    rows = [lr.takes_row(target, on, "relu", torch.uint8, 10, 24, 16), lr.takes_row(target, on, "none", torch.float32,
+                                                                                       10, 8, 24)]
+    assert calls.count(lr.linear_rows) == sum(engine is not None for engine in rows)
+    if all(rows):
+        assert "reshape" not in methods and "view" not in methods
