@@ -165,6 +165,15 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
 
 
+def _gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
+               **residual) -> bool:
+    """lucid_fx's GEMM of ``row`` (a native weight) on the rows ``q``'s storage holds, into ``out``'s
+    (:func:`lucid_fx.kernels.linear_native.gemm_into`)."""
+    return linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish,
+                                   **residual)
+
+
 def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
     """:func:`linear_row` along the last dim of codes ``q`` of any rank (a transformer's (batch, seq,
     K)), the result (..., N) contiguous: on lucid_fx's GEMM a dense ``q``'s storage is its rows in
@@ -172,8 +181,7 @@ def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: floa
     calls a linear."""
     if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous():
         out = torch.empty((*q.shape[:-1], row.weight.n), dtype=dtype)
-        if linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish):
+        if _gemm_into(q, out, row, zp, low, high, dtype):
             return out
     return linear_row(q.reshape(-1, q.shape[-1]), row, zp, low, high, dtype).view(*q.shape[:-1], -1)
 
@@ -188,8 +196,7 @@ def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: f
     if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last):
         out = torch.empty((n, row.weight.n, h, w), dtype=dtype,
                           memory_format=torch.channels_last if h * w > 1 else torch.contiguous_format)
-        if linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish):
+        if _gemm_into(q, out, row, zp, low, high, dtype):
             return out
     out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
     return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
@@ -207,9 +214,8 @@ def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, oth
     if not (isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last)
             and other.dtype == torch.uint8 and other.shape == out.shape
             and other.is_contiguous(memory_format=torch.channels_last)  # out's layout (any strides of size-1 dims)
-            and linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                        row.inv_out, zp, low, high, torch.uint8, accum=other,
-                                        sum_scale=other_scale, sum_zp=other_zp)):
+            and _gemm_into(q, out, row, zp, low, high, torch.uint8, accum=other, sum_scale=other_scale,
+                           sum_zp=other_zp)):
         raise RuntimeError("lucid_fx: a program's 1x1 convolution with a residual met inputs other than those it was "
                            "built for (channels-last uint8 codes on lucid_fx's native GEMM): a bug in lucid_fx, please "
                            "report it")
