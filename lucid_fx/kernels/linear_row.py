@@ -47,8 +47,8 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
-           "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds", "row_out_scale",
-           "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
+           "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds",
+           "row_out_scale", "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 # The post-ops a one-row linear folds into its clamp bounds.
@@ -207,11 +207,12 @@ def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, oth
     """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's
     shape, channels-last), as oneDNN's 1x1 convolution with its "sum" post-op adds it: the same codes
     (its kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
-    tensor where oneDNN writes into a copy of ``other``. The program calls it only on lucid_fx's GEMM
-    (:func:`lucid_fx.kernels.linear_native.sum_available`)."""
+    tensor where oneDNN writes into a copy of ``other``. Programs call it on lucid_fx's GEMM only."""
     n, c, h, w = q.shape
-    out = torch.empty((n, row.weight.n, h, w), dtype=torch.uint8, memory_format=torch.channels_last)
-    if not (isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last)
+    native_weight = isinstance(row.weight, linear_native.PackedWeight)
+    out = torch.empty((n, row.weight.n if native_weight else 0, h, w), dtype=torch.uint8,
+                      memory_format=torch.channels_last)
+    if not (native_weight and q.is_contiguous(memory_format=torch.channels_last)
             and other.dtype == torch.uint8 and other.shape == out.shape
             and other.is_contiguous(memory_format=torch.channels_last)  # out's layout (any strides of size-1 dims)
             and _gemm_into(q, out, row, zp, low, high, torch.uint8, accum=other, sum_scale=other_scale,

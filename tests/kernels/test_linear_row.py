@@ -290,3 +290,20 @@ def test_a_program_s_small_linear_of_rank_3_is_one_call():
     assert calls.count(lr.linear_rows) == sum(engine is not None for engine in rows)
     if all(rows):
         assert "reshape" not in methods and "view" not in methods
+
+
+def test_a_residual_call_on_inputs_its_program_was_not_built_for_says_so():
+    # pointwise_rows_sum runs only where the program found lucid_fx's GEMM and channels-last codes: other
+    # inputs (here contiguous codes, and a weight on _int_mm's route) are refused with a message, not run.
+    g = torch.Generator().manual_seed(6)
+    q = torch.randint(0, 256, (1, 8, 3, 5), dtype=torch.uint8, generator=g)
+    other = torch.randint(0, 256, (1, 16, 3, 5), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    qw = torch.randint(-64, 64, (16, 8), dtype=torch.int8, generator=g)
+    with force_cpu_features("avx512_vnni"):
+        row = lr.row_linear(qw, torch.rand(16, generator=g) * 0.01, None, 0.02, 3, 0.05, "int_mm")
+    for codes in (q, q.contiguous(memory_format=torch.channels_last)):
+        if codes.is_contiguous(memory_format=torch.channels_last) and isinstance(row.weight, ln.PackedWeight) \
+                and ln.sum_available():
+            continue  # what the program builds: covered by the tests above
+        with pytest.raises(RuntimeError, match="1x1 convolution with a residual met inputs other than those"):
+            lr.pointwise_rows_sum(codes, row, other, 0.05, 120, 117, 0, 255)
