@@ -5,8 +5,9 @@ with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` an
 linear/conv weight with its quantize -> dequantize image on the kernel's weight grid (a module's
 weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantize_per_channel ->
 dequantize_per_channel`` in the graph), so the float graph computes what the int8 kernels
-compute, up to rounding inside the kernels. Used by ``convert(..., reference=True)`` and as the
-numeric oracle in tests. Writes ``[SOURCE]`` on each
+compute, up to rounding inside the kernels. A softmax that convert fuses into its matmul
+(``lucid_fx.softmax_matmul``) gets ``lucid_fx.probabilities_qdq``, the same rounding of its
+probabilities, instead. Used by ``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
 quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quantize, as convert does.
 """
 
@@ -26,6 +27,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
+from lucid_fx.rules.lowering_attention import softmax_read_only_by
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -86,6 +88,24 @@ def _reads_float(node: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool
     return tuple(canonical(m).op for m in members if _meta.OP in m.meta) not in kernels
 
 
+def _fused_softmax(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
+    """Whether convert fuses the softmax ``observer_call`` watches into the one matmul reading it
+    (rules/lowering_attention.py): then no grid of its own holds the probabilities."""
+    source, readers = observer_call.args[0], list(observer_call.users)
+    return (len(readers) == 1 and softmax_read_only_by(source, readers[0])
+            and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
+
+
+def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
+    """The softmax's probabilities as lucid_fx.softmax_matmul rounds them, in place of its observer."""
+    with gm.graph.inserting_before(node):
+        p = gm.graph.call_function(_ops.probabilities_qdq, (node.args[0],))
+    p.meta[_meta.SOURCE] = node.args[0].name
+    _tag_type(p, node.args[0], torch.float32)
+    node.replace_all_uses_with(p)
+    gm.graph.erase_node(node)
+
+
 def insert_qdq(
     gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None
 ) -> fx.GraphModule:
@@ -100,6 +120,9 @@ def insert_qdq(
             observer = gm.get_submodule(node.target)
             if node.target.split(".", 1)[1] in functional_weights:
                 _qdq_functional_weight(gm, node, observer, target)
+                continue
+            if _fused_softmax(node, kernels):
+                _qdq_probabilities(gm, node)
                 continue
             scale, zp = observer.calculate_qparams()
             if scale.numel() != 1:

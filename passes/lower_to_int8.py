@@ -223,6 +223,8 @@ def lower_to_int8(
             )
             placement = Placement(placement.runs, why, _names(members))
         report.placements.update((name, placement) for name in placement.members)
+    for name, why in ctx.absorbed.items():  # computed inside another node's kernel (a softmax inside softmax_matmul)
+        report.placements[name] = Placement(Runs.KERNEL, why, (name,))
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
     gm.graph.set_codegen(prepared.graph._codegen)  # a torch.export graph's call and result structure (pytree)
     _tag_placements(gm, nodes, report.placements)

@@ -348,4 +348,7 @@ def test_scaled_dot_product_attention_runs_as_int8_matmuls_around_the_masked_sof
     report = qmodel.lucid_fx_convert_report
     assert _not_mask(report.float_ops) == set(), report.float_ops
     ops = [op_name(n) for n in qmodel.graph.nodes]
-    assert ops.count("matmul") == 2 and ops.count("masked_softmax") == 1, ops
+    # q @ k^T, then the masked softmax fused with p @ v (kernels/softmax_matmul.py), its mask an argument
+    assert ops.count("matmul") == 1 and ops.count("softmax_matmul") == 1 and "masked_softmax" not in ops, ops
+    (fused,) = [n for n in qmodel.graph.nodes if op_name(n) == "softmax_matmul"]
+    assert isinstance(fused.args[3], torch.fx.Node)

@@ -37,7 +37,8 @@ _ENCODER = lambda: encoder_block(2, 16, 64)  # noqa: E731
         # the layer norms run in float where it pays (rules/observers.py), and so do the residual
         # adds: their results feed only float ops. The simulation still rounds the adds onto the
         # grids they were observed on, so it is further from the int8 model than elsewhere.
-        (_ENCODER, 40, ["linear", "lut", "matmul", "quantize_per_tensor", "softmax"], 30),
+        # gelu is its linear's post-op; softmax(s) @ v one kernel (kernels/softmax_matmul.py)
+        (_ENCODER, 40, ["linear", "matmul", "quantize_per_tensor", "softmax_matmul"], 30),
     ],
     ids=["mlp", "gated_mlp", "resnet_like", "encoder"],
 )
@@ -71,7 +72,8 @@ def test_convert_copies_and_reports_float_ops():
     pays = "layer_norm runs in float where it pays: normalising int8 input magnifies the input's rounding"
     assert set(report.float_ops) == {"norm1", "norm2", "add", "add_1"} and report.float_ops["add_1"] == folded
     assert report.float_ops["norm1"].startswith(f"input of quantized qkv ({pays}")
-    assert report.lowered["softmax"] == "softmax"
+    assert report.lowered["softmax"].startswith("fused into matmul_1's softmax_matmul: the probabilities on each row's own grid")
+    assert report.lowered["matmul_1"] == "matmul"
     with lucid_fx.registry_scope():  # a layer norm registered float is reported with why
         lucid_fx.register_float_op("layer_norm")
         report = lucid_fx.convert(_calibrated(model, example, make_batch)).lucid_fx_convert_report

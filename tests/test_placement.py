@@ -31,8 +31,8 @@ class Mixed(nn.Module):
         h = h.reshape(h.size(0), -1)
         h = self.fc1(h)
         g = torch.sigmoid(h)
-        h = self.fc2(self.ln(h) * g)
-        h = self.fc3(F.gelu(h)) * 0.5
+        h = self.fc2(F.gelu(self.ln(h) * g))  # a gelu after a linear would be its fused post-op
+        h = self.fc3(h) * 0.5
         return self.head(h)
 
 

@@ -413,7 +413,8 @@ def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
 def test_attention_families_programs_compute_the_portable_values_through_the_native_routes(family):
     # Llama's rotary embedding (rotate_half's cat of a negated half), its additive causal mask, grouped
     # query attention's expanded keys, ViT's plain softmax: each on the program's own route.
-    from lucid_fx.kernels import matmul_native, native, native_elementwise, native_rotary, softmax_native
+    from lucid_fx.kernels import matmul_native, native, native_elementwise, native_rotary
+    from lucid_fx.kernels import softmax_matmul as attention_rows
     from tests.models.families import FAMILIES, as_batch
     from tests.models.measure import positional
 
@@ -426,9 +427,12 @@ def test_attention_families_programs_compute_the_portable_values_through_the_nat
     for a, b in zip(torch.utils._pytree.tree_leaves(portable), torch.utils._pytree.tree_leaves(got)):
         assert torch.equal(a, b)
     calls = collections.Counter(n.target for n in _program(q).graph.nodes if n.op == "call_function")
-    assert calls[matmul_native.matmul_codes] == (4 if native.available() else 0)
+    # q @ k^T in each of two layers; softmax(s) @ v is one call (its softmax fused, masked or not)
+    assert calls[matmul_native.matmul_codes] == (2 if native.available() else 0)
+    assert calls[attention_rows.cpu_softmax_matmul] == 2
     if family == "llama":
-        assert calls[softmax_native.masked_softmax_codes] == 2
+        masks = [n.args[3] for n in _program(q).graph.nodes if n.target is attention_rows.cpu_softmax_matmul]
+        assert all(isinstance(m, torch.fx.Node) for m in masks)  # the additive causal mask, read in float
         fused = native.available() and native_elementwise.fused_add()
         # q * cos + rotate_half(q) * sin, and k's, in both layers: one call each where torch's add is fused
         assert calls[native_rotary.rotary_codes] == (4 if fused else 0)

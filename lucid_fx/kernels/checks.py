@@ -236,6 +236,14 @@ def _masked_softmax(q, scale, zp, mask, *rest) -> None:
     _same_device("masked_softmax", "mask", mask, q)
 
 
+def _softmax_matmul(q, scale, zp, mask, fill, v, *rest) -> None:
+    _codes("softmax_matmul", "scores tensor", q)
+    if mask is not None:
+        _same_device("softmax_matmul", "mask", mask, q)
+    _codes("softmax_matmul", "values tensor", v)
+    _same_device("softmax_matmul", "values tensor", v, q)
+
+
 def _cat(qs, scales, zps, dim, out_scale, out_zp) -> None:
     for i, q in enumerate(qs):
         _codes("cat", f"input {i}", q)
@@ -283,6 +291,7 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "channel_lut": _unary("channel_lut"),  # codes (each channel's table is indexed by code)
     "softmax": _unary("softmax"),  # codes
     "masked_softmax": _masked_softmax,  # the scores are codes, the (float or bool) mask on their device
+    "softmax_matmul": _softmax_matmul,  # scores and values are codes, the mask (if any) on their device
     "cat": _cat,  # every part is codes, on one device
     "avg_pool2d": _unary("avg_pool2d", ranks=_POOL_RANKS),  # codes, (C, H, W) or (N, C, H, W)
     "adaptive_avg_pool2d": _unary("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d

@@ -12,13 +12,24 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.functional import dequantize
 
 __all__ = [
-    "POST_OPS", "ONEDNN_POST_OPS", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
+    "POST_OPS", "ONEDNN_POST_OPS", "ONEDNN_CONV_POST_OPS", "onednn_post_op", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
     "to_layout", "conv2d_memory_format",
 ]
 
-POST_OPS = ("none", "relu", "hardswish", "silu")  # applied in float before quantization
-#: oneDNN's names for the post-ops (its eltwise "swish" with alpha 1 is silu).
-ONEDNN_POST_OPS = {"none": "none", "relu": "relu", "hardswish": "hardswish", "silu": "swish"}
+POST_OPS = ("none", "relu", "hardswish", "silu", "gelu", "gelu_tanh")  # applied in float before quantization
+#: oneDNN's names for the post-ops (its eltwise "swish" with alpha 1 is silu; gelu with algorithm "none" is
+#: the erf form, "tanh" the approximation) and their algorithm argument.
+ONEDNN_POST_OPS = {"none": "none", "relu": "relu", "hardswish": "hardswish", "silu": "swish", "gelu": "gelu",
+                   "gelu_tanh": "gelu"}
+_ONEDNN_ALGORITHMS = {"gelu": "none", "gelu_tanh": "tanh"}
+#: The post-ops oneDNN's int8 convolution takes (torch 2.13: "Unsupported post op gelu for quantized
+#: pointwise conv2d"); a linear with another one runs as oneDNN's linear, never as a 1x1 convolution.
+ONEDNN_CONV_POST_OPS = ("none", "relu", "hardswish", "silu")
+
+
+def onednn_post_op(post_op: str) -> tuple:
+    """The ``(name, args, algorithm)`` arguments of oneDNN's int8 ops for ``post_op``."""
+    return ONEDNN_POST_OPS[post_op], [], _ONEDNN_ALGORITHMS.get(post_op, "")
 
 
 def check_post_op(post_op: str) -> None:
@@ -83,6 +94,8 @@ def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: 
         y = torch.nn.functional.hardswish(y, inplace=True)
     elif post_op == "silu":
         y = torch.nn.functional.silu(y, inplace=True)
+    elif post_op in ("gelu", "gelu_tanh"):
+        y = torch.nn.functional.gelu(y, approximate="tanh" if post_op == "gelu_tanh" else "none")
     if dtype == torch.float32:
         return y
     info = torch.iinfo(dtype)

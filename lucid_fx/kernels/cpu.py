@@ -185,7 +185,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     zp_u8, bias = _folded_zero_point(qw, w_scale, bias, x_scale, zp_u8)
     # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
     # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
-    as_conv = _linear_as_conv() and zp_u8 == 0
+    as_conv = _linear_as_conv() and zp_u8 == 0 and post_op in ref.ONEDNN_CONV_POST_OPS
     packed = _linear_pack(qw, w_scale, as_conv) if _zero_point_exact_on_onednn(qw, zp_u8) else None
     if packed is None:
         return int8_linear(*args, pad=False)
@@ -199,13 +199,13 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
         scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
         out = torch.ops.onednn.qconv2d_pointwise.default(  # .default: resolving the overload costs ~18 us a call
             image, x_scale, 0, weight, w_scale, zeros, bias, [1, 1], [0, 0], [1, 1], 1, scale, zp, onednn_dtype,
-            ref.ONEDNN_POST_OPS[post_op], [], "",
+            *ref.onednn_post_op(post_op),
         )
         return _from_uint8(out.permute(0, 2, 3, 1).reshape(*qx.shape[:-1], qw.shape[0]), dtype)
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
     out = torch.ops.onednn.qlinear_pointwise.default(
         rows, x_scale, zp_u8, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
-        ref.ONEDNN_POST_OPS[post_op], [], "",
+        *ref.onednn_post_op(post_op),
     )
     return out.view(*qx.shape[:-1], qw.shape[0])
 
@@ -254,7 +254,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
     kernel = torch.ops.onednn.qconv2d_pointwise.default if qx.dim() == 4 else torch.ops.onednn.qconv1d_pointwise.default
     out = kernel(qx, x_scale, x_zp, packed[0], w_scale.to(torch.float32), packed[1], bias, stride, padding,
-                 dilation, groups, scale, zp, onednn_dtype, ref.ONEDNN_POST_OPS[post_op], [], "")
+                 dilation, groups, scale, zp, onednn_dtype, *ref.onednn_post_op(post_op))
     layout = ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format
     return ref.to_layout(_from_uint8(out, dtype), layout)
 
@@ -288,7 +288,7 @@ def conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
     scale, zp, _ = _onednn_out(out_scale, out_zp, dtype)
     out = torch.ops.onednn.qconv2d_pointwise.binary(
         qx, x_scale, x_zp, packed[0], w_scale.to(torch.float32), packed[1], accum, bias, stride, padding,
-        dilation, groups, scale, zp, None, other_scale, other_zp, "sum", 1.0, ref.ONEDNN_POST_OPS[post_op], [], "",
+        dilation, groups, scale, zp, None, other_scale, other_zp, "sum", 1.0, *ref.onednn_post_op(post_op),
     )
     return ref.to_layout(_from_uint8(out, dtype), layout)
 

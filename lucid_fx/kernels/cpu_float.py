@@ -11,7 +11,7 @@ where its table's 2**-24 moves one); the tests in ``tests/kernels/test_ops.py`` 
 
 import torch
 
-from lucid_fx.kernels import attention, native, native_elementwise, norms, softmax_native
+from lucid_fx.kernels import attention, native, native_elementwise, norms, softmax_matmul, softmax_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes, softmax_table
@@ -119,6 +119,7 @@ register_kernel("mul", "cpu", mul)
 register_kernel("matmul", "cpu", matmul)
 register_kernel("softmax", "cpu", softmax)
 register_kernel("masked_softmax", "cpu", masked_softmax)
+register_kernel("softmax_matmul", "cpu", softmax_matmul.cpu_softmax_matmul)
 register_kernel("lut", "cpu", lut)
 register_kernel("channel_lut", "cpu", native_elementwise.channel_lut)  # one C pass where the native kernels are loaded
 register_kernel("layer_norm", "cpu", norms.cpu_layer_norm)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention, channel_lut, norms, quantize
+from lucid_fx.kernels import attention, channel_lut, norms, quantize, softmax_matmul
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import CHECKS, fail
 
@@ -195,6 +195,8 @@ _DEFINITIONS = [
     (channel_lut.channel_lut, channel_lut.fake_channel_lut),  # a table per channel: a standalone batch norm
     (ref.softmax, lambda q, scale, zp, dim, out_scale, out_zp: _empty(q.shape, q, q.dtype)),  # contiguous, as torch.softmax
     (attention.masked_softmax, attention.fake_masked_softmax),
+    (softmax_matmul.softmax_matmul, softmax_matmul.fake_softmax_matmul),  # softmax(s) @ v, a grid a row
+    (softmax_matmul.probabilities_qdq, softmax_matmul.fake_probabilities_qdq),  # reference mode's image of it
     (ref.cat, _fake_cat),
     (ref.avg_pool2d, _fake_avg_pool2d),
     (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),

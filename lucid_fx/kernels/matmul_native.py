@@ -52,10 +52,10 @@ def _batch_strides(t: torch.Tensor) -> list:
     return [0] * lead + [0 if size == 1 else stride for size, stride in zip(sizes, strides)]
 
 
-def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int) -> Optional[MatmulPlan]:
+def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int, limit: int = EXACT_SUM) -> Optional[MatmulPlan]:
     """The plan for ``a @ b`` of these (fake or real) 8-bit codes; None where the kernel does not take
     them (fewer than 2 or more than ``MAX_BATCH_DIMS`` + 2 dims, other dtypes, an empty dim, or sums
-    float32 would round)."""
+    past ``limit``: by default those float32 would round, as the torch route does)."""
     if a.dim() < 2 or b.dim() < 2 or a.dtype != b.dtype or a.dtype not in (torch.uint8, torch.int8):
         return None
     try:
@@ -63,7 +63,7 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int) -> Optio
     except RuntimeError:
         return None
     (m, k), (k_b, n) = a.shape[-2:], b.shape[-2:]
-    if len(batch) > MAX_BATCH_DIMS or k != k_b or k * _span(a.dtype, a_zp) * _span(b.dtype, b_zp) > EXACT_SUM:
+    if len(batch) > MAX_BATCH_DIMS or k != k_b or k * _span(a.dtype, a_zp) * _span(b.dtype, b_zp) > limit:
         return None
     if 0 in (m, n, k, *batch):  # nothing to sum or nothing to write: the torch route's empty or zero result
         return None
@@ -80,6 +80,6 @@ def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, h
             or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
         return native.matmul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
     out = torch.empty(plan.out_shape, dtype=dtype)
-    if fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, zp, low, high):
+    if fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, None, zp, low, high):
         raise MemoryError("lucid_fx: the native matmul could not allocate its int16 operands")
     return out

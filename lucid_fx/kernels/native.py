@@ -52,7 +52,7 @@ FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3
 # Counting NaN/±inf in the quantize pass; benchmarks/nonfinite_check.py turns it off to measure it.
 check_finite = True
 
-_P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+_P, _I64, _I32, _F, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double
 _CODES = (torch.uint8, torch.int8)
 # The C functions, {kernel: (argument types, result type, the dtypes it writes)}: lucid_<kernel>_<dtype>.
 SIGNATURES = {
@@ -67,8 +67,9 @@ SIGNATURES = {
     "dequantize": ((_P, _P, _I64, _I32, _F), None, _CODES),  # codes, out, n, zp, scale
     "mul_strided": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), None, _CODES),  # a, b, out, geometry, ...
     "add_strided": ((_P, _P, _P, _P, _I32, _F, _I32, _F, _I32, _I32, _I32), None, _CODES),
-    "matmul": ((_P, _P, _P, _P, _I32, _I32, _F, _I32, _I32, _I32), _I32, _CODES),  # native_matmul.c
+    "matmul": ((_P, _P, _P, _P, _I32, _I32, _F, _P, _I32, _I32, _I32), _I32, _CODES),  # native_matmul.c
     "softmax": ((_P, _P, _P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32), _I32, _CODES),  # native_softmax.c
+    "softmax_exp": ((_P, _P, _P, _P, _P, _I64, _I64, _D, _I32), _I32, _CODES),  # native_softmax.c: softmax_matmul's
     "rotary": ((_P, _P, _P, _P, _P, _P, _P, _P, _P), None, _CODES),  # native_rotary.c: x, c, s, tables, out, geometry, ints, floats
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "channel_lut_cat": ((_P, _P, _I32, _P, _P, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # srcs, widths, n, tables, ...

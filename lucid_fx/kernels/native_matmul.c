@@ -3,7 +3,8 @@
  *
  *   out[b, i, j] = requantize(sum_k (a[b, i, k] - a_zp) * (b[b, k, j] - b_zp) * mult)
  *
- * with the sums exact in int32. program_ops.matmul_codes sums the same products in float32, which is
+ * with the sums exact in int32, mult one multiplier, or one a row where rmult is given (softmax_matmul's
+ * rows, each divided by its exponentials' sum: rmult[b * m + i], a's batches not broadcast). program_ops.matmul_codes sums the same products in float32, which is
  * exact too while every partial sum stays within 2^24 (the caller checks k * max|a - a_zp| *
  * max|b - b_zp| <= 2^24), then makes the same float32 multiply: the codes are equal bit for bit.
  *
@@ -71,14 +72,18 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
                 acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(x, w1));                 \
             }                                                                                      \
         }                                                                                          \
-        for (int r = 0; r < MM_ROWS && i + r < m; r++) MATMUL_STORE(CODE, out + (i + r) * n + j, acc[r][0], acc[r][1]) \
+        for (int r = 0; r < MM_ROWS && i + r < m; r++)                                             \
+            MATMUL_STORE(CODE, out + (i + r) * n + j, acc[r][0], acc[r][1], MM_VMULT(rm, i + r))   \
     }
 
-/* The codes of 16 sums s0, s1 at `at`, columns j..j+15 of a row (those below n written). */
-#define MATMUL_STORE(CODE, at, s0, s1)                                                             \
+/* The row's multiplier: its own where rm (the batch's rows' multipliers) is given, else vmult's. */
+#define MM_VMULT(rm, r) ((rm) ? _mm256_set1_ps((rm)[r]) : vmult)
+/* The codes of 16 sums s0, s1 at `at`, columns j..j+15 of a row (those below n written), times vm. */
+#define MATMUL_STORE(CODE, at, s0, s1, vm)                                                         \
     {                                                                                              \
-        const __m128i codes = pack16_##CODE(requantize8(s0, vmult, vlo, vhi, vzp),                 \
-                                            requantize8(s1, vmult, vlo, vhi, vzp));                \
+        const __m256 rowmult = (vm);                                                               \
+        const __m128i codes = pack16_##CODE(requantize8(s0, rowmult, vlo, vhi, vzp),               \
+                                            requantize8(s1, rowmult, vlo, vhi, vzp));              \
         CODE *row = (at);                                                                          \
         if (j + MM_COLS <= n) _mm_storeu_si128((__m128i *)row, codes);                             \
         else {                                                                                     \
@@ -94,7 +99,7 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
         for (int64_t c = j; c < j + MM_COLS && c < n; c++) {                                       \
             int32_t s = 0;                                                                         \
             for (int64_t t = 0; t < kp; t++) s += (int32_t)pa[r * kp + t] * (int32_t)pb[((t / 2) * np + c) * 2 + t % 2]; \
-            out[r * n + c] = (CODE)REQUANTIZE((float)s * mult, lo, hi, zp);                        \
+            out[r * n + c] = (CODE)REQUANTIZE((float)s * (rm ? rm[r] : mult), lo, hi, zp);         \
         }
 #endif
 
@@ -138,7 +143,7 @@ static inline int64_t mm_batch_offset(const int64_t *g, const int64_t *s, int64_
     if ((r) < rows) {                                                                              \
         const __m256i rcv = _mm256_set1_epi32(rc[r]);                                              \
         MATMUL_STORE(CODE, out + (r) * n + j, _mm256_add_epi32(_mm256_add_epi32(acc0, c0), rcv),    \
-                     _mm256_add_epi32(_mm256_add_epi32(acc1, c1), rcv))                            \
+                     _mm256_add_epi32(_mm256_add_epi32(acc1, c1), rcv), MM_VMULT(rm, r))           \
     }
 /* The codes of 4 packed rows x (kp values each, the rows below `rows` written to out) with every
  * packed block of b: per block, native_gemm.h's steps (GEMM_STEP), then the row and column terms
@@ -147,7 +152,8 @@ static inline int64_t mm_batch_offset(const int64_t *g, const int64_t *s, int64_
 #define MM_ROWS_VNNI(CODE)                                                                         \
     static __attribute__((noinline)) void mm_rows_vnni_##CODE(                                     \
         const uint8_t *restrict x, int64_t kp, const uint8_t *restrict pb, int64_t n, const int32_t *restrict cc, \
-        const int32_t *restrict rc, int64_t rows, CODE *restrict out, float mult, float lo, float hi, int32_t zp) { \
+        const int32_t *restrict rc, int64_t rows, CODE *restrict out, float mult, const float *restrict rm, \
+        float lo, float hi, int32_t zp) {                                                          \
         const __m256 vmult = _mm256_set1_ps(mult), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi); \
         const __m256i vzp = _mm256_set1_epi32(zp);                                                 \
         for (int64_t j = 0; j < n; j += MM_COLS) {                                                 \
@@ -202,7 +208,8 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
 
 #define MATMUL_VNNI_FN(NAME, CODE)                                                                 \
     static int32_t NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out, const int64_t *restrict g, \
-                        int32_t a_zp, int32_t b_zp, float mult, int32_t zp, int32_t low, int32_t high) { \
+                        int32_t a_zp, int32_t b_zp, float mult, const float *restrict rmult, int32_t zp,    \
+                        int32_t low, int32_t high) {                                               \
         const int64_t m = g[4], n = g[5], k = g[6], *sa = g + 7, *sb = g + 13;                     \
         const int64_t kq = (k + 3) / 4, kp = 4 * kq, mp = (m + MM_ROWS - 1) / MM_ROWS * MM_ROWS;   \
         const int64_t np = (n + MM_COLS - 1) / MM_COLS * MM_COLS;                                  \
@@ -216,6 +223,7 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         uint8_t *pa = (uint8_t *)(cc + np), *pb = pa + mp * kp;                                    \
         for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
+            const float *rows_mult = rmult ? rmult + batch * m : NULL;                             \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
                 for (int64_t i = 0; i < m; i++)                                                    \
                     for (int64_t t = 0; t < k; t++) pa[i * kp + t] = (uint8_t)x[i * sa[4] + t] ^ fa; \
@@ -262,7 +270,8 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
             for (int64_t c = 0; c < np; c += MM_COLS) mm_colsums_vnni(pb + c * kp, kq, cc + c);     \
             for (int64_t c = 0; c < np; c++) cc[c] = (int32_t)k * a0 * b0 - a0 * cc[c];            \
             for (int64_t i = 0; i < m; i += MM_ROWS)                                               \
-                mm_rows_vnni_##CODE(pa + i * kp, kp, pb, n, cc, rc + i, m - i, out + i * n, mult, lo, hi, zp); \
+                mm_rows_vnni_##CODE(pa + i * kp, kp, pb, n, cc, rc + i, m - i, out + i * n, mult,       \
+                                    rows_mult ? rows_mult + i : NULL, lo, hi, zp);                 \
         }                                                                                          \
         free(rc);                                                                                  \
         return 0;                                                                                  \
@@ -271,8 +280,9 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
 
 #define MATMUL(NAME, CODE)                                                                         \
     int32_t NAME(const CODE *restrict a, const CODE *restrict b, CODE *restrict out, const int64_t *restrict g, \
-                 int32_t a_zp, int32_t b_zp, float mult, int32_t zp, int32_t low, int32_t high) {    \
-        MATMUL_VNNI_CALL(NAME, a, b, out, g, a_zp, b_zp, mult, zp, low, high)                     \
+                 int32_t a_zp, int32_t b_zp, float mult, const float *restrict rmult, int32_t zp,     \
+                 int32_t low, int32_t high) {                                                      \
+        MATMUL_VNNI_CALL(NAME, a, b, out, g, a_zp, b_zp, mult, rmult, zp, low, high)              \
         const int64_t m = g[4], n = g[5], k = g[6], *sa = g + 7, *sb = g + 13;                     \
         const int64_t kp = k + k % 2, mp = (m + MM_ROWS - 1) / MM_ROWS * MM_ROWS;                  \
         const int64_t np = (n + MM_COLS - 1) / MM_COLS * MM_COLS;                                  \
@@ -284,6 +294,7 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         int16_t *pb = pa + mp * kp;                                                                \
         for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
+            const float *rm = rmult ? rmult + batch * m : NULL; /* the batch's rows' multipliers */ \
             /* each operand read along its smaller stride (a transposed view of keys: down its columns) */ \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
                 for (int64_t i = 0; i < m; i++) {                                                  \

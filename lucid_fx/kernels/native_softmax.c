@@ -121,3 +121,66 @@ static inline void softmax_lookup64(const void *x, int32_t top, const __m512i pl
 
 SOFTMAX(lucid_softmax_uint8, uint8_t)
 SOFTMAX(lucid_softmax_int8, int8_t)
+
+/* softmax_matmul's exponentials (lucid_fx/kernels/softmax_matmul.py), rows of n dense codes:
+ *
+ *   e[j]     = table[top - q[j]]   (uint8: round(255 * exp(-d * scale)), the row's largest code 255)
+ *   out[j]   = e[j] + e_zp         (e's codes on the grid 1/255)
+ *   rmult[r] = (float)(mult / (double)sum_j e[j])   (0 for a row that keeps nothing)
+ *
+ * program_ops.exp_codes's steps, so its codes and multipliers bit for bit. keep (or NULL) as above:
+ * a position it does not mark has e 0. With VBMI, 64 lookups are two byte permutes and a blend. */
+#if SOFTMAX_VBMI
+#define EXP_PLANES                                                                                 \
+    __m512i planes[4];                                                                             \
+    for (int r = 0; r < 4; r++) planes[r] = _mm512_loadu_si512(table + 64 * r);
+#define EXP_FAST                                                                                   \
+    {                                                                                              \
+        const __m512i zero = _mm512_setzero_si512(), shift = _mm512_set1_epi8((char)e_zp);         \
+        __m512i total = zero;                                                                      \
+        for (; j + 64 <= n; j += 64) {                                                             \
+            const __m512i idx = _mm512_sub_epi8(_mm512_set1_epi8((char)top), _mm512_loadu_si512(x + j)); \
+            const __m512i e = softmax_plane(planes, idx, _mm512_movepi8_mask(idx));                \
+            total = _mm512_add_epi64(total, _mm512_sad_epu8(e, zero));                             \
+            _mm512_storeu_si512(y + j, _mm512_add_epi8(e, shift));                                 \
+        }                                                                                          \
+        sum += _mm512_reduce_add_epi64(total);                                                     \
+    }
+#else
+#define EXP_PLANES
+#define EXP_FAST
+#endif
+
+#define SOFTMAX_EXP(NAME, CODE)                                                                    \
+    int32_t NAME(const CODE *restrict q, const uint8_t *restrict keep, const uint8_t *restrict table, \
+                 CODE *restrict out, float *restrict rmult, int64_t rows, int64_t n, double mult, int32_t e_zp) { \
+        EXP_PLANES                                                                                 \
+        for (int64_t r = 0; r < rows; r++) {                                                       \
+            const CODE *restrict x = q + r * n;                                                    \
+            CODE *restrict y = out + r * n;                                                        \
+            const uint8_t *restrict k = keep ? keep + r * n : NULL;                                \
+            int32_t top = -256;                                                                    \
+            if (k)                                                                                 \
+                for (int64_t j = 0; j < n; j++) {                                                  \
+                    const int32_t v = k[j] ? x[j] : -256;                                          \
+                    top = v > top ? v : top;                                                       \
+                }                                                                                  \
+            else {                                                                                 \
+                CODE t = x[0];                                                                     \
+                for (int64_t j = 1; j < n; j++) t = x[j] > t ? x[j] : t;                           \
+                top = t;                                                                           \
+            }                                                                                      \
+            int64_t sum = 0, j = 0;                                                                \
+            if (!k) { EXP_FAST }                                                                   \
+            for (; j < n; j++) {                                                                   \
+                const int32_t e = (!k || k[j]) ? table[(top - (int32_t)x[j]) & 255] : 0;           \
+                sum += e;                                                                          \
+                y[j] = (CODE)(e + e_zp);                                                           \
+            }                                                                                      \
+            rmult[r] = sum ? (float)(mult / (double)sum) : 0.0f;                                   \
+        }                                                                                          \
+        return 0;                                                                                  \
+    }
+
+SOFTMAX_EXP(lucid_softmax_exp_uint8, uint8_t)
+SOFTMAX_EXP(lucid_softmax_exp_int8, int8_t)

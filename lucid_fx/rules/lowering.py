@@ -23,7 +23,7 @@ from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, re
 from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
-from lucid_fx.rules.lowering_attention import lower_masked_softmax, unfused_mask
+from lucid_fx.rules.lowering_attention import lower_masked_softmax, lower_softmax_matmul, unfused_mask
 from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
@@ -43,8 +43,10 @@ def _input(call, resolve) -> Any:
 
 
 def _post_op(members: List[fx.Node]) -> str:
-    op = canonical(members[-1]).op
-    return op if op in ("relu", "hardswish", "silu") else "none"
+    call = canonical(members[-1])
+    if call.op == "gelu":  # the kernels' names for its two forms
+        return "gelu_tanh" if call.args.get("approximate", "none") == "tanh" else "gelu"
+    return call.op if call.op in ("relu", "hardswish", "silu") else "none"
 
 
 def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
@@ -160,11 +162,14 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
     return QValue(out, x.scale, x.zero_point, x.qdtype, x.channels_last)
 
 
-def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul
+def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul; softmax(s) @ v -> softmax_matmul
     call = canonical(members[0])
     a, b = _qin(ctx, resolve(call.args.get("input"))), _qin(ctx, resolve(call.args.get("other")))
     if a is None or b is None or ctx.qparams_of(members[-1]) is None:
         return None
+    fused = lower_softmax_matmul(ctx, members[0], a, b, resolve(call.args.get("input")))
+    if fused is not None:
+        return fused
     scale, zp, _ = ctx.qparams_of(members[-1])
     out = ctx.call(_ops.matmul, a.node, a.scale, a.zero_point, b.node, b.scale, b.zero_point, scale, zp)
     return ctx.output_qvalue(members[-1], out)
@@ -231,7 +236,7 @@ _add, _mul = _binary(_ops.add), _binary(_ops.mul)
 GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("linear",): lower_linear,  # linear(x) -> lucid_fx.linear
     ("linear", "relu"): lower_linear,  # relu(linear(x)) -> lucid_fx.linear(post_op="relu")
-    **{("linear", a): lower_linear for a in ("hardswish", "silu")},  # act(linear(x)) -> lucid_fx.linear(post_op=act)
+    **{("linear", a): lower_linear for a in ("hardswish", "silu", "gelu")},  # act(linear(x)) -> lucid_fx.linear(post_op=act)
     **{(c,): lower_conv for c in _CONVS},  # conv(x) -> lucid_fx.conv2d
     **{(c, "relu"): lower_conv for c in _CONVS},  # relu(conv(x)) -> lucid_fx.conv2d(post_op="relu")
     **{(c, a): lower_conv for c in _CONVS for a in ("hardswish", "silu")},  # act(conv(x)) -> post_op=act

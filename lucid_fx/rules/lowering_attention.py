@@ -15,11 +15,12 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.rules.lowering_context import QValue, _is_observer_call
 from lucid_fx.ops import canonical
 from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
 
-__all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD"]
+__all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD", "softmax_read_only_by",
+           "lower_softmax_matmul", "FUSED_SOFTMAX"]
 
 _ops = torch.ops.lucid_fx
 
@@ -89,3 +90,48 @@ def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lu
     fill = None if fill is None else float(fill)
     out = ctx.call(_ops.masked_softmax, x.node, x.scale, x.zero_point, ctx.float_of(mask), fill, dim, scale, zp)
     return ctx.output_qvalue(soft, out)
+
+
+#: Why a softmax fused into its matmul has no value of its own (the convert report, explain).
+FUSED_SOFTMAX = ("fused into {matmul}'s softmax_matmul: the probabilities on each row's own grid, "
+                 "not the softmax's fixed one (lucid_fx/kernels/softmax_matmul.py)")
+_SOFTMAXES = (_ops.softmax, _ops.softmax.default, _ops.masked_softmax, _ops.masked_softmax.default)
+
+
+def softmax_read_only_by(value: fx.Node, matmul: fx.Node) -> bool:
+    """Whether ``value``, a prepared node, is a softmax along its last dim whose every reader, through
+    its observers, is ``matmul``'s left operand: the pair convert fuses (:func:`lower_softmax_matmul`)."""
+    if _meta.OP not in value.meta or canonical(value).op != "softmax" or _meta.OP not in matmul.meta:
+        return False
+    shape = getattr(value.meta.get("tensor_meta"), "shape", None)
+    dim = canonical(value).args.get("dim")
+    if not isinstance(dim, int) or not (dim == -1 or (shape is not None and dim == len(shape) - 1)):
+        return False
+    call = canonical(matmul)
+    if call.op != "matmul":
+        return False
+    frontier, reads = [value], []
+    for node in frontier:
+        for user in node.users:
+            (frontier if _is_observer_call(user) else reads).append(user)
+    left = call.args.get("input")
+    return reads == [matmul] and left in frontier and call.args.get("other") not in frontier
+
+
+def lower_softmax_matmul(ctx, matmul: fx.Node, a: QValue, b: QValue, source: fx.Node) -> Optional[QValue]:
+    """``softmax(s) @ v`` -> ``lucid_fx.softmax_matmul`` where the softmax (``source``, prepared; ``a``, its
+    lowered codes) is read only by this matmul's left operand; None leaves the two ops as they are."""
+    soft = a.node
+    if soft.op != "call_function" or soft.target not in _SOFTMAXES or not softmax_read_only_by(source, matmul):
+        return None
+    scale, zp, qdtype = ctx.qparams_of(matmul)
+    if qdtype.storage != b.qdtype.storage:
+        return None  # codes of the values' dtype come out
+    if soft.target in (_ops.softmax, _ops.softmax.default):
+        q, q_scale, q_zp = soft.args[:3]
+        mask, fill = None, None
+    else:
+        q, q_scale, q_zp, mask, fill = soft.args[:5]
+    out = ctx.call(_ops.softmax_matmul, q, q_scale, q_zp, mask, fill, b.node, b.scale, b.zero_point, scale, zp)
+    ctx.absorbed[source.name] = FUSED_SOFTMAX.format(matmul=matmul.name)
+    return ctx.output_qvalue(matmul, out)

@@ -63,6 +63,7 @@ class LoweringContext:
         self._laid_out: Dict[fx.Node, QValue] = {}  # codes restored to the float model's layout
         self._constants = 0
         self.declined: Dict[str, str] = {}  # node name -> why its lowering rule had to decline
+        self.absorbed: Dict[str, str] = {}  # node name -> why another node's kernel computes it (no value of its own)
 
     # -- qparams ------------------------------------------------------------------------------
     def qparams_of(self, node: fx.Node) -> Optional[Tuple[float, int, QDtype]]:

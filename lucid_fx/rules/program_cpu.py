@@ -18,9 +18,10 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import conv_native, cpu_float, linear_native, matmul_native, native, program_ops, softmax_native
+from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, float_post_op, pointwise_rows_sum, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)
-from lucid_fx.kernels.reference import ONEDNN_POST_OPS
+from lucid_fx.kernels.reference import onednn_post_op
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
 from lucid_fx.rules.program_cpu_linear import PROGRAM_RULES_CPU_LINEAR, _engine, _linear_row, _out_args, _weights
@@ -132,7 +133,7 @@ def _conv2d(b, node, post_op: str, dtype: torch.dtype):
     head, bias = found
     bias_c = None if bias is None else b.const(bias, "bias")
     return b.call(ON.qconv2d_pointwise.default, *head, bias_c, stride, padding, dilation, groups,
-                  *_out_args(out_scale, out_zp, dtype), ONEDNN_POST_OPS[post_op], [], "")
+                  *_out_args(out_scale, out_zp, dtype), *onednn_post_op(post_op))
 
 
 def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary "sum" into y's codes
@@ -154,7 +155,7 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
         accum = b.call_method("clone", qother, memory_format=torch.channels_last)
     bias_c = None if bias is None else b.const(bias, "bias")
     return b.call(ON.qconv2d_pointwise.binary, head[0], *head[1:], accum, bias_c, stride, padding, dilation, groups,
-                  out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, ONEDNN_POST_OPS[post_op], [], "")
+                  out_scale, out_zp, None, o_scale, o_zp, "sum", 1.0, *onednn_post_op(post_op))
 
 
 def _pointwise_add(b, node):
@@ -215,6 +216,19 @@ def masked_softmax(b, node):  # lucid_fx.masked_softmax on the CPU -> the table 
     return b.call(softmax_native.masked_softmax_codes, q, scale, zp, mask, fill, dim, 1.0 / out_scale, out_zp, low, high, dtype)
 
 
+def softmax_matmul(b, node):  # lucid_fx.softmax_matmul on the CPU -> its CPU kernel, the table and the product's plan made once
+    q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp = node.args
+    dtype = b.value(node).dtype
+    if (b.kernel("softmax_matmul") is not attention_rows.cpu_softmax_matmul or dtype not in (torch.uint8, torch.int8)
+            or (fill is not None and b.value(mask).dtype != torch.bool)):  # the kernel's own error then
+        return None
+    rows = b.value(q).shape if mask is None else torch.broadcast_shapes(b.value(q).shape, b.value(mask).shape)
+    e = torch.empty(rows, dtype=dtype, device="meta")  # e's codes: dense, of the scores' (and mask's) shape
+    plan = attention_rows.rows_plan(e, b.value(v), torch.iinfo(dtype).min, v_zp) if native.available() else None
+    return b.call(attention_rows.cpu_softmax_matmul, q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp,
+                  b.const(attention_rows.exp_table(scale), "exp"), None if plan is None else b.const(plan, "plan"))
+
+
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     **PROGRAM_RULES_CPU_LINEAR,  # lucid_fx.linear -> onednn.qlinear_pointwise (a residual add fused) / linear_row
     "conv2d": conv2d,  # lucid_fx.conv2d -> onednn.qconv2d_pointwise, packed for the input shape
@@ -222,6 +236,7 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "matmul": matmul,  # -> native / program_ops.matmul_codes
     "softmax": softmax,  # -> softmax_native / program_ops.softmax_codes
     "masked_softmax": masked_softmax,  # -> softmax_native.masked_softmax_codes (decided per call by the mask)
+    "softmax_matmul": softmax_matmul,  # -> kernels/softmax_matmul.py: e from a table, a multiplier a row
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
     **PROGRAM_RULES_CPU_POOL,  # max, average and global average pools of codes
 }

@@ -15,7 +15,7 @@ from torch import fx
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, pointwise_rows, post_op_codes, row_bounds,
                                          row_linear, row_out_scale, takes_row)
-from lucid_fx.kernels.reference import ONEDNN_POST_OPS
+from lucid_fx.kernels.reference import ONEDNN_CONV_POST_OPS, onednn_post_op
 
 __all__ = ["PROGRAM_RULES_CPU_LINEAR"]
 
@@ -72,13 +72,13 @@ def _linear(b, node, post_op: str, dtype: torch.dtype):
     scale, ozp, odtype = _out_args(out_scale, out_zp, dtype)
     bias_c = None if bias is None else b.const(bias.to(torch.float32), "bias")
     zeros = b.const(torch.zeros(n, dtype=torch.int64), "wzp")
-    if onednn._linear_as_conv() and zp == 0:
+    if onednn._linear_as_conv() and zp == 0 and post_op in ONEDNN_CONV_POST_OPS:
         # (M, K) row-major codes are a (1, K, 1, M) channels-last image; the (1, N, 1, M) channels-last
         # result is the (M, N) output: no copy either way (1.1-2.2x faster than the linear without VNNI).
         packed = ON.qconv_prepack(qw.contiguous().view(n, k, 1, 1), ws, 1.0, 0, [1, 1], [0, 0], [1, 1], 1, None)
         image = b.call_method("as_strided", rows, (1, k, 1, m), (m * k, 1, m * k, k))
         out = b.call(ON.qconv2d_pointwise.default, image, x_scale, 0, b.const(packed, "packed"), b.const(ws, "wscale"),
-                     zeros, bias_c, [1, 1], [0, 0], [1, 1], 1, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
+                     zeros, bias_c, [1, 1], [0, 0], [1, 1], 1, scale, ozp, odtype, *onednn_post_op(post_op))
         out = b.call_method("reshape", b.call_method("permute", out, (0, 2, 3, 1)), tuple(b.value(node).shape))
         return out
     packed = ON.qlinear_prepack(qw.contiguous(), None)
@@ -92,7 +92,7 @@ def _linear(b, node, post_op: str, dtype: torch.dtype):
         add.replace_all_uses_with(out)  # the add is left without users: dead code at the rewrite's end
         return out
     out = b.call(ON.qlinear_pointwise.default, rows, x_scale, zp, b.const(packed, "packed"), b.const(ws, "wscale"),
-                 zeros, bias_c, scale, ozp, odtype, ONEDNN_POST_OPS[post_op], [], "")
+                 zeros, bias_c, scale, ozp, odtype, *onednn_post_op(post_op))
     return out if x.dim() == 2 else b.call_method("view", out, tuple(b.value(node).shape))
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import lucid_fx
 from lucid_fx.kernels import cpu_float, matmul_native, native, native_elementwise, program_ops, softmax_native
+from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
@@ -351,18 +352,27 @@ class _Attention(nn.Module):
         return torch.matmul(torch.softmax(scores, -1), self.v(x))
 
 
+def _plans(program, target):
+    """The plan constants (or None) the calls of ``target`` in ``program`` pass."""
+    node_plans = [n.args[-1] for n in program.graph.nodes if n.target is target]
+    return [None if p is None else getattr(program, p.target) for p in node_plans]
+
+
 def test_attention_s_matmuls_and_softmax_requantize_natively(native_on, monkeypatch):
+    # q @ k^T on native_matmul.c, softmax(s) @ v as one call: softmax_exp and the product a multiplier a row
     torch.manual_seed(0)
     model, data = _Attention().eval().requires_grad_(False), [torch.randn(2, 16, 32) for _ in range(4)]
     qmodel = lucid_fx.quantize(model, (data[0],), data)
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
-    assert {matmul_native.matmul_codes, softmax_native.softmax_codes} <= {n.target for n in program.graph.nodes}
+    assert {matmul_native.matmul_codes, attention_rows.cpu_softmax_matmul} <= {n.target for n in program.graph.nodes}
+    assert [type(p).__name__ for p in _plans(program, attention_rows.cpu_softmax_matmul)] == ["MatmulPlan"]
     monkeypatch.setattr(native, "available", lambda: False)
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)
     (torch_program,) = programs_of(torch_model).values()
-    assert {program_ops.matmul_codes, program_ops.softmax_codes} <= {n.target for n in torch_program.graph.nodes}
+    assert {program_ops.matmul_codes, attention_rows.cpu_softmax_matmul} <= {n.target for n in torch_program.graph.nodes}
+    assert _plans(torch_program, attention_rows.cpu_softmax_matmul) == [None]
     assert _sqnr(out, model(data[1])) >= 25
 
 

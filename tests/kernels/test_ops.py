@@ -40,7 +40,8 @@ def deq_w(qw, ws):
 
 
 def finish(y, post_op, out_scale, out_zp, dtype):
-    y = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}.get(post_op, lambda v: v)(y)
+    y = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu, "gelu": F.gelu,
+         "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}.get(post_op, lambda v: v)(y)
     return y if dtype == torch.float32 else Q.quantize(y, out_scale, out_zp, STORAGE[dtype])
 
 
@@ -107,7 +108,7 @@ def test_quantize_per_channel_is_bit_exact():
 
 
 @pytest.mark.parametrize("shape", [(1, 13), (5, 13), (2, 3, 13), (33, 64)])
-@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_linear(linear_backend, shape, post_op, out_dtype, per_channel):
@@ -551,6 +552,9 @@ def _calls():
         ("softmax", (q4.contiguous(memory_format=torch.channels_last), s4, z4, 1, 1 / 256, 0)),
         ("masked_softmax", (q4.transpose(1, 3), s4, z4, torch.rand(1, 1, 1, 6) < 0.3, float("-inf"), -1, 1 / 256, 0)),
         ("masked_softmax", (q4[:, :1], s4, z4, torch.randn(2, 6, 9, 7), None, -1, 1 / 256, 0)),
+        ("softmax_matmul", (q4, s4, z4, None, None, q4.transpose(-1, -2), s4, z4, 0.1, 3)),
+        ("softmax_matmul", (q4[:, :1], s4, z4, torch.rand(1, 6, 1, 7) < 0.3, float("-inf"), q4[:1, :, :7, :5], s4, z4, 0.1, 3)),
+        ("probabilities_qdq", (torch.softmax(torch.randn(2, 6, 9), -1),)),
         ("cat", ([q4, q4], [s4, 0.5], [z4, z4], 1, s4, z4)),
         ("avg_pool2d", (q4, s4, z4, [3, 3], [2, 2], [1, 1], True, False, 0.1, 3)),
         ("adaptive_avg_pool2d", (q4.contiguous(memory_format=torch.channels_last), s4, z4, [1, 1], 0.1, 3)),

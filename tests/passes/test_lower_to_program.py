@@ -101,5 +101,24 @@ def test_float_arithmetic_kernels_become_program_ops_with_the_same_codes():
     x = torch.randn(2, 8, 16)
     q, out, program = _lowered(_AddMulAttend().eval(), x)
     names = {getattr(t, "__name__", "") for t in _targets(program)}
-    assert {"add_codes", "mul_codes", "matmul_codes", "softmax_codes"} <= names, names
+    assert {"add_codes", "mul_codes", "matmul_codes", "cpu_softmax_matmul"} <= names, names  # softmax(s) @ v: one call
+    assert torch.equal(program(x), out)
+
+
+class _SoftmaxReadTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        p = torch.softmax(torch.matmul(self.a(x), x.transpose(-1, -2)), -1)
+        return self.a(torch.matmul(p, x) + torch.matmul(p, self.a(x)))
+
+
+def test_a_softmax_read_by_two_matmuls_stays_a_softmax_on_its_fixed_grid():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    q, out, program = _lowered(_SoftmaxReadTwice().eval(), x)
+    names = [getattr(t, "__name__", "") for t in _targets(program)]
+    assert names.count("softmax_codes") == 1 and names.count("matmul_codes") == 3 and "cpu_softmax_matmul" not in names
     assert torch.equal(program(x), out)

@@ -163,6 +163,23 @@ def test_a_fixed_grid_that_differs_is_kept():
     assert table.meta["lucid_fx.qparams"][:2] == (1 / 64, 100)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_a_gelu_after_a_linear_is_its_post_op_in_either_form(approximate, sqnr_db):
+    # a transformer's MLP: gelu(fc1(x)) computed in float inside fc1's kernel, so fc1's result needs no grid
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(approximate), torch.nn.Linear(128, 32)).eval()
+    batches = [torch.randn(16, 32) for _ in range(4)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    linears = [n.args[8] for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.linear"]
+    assert linears == ["gelu" if approximate == "none" else "gelu_tanh", "none"]
+    assert not [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.lut"]
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
 @pytest.mark.parametrize("act", ["hardswish", "silu"])
 def test_an_activation_after_a_weighted_op_is_its_kernels_post_op(act, sqnr_db):
     # hardswish/silu(bn(conv(x))) and act(linear(x)): one kernel that applies act in float before it

@@ -29,8 +29,10 @@ CASES = {
     # flattened, so that codes leave it: a stack (a cat) only dequantized runs in float (passes/fold_dequantize.py)
     "stack": (lambda: (lambda y: torch.stack([y, y * 0.5], 1).flatten(1)), 2, "cat"),
     "SiLU": (lambda: nn.SiLU(), 0, "linear"),  # after a linear: its fused post-op (rules/fusions.py)
-    "GELU": (lambda: nn.GELU(), 0, "lut"),
-    "gelu tanh": (lambda: nn.GELU(approximate="tanh"), 0, "lut"),
+    "GELU": (lambda: nn.GELU(), 0, "linear"),  # after a linear: its fused post-op, both forms
+    "gelu tanh": (lambda: nn.GELU(approximate="tanh"), 0, "linear"),
+    "GELU after a conv": (lambda: nn.GELU(), 2, "lut"),  # a table of the conv's codes
+    "gelu tanh after a conv": (lambda: nn.GELU(approximate="tanh"), 2, "lut"),
 }
 SHAPES = {0: (3, 6), 1: (2, 2, 13), 2: (2, 2, 11, 11)}
 
