@@ -88,7 +88,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()).eval()
     >>> row = lucid_fx.explain(lucid_fx.prepare(m, example_inputs=(torch.randn(1, 2),))).by_node()["_1"]
     >>> row["op"], row["kind"], row["observer"], row["qparams"], row["runs"]
-    ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128', 'table lookup')
+    ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128', 'int8 kernel')
     """
     rows: List[Dict[str, str]] = []
     placed = placements(prepared, registry=registry)

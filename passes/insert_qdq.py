@@ -7,7 +7,7 @@ weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantiz
 dequantize_per_channel`` in the graph), so the float graph computes what the int8 kernels
 compute, up to rounding inside the kernels. A softmax that convert fuses into its matmul
 (``lucid_fx.softmax_matmul``) gets ``lucid_fx.probabilities_qdq``, the same rounding of its
-probabilities, instead. Used by ``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
+probabilities, instead; a linear whose tanh or sigmoid convert makes its post-op, none. Used by ``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
 quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quantize, as convert does.
 """
 
@@ -28,6 +28,7 @@ from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
 from lucid_fx.rules.lowering_attention import softmax_read_only_by
+from lucid_fx.rules.lowering_elementwise import gate_after_linear
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -96,6 +97,14 @@ def _fused_softmax(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]
             and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
 
 
+def _fused_gate(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
+    """Whether convert makes the tanh or sigmoid reading ``observer_call``'s linear that linear's post-op
+    (rules/lowering_elementwise.py): then the linear's own grid rounds nothing."""
+    source, readers = observer_call.args[0], list(observer_call.users)
+    return (len(readers) == 1 and gate_after_linear(source, readers[0])
+            and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
+
+
 def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
     """The softmax's probabilities as lucid_fx.softmax_matmul rounds them, in place of its observer."""
     with gm.graph.inserting_before(node):
@@ -123,6 +132,10 @@ def insert_qdq(
                 continue
             if _fused_softmax(node, kernels):
                 _qdq_probabilities(gm, node)
+                continue
+            if _fused_gate(node, kernels):  # convert computes the activation on the linear's float result
+                node.replace_all_uses_with(node.args[0])
+                gm.graph.erase_node(node)
                 continue
             scale, zp = observer.calculate_qparams()
             if scale.numel() != 1:

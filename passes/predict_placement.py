@@ -26,8 +26,8 @@ from lucid_fx.rules.lowering_context import _is_observer_call
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
-from lucid_fx.rules.lowering_attention import unfused_mask
-from lucid_fx.rules.lowering_elementwise import _positive_number
+from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
+from lucid_fx.rules.lowering_elementwise import GATE_WHY, _positive_number, gate_after_linear
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
 
@@ -115,7 +115,24 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))
         found.update((name, placement) for name in placement.members)
     _predict_folds(nodes, found)
+    _predict_absorbed(nodes, found)
     return found
+
+
+def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
+    """The pairs lower_to_int8 runs as one kernel though prepare observed both: a softmax read only by
+    its matmul's left operand (softmax_matmul), a linear read only by its tanh or sigmoid (its post-op)."""
+    for node in nodes:
+        placement, readers = found.get(node.name), _readers(node)
+        if placement is None or len(readers) != 1 or readers[0].name not in found:
+            continue
+        reader, read = readers[0], found[readers[0].name]
+        if placement.runs is Runs.KERNEL and read.runs is Runs.KERNEL and read.why == "matmul" \
+                and softmax_read_only_by(node, reader):
+            found[node.name] = Placement(Runs.KERNEL, FUSED_SOFTMAX.format(matmul=reader.name), (node.name,))
+        elif placement.why == "linear" and read.runs is Runs.TABLE and gate_after_linear(node, reader):
+            found[node.name] = Placement(Runs.KERNEL, GATE_WHY.format(act=reader.name), (node.name,))
+            found[reader.name] = Placement(Runs.KERNEL, read.why, read.members)
 
 
 def _readers(node: fx.Node) -> List[fx.Node]:

@@ -29,7 +29,7 @@ def test_rows_are_worst_first_and_cover_every_quantized_value(models):
     model, _, q, data = models
     result = lucid_fx.compare(model, q, data)
     names = [r.node for r in result.rows]
-    assert set(names) == {"x", "l1", "tanh", "add", "truediv", "ln", "mul", "l2", "softmax"}
+    assert set(names) == {"x", "l1", "neg", "tanh", "add", "truediv", "ln", "mul", "l2", "softmax"}
     sqnrs = [r.sqnr_db for r in result.rows]
     assert sqnrs == sorted(sqnrs) and result.batches == 4
     rows = result.by_node()
@@ -80,7 +80,7 @@ def test_table_text(models):
     text = str(lucid_fx.compare(model, q, data[0]))
     lines = text.splitlines()
     assert lines[0].split() == ["node", "op", "domain", "SQNR", "dB", "max", "|err|", "steps"]
-    assert len(lines) == 1 + 9 + 1 and lines[-1].startswith("model output: ") and "over 1 batch(es)" in lines[-1]
+    assert len(lines) == 1 + 10 + 1 and lines[-1].startswith("model output: ") and "over 1 batch(es)" in lines[-1]
 
 
 def test_a_float_model_compared_with_itself_is_exact():

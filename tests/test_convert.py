@@ -32,7 +32,8 @@ _ENCODER = lambda: encoder_block(2, 16, 64)  # noqa: E731
     [
         # the last linear gives its float result (no dequantize: passes/fold_dequantize.py)
         (lambda: mlp(8, 256), 30, ["linear", "quantize_per_tensor"], 40),
-        (lambda: gated_mlp(8, 256), 28, ["linear", "lut", "mul", "quantize_per_tensor"], 40),
+        # tanh and sigmoid are their linears' post-ops (rules/lowering_elementwise.py)
+        (lambda: gated_mlp(8, 256), 28, ["linear", "mul", "quantize_per_tensor"], 40),
         (lambda: resnet_like(1, 64, width=16), 20, ["adaptive_avg_pool2d", "conv2d", "conv2d_add", "linear", "max_pool2d", "quantize_per_tensor"], 40),
         # the layer norms run in float where it pays (rules/observers.py), and so do the residual
         # adds: their results feed only float ops. The simulation still rounds the adds onto the
@@ -92,16 +93,16 @@ def test_fixed_qparams_ops_run_as_tables_with_exact_grid():
             self.fc = nn.Linear(4, 4)
 
         def forward(self, x):
-            return (torch.tanh(self.fc(x)) + 1) / 2
+            return (torch.tanh(-self.fc(x)) + 1) / 2  # a tanh straight after fc would be fc's post-op
 
     model = Head().eval()
     prepared = _calibrated(model, torch.randn(3, 4), lambda s: torch.randn(3, 4, generator=torch.Generator().manual_seed(s)), 20)
     qmodel = lucid_fx.convert(prepared)
     reference = lucid_fx.convert(prepared, reference=True)
     assert _kernels(qmodel).count("lut") == 1
-    # tanh and "+ 1" are tables; "/ 2" keeps the codes and halves the scale, which lands exactly on
+    # -x, tanh and "+ 1" are tables; "/ 2" keeps the codes and halves the scale, which lands exactly on
     # the fixed [0, 1] grid its FixedQParamsObserver promises.
-    assert [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"].count("lut") == 2
+    assert [n.target.__name__ for n in qmodel.graph.nodes if n.op == "call_function"].count("lut") == 3
     (halved,) = [n for n in qmodel.graph.nodes if n.target == "view_as"]
     assert halved.meta["lucid_fx.source"] == "truediv" and halved.meta["lucid_fx.qparams"][:2] == (1 / 256, 0)
     x = torch.randn(50, 4)

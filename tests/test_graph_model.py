@@ -9,15 +9,16 @@ import lucid_fx
 
 
 class Gate(nn.Module):
-    """linear -> tanh -> (t+1)/2 gates a Softplus branch (``ln``); softmax head. Softplus has no int8
-    rule, so it runs in float (LayerNorm did, before it had a kernel)."""
+    """linear -> neg -> tanh -> (t+1)/2 gates a Softplus branch (``ln``); softmax head. Softplus has no int8
+    rule, so it runs in float (LayerNorm did, before it had a kernel). The tanh reads a negation, so it
+    is a table: straight after the linear it would be the linear's post-op (rules/lowering_elementwise.py)."""
 
     def __init__(self):
         super().__init__()
         self.l1, self.ln, self.l2 = nn.Linear(16, 16), nn.Softplus(), nn.Linear(16, 4)
 
     def forward(self, x):
-        g = (torch.tanh(self.l1(x)) + 1) / 2
+        g = (torch.tanh(-self.l1(x)) + 1) / 2
         return torch.softmax(self.l2(self.ln(x) * g), -1)
 
 
@@ -34,7 +35,7 @@ def calibrated():
 def test_prepared_graph_folds_observers_and_carries_decisions(calibrated):
     _, prepared, _ = calibrated
     g = lucid_fx.to_networkx(prepared)
-    assert list(g.nodes) == ["x", "l1", "tanh", "add", "truediv", "ln", "mul", "l2", "softmax", "output"]
+    assert list(g.nodes) == ["x", "l1", "neg", "tanh", "add", "truediv", "ln", "mul", "l2", "softmax", "output"]
     assert ("truediv", "mul") in g.edges and ("ln", "mul") in g.edges and ("x", "ln") in g.edges
     tanh, div, l1 = g.nodes["tanh"], g.nodes["truediv"], g.nodes["l1"]
     assert (tanh["domain"], tanh["observer"], tanh["qparams"], tanh["interval"]) == (

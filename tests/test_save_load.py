@@ -344,7 +344,7 @@ def test_packed_weights_are_not_saved_but_rebuilt_on_the_first_call():
 def test_a_loaded_converted_model_still_shows_its_grids_and_sources():
     """to_networkx / visualize / `lucid-fx show` read node.meta: a converted model keeps it."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid()).eval()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Hardsigmoid()).eval()
     data = [torch.randn(4, 8) for _ in range(3)]
     qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False)
     buffer = io.BytesIO()

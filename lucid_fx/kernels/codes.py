@@ -16,13 +16,13 @@ __all__ = [
     "to_layout", "conv2d_memory_format",
 ]
 
-POST_OPS = ("none", "relu", "hardswish", "silu", "gelu", "gelu_tanh")  # applied in float before quantization
+POST_OPS = ("none", "relu", "hardswish", "silu", "gelu", "gelu_tanh", "tanh", "sigmoid")  # applied in float before quantization
 #: oneDNN's names for the post-ops (its eltwise "swish" with alpha 1 is silu; gelu with algorithm "none" is
 #: the erf form, "tanh" the approximation) and their algorithm argument.
 ONEDNN_POST_OPS = {"none": "none", "relu": "relu", "hardswish": "hardswish", "silu": "swish", "gelu": "gelu",
-                   "gelu_tanh": "gelu"}
+                   "gelu_tanh": "gelu", "tanh": "tanh"}
 _ONEDNN_ALGORITHMS = {"gelu": "none", "gelu_tanh": "tanh"}
-#: The post-ops oneDNN's int8 convolution takes (torch 2.13: "Unsupported post op gelu for quantized
+#: The post-ops oneDNN's int8 convolution takes (torch 2.13: "Unsupported post op gelu [tanh] for quantized
 #: pointwise conv2d"); a linear with another one runs as oneDNN's linear, never as a 1x1 convolution.
 ONEDNN_CONV_POST_OPS = ("none", "relu", "hardswish", "silu")
 
@@ -96,6 +96,10 @@ def finish(y: torch.Tensor, post_op: str, out_scale: float, out_zp: int, dtype: 
         y = torch.nn.functional.silu(y, inplace=True)
     elif post_op in ("gelu", "gelu_tanh"):
         y = torch.nn.functional.gelu(y, approximate="tanh" if post_op == "gelu_tanh" else "none")
+    elif post_op == "tanh":
+        y = y.tanh_()
+    elif post_op == "sigmoid":
+        y = y.sigmoid_()
     if dtype == torch.float32:
         return y
     info = torch.iinfo(dtype)

@@ -72,7 +72,8 @@ def engine_post_ops(engine: str) -> Tuple[str, ...]:
 #: linear never meets oneDNN's fused post-op, at any size, so its codes depend neither on the route
 #: (lucid_fx's GEMMs, _int_mm and oneDNN give equal float32 results) nor on the batch. With VNNI,
 #: oneDNN's swish linear took 100 us a call for a 32 x 64 x 128 gate projection (the Llama-like family).
-FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",)}
+#: sigmoid on every route: oneDNN has none (convert gives a sigmoid on its fixed grid oneDNN's tanh instead).
+FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",), "every route": ("sigmoid",)}
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
 # thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
@@ -277,16 +278,19 @@ def engine_here() -> Optional[str]:
 
 
 def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype) -> bool:
-    """Whether a linear with ``post_op`` and uint8 codes out computes the post-op after its float32
-    result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`)."""
-    return onednn_on and dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())
+    """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the
+    post-op after its float32 result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`)."""
+    everywhere = post_op in FLOAT_POST_OPS["every route"]
+    return onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ()))
 
 
 def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:
     """The reference's ``post_op`` on float32 ``y`` (in place: :func:`lucid_fx.kernels.reference.finish`),
     then the codes ``quantize_per_tensor`` gives the result, in one pass (``native.quantize_codes``)."""
-    info = torch.iinfo(dtype)
     y = ref.finish(y, post_op, 1.0, 0, torch.float32)
+    if dtype == torch.float32:
+        return y
+    info = torch.iinfo(dtype)
     return native.quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 

@@ -44,7 +44,9 @@ def fusion(name: str, *steps: Step, where: Optional[str] = None) -> FusionRule:
 # has a lowering (tests/test_op_table.py): relu(linear(x) + y) is a linear, then an add_relu.
 # Activations a weighted op's kernel applies in float before it requantizes (one rounding fewer than
 # a table after it; oneDNN's qlinear/qconv post-ops). A linear also takes gelu (both forms): a transformer's
-# MLP, whose gelu input then needs no grid of its own (the encoder block: 49.6 -> 51.1 dB SQNR).
+# MLP, whose gelu input then needs no grid of its own (the encoder block: 49.6 -> 51.1 dB SQNR). A tanh or
+# sigmoid after a linear keeps its input observed: convert makes it the linear's post-op where that
+# input's grid was only an intermediate (rules/lowering_elementwise.py), its grid narrowed as before.
 _ACTIVATIONS = ("hardswish", "silu")
 
 FUSION_RULES: List[FusionRule] = [

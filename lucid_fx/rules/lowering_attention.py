@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.rules.lowering_context import QValue, _is_observer_call
+from lucid_fx.rules.lowering_context import QValue, readers
 from lucid_fx.ops import canonical
 from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
 
@@ -110,12 +110,8 @@ def softmax_read_only_by(value: fx.Node, matmul: fx.Node) -> bool:
     call = canonical(matmul)
     if call.op != "matmul":
         return False
-    frontier, reads = [value], []
-    for node in frontier:
-        for user in node.users:
-            (frontier if _is_observer_call(user) else reads).append(user)
-    left = call.args.get("input")
-    return reads == [matmul] and left in frontier and call.args.get("other") not in frontier
+    aliases, reads = readers(value)
+    return reads == [matmul] and call.args.get("input") in aliases and call.args.get("other") not in aliases
 
 
 def lower_softmax_matmul(ctx, matmul: fx.Node, a: QValue, b: QValue, source: fx.Node) -> Optional[QValue]:

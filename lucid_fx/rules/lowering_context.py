@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx, nn
@@ -23,7 +23,7 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "LoweringContext", "float_memory_format"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -46,6 +46,15 @@ class QValue:
 
 def _is_observer_call(node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + ".")
+
+
+def readers(value: fx.Node) -> Tuple[List[fx.Node], List[fx.Node]]:
+    """``value`` (a prepared node) and the observer calls watching it, and every other node reading any of them."""
+    aliases, reads = [value], []
+    for node in aliases:
+        for user in node.users:
+            (aliases if _is_observer_call(user) else reads).append(user)
+    return aliases, reads
 
 
 class LoweringContext:

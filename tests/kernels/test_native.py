@@ -293,7 +293,8 @@ class _GatedMLP(nn.Module):
         self.up, self.gate, self.down = nn.Linear(32, 64), nn.Linear(32, 64), nn.Linear(64, 32)
 
     def forward(self, x):
-        return self.down(torch.tanh(self.up(x)) * torch.sigmoid(self.gate(x)))
+        # gates after a rescale, so tables (a tanh or sigmoid straight after a linear is its post-op)
+        return self.down(torch.tanh(self.up(x) / 2) * torch.sigmoid(self.gate(x) / 2))
 
 
 def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, monkeypatch):

@@ -41,7 +41,8 @@ def deq_w(qw, ws):
 
 def finish(y, post_op, out_scale, out_zp, dtype):
     y = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu, "gelu": F.gelu,
-         "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}.get(post_op, lambda v: v)(y)
+         "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "tanh": torch.tanh,
+         "sigmoid": torch.sigmoid}.get(post_op, lambda v: v)(y)
     return y if dtype == torch.float32 else Q.quantize(y, out_scale, out_zp, STORAGE[dtype])
 
 
@@ -108,7 +109,7 @@ def test_quantize_per_channel_is_bit_exact():
 
 
 @pytest.mark.parametrize("shape", [(1, 13), (5, 13), (2, 3, 13), (33, 64)])
-@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu", "gelu", "gelu_tanh", "tanh", "sigmoid"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32])
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_linear(linear_backend, shape, post_op, out_dtype, per_channel):

@@ -30,7 +30,8 @@ class SigmoidTanh(nn.Module):
         self.fc = nn.Linear(16, 16)
 
     def forward(self, x):
-        return torch.tanh(torch.sigmoid(self.fc(x)))
+        # a chain of tables (a sigmoid straight after the linear would be the linear's post-op)
+        return torch.tanh(torch.sigmoid(self.fc(x) / 2))
 
 
 def test_table_chains_and_the_float_boundary_become_one_lookup():

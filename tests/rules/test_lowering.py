@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
+from lucid_fx.rules import lowering_elementwise
 
 
 class Pool1d(nn.Module):
@@ -198,3 +199,90 @@ def test_an_activation_after_a_weighted_op_is_its_kernels_post_op(act, sqnr_db):
     with torch.no_grad():
         x = torch.randn(4, 3, 6, 6)
         assert sqnr_db(model(x), qmodel(x)) > 30
+
+
+class _Gate(torch.nn.Module):
+    """out(act(fc(x))): fc's result read by the activation alone (or also by ``also``), whose codes out reads."""
+
+    def __init__(self, act, gain: float = 1.0, also: bool = False):
+        super().__init__()
+        self.fc, self.act, self.also, self.out = torch.nn.Linear(32, 64), act, also, torch.nn.Linear(64, 8)
+        with torch.no_grad():
+            self.fc.weight.mul_(gain), self.fc.bias.mul_(gain)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return self.out(self.act(y) + y if self.also else self.act(y))
+
+
+def _gate_model(act, gain=1.0, also=False):
+    torch.manual_seed(0)
+    model = _Gate(act, gain, also).eval()
+    batches = [torch.randn(16, 32) * 3 for _ in range(4)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    return model, prepared, lucid_fx.convert(prepared)
+
+
+def _linears(qmodel):
+    return [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.linear"][:-1]  # not out
+
+
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+def test_a_gate_after_a_linear_is_its_post_op_one_rounding_fewer(act, monkeypatch):
+    fn = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}[act]
+    model, prepared, qmodel = _gate_model(fn)
+    (linear,) = _linears(qmodel)
+    # oneDNN has tanh and no sigmoid: sigmoid(y) on its fixed grid 1/256 is tanh(y / 2) on the grid (1/128, 128)
+    assert linear.args[8] == "tanh" and linear.args[6:8] == ((2 / 256, 128) if act == "tanh" else (1 / 128, 128))
+    scales, bias = getattr(qmodel, linear.args[4].target), getattr(qmodel, linear.args[5].target)
+    halve = 0.5 if act == "sigmoid" else 1.0  # exact in float: the product halves with them
+    assert torch.equal(scales, getattr(qmodel, "_lucid_fc_wscale") * halve) and torch.equal(bias, model.fc.bias * halve)
+    assert not [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.lut"]
+    report = qmodel.lucid_fx_convert_report
+    assert report.lowered["fc"].startswith(f"linear, its result read by {act} inside the kernel")
+    # reference mode rounds what the kernels round: x, the activation's result and out's, not fc's
+    reference = lucid_fx.convert(prepared, reference=True)
+    assert [str(n.target) for n in reference.graph.nodes].count("lucid_fx.quantize_per_tensor") == 3
+    x = [torch.randn(16, 32) * 3]
+    fused_db = lucid_fx.compare(model, qmodel, x).by_node()[act].sqnr_db  # the activation's own codes
+    monkeypatch.setattr(lowering_elementwise, "gate_after_linear", lambda *args: False)
+    monkeypatch.setattr("lucid_fx.passes.insert_qdq.gate_after_linear", lambda *args: False)
+    unfused = lucid_fx.convert(prepared)
+    assert [n.args[8] for n in _linears(unfused)] == ["none"]
+    assert [str(n.target) for n in lucid_fx.convert(prepared, reference=True).graph.nodes].count(
+        "lucid_fx.quantize_per_tensor") == 4
+    unfused_db = lucid_fx.compare(model, unfused, x).by_node()[act].sqnr_db
+    print(f"fused {fused_db:.1f} dB, unfused {unfused_db:.1f} dB")
+    assert fused_db > unfused_db + 1
+
+
+def test_a_sigmoid_on_a_narrowed_grid_is_the_linears_float_post_op():
+    # small pre-activations: the sigmoid's grid narrows to what the linear's grid reaches, and keeps it
+    model, prepared, qmodel = _gate_model(torch.sigmoid, gain=0.01)
+    (linear,) = _linears(qmodel)
+    assert linear.args[8] == "sigmoid" and linear.args[6] < 1 / 256 / 1.5  # no tanh grid matches a narrowed one
+    x = torch.randn(16, 32) * 3
+    fused = torch.fx.GraphModule(qmodel, _graph_until(qmodel.graph, linear))  # the fused linear's codes
+    with torch.no_grad():
+        got = torch.ops.lucid_fx.dequantize_per_tensor(fused(x), linear.args[6], linear.args[7])
+        assert (got - torch.sigmoid(model.fc(x))).abs().max() <= linear.args[6]  # within a step of the narrowed grid
+
+
+def _graph_until(graph, node):
+    """A copy of ``graph`` whose output is ``node``'s value."""
+    new, env = torch.fx.Graph(), {}
+    for n in graph.nodes:
+        if n.op == "output":
+            break
+        env[n] = new.node_copy(n, lambda a: env[a])
+        if n is node:
+            break
+    new.output(env[node])
+    return new
+
+
+def test_a_linear_read_by_its_gate_and_another_op_keeps_its_codes():
+    model, prepared, qmodel = _gate_model(torch.tanh, also=True)
+    assert [n.args[8] for n in _linears(qmodel)] == ["none"]
+    assert [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.lut"]
