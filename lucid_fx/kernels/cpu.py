@@ -174,7 +174,8 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     if not _onednn_on() or qx.numel() == 0:
         return int8_linear(*args, pad=False)
     dtype = ref.out_storage(qx, out_dtype)
-    if float_post_op(_cpu_target(), True, post_op, dtype):  # SiLU without VNNI: after the float result, at every size
+    mnk = (qx.numel() // qw.shape[1], *qw.shape)
+    if float_post_op(_cpu_target(), True, post_op, dtype, mnk):  # SiLU without VNNI, at every size; a small gelu
         return post_op_codes(linear(*args[:6], 1.0, 0, "none", torch.float32), post_op, out_scale, out_zp, dtype)
     # int8 activations go in as uint8 (s8 measured 5x slower without VNNI); the zero point into the bias where exact.
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()

@@ -277,11 +277,15 @@ def engine_here() -> Optional[str]:
     return "native" if kind == "avx2" and isa.upper() in ("", "AVX2") and linear_native.available() else None
 
 
-def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype) -> bool:
+def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, mnk: Optional[tuple] = None) -> bool:
     """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the
-    post-op after its float32 result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`)."""
-    everywhere = post_op in FLOAT_POST_OPS["every route"]
-    return onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ()))
+    post-op after its float32 result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); and
+    gelu and tanh where the row engine takes the (m, n, k) linear ``mnk`` (its float result, then torch's
+    op; oneDNN's call costs more than the whole linear there, and its gelu equals torch's on every value
+    measured, its tanh within a code)."""
+    everywhere = post_op in FLOAT_POST_OPS["every route"] or (
+        post_op in ("gelu", "gelu_tanh", "tanh") and mnk is not None and takes_row(target, onednn_on, "none", torch.float32, *mnk))
+    return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())))
 
 
 def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:

@@ -47,7 +47,7 @@ from lucid_fx.kernels.reference import dequant
 from lucid_fx.kernels.softmax_native import TABLE_MIN
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
-           "exp_table", "exp_codes", "torch_exp_codes", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
+           "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
            "INT32_SUM"]
 
 #: The largest sum the native product's int32 holds.
@@ -135,6 +135,23 @@ def torch_exp_codes(q, table, keep, mult: float, e_zp: int, dtype) -> Tuple[torc
     return _codes_and_multipliers(e, mult, e_zp, dtype)
 
 
+def exp_codes_float(y: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exp_codes` from float32 scores ``y`` (a temporary, masked): native_softmax.c's
+    ``softmax_exp_float`` in one pass where it is loaded, else :func:`torch_exp_codes_float`; within a
+    code of each other (glibc's ``expf`` and torch's ``exp`` may differ in the last bit)."""
+    fn = _function("softmax_exp_float", dtype)
+    if fn is None or y.dtype != torch.float32 or y.device.type != "cpu" or not y.is_contiguous() or not y.numel():
+        return torch_exp_codes_float(y, mult, e_zp, dtype)
+    out, rmult = torch.empty(y.shape, dtype=dtype), torch.empty(y.shape[:-1], dtype=torch.float32)
+    fn(y.data_ptr(), out.data_ptr(), rmult.data_ptr(), y.shape[:-1].numel(), y.shape[-1], mult, e_zp)
+    return out, rmult
+
+
+def torch_exp_codes_float(y: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exp_codes_float` in torch ops."""
+    return _codes_and_multipliers(_exp_float(y).to(torch.int32), mult, e_zp, dtype)
+
+
 def _codes_and_multipliers(e: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``e`` (integers 0..EXP_LEVELS) as codes, and ``float32(mult / sum(e))`` a row (0 where the sum is)."""
     total = e.sum(-1, dtype=torch.int64).to(torch.float64)
@@ -186,6 +203,5 @@ def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, ou
         e, rmult = exp_codes(q, exp_table(scale) if table is None else table, keep, mult, e_zp, dtype)
     else:
         y = centered(q, zp).mul_(scale)
-        y = y if mask is None else apply_mask(y, mask, fill)
-        e, rmult = _codes_and_multipliers(_exp_float(y).to(torch.int32), mult, e_zp, dtype)
+        e, rmult = exp_codes_float(y if mask is None else apply_mask(y, mask, fill), mult, e_zp, dtype)
     return matmul_rows(e, e_zp, v, v_zp, rmult, out_zp, *code_bounds(dtype, out_zp, "none"), dtype, plan)

@@ -38,8 +38,9 @@ def _out_args(out_scale: float, out_zp: int, dtype: torch.dtype):
 
 
 def linear(b, node):  # lucid_fx.linear -> onednn.qlinear_pointwise (VNNI) or a 1x1 qconv2d (AVX2) on a packed weight
-    post_op, dtype = node.args[8], b.value(node).dtype
-    if not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype):
+    post_op, dtype, qw = node.args[8], b.value(node).dtype, b.attr(node.args[3])
+    mnk = None if qw is None else (b.value(node.args[0]).numel() // qw.shape[1], *qw.shape)
+    if not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype, mnk):
         return _linear(b, node, post_op, dtype)
     y = _linear(b, node, "none", torch.float32)  # SiLU without VNNI: after the float result, as cpu.linear
     return None if y is None else b.call(post_op_codes, y, post_op, node.args[6], node.args[7], dtype)

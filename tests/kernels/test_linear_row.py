@@ -127,6 +127,30 @@ def test_a_silu_linear_applies_torch_s_silu_after_the_float_result_at_every_size
     assert torch.equal(cpu.linear(qx[3:4], 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8), got[3:4])
 
 
+@pytest.mark.parametrize("post_op", ["gelu", "gelu_tanh", "tanh"])
+@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512)])  # the row engine's size, and oneDNN's
+def test_a_gelu_or_tanh_linear_runs_on_the_row_engine_where_it_takes_the_size(post_op, m, n, k):
+    # oneDNN's call costs more than a small linear: there the row engine's float result, then torch's op;
+    # past it, oneDNN's fused post-op (its gelu equal to torch's, its tanh within a code)
+    target = resolve_target("cpu")
+    engine = lr.row_engine(target)
+    small = engine is not None and lr.small_gemm(m, n, k, engine)
+    assert lr.float_post_op(target, True, post_op, torch.uint8, (m, n, k)) == small
+    assert not lr.float_post_op(target, True, post_op, torch.uint8)  # no size given: oneDNN's post-op
+    g = torch.Generator().manual_seed(m)
+    qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-64, 64, (n, k), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(n, generator=g) * 0.01 + 0.001, torch.randn(n, generator=g)
+    got = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 0.0371, 9, post_op, torch.uint8)
+    y = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 1.0, 0, "none", torch.float32)
+    act = {"gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "tanh": torch.tanh}[post_op]
+    expected = Q.quantize(act(y), 0.0371, 9, torch.uint8)
+    diff = (got.int() - expected.int()).abs()
+    if small:
+        assert torch.equal(got, expected)
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.002
+
+
 def test_a_silu_convolution_of_one_row_applies_torch_s_silu_after_the_float_result(sqnr_db):
     # Squeeze-excite's reduction (a 1x1 convolution of a 1x1 image) is a linear of one row: as a SiLU
     # linear, it computes its float32 result, then torch's SiLU and quantize_per_tensor's codes (oneDNN's

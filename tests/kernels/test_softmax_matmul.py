@@ -172,3 +172,21 @@ def test_the_plan_declines_a_broadcast_of_the_rows():
     e = torch.empty(1, 6, 9, dtype=torch.uint8)
     assert sm.rows_plan(e, torch.empty(3, 9, 4, dtype=torch.uint8), 0, 0) is None  # a multiplier a row of e, not of the output
     assert sm.rows_plan(torch.empty(3, 6, 9, dtype=torch.uint8), torch.empty(1, 9, 4, dtype=torch.uint8), 0, 0) is not None
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_the_native_exponentials_of_float_scores_are_the_torch_routes_within_a_code(native_build, build, dtype):
+    # a small masked attention's route (a bias, or a mask too small for the table's check to pay)
+    native_build(build)
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(4, 6, 37, generator=g) * 3
+    y[0, 1] = float("-inf")  # a row masked everywhere: multiplier 0
+    y[1, 2, :30] = float("-inf")
+    e_zp = int(torch.iinfo(dtype).min)
+    got, got_mult = sm.exp_codes_float(y.clone(), 0.37, e_zp, dtype)
+    expected, expected_mult = sm.torch_exp_codes_float(y.clone(), 0.37, e_zp, dtype)
+    diff = (got.int() - expected.int()).abs()
+    assert got.dtype == dtype and int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2  # glibc's expf and torch's exp
+    assert torch.allclose(got_mult, expected_mult, rtol=0.01) and float(got_mult[0, 1]) == 0.0
+    assert bool((got[0, 1] == e_zp).all()) and bool(((got.int() - e_zp).amax(-1)[1:] == 255).all())
