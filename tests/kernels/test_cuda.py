@@ -123,3 +123,20 @@ def test_elementwise_ops_run_on_cuda():
     table = K.make_lut(torch.sigmoid, sa, za, (0, 255), 1 / 256, 0, (0, 255))
     expected = Q.quantize(torch.sigmoid(Q.dequantize(qa, sa, za)), 1 / 256, 0, "quint8")
     assert torch.equal(ops.lut(ga, table.to(DEV)).cpu(), expected)
+
+
+def test_softmax_matmul_and_the_gelu_post_op_run_on_cuda():
+    # attention's fused softmax(s) @ v (the reference kernel on the device) within a step of the CPU kernel
+    qs, ss, zs = act((2, 4, 16, 40), seed=3, scale=0.05)
+    qv, sv, zv = act((2, 4, 40, 8), seed=4, scale=0.03)
+    mask = torch.rand(2, 1, 1, 40, generator=torch.Generator().manual_seed(5)) < 0.3
+    args = (ss, zs, mask, float("-inf"))
+    cpu = ops.softmax_matmul(qs, *args, qv, sv, zv, 0.02, 120)
+    gq, gv = cu(qs, qv)
+    gpu = ops.softmax_matmul(gq, ss, zs, mask.to(DEV), float("-inf"), gv, sv, zv, 0.02, 120)
+    assert_codes_close(gpu, cpu)
+    qx, xs, xz = act((16, 32))
+    qw, ws = weight((24, 32))
+    y = F.gelu(F.linear(Q.dequantize(qx, xs, xz), deq_w(qw, ws)))
+    gx, gw, gs = cu(qx, qw, ws)
+    assert_codes_close(ops.linear(gx, xs, xz, gw, gs, None, 0.02, 10, "gelu", None), Q.quantize(y, 0.02, 10, "quint8"))
