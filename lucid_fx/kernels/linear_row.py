@@ -51,13 +51,10 @@ __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS
            "row_out_scale", "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
-# The post-ops a one-row linear folds into its clamp bounds.
-ROW_POST_OPS = ("none", "relu")
+ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
 # The post-ops of each engine: lucid_fx's GEMM also computes oneDNN's hardswish (linear_native.hardswish),
-# on the native engine and on the VNNI one where the build has the VNNI GEMM (linear_native.full_grid):
-# there, in VNNI's order of the float steps, it gave oneDNN's VNNI hardswish convolution's codes and
-# float results on every value of 530K outputs of six MobileNet-like 1x1 shapes (measured, AVX512-VNNI
-# EPYC). _int_mm's route (VNNI without the native build) has none beyond the bounds.
+# on the native engine and the VNNI one with the VNNI GEMM (linear_native.full_grid), where it gave oneDNN's
+# VNNI codes and float results on all 530K outputs of six MobileNet-like 1x1 shapes (AVX512-VNNI EPYC).
 ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish")}
 
 
@@ -67,18 +64,15 @@ def engine_post_ops(engine: str) -> Tuple[str, ...]:
         return ENGINE_POST_OPS["native"]
     return ENGINE_POST_OPS[engine]
 
-#: Post-ops a linear computes in torch after its float32 result, on an engine whose kernels cannot give
-#: oneDNN's values for them: SiLU (oneDNN's swish approximates exp), on both engines. There such a
-#: linear never meets oneDNN's fused post-op, at any size, so its codes depend neither on the route
-#: (lucid_fx's GEMMs, _int_mm and oneDNN give equal float32 results) nor on the batch. With VNNI,
-#: oneDNN's swish linear took 100 us a call for a 32 x 64 x 128 gate projection (the Llama-like family).
+#: Post-ops a linear computes in torch after its float32 result, where no kernel gives oneDNN's values: SiLU
+#: (oneDNN's swish approximates exp) on both engines, at any size, so its codes depend neither on the route
+#: nor on the batch (oneDNN's swish took 100 us for the Llama-like 32 x 64 x 128 gate projection, VNNI);
 #: sigmoid on every route: oneDNN has none (convert gives a sigmoid on its fixed grid oneDNN's tanh instead).
 FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",), "every route": ("sigmoid",)}
 
-# Linears of several rows up to these sizes run faster here than in oneDNN's linear. Measured, 1
-# thread, AVX512-VNNI EPYC (time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90
-# at 2 x 512 x 512, 0.82-1.03 at M*N*K = 2^22, 0.92-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20)
-# oneDNN's is 2.4x faster.
+# Linears of several rows up to these sizes run faster here than in oneDNN's (1 thread, AVX512-VNNI EPYC,
+# time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90 at 2 x 512 x 512, 0.82-1.03 at
+# M*N*K = 2^22, 0.92-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20) oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
 # Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums
@@ -253,17 +247,16 @@ def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwi
 
 
 def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
-    """Whether a convolution is a linear of one row: a 1x1 kernel on a 1x1 image of batch 1, unpadded
-    and ungrouped (squeeze-excite's convolutions)."""
+    """Whether a convolution is a linear of one row: an unpadded, ungrouped 1x1 kernel on a 1x1 image of batch 1."""
     return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
             and groups == 1 and not any(padding))
 
 
 def row_engine(target: Target) -> Optional[str]:
     """``target.linear_row`` where its float steps are this machine's oneDNN's, bit for bit, else None:
-    ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` where it runs its AVX2 ones and
-    this build has the vectorized GEMM. Verified on real CPUs of each kind; a forced kind (or a lower
-    ``ONEDNN_MAX_CPU_ISA``) on other hardware keeps oneDNN, whose kernels there round otherwise."""
+    ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` its AVX2 ones (with the vectorized
+    GEMM). Verified on real CPUs of each kind; a forced kind (or a lower ``ONEDNN_MAX_CPU_ISA``) on other
+    hardware keeps oneDNN, whose kernels there round otherwise."""
     return target.linear_row if target.linear_row is not None and target.linear_row == engine_here() else None
 
 
@@ -278,11 +271,10 @@ def engine_here() -> Optional[str]:
 
 
 def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, mnk: Optional[tuple] = None) -> bool:
-    """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the
-    post-op after its float32 result here (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); and
-    gelu and tanh where the row engine takes the (m, n, k) linear ``mnk`` (its float result, then torch's
-    op; oneDNN's call costs more than the whole linear there, and its gelu equals torch's on every value
-    measured, its tanh within a code)."""
+    """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the post-op
+    after its float32 result (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); gelu and tanh too where the
+    row engine takes the (m, n, k) linear ``mnk``: oneDNN's call costs more than the linear there (its gelu
+    equals torch's on every value measured, its tanh within a code)."""
     everywhere = post_op in FLOAT_POST_OPS["every route"] or (
         post_op in ("gelu", "gelu_tanh", "tanh") and mnk is not None and takes_row(target, onednn_on, "none", torch.float32, *mnk))
     return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())))

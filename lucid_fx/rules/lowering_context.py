@@ -194,7 +194,8 @@ class LoweringContext:
         )
         return True
 
-    def _attr(self, node: Any) -> Optional[torch.Tensor]:
+    def attr(self, node: Any) -> Optional[torch.Tensor]:
+        """The tensor a ``get_attr`` node reads (a constant of the converted model, or a prepared weight), else None."""
         if isinstance(node, fx.Node) and node.op == "get_attr":
             value = self.prepared
             for part in node.target.split("."):
@@ -215,7 +216,7 @@ class LoweringContext:
             base = node.target.replace(".", "_")
         else:
             call = canonical(node)
-            weight, bias = self._attr(call.args.get("weight")), self._attr(call.args.get("bias"))
+            weight, bias = self.attr(call.args.get("weight")), self.attr(call.args.get("bias"))
             if weight is None or (call.args.get("bias") is not None and bias is None):
                 return None  # a weight computed in the graph has no constant int8 form
             observer = self.observers[key] if key in self.observers else None

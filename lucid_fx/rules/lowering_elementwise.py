@@ -111,7 +111,7 @@ def lower_gate(ctx, node: fx.Node, source: fx.Node, x: QValue) -> Optional[QValu
     args, grid = list(lin.args[:6]), (scale, zp)
     half = _sigmoid_as_tanh(scale, zp, qdtype) if op == "sigmoid" else None
     if half is not None:
-        ws, bias = ctx._attr(args[4]), ctx._attr(args[5])
+        ws, bias = ctx.attr(args[4]), ctx.attr(args[5])
         args[4] = ctx.constant(f"{node.name}_half_wscale", ws / 2)
         args[5] = None if bias is None else ctx.constant(f"{node.name}_half_bias", bias / 2)
         grid, op = half, "tanh"

@@ -61,7 +61,7 @@ def lower_grouped_mm(ctx, members, resolve) -> Optional[QValue]:  # grouped_mm(x
     node = members[0]
     call = canonical(node)
     x, offs = resolve(call.args.get("input")), resolve(call.args.get("offs"))
-    weight = expert_weights(ctx._attr, resolve(call.args.get("weight")))
+    weight = expert_weights(ctx.attr, resolve(call.args.get("weight")))
     if (not isinstance(x, fx.Node) or not ctx.has_quant(x) or weight is None or not isinstance(offs, fx.Node)
             or call.args.get("bias") is not None or call.args.get("out_dtype") is not None
             or ctx.qparams_of(node) is None):

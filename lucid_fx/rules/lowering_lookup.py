@@ -28,7 +28,7 @@ def _table(ctx, node: fx.Node):
         return (m.weight, m.padding_idx) if m.max_norm is None else None
     call = canonical(node)
     weight = call.args.get("weight")
-    table = ctx._attr(weight) if isinstance(weight, fx.Node) else None
+    table = ctx.attr(weight) if isinstance(weight, fx.Node) else None
     extra = {k: v for k, v in node.kwargs.items() if k not in ("input", "weight", "padding_idx")}
     if table is None or len(node.args) > 3 or any(v not in (None, False, 2.0) for v in extra.values()):
         return None

@@ -28,7 +28,7 @@ def _tensor(ctx, value: Any) -> Any:
     """A weight or bias: None, a constant tensor (get_attr), or _NO_TENSOR for one computed in the graph."""
     if value is None:
         return None
-    attr = ctx._attr(value) if isinstance(value, fx.Node) else value
+    attr = ctx.attr(value) if isinstance(value, fx.Node) else value
     return attr if isinstance(attr, torch.Tensor) else _NO_TENSOR
 
 
