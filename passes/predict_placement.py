@@ -22,7 +22,7 @@ from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
-from lucid_fx.rules.lowering_context import _is_observer_call
+from lucid_fx.rules.lowering_context import _is_observer_call, readers
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
@@ -123,24 +123,16 @@ def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None
     """The pairs lower_to_int8 runs as one kernel though prepare observed both: a softmax read only by
     its matmul's left operand (softmax_matmul), a linear read only by its tanh or sigmoid (its post-op)."""
     for node in nodes:
-        placement, readers = found.get(node.name), _readers(node)
-        if placement is None or len(readers) != 1 or readers[0].name not in found:
+        placement, reads = found.get(node.name), readers(node)[1]
+        if placement is None or len(reads) != 1 or reads[0].name not in found:
             continue
-        reader, read = readers[0], found[readers[0].name]
+        reader, read = reads[0], found[reads[0].name]
         if placement.runs is Runs.KERNEL and read.runs is Runs.KERNEL and read.why == "matmul" \
                 and softmax_read_only_by(node, reader):
             found[node.name] = Placement(Runs.KERNEL, FUSED_SOFTMAX.format(matmul=reader.name), (node.name,))
         elif placement.why == "linear" and read.runs is Runs.TABLE and gate_after_linear(node, reader):
             found[node.name] = Placement(Runs.KERNEL, GATE_WHY.format(act=reader.name), (node.name,))
             found[reader.name] = Placement(Runs.KERNEL, read.why, read.members)
-
-
-def _readers(node: fx.Node) -> List[fx.Node]:
-    """The nodes that read ``node``'s value, through its observer call."""
-    readers = []
-    for user in node.users:
-        readers.extend(user.users if _is_observer_call(user) else [user])
-    return readers
 
 
 def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
@@ -154,8 +146,8 @@ def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
             if placement is None or placement.runs is not Runs.KERNEL or placement.value != node.name \
                     or placement.why.split("+")[0] not in FOLDS_TO_FLOAT:
                 continue
-            readers = _readers(node)
-            if readers and all(r.op == "output" or getattr(found.get(r.name), "runs", None) is Runs.FLOAT for r in readers):
+            reads = readers(node)[1]
+            if reads and all(r.op == "output" or getattr(found.get(r.name), "runs", None) is Runs.FLOAT for r in reads):
                 folded = Placement(Runs.FLOAT, f"{placement.why} {FLOAT_WHY}", placement.members)
                 found.update((name, folded) for name in folded.members)
                 changed = True

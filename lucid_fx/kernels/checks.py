@@ -231,15 +231,13 @@ def _binary(op: str):
     return check
 
 
-def _masked_softmax(q, scale, zp, mask, *rest) -> None:
-    _codes("masked_softmax", "scores tensor", q)
-    _same_device("masked_softmax", "mask", mask, q)
+def _masked_softmax(q, scale, zp, mask, *rest, op: str = "masked_softmax") -> None:
+    _codes(op, "scores tensor", q)
+    _same_device(op, "mask", mask, q)  # (a mask of None passes)
 
 
 def _softmax_matmul(q, scale, zp, mask, fill, v, *rest) -> None:
-    _codes("softmax_matmul", "scores tensor", q)
-    if mask is not None:
-        _same_device("softmax_matmul", "mask", mask, q)
+    _masked_softmax(q, scale, zp, mask, op="softmax_matmul")
     _codes("softmax_matmul", "values tensor", v)
     _same_device("softmax_matmul", "values tensor", v, q)
 

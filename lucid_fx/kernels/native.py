@@ -46,11 +46,10 @@ SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c")  # one library
                      for name in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
-# -march=native: the vector width this CPU has (AVX-512 here); the second set for compilers that lack it.
-# -ffp-contract=off: no fused multiply-adds, which round once where the torch kernels round twice.
+# -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
+# which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
-# Counting NaN/±inf in the quantize pass; benchmarks/nonfinite_check.py turns it off to measure it.
-check_finite = True
+check_finite = True  # count NaN/±inf in the quantize pass (benchmarks/nonfinite_check.py turns it off to measure it)
 
 _P, _I64, _I32, _F, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double
 _CODES = (torch.uint8, torch.int8)

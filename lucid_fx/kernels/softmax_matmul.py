@@ -44,7 +44,7 @@ from lucid_fx.kernels.matmul_native import matmul_plan
 from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes
 from lucid_fx.kernels.reference import dequant
-from lucid_fx.kernels.softmax_native import TABLE_MIN
+from lucid_fx.kernels.softmax_native import table_keep
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
            "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
@@ -190,15 +190,15 @@ def torch_matmul_rows(e, e_zp: int, v, v_zp: int, rmult: torch.Tensor, zp: int, 
 
 def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, plan=None):
     """The CPU kernel (and the program's call, with ``table`` and ``plan`` made once): ``e`` from the
-    table, over what a padding or causal mask leaves (``program_ops.softmax_keep``, from
-    ``softmax_native.TABLE_MIN`` scores as ``masked_softmax``), else in float32 (a mask that is a bias,
+    table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
+    ``masked_softmax``), else in float32 (a mask that is a bias,
     scores of another dtype than ``v``'s), then the product with one multiplier a row."""
     dtype = v.dtype
     e_zp, mult = torch.iinfo(dtype).min, v_scale / out_scale  # e's codes: 0..255 above the dtype's least
     keep = None
     if mask is not None:
         check_mask(mask, fill)
-        keep = program_ops.softmax_keep(q, scale, mask, fill, -1) if q.numel() >= TABLE_MIN else None
+        keep = table_keep(q, scale, mask, fill, -1)
     if q.dtype == dtype and (mask is None or keep is not None):
         e, rmult = exp_codes(q, exp_table(scale) if table is None else table, keep, mult, e_zp, dtype)
     else:

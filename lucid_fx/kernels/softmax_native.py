@@ -23,7 +23,7 @@ import torch
 from lucid_fx.kernels import native, program_ops
 from lucid_fx.kernels.native import _function
 
-__all__ = ["softmax_codes", "masked_softmax_codes", "TABLE_MIN"]
+__all__ = ["softmax_codes", "masked_softmax_codes", "table_keep", "TABLE_MIN"]
 
 
 def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: int, low: int, high: int, dtype,
@@ -50,13 +50,20 @@ def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: in
 TABLE_MIN = 2 ** 18
 
 
+def table_keep(q, scale: float, mask, fill, dim: int):
+    """The positions a mask leaves (``program_ops.softmax_keep``) where the table route pays, from
+    :data:`TABLE_MIN` scores; None for the float route. softmax_matmul.py reuses this threshold (not
+    measured there)."""
+    return program_ops.softmax_keep(q, scale, mask, fill, dim) if q.numel() >= TABLE_MIN else None
+
+
 def masked_softmax_codes(q, scale: float, zp: int, mask, fill, dim: int, inv_out_scale: float, out_zp: int,
                          low: int, high: int, dtype):
     """``lucid_fx::masked_softmax``'s codes on the CPU: from :data:`TABLE_MIN` scores, the table softmax
     over the positions the mask leaves where it is a mask (``program_ops.softmax_keep``: padding and
     causal masks, -inf or a very negative fill), else the float route (the scores plus the mask, in
     float32, as for a bias)."""
-    keep = program_ops.softmax_keep(q, scale, mask, fill, dim) if q.numel() >= TABLE_MIN else None
+    keep = table_keep(q, scale, mask, fill, dim)
     if keep is not None:
         return softmax_codes(q, program_ops.softmax_table(scale), dim, inv_out_scale, out_zp, low, high, dtype, keep)
     y = program_ops.masked_softmax_float(q, zp, scale, mask, fill, dim)

@@ -79,6 +79,8 @@ CASES = {
     "masked_softmax int32 scores": (lambda: ops.masked_softmax(codes(2, 8, dtype=torch.int32), 0.1, 0, torch.zeros(2, 8, dtype=torch.bool),
                                                               float("-inf"), -1, 1 / 256, 0),
                                     "lucid_fx.masked_softmax: the scores tensor is torch.int32"),
+    "softmax_matmul float values": (lambda: ops.softmax_matmul(codes(2, 8), 0.1, 0, None, None, torch.randn(8, 3), 0.1, 0, 0.1, 0),
+                                    "lucid_fx.softmax_matmul: the values tensor is torch.float32"),
     "lut int32": (lambda: ops.lut(codes(2, 8, dtype=torch.int32), torch.zeros(256, dtype=U8)),
                   "lucid_fx.lut: the input is torch.int32"),
     "cat mixed": (lambda: ops.cat([codes(2, 8), codes(2, 8, dtype=torch.int32)], [0.1, 0.1], [0, 0], 0, 0.1, 0),

@@ -149,8 +149,10 @@ MATMUL_CASES = {  # (e's shape, v as made, e's zero point is the dtype's least)
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("case", sorted(MATMUL_CASES))
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
-def test_the_product_with_a_multiplier_a_row_is_the_torch_routes_bit_for_bit(native_build, build, case, dtype):
+def test_the_product_with_a_multiplier_a_row_is_the_torch_routes_bit_for_bit(native_build, forbid_route, build, case, dtype):
     native_build(build)
+    torch_route = sm.torch_matmul_rows
+    forbid_route(sm, "torch_matmul_rows")  # what passes ran native_matmul.c
     shape, make_v = MATMUL_CASES[case]
     e_zp, v_zp = int(torch.iinfo(dtype).min), (125 if dtype == torch.uint8 else -5)  # sums of both signs
     e = (random_codes(shape, torch.uint8, 0).int() + e_zp).to(dtype)  # 0..255 above e_zp
@@ -163,7 +165,7 @@ def test_the_product_with_a_multiplier_a_row_is_the_torch_routes_bit_for_bit(nat
     for zp in (0, 1) if dtype == torch.int8 else (128, 7):
         low, high = code_bounds(dtype, zp, "none")
         got = sm.matmul_rows(e, e_zp, v, v_zp, rmult, zp, low, high, dtype, plan)
-        expected = sm.torch_matmul_rows(e, e_zp, v, v_zp, rmult, zp, low, high, dtype)
+        expected = torch_route(e, e_zp, v, v_zp, rmult, zp, low, high, dtype)
         assert got.shape == expected.shape and torch.equal(got, expected), f"{int((got != expected).sum())} codes differ"
         assert expected.unique().numel() > min(20, expected.numel() // 3)  # codes across the grid
 
@@ -176,16 +178,19 @@ def test_the_plan_declines_a_broadcast_of_the_rows():
 
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
-def test_the_native_exponentials_of_float_scores_are_the_torch_routes_within_a_code(native_build, build, dtype):
+def test_the_native_exponentials_of_float_scores_are_the_torch_routes_within_a_code(native_build, forbid_route, build,
+                                                                                    dtype):
     # a small masked attention's route (a bias, or a mask too small for the table's check to pay)
     native_build(build)
+    torch_route = sm.torch_exp_codes_float
+    forbid_route(sm, "torch_exp_codes_float")  # what passes ran softmax_exp_float
     g = torch.Generator().manual_seed(3)
     y = torch.randn(4, 6, 37, generator=g) * 3
     y[0, 1] = float("-inf")  # a row masked everywhere: multiplier 0
     y[1, 2, :30] = float("-inf")
     e_zp = int(torch.iinfo(dtype).min)
     got, got_mult = sm.exp_codes_float(y.clone(), 0.37, e_zp, dtype)
-    expected, expected_mult = sm.torch_exp_codes_float(y.clone(), 0.37, e_zp, dtype)
+    expected, expected_mult = torch_route(y.clone(), 0.37, e_zp, dtype)
     diff = (got.int() - expected.int()).abs()
     assert got.dtype == dtype and int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2  # glibc's expf and torch's exp
     assert torch.allclose(got_mult, expected_mult, rtol=0.01) and float(got_mult[0, 1]) == 0.0
