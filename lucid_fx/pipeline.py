@@ -36,7 +36,7 @@ from lucid_fx.passes.fold_dequantize import fold_dequantize
 from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
-from lucid_fx.passes.insert_qdq import insert_qdq
+from lucid_fx.passes.insert_qdq import insert_qdq, values_with_codes
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.narrow_fixed_grids import narrow_fixed_grids
 from lucid_fx.passes.propagate_shapes import propagate_shapes
@@ -158,13 +158,14 @@ def _fold_batchnorm(gm, ctx: ConvertContext):
 def _lower(gm, ctx: ConvertContext):
     if ctx.reference:
         ctx.reports[ctx.path] = ConvertReport("reference")
-        return insert_qdq(gm, ctx.target, set(lowering_table(ctx.registry.lowerings, ctx.target.backend)))
+        codes = values_with_codes(gm, ctx.registry.lowerings, ctx.target)  # what the int8 model rounds, as it folds
+        return insert_qdq(gm, ctx.target, set(lowering_table(ctx.registry.lowerings, ctx.target.backend)), codes)
     converted, ctx.reports[ctx.path] = lower_to_int8(gm, ctx.registry.lowerings, ctx.target)
     return converted
 
 
 def _fold_dequantize(gm, ctx: ConvertContext):
-    # Reference mode keeps every rounding: it is the simulation of the int8 graph's grids.
+    # Reference mode rounds what the int8 model rounds (insert_qdq's codes): nothing left to fold.
     return gm if ctx.reference else fold_dequantize(gm, ctx.reports.get(ctx.path))
 
 

@@ -1,20 +1,23 @@
-"""insert_qdq: the reference (simulated) model: every observer becomes quantize -> dequantize.
+"""insert_qdq: the reference (simulated) model: each observer the int8 model rounds at becomes quantize -> dequantize.
 
 Reads the observers' statistics, ``node.meta[WEIGHT_OBSERVER]`` and ``[FOLDED_BN]``; replaces each observer call
 with ``lucid_fx.dequantize_per_tensor(lucid_fx.quantize_per_tensor(x, ...))`` and each observed
 linear/conv weight with its quantize -> dequantize image on the kernel's weight grid (a module's
 weight in place; a functional weight, ``F.linear(x, self.w)``, through ``quantize_per_channel ->
 dequantize_per_channel`` in the graph), so the float graph computes what the int8 kernels
-compute, up to rounding inside the kernels. A softmax that convert fuses into its matmul
+compute, up to rounding inside the kernels. An observer whose value the int8 model never holds as
+codes (:func:`values_with_codes`: a residual add or last linear that fold_dequantize keeps float,
+a gate's linear, a product's factors) is removed instead; a softmax that convert fuses into its matmul
 (``lucid_fx.softmax_matmul``) gets ``lucid_fx.probabilities_qdq``, the same rounding of its
-probabilities, instead; a linear whose tanh or sigmoid convert makes its post-op, none. Used by ``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
+probabilities. Used by ``convert(..., reference=True)`` and as the numeric oracle in tests. Writes ``[SOURCE]`` on each
 quantize/dequantize pair and ``[QPARAMS]`` and ``[OBSERVER_KIND]`` on the quantize, as convert does.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Optional, Set, Tuple
+import warnings
+from typing import Any, Dict, Optional, Set, Tuple
 
 import torch
 from torch import fx
@@ -24,17 +27,18 @@ from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
 from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
-from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect
+from lucid_fx.passes.fold_dequantize import FOLDS_TO_FLOAT, fold_dequantize
+from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect, lower_to_int8
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
 from lucid_fx.rules.lowering_attention import softmax_read_only_by
-from lucid_fx.rules.lowering_elementwise import gate_after_linear
+from lucid_fx.rules.lowering_gate import gate_after_linear, product_factor
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 from lucid_fx.rules.observers import DecisionKind
 
-__all__ = ["insert_qdq"]
+__all__ = ["insert_qdq", "values_with_codes"]
 
 _ops = torch.ops.lucid_fx
 
@@ -105,6 +109,23 @@ def _fused_gate(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]])
             and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
 
 
+def _fused_factor(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
+    """Whether convert computes the value ``observer_call`` watches in float inside the product reading
+    it (rules/lowering_gate.py): then its own grid rounds nothing either."""
+    source, readers = observer_call.args[0], list(observer_call.users)
+    return (len(readers) == 1 and product_factor(source, readers[0])
+            and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
+
+
+def _folded(node: fx.Node, rounded: Optional[Set[str]]) -> bool:
+    """Whether the int8 model runs ``node``, an add, mul or cat kernel, in float on float inputs
+    (fold_dequantize: its value is in no ``rounded`` codes), so it reads a float-computed input as it is."""
+    if rounded is None or _meta.OP not in node.meta or canonical(node).op not in FOLDS_TO_FLOAT:
+        return False
+    end = node.meta.get(_meta.FUSED_INTO, node.name)
+    return end not in rounded
+
+
 def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
     """The softmax's probabilities as lucid_fx.softmax_matmul rounds them, in place of its observer."""
     with gm.graph.inserting_before(node):
@@ -115,11 +136,28 @@ def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
     gm.graph.erase_node(node)
 
 
+def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target) -> Set[str]:
+    """The names of the prepared values that the int8 model of ``gm`` holds as codes: lowered for
+    ``target`` and folded (passes/fold_dequantize.py) as convert does, on ``gm``, which is left as it was.
+    A value missing here is never rounded there: a residual add or a last linear that only float ops
+    and the output read, a softmax inside softmax_matmul, a gate's linear."""
+    buffers = set(gm._buffers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the int8 convert's own warnings, not the reference's
+        lowered, _ = lower_to_int8(gm, lowerings, target)
+    for name in set(gm._buffers) - buffers:  # the int8 weights lower_to_int8 put on its root
+        del gm._buffers[name]
+    fold_dequantize(lowered, None)
+    return {n.meta[_meta.SOURCE] for n in lowered.graph.nodes if _meta.QPARAMS in n.meta and _meta.SOURCE in n.meta}
+
+
 def insert_qdq(
-    gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None
+    gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None, rounded: Optional[Set[str]] = None
 ) -> fx.GraphModule:
     """Rewrite ``gm`` in place into its simulated-quantization reference; ``kernels`` (the
-    backend's lowering-table keys) tells which ops convert runs in float; weights take ``target``'s grids."""
+    backend's lowering-table keys) tells which ops convert runs in float; weights take ``target``'s grids.
+    ``rounded`` (:func:`values_with_codes`): the values the int8 model rounds; the others keep their float
+    value here too (None: every observed value is rounded)."""
     weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
     functional_weights = {
         n.meta[_meta.WEIGHT_OBSERVER] for n in gm.graph.nodes if n.op != "call_module" and n.meta.get(_meta.WEIGHT_OBSERVER)
@@ -133,8 +171,13 @@ def insert_qdq(
             if _fused_softmax(node, kernels):
                 _qdq_probabilities(gm, node)
                 continue
-            if _fused_gate(node, kernels):  # convert computes the activation on the linear's float result
+            if _fused_gate(node, kernels) or _fused_factor(node, kernels):  # convert computes it in float
                 node.replace_all_uses_with(node.args[0])
+                gm.graph.erase_node(node)
+                continue
+            source = node.args[0]
+            if rounded is not None and source.meta.get(_meta.FOLDED_BN, source.name) not in rounded and source.name not in rounded:
+                node.replace_all_uses_with(source)  # the int8 model keeps it in float
                 gm.graph.erase_node(node)
                 continue
             scale, zp = observer.calculate_qparams()
@@ -145,7 +188,6 @@ def insert_qdq(
                 args = (node.args[0], float(scale), int(zp), qdtype.quant_min, qdtype.quant_max, qdtype.storage)
                 q = gm.graph.call_function(_ops.quantize_per_tensor, args)
                 dq = gm.graph.call_function(_ops.dequantize_per_tensor, (q, float(scale), int(zp)))
-            source = node.args[0]
             # A conv that absorbed a batch norm outputs the batch norm's value.
             q.meta[_meta.SOURCE] = dq.meta[_meta.SOURCE] = source.meta.get(_meta.FOLDED_BN, source.name)
             q.meta[_meta.QPARAMS] = (float(scale), int(zp), qdtype.name)
@@ -158,7 +200,7 @@ def insert_qdq(
                 # convert hands a float consumer of a float-computed value the value itself, not
                 # its quantized image: so does the reference.
                 for user in list(dq.users):
-                    if _reads_float(user, kernels):
+                    if _reads_float(user, kernels) or _folded(user, rounded):
                         user.replace_input_with(dq, source)
         elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:
             module = gm.get_submodule(node.target)

@@ -27,7 +27,8 @@ from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
-from lucid_fx.rules.lowering_elementwise import GATE_WHY, _positive_number, gate_after_linear
+from lucid_fx.rules.lowering_elementwise import _positive_number
+from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
 
@@ -121,7 +122,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
 
 def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
     """The pairs lower_to_int8 runs as one kernel though prepare observed both: a softmax read only by
-    its matmul's left operand (softmax_matmul), a linear read only by its tanh or sigmoid (its post-op)."""
+    its matmul's left operand (softmax_matmul), a linear read only by its tanh or sigmoid (its post-op),
+    a linear's result read only by a product (computed in float inside it)."""
     for node in nodes:
         placement, reads = found.get(node.name), readers(node)[1]
         if placement is None or len(reads) != 1 or reads[0].name not in found:
@@ -133,6 +135,9 @@ def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None
         elif placement.why == "linear" and read.runs is Runs.TABLE and gate_after_linear(node, reader):
             found[node.name] = Placement(Runs.KERNEL, GATE_WHY.format(act=reader.name), (node.name,))
             found[reader.name] = Placement(Runs.KERNEL, read.why, read.members)
+        if read.runs is Runs.KERNEL and read.why == "mul" and found[node.name].runs is not Runs.FLOAT \
+                and product_factor(node, reader):
+            found[node.name] = Placement(Runs.KERNEL, PRODUCT_WHY.format(mul=reader.name), (node.name,))
 
 
 def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:

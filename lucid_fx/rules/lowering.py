@@ -21,6 +21,7 @@ from lucid_fx.rules.lowering_lookup import lower_embedding
 from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
 from lucid_fx.rules.lowering_grouped import lower_grouped_mm
+from lucid_fx.rules.lowering_gate import lower_gate_product
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, lower_softmax_matmul, unfused_mask
@@ -83,6 +84,9 @@ def _binary(kernel):
         if unfused:
             ctx.declined[members[-1].name] = unfused
             return None
+        fused = lower_gate_product(ctx, members[0], a, b, qa, qb) if kernel is _ops.mul and len(members) == 1 else None
+        if fused is not None:
+            return fused  # f(linear(x)) * g(linear(y)): one rounding, of the float product
         scale, zp, _ = ctx.qparams_of(members[-1])
         out = ctx.call(kernel, qa.node, qa.scale, qa.zero_point, qb.node, qb.scale, qb.zero_point, scale, zp, _post_op(members))
         return ctx.output_qvalue(members[-1], out)

@@ -23,7 +23,7 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
@@ -46,6 +46,13 @@ class QValue:
 
 def _is_observer_call(node: fx.Node) -> bool:
     return node.op == "call_module" and isinstance(node.target, str) and node.target.startswith(OBSERVERS + ".")
+
+
+def watched(node: Any) -> Any:
+    """The value an observer call watches (``node`` itself where it is no observer call)."""
+    while isinstance(node, fx.Node) and _is_observer_call(node):
+        node = node.args[0]
+    return node
 
 
 def readers(value: fx.Node) -> Tuple[List[fx.Node], List[fx.Node]]:

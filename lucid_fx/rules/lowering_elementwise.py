@@ -5,7 +5,7 @@ scaled by ``c``). Entries in :data:`lucid_fx.rules.lowering.LOWERINGS`."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 from torch import fx
@@ -14,9 +14,10 @@ from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx.kernels import make_lut
 from lucid_fx.quantization.observers import FixedQParamsObserver
-from lucid_fx.rules.lowering_context import QValue, readers
+from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.rules.lowering_gate import lower_gate
 
-__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant", "gate_after_linear", "GATE_POST_OPS", "GATE_WHY"]
+__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant"]
 
 _ops = torch.ops.lucid_fx
 
@@ -66,58 +67,6 @@ def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
 
 def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled grid; else -> table
     return rescale_by_constant(ctx, members, resolve) or lower_elementwise(ctx, members, resolve)
-
-
-#: Activations convert makes the post-op of the linear before them (computed in float after its float32 result).
-GATE_POST_OPS = ("tanh", "sigmoid")
-#: Why such a linear has no codes of its own (the convert report, explain).
-GATE_WHY = "linear, its result read by {act} inside the kernel ({act} its post-op)"
-_LINEARS = (_ops.linear, _ops.linear.default)
-
-
-def gate_after_linear(value: fx.Node, reader: fx.Node) -> bool:
-    """Whether ``reader`` is a tanh or sigmoid of ``value``, a plain linear (no group of its own) that
-    nothing else reads: the pair :func:`lower_gate` runs as one kernel. passes/insert_qdq.py asks too."""
-    return (_meta.OP in value.meta and _meta.OP in reader.meta and canonical(value).op == "linear"
-            and value.meta.get(_meta.FUSED_INTO) is None and canonical(reader).op in GATE_POST_OPS
-            and readers(value)[1] == [reader])
-
-
-def _sigmoid_as_tanh(scale: float, zp: int, qdtype) -> Optional[Tuple[float, int]]:
-    """The grid on which ``tanh(y / 2)``'s codes are ``sigmoid(y)``'s on ``(scale, zp)``, where there is one:
-    ``sigmoid(y) / scale = (tanh(y / 2) + 1) * h`` with ``h = 1 / (2 scale)`` a whole number (the fixed
-    grid 1/256: h = 128), so the codes are ``round(tanh(y / 2) * h) + h + zp``, clamped alike."""
-    h = 1.0 / (2.0 * scale)
-    if abs(h - round(h)) > 1e-9 * h or not qdtype.quant_min <= zp + round(h) <= qdtype.quant_max:
-        return None
-    return 1.0 / round(h), zp + round(h)
-
-
-def lower_gate(ctx, node: fx.Node, source: fx.Node, x: QValue) -> Optional[QValue]:
-    """``tanh/sigmoid(linear(h))`` -> ``lucid_fx.linear(post_op=tanh/sigmoid)`` on the activation's grid
-    (fixed, or narrowed to what the linear's grid reaches: passes/narrow_fixed_grids.py), where the
-    linear's codes are read by nothing else. Its own grid was then only an intermediate: the gated
-    MLP's output 34.9 -> 36.2 dB SQNR. The linear stays observed, so the narrowing still sees its range.
-    oneDNN has tanh as a post-op and no sigmoid: a sigmoid on its fixed grid is ``tanh`` of the linear
-    on halved weight scales and bias (exact in float) on the grid of :func:`_sigmoid_as_tanh`, the same
-    codes; on a narrowed grid it is the ``sigmoid`` post-op, computed after the float result."""
-    lin, op = x.node, canonical(node).op
-    if (lin.op != "call_function" or lin.target not in _LINEARS or lin.args[8] != "none" or lin.args[9] is not None
-            or not gate_after_linear(source, node)):
-        return None
-    scale, zp, qdtype = ctx.qparams_of(node)
-    if qdtype.storage != x.qdtype.storage:
-        return None  # the linear writes codes of its input's dtype
-    args, grid = list(lin.args[:6]), (scale, zp)
-    half = _sigmoid_as_tanh(scale, zp, qdtype) if op == "sigmoid" else None
-    if half is not None:
-        ws, bias = ctx.attr(args[4]), ctx.attr(args[5])
-        args[4] = ctx.constant(f"{node.name}_half_wscale", ws / 2)
-        args[5] = None if bias is None else ctx.constant(f"{node.name}_half_bias", bias / 2)
-        grid, op = half, "tanh"
-    out = ctx.call(_ops.linear, *args, *grid, op, None)
-    ctx.absorbed[source.name] = GATE_WHY.format(act=node.name)
-    return ctx.output_qvalue(node, out)
 
 
 def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table

@@ -76,3 +76,42 @@ def test_a_float_op_reads_the_float_input_as_convert_feeds_it():
     real = lucid_fx.convert(prepared)
     with torch.no_grad():  # the simulation computes what the kernels compute, up to rounding inside them
         assert (ref(data[0]) - real(data[0])).abs().max() < 0.05
+
+
+class Residual(nn.Module):
+    """x + fc2(relu(fc1(x))), the model's output, or read by a linear ``head``."""
+
+    def __init__(self, head: bool):
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 4) if head else None
+
+    def forward(self, x):
+        y = x + self.fc2(torch.relu(self.fc1(x)))
+        return self.head(y) if self.head is not None else y
+
+
+def _qdq_sources(gm):
+    return sorted(n.meta["lucid_fx.source"] for n in gm.graph.nodes if str(n.target) == "lucid_fx.quantize_per_tensor")
+
+
+def test_the_reference_rounds_only_what_the_int8_model_rounds():
+    torch.manual_seed(0)
+    data = [torch.randn(8, 16) for _ in range(4)]
+    for head, rounded in ((False, ["relu", "x"]), (True, ["add", "fc2", "relu", "x"])):
+        model = Residual(head).eval()
+        prepared = lucid_fx.prepare(model, example_inputs=(data[0],))
+        lucid_fx.calibrate(prepared, data, progress=False)
+        before = {k: v.clone() for k, v in prepared.state_dict().items()}
+        reference, int8 = lucid_fx.convert(prepared, reference=True), lucid_fx.convert(prepared)
+        # without a head, the add's result is the output, fc2's result only the add's input: the int8 model
+        # computes both in float (passes/fold_dequantize.py), and the reference rounds neither (and adds the
+        # float x, as the int8 model does); with the head, the add is an int8 kernel reading fc2's codes
+        assert _qdq_sources(reference) == rounded
+        assert sorted(int8.lucid_fx_convert_report.float_ops) == ([] if head else ["add"])
+        x = torch.randn(8, 16)
+        with torch.no_grad():
+            got, simulated = int8(x), reference(x)
+        assert float(10 * torch.log10(simulated.pow(2).mean() / (simulated - got).pow(2).mean())) > 45
+        # learning what int8 rounds lowered the graph once: neither the prepared model nor the reference keeps any of it
+        assert prepared.state_dict().keys() == before.keys() and all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
+        assert not [k for k in reference.state_dict() if "qweight" in k or "wscale" in k]

@@ -9,7 +9,7 @@ from lucid_fx._placement import Placement, Runs
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.predict_placement import predict_placement
-from lucid_fx.rules.lowering_elementwise import GATE_WHY
+from lucid_fx.rules.lowering_gate import GATE_WHY
 from lucid_fx.quantization import default_qconfig, get_default_qconfig_mapping
 
 
@@ -33,7 +33,7 @@ def test_prediction_before_convert_matches_what_convert_records():
     predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))
     assert {name: (p.runs, p.why) for name, p in predicted.items()} == {
         "fc1": (Runs.KERNEL, "linear+relu"), "relu": (Runs.KERNEL, "linear+relu"),
-        # the sigmoid reads fc2 alone: fc2's post-op (rules/lowering_elementwise.py)
+        # the sigmoid reads fc2 alone: fc2's post-op (rules/lowering_gate.py)
         "fc2": (Runs.KERNEL, GATE_WHY.format(act="sigmoid")), "sigmoid": (Runs.KERNEL, "sigmoid"),
         "mul": (Runs.SHARED, "mul"),  # x * 2: the same codes on a grid twice as wide
         "norm": (Runs.KERNEL, "layer_norm"),
