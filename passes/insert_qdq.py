@@ -32,7 +32,6 @@ from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect, lower_to_int8
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
 from lucid_fx.rules.lowering_attention import softmax_read_only_by
-from lucid_fx.rules.lowering_gate import gate_after_linear, product_factor
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
@@ -101,22 +100,6 @@ def _fused_softmax(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]
             and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
 
 
-def _fused_gate(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
-    """Whether convert makes the tanh or sigmoid reading ``observer_call``'s linear that linear's post-op
-    (rules/lowering_elementwise.py): then the linear's own grid rounds nothing."""
-    source, readers = observer_call.args[0], list(observer_call.users)
-    return (len(readers) == 1 and gate_after_linear(source, readers[0])
-            and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
-
-
-def _fused_factor(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]]]) -> bool:
-    """Whether convert computes the value ``observer_call`` watches in float inside the product reading
-    it (rules/lowering_gate.py): then its own grid rounds nothing either."""
-    source, readers = observer_call.args[0], list(observer_call.users)
-    return (len(readers) == 1 and product_factor(source, readers[0])
-            and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
-
-
 def _folded(node: fx.Node, rounded: Optional[Set[str]]) -> bool:
     """Whether the int8 model runs ``node``, an add, mul or cat kernel, in float on float inputs
     (fold_dequantize: its value is in no ``rounded`` codes), so it reads a float-computed input as it is."""
@@ -171,13 +154,9 @@ def insert_qdq(
             if _fused_softmax(node, kernels):
                 _qdq_probabilities(gm, node)
                 continue
-            if _fused_gate(node, kernels) or _fused_factor(node, kernels):  # convert computes it in float
-                node.replace_all_uses_with(node.args[0])
-                gm.graph.erase_node(node)
-                continue
             source = node.args[0]
             if rounded is not None and source.meta.get(_meta.FOLDED_BN, source.name) not in rounded and source.name not in rounded:
-                node.replace_all_uses_with(source)  # the int8 model keeps it in float
+                node.replace_all_uses_with(source)  # the int8 model keeps it in float (a gate's linear, a product's factors too)
                 gm.graph.erase_node(node)
                 continue
             scale, zp = observer.calculate_qparams()

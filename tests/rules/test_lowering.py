@@ -252,7 +252,6 @@ def test_a_gate_after_a_linear_is_its_post_op_one_rounding_fewer(act, monkeypatc
     x = [torch.randn(16, 32) * 3]
     fused_db = lucid_fx.compare(model, qmodel, x).by_node()[act].sqnr_db  # the activation's own codes
     monkeypatch.setattr(lowering_gate, "gate_after_linear", lambda *args: False)
-    monkeypatch.setattr("lucid_fx.passes.insert_qdq.gate_after_linear", lambda *args: False)
     unfused = lucid_fx.convert(prepared)
     assert [n.args[8] for n in _linears(unfused)] == ["none"]
     assert _rounded(lucid_fx.convert(prepared, reference=True)) == ["x", "fc", act]
