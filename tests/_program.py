@@ -1,5 +1,8 @@
 """Programs in tests: a converted model's portable output and the CPU program lowered from it, to
-hold the program's codes equal to the portable graph's and see which calls it makes."""
+hold the program's codes equal to the portable graph's and see which calls it makes; a graph cut at
+one of its nodes, to read that node's value."""
+
+import torch
 
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
@@ -9,3 +12,16 @@ def lowered(qmodel, x):
     portable, values = record_values(qmodel, (x,))
     program = lower_to_program(qmodel, values, "cpu")
     return portable, program, [n.target for n in program.graph.nodes if n.op == "call_function"]
+
+
+def graph_until(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Graph:
+    """A copy of ``graph`` whose output is ``node``'s value."""
+    new, env = torch.fx.Graph(), {}
+    for n in graph.nodes:
+        if n.op == "output":
+            continue
+        env[n] = new.node_copy(n, lambda a: env[a])
+        if n is node:
+            break
+    new.output(env[node])
+    return new

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
-from _grid import on_output_grid
 
 MIN_SQNR = 30.0
 
@@ -223,8 +222,10 @@ def test_conv_padding_mode_is_lowered_exactly(mode, dims, sqnr_db):
         assert sqnr_db(model(x), got) >= MIN_SQNR  # 5.1-14.4 dB before: lowered as zero padding
         # int8 exactly as the simulated model (zero padding in the kernel, the others on the codes)
         reference = lucid_fx.convert(prepared, reference=True)(x)
-    rounded, out_scale = on_output_grid(prepared, "_0", got)  # the conv gives its float result; round it as the reference does
-    assert (rounded - reference).abs().max() <= out_scale * 1.001  # at most one code apart, borders included
+    # the conv gives its float result, in the simulation too: equal but for the order of float sums
+    out_scale = float(prepared.lucid_fx_observers["_0"].calculate_qparams()[0])
+    print(f"max |int8 - reference| {float((got - reference).abs().max()) / out_scale:.2g} output steps")
+    assert (got - reference).abs().max() <= out_scale * 1e-3  # borders included
     report = qmodel.lucid_fx_convert_report
     assert (report.lowered, report.float_ops) == ({"_0": f"conv{dims}d"}, {})
     assert ("torch.nn.functional.pad(" in qmodel.code) == (mode != "zeros")

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
+from _program import graph_until
 from lucid_fx.rules import lowering_gate
 
 
@@ -266,23 +267,11 @@ def test_a_sigmoid_on_a_narrowed_grid_is_the_linears_float_post_op():
     (linear,) = _linears(qmodel)
     assert linear.args[8] == "sigmoid" and linear.args[6] < 1 / 256 / 1.5  # no tanh grid matches a narrowed one
     x = torch.randn(16, 32) * 3
-    fused = torch.fx.GraphModule(qmodel, _graph_until(qmodel.graph, linear))  # the fused linear's codes
+    fused = torch.fx.GraphModule(qmodel, graph_until(qmodel.graph, linear))  # the fused linear's codes
     with torch.no_grad():
         got = torch.ops.lucid_fx.dequantize_per_tensor(fused(x), linear.args[6], linear.args[7])
         assert (got - torch.sigmoid(model.fc(x))).abs().max() <= linear.args[6]  # within a step of the narrowed grid
 
-
-def _graph_until(graph, node):
-    """A copy of ``graph`` whose output is ``node``'s value."""
-    new, env = torch.fx.Graph(), {}
-    for n in graph.nodes:
-        if n.op == "output":
-            break
-        env[n] = new.node_copy(n, lambda a: env[a])
-        if n is node:
-            break
-    new.output(env[node])
-    return new
 
 
 def test_a_linear_read_by_its_gate_and_another_op_keeps_its_codes():

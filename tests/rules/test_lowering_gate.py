@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import lucid_fx
+from _program import graph_until
 from lucid_fx import _meta
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
@@ -72,7 +73,7 @@ def test_the_product_of_a_tanh_and_a_sigmoid_is_rounded_once():
     assert report.lowered["value"] == GATE_WHY.format(act="tanh") and report.lowered["gate"] == GATE_WHY.format(act="sigmoid")
     # the product's codes: tanh(y1) * sigmoid(y2) of the linears' float results, one rounding
     x = torch.randn(16, 32) * 2
-    until = torch.fx.GraphModule(qmodel, _graph_until(qmodel.graph, quantize))
+    until = torch.fx.GraphModule(qmodel, graph_until(qmodel.graph, quantize))
     with torch.no_grad():
         codes = until(x).to(torch.int32)
         xq = torch.ops.lucid_fx.quantize_per_tensor(x, *value.args[1:3], 0, 255, torch.uint8)
@@ -85,7 +86,7 @@ def test_the_product_of_a_tanh_and_a_sigmoid_is_rounded_once():
 def _product_error(qmodel, product, x, exact, step):
     """The RMS error, in steps of the product's grid, of the codes ``product`` holds against ``exact``."""
     with torch.no_grad():
-        codes = torch.fx.GraphModule(qmodel, _graph_until(qmodel.graph, product))(x).float()
+        codes = torch.fx.GraphModule(qmodel, graph_until(qmodel.graph, product))(x).float()
     return float(((codes - product.meta[_meta.QPARAMS][1]) * product.meta[_meta.QPARAMS][0] - exact).div(step).pow(2).mean().sqrt())
 
 
@@ -159,16 +160,3 @@ def _float_result(qmodel, linear, xq):
     """The float32 result, no post-op, of the lucid_fx.linear ``linear`` of ``qmodel`` on the codes ``xq``."""
     args = [getattr(qmodel, a.target) if isinstance(a, torch.fx.Node) else a for a in linear.args[1:6]]
     return torch.ops.lucid_fx.linear(xq, *args, 1.0, 0, "none", torch.float32)
-
-
-def _graph_until(graph, node):
-    """A copy of ``graph`` whose output is ``node``'s value."""
-    new, env = torch.fx.Graph(), {}
-    for n in graph.nodes:
-        if n.op == "output":
-            continue
-        env[n] = new.node_copy(n, lambda a: env[a])
-        if n is node:
-            break
-    new.output(env[node])
-    return new
