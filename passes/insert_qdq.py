@@ -119,18 +119,25 @@ def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
     gm.graph.erase_node(node)
 
 
-def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target) -> Set[str]:
+def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target) -> Optional[Set[str]]:
     """The names of the prepared values that the int8 model of ``gm`` holds as codes: lowered for
     ``target`` and folded (passes/fold_dequantize.py) as convert does, on ``gm``, which is left as it was.
     A value missing here is never rounded there: a residual add or a last linear that only float ops
-    and the output read, a softmax inside softmax_matmul, a gate's linear."""
+    and the output read, a softmax inside softmax_matmul, a gate's linear. None, with a warning, where
+    lowering fails: the reference (a debugging aid when convert fails too) then rounds every observed value."""
     buffers = set(gm._buffers)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the int8 convert's own warnings, not the reference's
-        lowered, _ = lower_to_int8(gm, lowerings, target)
-    for name in set(gm._buffers) - buffers:  # the int8 weights lower_to_int8 put on its root
-        del gm._buffers[name]
-    fold_dequantize(lowered, None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the int8 convert's own warnings, not the reference's
+            lowered, _ = lower_to_int8(gm, lowerings, target)
+        fold_dequantize(lowered, None)
+    except Exception as error:  # noqa: BLE001 - any failure of the int8 lowering: the reference still builds
+        warnings.warn(f"reference mode: lowering the graph to int8 failed ({type(error).__name__}: {error}), so the "
+                      "reference rounds every observed value, also those an int8 model would keep in float", stacklevel=2)
+        return None
+    finally:
+        for name in set(gm._buffers) - buffers:  # the int8 weights lower_to_int8 put on its root
+            del gm._buffers[name]
     return {n.meta[_meta.SOURCE] for n in lowered.graph.nodes if _meta.QPARAMS in n.meta and _meta.SOURCE in n.meta}
 
 

@@ -1,5 +1,6 @@
 """insert_qdq: the reference model multiplies by exactly the int8 kernels' weights."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
@@ -115,3 +116,22 @@ def test_the_reference_rounds_only_what_the_int8_model_rounds():
         # learning what int8 rounds lowered the graph once: neither the prepared model nor the reference keeps any of it
         assert prepared.state_dict().keys() == before.keys() and all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
         assert not [k for k in reference.state_dict() if "qweight" in k or "wscale" in k]
+
+
+def test_a_reference_still_builds_where_the_int8_lowering_fails(monkeypatch):
+    torch.manual_seed(0)
+    data, model = [torch.randn(8, 16) for _ in range(4)], Residual(head=False).eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(data[0],))
+    lucid_fx.calibrate(prepared, data, progress=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a rule that breaks")
+
+    monkeypatch.setattr("lucid_fx.passes.insert_qdq.lower_to_int8", broken)
+    with pytest.warns(UserWarning, match=r"lowering the graph to int8 failed \(RuntimeError: a rule that breaks\)"):
+        reference = lucid_fx.convert(prepared, reference=True)
+    assert _qdq_sources(reference) == ["add", "fc2", "relu", "x"]  # every observed value, as before
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        want, got = model(x), reference(x)
+    assert float(10 * torch.log10(want.pow(2).mean() / (want - got).pow(2).mean())) > 25
