@@ -127,9 +127,9 @@ def lower_gate_product(ctx, mul: fx.Node, a: Any, b: Any, qa: QValue, qb: QValue
     """``f(linear(x)) * g(linear(y))`` -> both linears' float results (post-ops inside oneDNN), their
     product in float, one rounding onto the product's grid, where only the product reads each factor.
     Their own grids were then only intermediates: the gated MLP's tanh and sigmoid codes rounded twice
-    before the product rounded a third time (its output 36.1 -> 36.6 dB SQNR). A sigmoid on its fixed
-    grid arrives as ``t = tanh(y / 2)`` (sigmoid = (1 + t) / 2): ``f * (1 + t)`` is one ``addcmul``, the
-    halving goes into the grid. None leaves the product to the int8 kernel."""
+    before the product rounded a third time (its output 36.1 -> 36.7 dB SQNR, benchmarks/int8_inference.py).
+    A sigmoid on its fixed grid arrives as ``t = tanh(y / 2)`` (sigmoid = (1 + t) / 2): ``f * (1 + t)`` is
+    one ``addcmul``, the halving goes into the grid. None leaves the product to the int8 kernel."""
     fa, fb = _float_factor(ctx, mul, a, qa), _float_factor(ctx, mul, b, qb)
     if fa is None or fb is None or (fa[1] and fb[1]):
         return None

@@ -123,3 +123,32 @@ def test_a_softmax_read_by_two_matmuls_stays_a_softmax_on_its_fixed_grid():
     names = [getattr(t, "__name__", "") for t in _targets(program)]
     assert names.count("softmax_codes") == 1 and names.count("matmul_codes") == 3 and "cpu_softmax_matmul" not in names
     assert torch.equal(program(x), out)
+
+
+class NestedNorm(nn.Module):
+    """A layer norm (float where it pays) reading a submodule's parameters by name: a dotted get_attr."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.block = nn.Linear(8, 8), nn.Module()
+        self.block.weight, self.block.bias = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(self.fc(x), (8,), self.block.weight, self.block.bias)
+
+
+def test_a_submodules_tensor_is_one_plain_attribute_of_the_program_the_same_tensor():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    q, out, program = _lowered(NestedNorm().eval(), x)
+    portable = [n.target for n in q.graph.find_nodes(op="get_attr")]
+    read = [n.target for n in program.graph.find_nodes(op="get_attr")]
+    assert "block.weight" in portable and "block.bias" in portable
+    # each read is one attribute lookup: no Module.__getattr__ per step of a path at every call
+    assert "_program_attr_block_weight" in read and not [t for t in read if "." in t]
+    assert program._program_attr_block_weight is q.block.weight
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), out, rtol=0, atol=0)
+        q.block.weight.mul_(2.0)  # an edit in place: the program reads the same tensor
+        torch.testing.assert_close(program(x), q(x), rtol=0, atol=0)
+        assert not torch.equal(program(x), out)
