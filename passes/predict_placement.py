@@ -28,7 +28,7 @@ from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
-from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_WHY, gate_after_linear, product_factor
+from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
 
@@ -135,9 +135,10 @@ def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None
         elif placement.why == "linear" and read.runs is Runs.TABLE and gate_after_linear(node, reader):
             found[node.name] = Placement(Runs.KERNEL, GATE_WHY.format(act=reader.name), (node.name,))
             found[reader.name] = Placement(Runs.KERNEL, read.why, read.members)
-        if read.runs is Runs.KERNEL and read.why == "mul" and found[node.name].runs is not Runs.FLOAT \
+        if read.runs is Runs.KERNEL and read.why in ("mul", PRODUCT_OF) and found[node.name].runs is not Runs.FLOAT \
                 and product_factor(node, reader):
             found[node.name] = Placement(Runs.KERNEL, PRODUCT_WHY.format(mul=reader.name), (node.name,))
+            found[reader.name] = Placement(Runs.KERNEL, PRODUCT_OF, read.members)
 
 
 def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:

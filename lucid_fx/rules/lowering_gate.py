@@ -23,7 +23,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_context import QValue, readers, watched
 
 __all__ = ["lower_gate", "gate_after_linear", "GATE_POST_OPS", "GATE_WHY", "lower_gate_product", "product_factor",
-           "PRODUCT_WHY"]
+           "PRODUCT_WHY", "PRODUCT_OF"]
 
 _ops = torch.ops.lucid_fx
 #: Activations convert makes the post-op of the linear before them (computed in float after its float32 result).
@@ -80,6 +80,8 @@ def lower_gate(ctx, node: fx.Node, source: fx.Node, x: QValue) -> Optional[QValu
 
 #: Why a factor of a fused product has no codes of its own (the convert report, explain).
 PRODUCT_WHY = "computed in float inside {mul}'s product (rounded once, on the product's grid)"
+#: How the fused product itself runs (the convert report, explain).
+PRODUCT_OF = "mul of its factors' float results, rounded once (rules/lowering_gate.py)"
 #: The fused groups whose output a product may read in float: a linear and its post-op.
 _LINEAR_GROUPS = ("linear_relu", "linear_act")
 
@@ -142,4 +144,5 @@ def lower_gate_product(ctx, mul: fx.Node, a: Any, b: Any, qa: QValue, qb: QValue
     out = ctx.call(_ops.quantize_per_tensor, product, scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage)
     for value in {a, b}:
         ctx.absorbed[value.name] = PRODUCT_WHY.format(mul=mul.name)
+    ctx.absorbed[mul.name] = PRODUCT_OF  # not lucid_fx.mul on codes: the report says how it runs
     return QValue(out, ctx.qparams_of(mul)[0], zp, qdtype)

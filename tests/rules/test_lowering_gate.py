@@ -11,7 +11,7 @@ from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.predict_placement import predict_placement
 from lucid_fx.rules import lowering_gate
-from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_WHY
+from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY
 
 
 class Gated(nn.Module):
@@ -70,6 +70,7 @@ def test_the_product_of_a_tanh_and_a_sigmoid_is_rounded_once():
     assert str(quantize.target) == "lucid_fx.quantize_per_tensor" and quantize.args[1:3] == (2 * float(scale), int(zp))
     report = qmodel.lucid_fx_convert_report
     assert report.lowered["tanh"] == report.lowered["sigmoid"] == PRODUCT_WHY.format(mul="mul")
+    assert report.lowered["mul"] == PRODUCT_OF  # not lucid_fx.mul
     assert report.lowered["value"] == GATE_WHY.format(act="tanh") and report.lowered["gate"] == GATE_WHY.format(act="sigmoid")
     # the product's codes: tanh(y1) * sigmoid(y2) of the linears' float results, one rounding
     x = torch.randn(16, 32) * 2
@@ -142,6 +143,7 @@ def test_prediction_names_the_factors_as_convert_does():
     registry = lucid_fx.current_registry()
     predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))
     assert predicted["tanh"].why == predicted["sigmoid"].why == PRODUCT_WHY.format(mul="mul")
+    assert predicted["mul"].why == PRODUCT_OF
     _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
     assert report.placements == predicted
 
