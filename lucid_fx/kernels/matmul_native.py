@@ -77,7 +77,7 @@ def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, h
     ``plan``: its codes bit for bit, contiguous as its are."""
     fn = _function("matmul", dtype)
     if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
-            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
+            or qb.stride() != plan.b_stride or not qa.is_cpu or not qb.is_cpu):
         return native.matmul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
     out = torch.empty(plan.out_shape, dtype=dtype)
     if fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, None, zp, low, high):

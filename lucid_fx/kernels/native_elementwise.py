@@ -70,7 +70,7 @@ def _planned(kernel: str, qa, qb, dtype, plan: Broadcast, numbers: tuple, fallba
     not loaded or the operands are not what the plan was built for."""
     fn = _function(kernel, dtype)
     if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
-            or qb.stride() != plan.b_stride or qa.device.type != "cpu" or qb.device.type != "cpu"):
+            or qb.stride() != plan.b_stride or not qa.is_cpu or not qb.is_cpu):
         return fallback()
     out = torch.empty_strided(plan.shape, plan.out_stride, dtype=dtype)
     fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), *numbers)
@@ -105,7 +105,7 @@ def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int
     channels-last in the same pass (what a convolution reads): its codes, bit for bit, without the
     copy to channels-last after it. Other inputs take that quantize and the copy."""
     fn = _function("quantize_cl", dtype)
-    if fn is None or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or x.device.type != "cpu":
+    if fn is None or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
         return native.quantize_codes(x, inv_scale, zp, qmin, qmax, dtype).contiguous(memory_format=torch.channels_last)
     n, c, h, w = x.shape
     out = torch.empty((n, c, h, w), dtype=dtype, memory_format=torch.channels_last)
@@ -118,7 +118,7 @@ def dequantize_codes(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
     """``lucid_fx::dequantize_per_tensor`` (float32 ``(q - zp) * scale``) of dense 8-bit codes in one
     pass, in ``q``'s layout: the reference kernel's values bit for bit."""
     fn = _function("dequantize", q.dtype)
-    if fn is None or q.device.type != "cpu":
+    if fn is None or not q.is_cpu:
         return ref.dequantize_per_tensor(q, scale, zp)
     out = torch.empty_like(q, dtype=torch.float32)
     if out.stride() != q.stride():  # not dense: the reference kernel's layout
@@ -132,8 +132,8 @@ def channel_lut(q: torch.Tensor, tables: torch.Tensor, dim: int) -> torch.Tensor
     with ``dim`` 1; the reference kernel's values, in ``q``'s layout (anything else takes it)."""
     fn = _function("channel_lut", tables.dtype)
     dim = dim % max(q.dim(), 1)
-    if fn is None or q.device.type != "cpu" or q.dtype not in (torch.uint8, torch.int8) or tables.dim() != 2 \
-            or tables.shape != (q.shape[dim], 256) or tables.device.type != "cpu":
+    if fn is None or not q.is_cpu or q.dtype not in (torch.uint8, torch.int8) or tables.dim() != 2 \
+            or tables.shape != (q.shape[dim], 256) or not tables.is_cpu:
         return _channel_lut.channel_lut(q, tables, dim)
     c = q.shape[dim]
     if q.is_contiguous():
@@ -152,8 +152,8 @@ def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torc
     the cat (DenseNet's cat -> batch norm -> relu): the same values, channels-last. Parts of other
     layouts, shapes or dtypes take the cat and :func:`channel_lut`."""
     fn, first = _function("channel_lut_cat", tables.dtype), parts[0]
-    if fn is None or tables.dim() != 2 or tables.device.type != "cpu" or first.dtype not in (torch.uint8, torch.int8) \
-            or not all(p.dim() == 4 and p.dtype == first.dtype and p.device.type == "cpu"
+    if fn is None or tables.dim() != 2 or not tables.is_cpu or first.dtype not in (torch.uint8, torch.int8) \
+            or not all(p.dim() == 4 and p.dtype == first.dtype and p.is_cpu
                        and p.shape[0] == first.shape[0] and p.shape[2:] == first.shape[2:]
                        and p.is_contiguous(memory_format=torch.channels_last) for p in parts) \
             or tables.shape != (sum(p.shape[1] for p in parts), 256):

@@ -76,7 +76,7 @@ def pool_codes(q: torch.Tensor, plan: Pool) -> torch.Tensor:
     loaded and ``q`` has the recorded shape and strides, else the torch path (the same codes for max,
     the reference's for average)."""
     fn = _function("pool", q.dtype)
-    if fn is not None and tuple(q.shape) == plan.in_shape and q.stride() == plan.in_stride and q.device.type == "cpu":
+    if fn is not None and tuple(q.shape) == plan.in_shape and q.stride() == plan.in_stride and q.is_cpu:
         out = torch.empty_strided(plan.out_shape, plan.out_stride, dtype=q.dtype)
         if fn(q.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), plan.ratio):
             return out

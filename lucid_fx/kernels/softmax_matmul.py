@@ -37,7 +37,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels import program_ops
 from lucid_fx.kernels.attention import apply_mask, check_mask
 from lucid_fx.kernels.codes import finish
 from lucid_fx.kernels.matmul_native import matmul_plan
@@ -116,7 +115,7 @@ def exp_codes(q: torch.Tensor, table: torch.Tensor, keep: Optional[torch.Tensor]
     ``q``'s shape, leaves empty): in one native pass where it is loaded and ``q`` is dense."""
     rows, n = q.shape[:-1].numel(), q.shape[-1]
     fn = _function("softmax_exp", dtype)
-    if fn is not None and q.dtype == dtype and q.device.type == "cpu" and q.is_contiguous() and q.numel():
+    if fn is not None and q.dtype == dtype and q.is_cpu and q.is_contiguous() and q.numel():
         out, rmult = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32)
         kept = None if keep is None else keep.contiguous().view(torch.uint8)
         fn(q.data_ptr(), None if kept is None else kept.data_ptr(), table.data_ptr(), out.data_ptr(),
@@ -140,7 +139,7 @@ def exp_codes_float(y: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[tor
     ``softmax_exp_float`` in one pass where it is loaded, else :func:`torch_exp_codes_float`; within a
     code of each other (glibc's ``expf`` and torch's ``exp`` may differ in the last bit)."""
     fn = _function("softmax_exp_float", dtype)
-    if fn is None or y.dtype != torch.float32 or y.device.type != "cpu" or not y.is_contiguous() or not y.numel():
+    if fn is None or y.dtype != torch.float32 or not y.is_cpu or not y.is_contiguous() or not y.numel():
         return torch_exp_codes_float(y, mult, e_zp, dtype)
     out, rmult = torch.empty(y.shape, dtype=dtype), torch.empty(y.shape[:-1], dtype=torch.float32)
     fn(y.data_ptr(), out.data_ptr(), rmult.data_ptr(), y.shape[:-1].numel(), y.shape[-1], mult, e_zp)
@@ -172,7 +171,7 @@ def matmul_rows(e, e_zp: int, v, v_zp: int, rmult: torch.Tensor, zp: int, low: i
     same float32 multiply, bit for bit."""
     fn = _function("matmul", dtype)
     if (plan is not None and fn is not None and e.dtype == dtype and v.dtype == dtype and e.stride() == plan.a_stride
-            and v.stride() == plan.b_stride and e.device.type == "cpu" and v.device.type == "cpu"):
+            and v.stride() == plan.b_stride and e.is_cpu and v.is_cpu):
         out = torch.empty(plan.out_shape, dtype=dtype)
         if fn(e.data_ptr(), v.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), e_zp, v_zp, 0.0,
               rmult.data_ptr(), zp, low, high):

@@ -30,7 +30,7 @@ def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: in
                   keep=None):
     """:func:`lucid_fx.kernels.program_ops.softmax_codes` in one native pass where ``q`` is dense."""
     fn = _function("softmax", dtype)
-    if fn is None or q.dtype != dtype or q.device.type != "cpu" or not q.is_contiguous() or q.dim() == 0:
+    if fn is None or q.dtype != dtype or not q.is_cpu or not q.is_contiguous() or q.dim() == 0:
         return program_ops.softmax_codes(q, table, dim, inv_out_scale, zp, low, high, dtype, keep)
     d = dim % q.dim()
     outer, n = q.shape[:d].numel(), q.shape[d]
