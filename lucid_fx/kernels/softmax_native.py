@@ -50,11 +50,11 @@ def softmax_codes(q, table: torch.Tensor, dim: int, inv_out_scale: float, zp: in
 TABLE_MIN = 2 ** 18
 
 
-def table_keep(q, scale: float, mask, fill, dim: int):
+def table_keep(q, scale: float, mask, fill, dim: int, minimum: int = TABLE_MIN):
     """The positions a mask leaves (``program_ops.softmax_keep``) where the table route pays, from
-    :data:`TABLE_MIN` scores; None for the float route. softmax_matmul.py reuses this threshold (not
-    measured there)."""
-    return program_ops.softmax_keep(q, scale, mask, fill, dim) if q.numel() >= TABLE_MIN else None
+    ``minimum`` scores (:data:`TABLE_MIN` for the softmax; softmax_matmul.py has its own); None for the
+    float route."""
+    return program_ops.softmax_keep(q, scale, mask, fill, dim) if q.numel() >= minimum else None
 
 
 def masked_softmax_codes(q, scale: float, zp: int, mask, fill, dim: int, inv_out_scale: float, out_zp: int,

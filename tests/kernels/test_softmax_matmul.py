@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lucid_fx.kernels import softmax_matmul as sm
+from lucid_fx.kernels import softmax_native
 from lucid_fx.kernels.program_ops import code_bounds
 from _grid import random_codes
 
@@ -195,3 +196,25 @@ def test_the_native_exponentials_of_float_scores_are_the_torch_routes_within_a_c
     assert got.dtype == dtype and int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2  # glibc's expf and torch's exp
     assert torch.allclose(got_mult, expected_mult, rtol=0.01) and float(got_mult[0, 1]) == 0.0
     assert bool((got[0, 1] == e_zp).all()) and bool(((got.int() - e_zp).amax(-1)[1:] == 255).all())
+
+
+@pytest.mark.parametrize("heads, route", [(2, "float"), (4, "table")])
+def test_a_masked_softmax_matmul_takes_the_table_route_from_its_own_threshold(monkeypatch, heads, route):
+    # 2 x heads x 32 x 32 scores: 2048 take the float route, 4096 (sm.TABLE_MIN) the table's; the same codes
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 256, (1, heads, 32, 32), dtype=torch.uint8, generator=g)
+    v = torch.randint(0, 256, (1, heads, 32, 16), dtype=torch.uint8, generator=g)
+    mask = torch.zeros(1, 1, 1, 32)
+    mask[..., 20:] = -1e9  # padding
+    args = (q, 0.05, 128, mask, None, v, 0.02, 128, 0.02, 128)
+    taken = []
+    for name in ("exp_codes", "exp_codes_float"):
+        real = getattr(sm, name)
+        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    got = sm.cpu_softmax_matmul(*args)
+    assert taken == ["exp_codes" if route == "table" else "exp_codes_float"]
+    assert (q.numel() >= sm.TABLE_MIN) == (route == "table") and sm.TABLE_MIN < softmax_native.TABLE_MIN
+    monkeypatch.setattr(sm, "TABLE_MIN", 1 if route == "float" else 10**9)  # the other route
+    other = sm.cpu_softmax_matmul(*args)
+    assert taken[-1] == ("exp_codes" if route == "float" else "exp_codes_float")
+    assert int((got.int() - other.int()).abs().max()) <= 1
