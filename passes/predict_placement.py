@@ -22,7 +22,7 @@ from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
-from lucid_fx.rules.lowering_context import _is_observer_call, readers
+from lucid_fx.rules.lowering_context import _is_observer_call, readers, watched
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
@@ -63,12 +63,11 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
 
 def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:
     observers = getattr(gm, OBSERVERS, {})
-    source = call.tensor_inputs()[0]
-    source = source.args[0] if _is_observer_call(source) else source
-    watched = [observers[n.meta[_meta.OBSERVER]] for n in (source, node) if n.meta.get(_meta.OBSERVER) in observers]
-    if len(watched) != 2 or not all(getattr(o, "has_data", True) for o in watched):
+    source = watched(call.tensor_inputs()[0])
+    observing = [observers[n.meta[_meta.OBSERVER]] for n in (source, node) if n.meta.get(_meta.OBSERVER) in observers]
+    if len(observing) != 2 or not all(getattr(o, "has_data", True) for o in observing):
         return False  # not calibrated yet: the input's grid is unknown
-    (in_scale, in_zp), (out_scale, out_zp) = (tuple(float(v) for v in o.calculate_qparams()) for o in watched)
+    (in_scale, in_zp), (out_scale, out_zp) = (tuple(float(v) for v in o.calculate_qparams()) for o in observing)
     scale = in_scale * number if call.op == "mul" else in_scale / number
     return in_zp == out_zp and math.isclose(scale, out_scale, rel_tol=1e-6)
 
@@ -76,8 +75,7 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
 def _inputs_have_codes(node: fx.Node) -> bool:
     """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes
     (an attention mask is read in float: rules/masks.py)."""
-    for source in canonical(node).tensor_inputs():
-        source = source.args[0] if _is_observer_call(source) else source
+    for source in map(watched, canonical(node).tensor_inputs()):
         if source is mask_input(node):
             continue
         tensor_meta, decision = source.meta.get(_meta.TENSOR_META), source.meta.get(_meta.DECISION)
