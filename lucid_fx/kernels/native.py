@@ -70,6 +70,7 @@ SIGNATURES = {
     "softmax": ((_P, _P, _P, _P, _I64, _I64, _I64, _F, _I32, _I32, _I32), _I32, _CODES),  # native_softmax.c
     "softmax_exp": ((_P, _P, _P, _P, _P, _I64, _I64, _D, _I32), _I32, _CODES),  # native_softmax.c: softmax_matmul's
     "softmax_exp_float": ((_P, _P, _P, _I64, _I64, _D, _I32), _I32, _CODES),  # the same from float scores
+    "softmax_exp_bias": ((_P, _P, _P, _P, _P, _F, _I32, _D, _I32), _I32, _CODES),  # from codes and a bias
     "rotary": ((_P, _P, _P, _P, _P, _P, _P, _P, _P), None, _CODES),  # native_rotary.c: x, c, s, tables, out, geometry, ints, floats
     "channel_lut": ((_P, _P, _P, _I64, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # q, tables, out, outer, c, inner, flip
     "channel_lut_cat": ((_P, _P, _I32, _P, _P, _I64, _I64, _I32), None, (*_CODES, torch.float32)),  # srcs, widths, n, tables, ...

@@ -190,28 +190,116 @@ SOFTMAX_EXP(lucid_softmax_exp_uint8, uint8_t)
 SOFTMAX_EXP(lucid_softmax_exp_int8, int8_t)
 
 /* The same from float32 scores y (dequantized, a mask that is a bias added; rows of n, dense):
- *   e[j] = rint(expf(y[j] - max) * 255), out[j] = e[j] + e_zp, rmult as above,
+ *   e[j] = rint(exp(y[j] - max) * 255), out[j] = e[j] + e_zp, rmult as above,
  * a row whose largest is -inf (masked everywhere) all e 0, multiplier 0. softmax_matmul.py's float
  * route in one pass, where a small masked attention spent ~12 torch ops (2x4x16x16 scores: the whole
- * softmax_matmul call 77 -> 41 us). expf is glibc's, torch.exp Sleef's: they can differ in the last bit, a code only at a tie. */
+ * softmax_matmul call 77 -> 41 us). exp is exp_below_zero's, torch.exp Sleef's: within a few ulp, so a
+ * code differs only at a tie (none in 2.6M scores of 16x64x128 rows, against glibc's expf's few).
+ *
+ * softmax_exp_bias starts from the scores' codes and the bias (BERT's additive padding mask), as the
+ * torch route computes them, y[j] = (float)(q[j] - zp) * scale + bias[j]: the same floats, then the
+ * same codes, without the two float32 passes torch makes first (BERT-like: its softmax_matmul call 38 -> 29 us). */
+
+/* exp(x) for x <= 0 (-inf included: 0 after rounding), Cephes's expf in float32 steps, which the compiler
+ * vectorizes where glibc's expf is a call a value (8x4x128x128 scores 2.5 -> 0.43 ms, 2x4x16x16 22 -> 12
+ * us with the chunks below, AVX512-VNNI EPYC). Within 2 ulp of exp; below -87.3 it gives exp(-87.3),
+ * 1e-38, whose code (times 255, rounded) is 0 as exp's. */
+static inline float exp_below_zero(float x) {
+    x = x > -87.33654f ? x : -87.33654f;
+    const float n = rintf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* x - n * ln 2 in two parts */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23; /* 2^n: n >= -126 here */
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+/* The largest of n floats (-inf for none), 16 running maxima at a time: a max is exact in any order, but
+ * the compiler keeps a float reduction's order (a compare after another, some 4 cycles each) unless told. */
+static inline float row_max(const float *restrict x, int64_t n) {
+    float lanes[16];
+    for (int l = 0; l < 16; l++) lanes[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+    for (; j < n; j++) lanes[0] = x[j] > lanes[0] ? x[j] : lanes[0];
+    float top = lanes[0];
+    for (int l = 1; l < 16; l++) top = lanes[l] > top ? lanes[l] : top;
+    return top;
+}
+
+/* Chunks of a row: the exponentials in a loop of floats and int32 only, which the compiler vectorizes 16
+ * values a step (with the codes' stores in the same loop it took 64 a step, and a short row, BERT's 16
+ * keys, ran its scalar tail), then the sum and the codes. */
+#define EXP_CHUNK 256
+#define EXP_ROW(CODE)                                                                              \
+    static inline float exp_row_##CODE(const float *restrict x, CODE *restrict o, int64_t n, double mult, \
+                                       int32_t e_zp) {                                             \
+        const float top = row_max(x, n);                                                           \
+        int32_t e[EXP_CHUNK];                                                                      \
+        int64_t sum = 0;                                                                           \
+        for (int64_t j0 = 0; j0 < n; j0 += EXP_CHUNK) {                                            \
+            const int64_t m = n - j0 < EXP_CHUNK ? n - j0 : EXP_CHUNK;                               \
+            int32_t part = 0;                                                                      \
+            for (int64_t j = 0; j < m; j++)                                                        \
+                e[j] = top == -INFINITY ? 0 : (int32_t)rintf(exp_below_zero(x[j0 + j] - top) * 255.0f); \
+            for (int64_t j = 0; j < m; j++) {                                                      \
+                part += e[j];                                                                      \
+                o[j0 + j] = (CODE)(e[j] + e_zp);                                                   \
+            }                                                                                      \
+            sum += part;                                                                           \
+        }                                                                                          \
+        return exp_row_mult(mult, sum);                                                            \
+    }
+EXP_ROW(uint8_t)
+EXP_ROW(int8_t)
+
 #define SOFTMAX_EXP_FLOAT(NAME, CODE)                                                              \
     int32_t NAME(const float *restrict y, CODE *restrict out, float *restrict rmult, int64_t rows, int64_t n, \
                  double mult, int32_t e_zp) {                                                      \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            const float *restrict x = y + r * n;                                                   \
-            CODE *restrict o = out + r * n;                                                        \
-            float top = -INFINITY;                                                                 \
-            for (int64_t j = 0; j < n; j++) top = x[j] > top ? x[j] : top;                         \
-            int64_t sum = 0;                                                                       \
-            for (int64_t j = 0; j < n; j++) {                                                      \
-                const int32_t e = top == -INFINITY ? 0 : (int32_t)rintf(expf(x[j] - top) * 255.0f); \
-                sum += e;                                                                          \
-                o[j] = (CODE)(e + e_zp);                                                           \
-            }                                                                                      \
-            rmult[r] = exp_row_mult(mult, sum);                                                    \
-        }                                                                                          \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            rmult[r] = exp_row_##CODE(y + r * n, out + r * n, n, mult, e_zp);                      \
         return 0;                                                                                  \
     }
 
 SOFTMAX_EXP_FLOAT(lucid_softmax_exp_float_uint8, uint8_t)
 SOFTMAX_EXP_FLOAT(lucid_softmax_exp_float_int8, int8_t)
+
+/* g holds, as int64: the rows' three dims (outer first), n, then the bias's strides along those three
+ * and along n, in floats (0 where it broadcasts). The codes q are dense. Returns 1 where a row's floats
+ * could not be allocated (nothing else written), else 0. */
+#define EXP_BIAS_STACK 1024 /* a row of up to this many scores needs no allocation */
+#define SOFTMAX_EXP_BIAS(NAME, CODE)                                                               \
+    int32_t NAME(const CODE *restrict q, const float *restrict bias, CODE *restrict out, float *restrict rmult, \
+                 const int64_t *restrict g, float scale, int32_t zp, double mult, int32_t e_zp) {   \
+        const int64_t n = g[3], bn = g[7];                                                         \
+        float stack[EXP_BIAS_STACK];                                                               \
+        float *restrict y = n <= EXP_BIAS_STACK ? stack : malloc((size_t)n * sizeof(float));      \
+        if (!y)                                                                                    \
+            return 1;                                                                              \
+        int64_t r = 0;                                                                             \
+        for (int64_t i0 = 0; i0 < g[0]; i0++)                                                      \
+            for (int64_t i1 = 0; i1 < g[1]; i1++)                                                  \
+                for (int64_t i2 = 0; i2 < g[2]; i2++, r++) {                                       \
+                    const CODE *restrict x = q + r * n;                                            \
+                    const float *restrict b = bias + i0 * g[4] + i1 * g[5] + i2 * g[6];            \
+                    if (bn) /* a bias along the row (dense: the caller's check), or one a row */   \
+                        for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[j]; \
+                    else                                                                           \
+                        for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[0]; \
+                    rmult[r] = exp_row_##CODE(y, out + r * n, n, mult, e_zp);                      \
+                }                                                                                  \
+        if (y != stack)                                                                            \
+            free(y);                                                                               \
+        return 0;                                                                                  \
+    }
+
+SOFTMAX_EXP_BIAS(lucid_softmax_exp_bias_uint8, uint8_t)
+SOFTMAX_EXP_BIAS(lucid_softmax_exp_bias_int8, int8_t)

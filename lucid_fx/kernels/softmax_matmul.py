@@ -32,6 +32,7 @@ tensor([[[157]]], dtype=torch.uint8)
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Optional, Tuple
 
@@ -46,7 +47,7 @@ from lucid_fx.kernels.reference import dequant
 from lucid_fx.kernels.softmax_native import table_keep
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
-           "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
+           "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "exp_codes_bias", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
            "INT32_SUM", "TABLE_MIN"]
 
 #: The largest sum the native product's int32 holds.
@@ -137,13 +138,43 @@ def torch_exp_codes(q, table, keep, mult: float, e_zp: int, dtype) -> Tuple[torc
 def exp_codes_float(y: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`exp_codes` from float32 scores ``y`` (a temporary, masked): native_softmax.c's
     ``softmax_exp_float`` in one pass where it is loaded, else :func:`torch_exp_codes_float`; within a
-    code of each other (glibc's ``expf`` and torch's ``exp`` may differ in the last bit)."""
+    code of each other (native_softmax.c's exponential and torch's ``exp`` may differ in the last bits)."""
     fn = _function("softmax_exp_float", dtype)
     if fn is None or y.dtype != torch.float32 or not y.is_cpu or not y.is_contiguous() or not y.numel():
         return torch_exp_codes_float(y, mult, e_zp, dtype)
     out, rmult = torch.empty(y.shape, dtype=dtype), torch.empty(y.shape[:-1], dtype=torch.float32)
     fn(y.data_ptr(), out.data_ptr(), rmult.data_ptr(), y.shape[:-1].numel(), y.shape[-1], mult, e_zp)
     return out, rmult
+
+
+def exp_codes_bias(q: torch.Tensor, zp: int, scale: float, bias: torch.Tensor, mult: float, e_zp: int,
+                   dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`exp_codes_float` of the scores ``(q - zp) * scale + bias`` (codes ``q`` of ``dtype``, a float32
+    ``bias`` that broadcasts to them: BERT's additive padding mask), their floats made in the same native
+    pass as torch makes them, so the same codes; None where the native kernels do not take the operands."""
+    fn = _function("softmax_exp_bias", dtype)
+    if (fn is None or q.dtype != dtype or bias.dtype != torch.float32 or not q.is_cpu or not bias.is_cpu
+            or not q.is_contiguous()):
+        return None
+    geometry = _bias_geometry(q.shape, bias.shape, bias.stride())
+    if geometry is None:
+        return None
+    out, rmult = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32)
+    if fn(q.data_ptr(), bias.data_ptr(), out.data_ptr(), rmult.data_ptr(), geometry, scale, zp, mult, e_zp):
+        raise MemoryError("lucid_fx: the native softmax could not allocate a row's scores")
+    return out, rmult
+
+
+@functools.lru_cache(maxsize=1024)
+def _bias_geometry(shape: torch.Size, bias_shape: torch.Size, bias_stride: Tuple[int, ...]):
+    """native_softmax.c's geometry for scores of ``shape`` and a bias of this shape and strides (its checks
+    and this list cost some 6 us a call, the kernel 7 at BERT's 2x4x16x16), or None where it does not apply."""
+    if (not 1 <= len(shape) <= 4 or len(bias_shape) > len(shape) or not shape.numel()
+            or any(b not in (1, n) for b, n in zip(reversed(bias_shape), reversed(shape)))):
+        return None
+    strides = [0] * (4 - len(bias_shape)) + [0 if b == 1 else s for b, s in zip(bias_shape, bias_stride)]  # 0: broadcast
+    rows = [1] * (4 - len(shape)) + list(shape[:-1])
+    return (ctypes.c_int64 * 8)(*rows[-3:], shape[-1], *strides[-4:]) if strides[-1] in (0, 1) else None
 
 
 def torch_exp_codes_float(y: torch.Tensor, mult: float, e_zp: int, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -187,27 +218,33 @@ def torch_matmul_rows(e, e_zp: int, v, v_zp: int, rmult: torch.Tensor, zp: int, 
     return requantize_codes(y, zp, low, high, dtype).contiguous()
 
 
-#: Scores from which a masked softmax_matmul takes the table route (softmax_native.table_keep). Its float
-#: route is one native pass but still a float32 copy of the scores, and the table's exponentials feed the
-#: product directly. Measured on the AVX512-VNNI EPYC (one thread, the routes taking turns, a padding mask
-#: over half the keys, 64-wide values), table / float time: 1.07-1.10 at 2048 scores (2x4x16x16),
-#: 0.91-0.97 at 4096, 0.74-0.85 at 8192, 0.55-0.65 at 16K-18K, 0.44-0.58 at 32K-64K; the same codes.
+#: Scores from which a softmax_matmul masked by a bool mask and a fill takes the table route
+#: (softmax_native.table_keep). Its float route is one native pass but still a float32 copy of the scores,
+#: and the table's exponentials feed the product directly. Measured on the AVX512-VNNI EPYC (one thread,
+#: the routes taking turns, a padding mask over half the keys, 64-wide values), table / float time: 1.07-1.10
+#: at 2048 scores (2x4x16x16), 0.91-0.97 at 4096, 0.74-0.85 at 8192, 0.44-0.65 from 16K to 64K; with the
+#: vectorized exponentials (2026-12-03) 0.84-1.01 at 2048 and 0.76-0.95 from 4096 to 1M; the same codes.
+#: A mask that is a bias (BERT's) takes :func:`exp_codes_bias` at every size: table / bias time 1.6 at
+#: 2048 scores, 1.25 at 16K, 1.06-1.14 at 64K, 0.95-1.16 from 512K to 1M.
 TABLE_MIN = 2 ** 12
 
 
 def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, plan=None):
     """The CPU kernel (and the program's call, with ``table`` and ``plan`` made once): ``e`` from the
     table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
-    ``masked_softmax``), else in float32 (a mask that is a bias,
-    scores of another dtype than ``v``'s), then the product with one multiplier a row."""
+    ``masked_softmax``), from the codes and a mask that is a bias in one pass (:func:`exp_codes_bias`),
+    else in float32 (scores of another dtype than ``v``'s), then the product with one multiplier a row."""
     dtype = v.dtype
     e_zp, mult = torch.iinfo(dtype).min, v_scale / out_scale  # e's codes: 0..255 above the dtype's least
-    keep = None
+    keep = biased = None
     if mask is not None:
         check_mask(mask, fill)
-        keep = table_keep(q, scale, mask, fill, -1, TABLE_MIN)
+        biased = None if fill is not None else exp_codes_bias(q, zp, scale, mask, mult, e_zp, dtype)
+        keep = None if biased is not None else table_keep(q, scale, mask, fill, -1, TABLE_MIN)
     if q.dtype == dtype and (mask is None or keep is not None):
         e, rmult = exp_codes(q, exp_table(scale) if table is None else table, keep, mult, e_zp, dtype)
+    elif biased is not None:
+        e, rmult = biased
     else:
         y = centered(q, zp).mul_(scale)
         e, rmult = exp_codes_float(y if mask is None else apply_mask(y, mask, fill), mult, e_zp, dtype)

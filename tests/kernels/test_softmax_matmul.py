@@ -193,20 +193,74 @@ def test_the_native_exponentials_of_float_scores_are_the_torch_routes_within_a_c
     got, got_mult = sm.exp_codes_float(y.clone(), 0.37, e_zp, dtype)
     expected, expected_mult = torch_route(y.clone(), 0.37, e_zp, dtype)
     diff = (got.int() - expected.int()).abs()
-    assert got.dtype == dtype and int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2  # glibc's expf and torch's exp
+    assert got.dtype == dtype and int(diff.max()) <= 1 and int((diff > 0).sum()) <= 2  # native_softmax.c's exp and torch's
     assert torch.allclose(got_mult, expected_mult, rtol=0.01) and float(got_mult[0, 1]) == 0.0
     assert bool((got[0, 1] == e_zp).all()) and bool(((got.int() - e_zp).amax(-1)[1:] == 255).all())
 
 
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("shape, bias_shape", [((2, 4, 16, 16), (2, 1, 1, 16)), ((8, 16, 37), (8, 1, 37)),
+                                               ((5, 300), (300,)), ((2, 3, 7, 9), (2, 3, 7, 9)),
+                                               ((2, 3, 7, 1100), (1, 1, 7, 1))])
+def test_the_exponentials_of_codes_and_a_bias_are_the_torch_routes_bit_for_bit(native_build, build, dtype, shape,
+                                                                            bias_shape):
+    # BERT's additive padding mask: the scores' floats made in the kernel, as torch makes them, then the same
+    # codes and multipliers as the torch route's (its exponentials Sleef's, the kernel's its own: no tie here)
+    native_build(build)
+    g = torch.Generator().manual_seed(len(shape) + shape[-1])
+    q = random_codes(shape, dtype, shape[-1])
+    bias = torch.randn(bias_shape, generator=g)
+    bias[bias > 0.8] = torch.finfo(torch.float32).min  # padding, as transformers writes it
+    bias.view(-1)[:2] = NEG_INF
+    zp, e_zp = (9 if dtype == torch.uint8 else -4), int(torch.iinfo(dtype).min)
+    got = sm.exp_codes_bias(q, zp, 0.05, bias, 0.37, e_zp, dtype)
+    y = (q.to(torch.float32) - zp) * 0.05 + bias
+    expected = sm.torch_exp_codes_float(y, 0.37, e_zp, dtype)
+    assert got is not None and torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert int((got[0].int() - e_zp).amax()) == 255  # each row's largest at the top code
+
+
+def test_the_bias_route_declines_what_its_kernel_does_not_take(native_on):
+    q = random_codes((2, 4, 16, 16), torch.uint8, 0)
+    bias = torch.zeros(2, 1, 1, 16)
+    assert sm.exp_codes_bias(q, 0, 0.1, bias, 1.0, 0, torch.uint8) is not None
+    assert sm.exp_codes_bias(q, 0, 0.1, bias.double(), 1.0, 0, torch.uint8) is None  # not float32
+    assert sm.exp_codes_bias(q, 0, 0.1, torch.zeros(2, 1, 16, 1).transpose(-1, -2), 1.0, 0, torch.uint8) is not None
+    assert sm.exp_codes_bias(q, 0, 0.1, torch.zeros(2, 1, 16, 2)[..., 0].unsqueeze(-2), 1.0, 0, torch.uint8) is None  # strided keys
+    assert sm.exp_codes_bias(q[:1], 0, 0.1, bias, 1.0, 0, torch.uint8) is None  # the bias would widen the scores
+    assert sm.exp_codes_bias(q.transpose(-1, -2), 0, 0.1, bias, 1.0, 0, torch.uint8) is None  # scores not dense
+    assert sm.exp_codes_bias(q, 0, 0.1, bias, 1.0, -128, torch.int8) is None  # codes not of the dtype
+
+
+@pytest.mark.parametrize("keys", [16, 512])
+def test_a_softmax_matmul_with_a_bias_mask_takes_the_bias_route_at_any_size(native_on, monkeypatch, keys):
+    # 2048 scores, and 65536 (past sm.TABLE_MIN, where a bool mask takes the table route)
+    q, v = random_codes((2, 4, 16, keys), torch.uint8, 2), random_codes((2, 4, keys, 8), torch.uint8, 3)
+    bias = torch.zeros(2, 1, 1, keys)
+    bias[1, ..., 11:] = torch.finfo(torch.float32).min
+    args = (q, 0.05, 128, bias, None, v, 0.02, 128, 0.02, 128)
+    taken = []
+    for name in ("exp_codes_bias", "exp_codes", "exp_codes_float"):
+        real = getattr(sm, name)
+        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    got = sm.cpu_softmax_matmul(*args)
+    assert taken == ["exp_codes_bias"] and (q.numel() >= sm.TABLE_MIN) == (keys == 512)
+    monkeypatch.setattr(sm, "exp_codes_bias", lambda *a: None)  # the float route: the same codes
+    expected = sm.cpu_softmax_matmul(*args)
+    assert torch.equal(got, expected) and int((got.int() - sm.softmax_matmul(*args).int()).abs().max()) <= 1
+
+
 @pytest.mark.parametrize("heads, route", [(2, "float"), (4, "table")])
 def test_a_masked_softmax_matmul_takes_the_table_route_from_its_own_threshold(monkeypatch, heads, route):
-    # 2 x heads x 32 x 32 scores: 2048 take the float route, 4096 (sm.TABLE_MIN) the table's; the same codes
+    # 2 x heads x 32 x 32 scores under a bool padding mask: 2048 take the float route, 4096 (sm.TABLE_MIN)
+    # the table's; the same codes
     g = torch.Generator().manual_seed(0)
     q = torch.randint(0, 256, (1, heads, 32, 32), dtype=torch.uint8, generator=g)
     v = torch.randint(0, 256, (1, heads, 32, 16), dtype=torch.uint8, generator=g)
-    mask = torch.zeros(1, 1, 1, 32)
-    mask[..., 20:] = -1e9  # padding
-    args = (q, 0.05, 128, mask, None, v, 0.02, 128, 0.02, 128)
+    mask = torch.zeros(1, 1, 1, 32, dtype=torch.bool)
+    mask[..., 20:] = True  # padding
+    args = (q, 0.05, 128, mask, NEG_INF, v, 0.02, 128, 0.02, 128)
     taken = []
     for name in ("exp_codes", "exp_codes_float"):
         real = getattr(sm, name)
