@@ -71,12 +71,11 @@ def _binary(kernel):
     def lower(ctx, members, resolve):  # a (op) b (+relu) on two int8 tensors
         call = canonical(members[0])
         a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
+        rescaled = rescale_by_constant(ctx, members, resolve) if kernel is _ops.mul else None
+        if rescaled is not None:  # x * c, c a number or a 0-dim constant
+            return rescaled
         if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
-            if len(members) != 1:
-                return None
-            return (kernel is _ops.mul and rescale_by_constant(ctx, members, resolve)) or lower_elementwise(
-                ctx, members, resolve
-            )
+            return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
         qa, qb = _qin(ctx, a), _qin(ctx, b)
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
             return None

@@ -33,6 +33,15 @@ def _positive_number(value: Any) -> Optional[float]:
     return float(value) if ok else None
 
 
+def _positive_constant(ctx, value: Any) -> Optional[float]:
+    """A number ``c > 0``, or the one held by a 0-dim float constant of the graph (GPT-2 divides its scores
+    by ``torch.full([], d ** 0.5)``, which torch.export and fold_constants keep as a constant)."""
+    tensor = ctx.attr(value) if isinstance(value, fx.Node) else None
+    if tensor is not None:
+        value = float(tensor) if tensor.dim() == 0 and tensor.is_floating_point() else None
+    return None if isinstance(value, fx.Node) else _positive_number(value)
+
+
 def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bool:
     observer = ctx.observers[node.meta[_meta.OBSERVER]] if node.meta.get(_meta.OBSERVER) in ctx.observers else None
     observer = getattr(observer, "activation_post_process", observer)  # a FakeQuantize's observer
@@ -43,16 +52,16 @@ def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bo
 
 
 def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
-    """``x * c`` or ``x / c`` for a number ``c > 0`` on int8 ``x``: the same codes on the grid
-    ``(scale * c, zero_point)``. No arithmetic and no rounding (attention's ``* d**-0.5`` costs nothing);
-    the op's own observer is not used. None for anything else."""
+    """``x * c`` or ``x / c`` for a number ``c > 0`` (or a 0-dim constant holding one) on int8 ``x``: the
+    same codes on the grid ``(scale * c, zero_point)``. No arithmetic and no rounding (attention's ``*
+    d**-0.5`` costs nothing); the op's own observer is not used. None for anything else."""
     if len(members) != 1:
         return None
     call = canonical(members[0])
     a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
-    if call.op == "mul" and not isinstance(a, fx.Node):
+    if call.op == "mul" and _positive_constant(ctx, a) is not None:
         a, b = b, a
-    factor = _positive_number(b)
+    factor = _positive_constant(ctx, b)
     if call.op == "div" and (call.args.get("rounding_mode") is not None or factor is None):
         return None
     x = _qin(ctx, a)

@@ -114,8 +114,9 @@ def _converted(op, batches):
 
 @pytest.mark.parametrize(
     "op, factor",
-    [(lambda y: y * 0.125, 0.125), (lambda y: 3 * y, 3.0), (lambda y: y / 4, 0.25), (lambda y: y.mul(0.5), 0.5)],
-    ids=["x*c", "c*x", "x/c", "x.mul(c)"],
+    [(lambda y: y * 0.125, 0.125), (lambda y: 3 * y, 3.0), (lambda y: y / 4, 0.25), (lambda y: y.mul(0.5), 0.5),
+     (lambda y: y / torch.full([], 4.0), 0.25), (lambda y: torch.full([], 0.5) * y, 0.5)],
+    ids=["x*c", "c*x", "x/c", "x.mul(c)", "x/full(c)", "full(c)*x"],  # GPT-2's scores / torch.full([], d ** 0.5)
 )
 def test_scaling_by_a_positive_number_rescales_the_grid(op, factor):
     # x * c for c > 0 is the same codes on the grid (scale * c, zero_point): no table, no rounding.
