@@ -48,7 +48,7 @@ from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
            "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds",
-           "row_out_scale", "conv_is_row", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
+           "row_out_scale", "conv_is_row", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
@@ -160,11 +160,11 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
 
 
-def _gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
-               **residual) -> bool:
-    """lucid_fx's GEMM of ``row`` (a native weight) on the rows ``q``'s storage holds, into ``out``'s
-    (:func:`lucid_fx.kernels.linear_native.gemm_into`)."""
-    return linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+def gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
+              **residual) -> bool:
+    """lucid_fx's GEMM of ``row`` on the rows ``q``'s storage holds, into ``out``'s
+    (:func:`lucid_fx.kernels.linear_native.gemm_into`); False (nothing written) where ``row`` has no native weight."""
+    return isinstance(row.weight, linear_native.PackedWeight) and linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
                                    0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish,
                                    **residual)
 
@@ -176,7 +176,7 @@ def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: floa
     calls a linear."""
     if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous():
         out = torch.empty((*q.shape[:-1], row.weight.n), dtype=dtype)
-        if _gemm_into(q, out, row, zp, low, high, dtype):
+        if gemm_into(q, out, row, zp, low, high, dtype):
             return out
     return linear_row(q.reshape(-1, q.shape[-1]), row, zp, low, high, dtype).view(*q.shape[:-1], -1)
 
@@ -191,7 +191,7 @@ def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: f
     if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last):
         out = torch.empty((n, row.weight.n, h, w), dtype=dtype,
                           memory_format=torch.channels_last if h * w > 1 else torch.contiguous_format)
-        if _gemm_into(q, out, row, zp, low, high, dtype):
+        if gemm_into(q, out, row, zp, low, high, dtype):
             return out
     out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
     return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
@@ -210,7 +210,7 @@ def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, oth
     if not (native_weight and q.is_contiguous(memory_format=torch.channels_last)
             and other.dtype == torch.uint8 and other.shape == out.shape
             and other.is_contiguous(memory_format=torch.channels_last)  # out's layout (any strides of size-1 dims)
-            and _gemm_into(q, out, row, zp, low, high, torch.uint8, accum=other, sum_scale=other_scale,
+            and gemm_into(q, out, row, zp, low, high, torch.uint8, accum=other, sum_scale=other_scale,
                            sum_zp=other_zp)):
         raise RuntimeError("lucid_fx: a program's 1x1 convolution with a residual met inputs other than those it was "
                            "built for (channels-last uint8 codes on lucid_fx's native GEMM): a bug in lucid_fx, please "

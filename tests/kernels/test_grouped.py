@@ -73,6 +73,24 @@ def test_the_cpu_s_kept_constants_and_its_per_call_linear_agree(monkeypatch):
     assert torch.equal(OPS.grouped_linear(qx, 0.02, 120, qw, ws, offs, 0.04, 100), kept)
 
 
+def test_the_cpu_s_experts_write_their_rows_in_place(native_on, monkeypatch):
+    # lucid_fx's GEMM writes each expert's rows into the result (no copy); a strided input takes the copy
+    qx, qw, ws = _case(4, rows=40, k=64, n=48)
+    offs = torch.tensor([0, 17, 30, 40])
+    expected = [OPS.linear(qx[a:b], 0.02, 120, qw[e], ws[e], None, 0.04, 100, "none", None)
+                for e, (a, b) in enumerate(zip([0, 0, 17, 30], [0, 17, 30, 40]))]
+    calls = []
+    real = grouped.lr.gemm_into
+    monkeypatch.setattr(grouped.lr, "gemm_into", lambda q, out, *a, **k: calls.append(q.shape[0]) or real(q, out, *a, **k))
+    out = grouped._cpu(qx, 0.02, 120, qw, ws, offs, 0.04, 100)
+    engine = grouped.lr.takes_row(grouped.cpu._cpu_target(), grouped.cpu._onednn_on(), "none", torch.uint8, 40, 48, 64)
+    assert calls == ([17, 13, 10] if engine else []) and torch.equal(out, torch.cat(expected))  # oneDNN's kinds: per call
+    calls.clear()
+    strided = torch.empty(40, 128, dtype=torch.uint8)[:, ::2]
+    strided.copy_(qx)
+    assert torch.equal(grouped._cpu(strided, 0.02, 120, qw, ws, offs, 0.04, 100), out) and calls == []
+
+
 @pytest.mark.parametrize(
     "offs, message",
     [
