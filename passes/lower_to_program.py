@@ -25,6 +25,7 @@ from torch import fx
 
 from lucid_fx.kernels.library import KERNELS, op_name
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
+from lucid_fx.passes.merge_program_views import merge_program_views
 from lucid_fx.rules.program_cpu import PROGRAM_RULES_CPU
 
 __all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES"]
@@ -169,6 +170,7 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     fold_signature_constants(program, values)
     builder = ProgramBuilder(program, device)
     builder.rewrite(PROGRAM_RULES.get(device, {}))
+    merge_program_views(program)
     _flat_attributes(program)
     program.graph.lint()
     program.recompile()
