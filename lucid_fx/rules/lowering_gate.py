@@ -132,7 +132,8 @@ def lower_gate_product(ctx, mul: fx.Node, a: Any, b: Any, qa: QValue, qb: QValue
     before the product rounded a third time (its output 36.1 -> 36.7 dB SQNR, benchmarks/int8_inference.py).
     A sigmoid on its fixed grid arrives as ``t = tanh(y / 2)`` (sigmoid = (1 + t) / 2): ``f * (1 + t)`` is
     one ``addcmul``, the halving goes into the grid. None leaves the product to the int8 kernel."""
-    fa, fb = _float_factor(ctx, mul, a, qa), _float_factor(ctx, mul, b, qb)
+    fa = _float_factor(ctx, mul, a, qa)
+    fb = fa if b is a else _float_factor(ctx, mul, b, qb)  # x * x: one float linear
     if fa is None or fb is None or (fa[1] and fb[1]):
         return None
     scale, zp, qdtype = ctx.qparams_of(mul)

@@ -162,3 +162,26 @@ def _float_result(qmodel, linear, xq):
     """The float32 result, no post-op, of the lucid_fx.linear ``linear`` of ``qmodel`` on the codes ``xq``."""
     args = [getattr(qmodel, a.target) if isinstance(a, torch.fx.Node) else a for a in linear.args[1:6]]
     return torch.ops.lucid_fx.linear(xq, *args, 1.0, 0, "none", torch.float32)
+
+
+class Squared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.value, self.out = nn.Linear(32, 64), nn.Linear(64, 8)
+
+    def forward(self, x):
+        t = torch.tanh(self.value(x))
+        return self.out(t * t)
+
+
+def test_a_gate_times_itself_reads_one_float_linear():
+    torch.manual_seed(0)
+    model = Squared()
+    _, qmodel = _converted(model)
+    floats = [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.linear" and n.args[9] is torch.float32
+              and n.args[8] == "tanh"]  # (out's float result aside)
+    (mul,) = [n for n in qmodel.graph.nodes if n.op == "call_function" and n.target is torch.mul]
+    assert len(floats) == 1 and mul.args == (floats[0], floats[0])
+    x = torch.randn(16, 32) * 2
+    with torch.no_grad():
+        assert _sqnr(model(x), qmodel(x)) > 30
