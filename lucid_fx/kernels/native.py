@@ -39,8 +39,7 @@ from lucid_fx.kernels import checks, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
-           "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes",
-           "requantize_scaled", "matmul_codes", "SOURCE"]
+           "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c")  # one library
