@@ -12,8 +12,9 @@ converted graph's ``node.meta[PLACEMENT]`` is the answer then. Read through
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx
@@ -52,6 +53,9 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.TABLE
     node, call = members[0], canonical(members[0])
     binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
+    constant = _scaling_constant(gm, call) if len(members) == 1 and rule in binary else None
+    if constant is not None:  # x * full([], c), x / full([], c): as x * c (rules/lowering_elementwise.py)
+        return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, constant) else Runs.SHARED
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
         return Runs.KERNEL
     number = next((v for v in (call.args.get("input"), call.args.get("other")) if not isinstance(v, fx.Node)), None)
@@ -59,6 +63,20 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
     # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
     return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, number) else Runs.SHARED
+
+
+def _scaling_constant(gm: fx.GraphModule, call: Any) -> Optional[float]:
+    """``c > 0`` of ``x * c`` or ``x / c`` where ``c`` is a 0-dim float constant of the graph (the divisor for
+    ``/``), else None."""
+    if call.op not in ("mul", "div") or call.args.get("rounding_mode") is not None:
+        return None
+    operands = [call.args.get("other")] if call.op == "div" else [call.args.get("input"), call.args.get("other")]
+    for value in operands:
+        if isinstance(value, fx.Node) and value.op == "get_attr":
+            tensor = functools.reduce(getattr, value.target.split("."), gm)
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point():
+                return _positive_number(float(tensor))
+    return None
 
 
 def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:

@@ -42,3 +42,25 @@ def test_prediction_before_convert_matches_what_convert_records():
     assert predicted["fc1"] == predicted["relu"] == Placement(Runs.KERNEL, "linear+relu", ("fc1", "relu"))
     _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
     assert report.placements == predicted
+
+
+class Scaled(nn.Module):
+    """Scores divided by a 0-dim constant (GPT-2's ``/ torch.full([], d ** 0.5)``) and multiplied by one."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) / torch.full([], 4.0) * torch.full([], 0.5)
+
+
+def test_a_0_dim_constant_scales_the_grid_in_the_prediction_as_in_convert():
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(Scaled().eval(), example_inputs=(torch.randn(2, 8),))
+    lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(3)], progress=False)
+    registry = lucid_fx.current_registry()
+    predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))
+    _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
+    assert report.placements == predicted
+    assert [(p.runs, p.why) for name, p in predicted.items() if name != "fc"] == [(Runs.SHARED, "div"), (Runs.SHARED, "mul")]
