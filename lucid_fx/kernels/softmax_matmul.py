@@ -48,7 +48,7 @@ from lucid_fx.kernels.softmax_native import table_keep
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
            "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "exp_codes_bias", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
-           "INT32_SUM", "TABLE_MIN"]
+           "INT32_SUM", "TABLE_MIN", "NEG_INF_TABLE_MIN"]
 
 #: The largest sum the native product's int32 holds.
 INT32_SUM = 2 ** 31 - 1
@@ -227,19 +227,29 @@ def torch_matmul_rows(e, e_zp: int, v, v_zp: int, rmult: torch.Tensor, zp: int, 
 #: A mask that is a bias (BERT's) takes :func:`exp_codes_bias` at every size: table / bias time 1.6 at
 #: 2048 scores, 1.25 at 16K, 1.06-1.14 at 64K, 0.95-1.16 from 512K to 1M.
 TABLE_MIN = 2 ** 12
+#: A bool mask with the fill -inf is a bias of 0 and -inf (the float route's floats, apply_mask): it takes
+#: :func:`exp_codes_bias` below this many scores, the table from it. Measured as above (three routes taking
+#: turns): table / bias time 0.85-2.0 at 2048 scores, 1.11-1.30 at 4096, 0.94-1.33 from 8K to 128K,
+#: 0.52-0.99 at 1M (transformers' BERT masks so, with a bool mask and -inf).
+NEG_INF_TABLE_MIN = 2 ** 17
 
 
 def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, plan=None):
     """The CPU kernel (and the program's call, with ``table`` and ``plan`` made once): ``e`` from the
     table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
-    ``masked_softmax``), from the codes and a mask that is a bias in one pass (:func:`exp_codes_bias`),
+    ``masked_softmax``), from the codes and a mask that is a bias (or a bool mask filling -inf, below
+    :data:`NEG_INF_TABLE_MIN` scores) in one pass (:func:`exp_codes_bias`),
     else in float32 (scores of another dtype than ``v``'s), then the product with one multiplier a row."""
     dtype = v.dtype
     e_zp, mult = torch.iinfo(dtype).min, v_scale / out_scale  # e's codes: 0..255 above the dtype's least
     keep = biased = None
     if mask is not None:
         check_mask(mask, fill)
-        biased = None if fill is not None else exp_codes_bias(q, zp, scale, mask, mult, e_zp, dtype)
+        if fill is None:
+            biased = exp_codes_bias(q, zp, scale, mask, mult, e_zp, dtype)
+        elif fill == float("-inf") and q.numel() < NEG_INF_TABLE_MIN:  # apply_mask's floats, -inf where masked
+            biased = exp_codes_bias(q, zp, scale, torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(mask, fill), mult, e_zp,
+                                    dtype)
         keep = None if biased is not None else table_keep(q, scale, mask, fill, -1, TABLE_MIN)
     if q.dtype == dtype and (mask is None or keep is not None):
         e, rmult = exp_codes(q, exp_table(scale) if table is None else table, keep, mult, e_zp, dtype)

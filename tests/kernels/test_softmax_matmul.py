@@ -251,16 +251,43 @@ def test_a_softmax_matmul_with_a_bias_mask_takes_the_bias_route_at_any_size(nati
     assert torch.equal(got, expected) and int((got.int() - sm.softmax_matmul(*args).int()).abs().max()) <= 1
 
 
+@pytest.mark.parametrize("heads, route", [(2, "bias"), (128, "table")])
+def test_a_bool_mask_filling_minus_inf_is_a_bias_below_its_threshold(native_on, monkeypatch, heads, route):
+    # transformers' BERT: a bool padding mask and -inf. 2 x 2 x 16 x 32 scores take the bias route (its
+    # floats are apply_mask's: 0 kept, -inf masked), 2 x 128 x 16 x 32 (sm.NEG_INF_TABLE_MIN) the table's
+    q = random_codes((2, heads, 16, 32), torch.uint8, 5)
+    v = random_codes((2, heads, 32, 8), torch.uint8, 6)
+    mask = torch.zeros(2, 1, 1, 32, dtype=torch.bool)
+    mask[0, ..., 20:] = True
+    mask[1] = True  # every key masked: the float route's rows of -inf, zero probabilities
+    args = (q, 0.05, 128, mask, NEG_INF, v, 0.02, 128, 0.02, 128)
+    taken = []
+    for name in ("exp_codes_bias", "exp_codes", "exp_codes_float"):
+        real = getattr(sm, name)
+        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    got = sm.cpu_softmax_matmul(*args)
+    assert taken == (["exp_codes_bias"] if route == "bias" else ["exp_codes"])
+    assert (q.numel() >= sm.NEG_INF_TABLE_MIN) == (route == "table")
+    monkeypatch.setattr(sm, "NEG_INF_TABLE_MIN", 0)
+    monkeypatch.setattr(sm, "TABLE_MIN", 10 ** 12)
+    floats = sm.cpu_softmax_matmul(*args)  # the float route: apply_mask, then the exponentials
+    assert taken[-1] == "exp_codes_float"
+    if route == "bias":
+        assert torch.equal(got, floats)
+    else:
+        assert int((got.int() - floats.int()).abs().max()) <= 1
+
+
 @pytest.mark.parametrize("heads, route", [(2, "float"), (4, "table")])
 def test_a_masked_softmax_matmul_takes_the_table_route_from_its_own_threshold(monkeypatch, heads, route):
-    # 2 x heads x 32 x 32 scores under a bool padding mask: 2048 take the float route, 4096 (sm.TABLE_MIN)
-    # the table's; the same codes
+    # 2 x heads x 32 x 32 scores under a bool padding mask filling -1e9: 2048 take the float route, 4096
+    # (sm.TABLE_MIN) the table's; the same codes
     g = torch.Generator().manual_seed(0)
     q = torch.randint(0, 256, (1, heads, 32, 32), dtype=torch.uint8, generator=g)
     v = torch.randint(0, 256, (1, heads, 32, 16), dtype=torch.uint8, generator=g)
     mask = torch.zeros(1, 1, 1, 32, dtype=torch.bool)
     mask[..., 20:] = True  # padding
-    args = (q, 0.05, 128, mask, NEG_INF, v, 0.02, 128, 0.02, 128)
+    args = (q, 0.05, 128, mask, -1e9, v, 0.02, 128, 0.02, 128)
     taken = []
     for name in ("exp_codes", "exp_codes_float"):
         real = getattr(sm, name)
