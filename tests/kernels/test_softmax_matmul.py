@@ -233,6 +233,15 @@ def test_the_bias_route_declines_what_its_kernel_does_not_take(native_on):
     assert sm.exp_codes_bias(q, 0, 0.1, bias, 1.0, -128, torch.int8) is None  # codes not of the dtype
 
 
+def _routes_taken(monkeypatch) -> list:
+    """The exponentials' routes cpu_softmax_matmul calls, in order (each still runs)."""
+    taken = []
+    for name in ("exp_codes_bias", "exp_codes", "exp_codes_float"):
+        real = getattr(sm, name)
+        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    return taken
+
+
 @pytest.mark.parametrize("keys", [16, 512])
 def test_a_softmax_matmul_with_a_bias_mask_takes_the_bias_route_at_any_size(native_on, monkeypatch, keys):
     # 2048 scores, and 65536 (past sm.TABLE_MIN, where a bool mask takes the table route)
@@ -240,10 +249,7 @@ def test_a_softmax_matmul_with_a_bias_mask_takes_the_bias_route_at_any_size(nati
     bias = torch.zeros(2, 1, 1, keys)
     bias[1, ..., 11:] = torch.finfo(torch.float32).min
     args = (q, 0.05, 128, bias, None, v, 0.02, 128, 0.02, 128)
-    taken = []
-    for name in ("exp_codes_bias", "exp_codes", "exp_codes_float"):
-        real = getattr(sm, name)
-        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    taken = _routes_taken(monkeypatch)
     got = sm.cpu_softmax_matmul(*args)
     assert taken == ["exp_codes_bias"] and (q.numel() >= sm.TABLE_MIN) == (keys == 512)
     monkeypatch.setattr(sm, "exp_codes_bias", lambda *a: None)  # the float route: the same codes
@@ -261,10 +267,7 @@ def test_a_bool_mask_filling_minus_inf_is_a_bias_below_its_threshold(native_on, 
     mask[0, ..., 20:] = True
     mask[1] = True  # every key masked: the float route's rows of -inf, zero probabilities
     args = (q, 0.05, 128, mask, NEG_INF, v, 0.02, 128, 0.02, 128)
-    taken = []
-    for name in ("exp_codes_bias", "exp_codes", "exp_codes_float"):
-        real = getattr(sm, name)
-        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    taken = _routes_taken(monkeypatch)
     got = sm.cpu_softmax_matmul(*args)
     assert taken == (["exp_codes_bias"] if route == "bias" else ["exp_codes"])
     assert (q.numel() >= sm.NEG_INF_TABLE_MIN) == (route == "table")
@@ -288,10 +291,7 @@ def test_a_masked_softmax_matmul_takes_the_table_route_from_its_own_threshold(mo
     mask = torch.zeros(1, 1, 1, 32, dtype=torch.bool)
     mask[..., 20:] = True  # padding
     args = (q, 0.05, 128, mask, -1e9, v, 0.02, 128, 0.02, 128)
-    taken = []
-    for name in ("exp_codes", "exp_codes_float"):
-        real = getattr(sm, name)
-        monkeypatch.setattr(sm, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    taken = _routes_taken(monkeypatch)
     got = sm.cpu_softmax_matmul(*args)
     assert taken == ["exp_codes" if route == "table" else "exp_codes_float"]
     assert (q.numel() >= sm.TABLE_MIN) == (route == "table") and sm.TABLE_MIN < softmax_native.TABLE_MIN
