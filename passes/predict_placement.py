@@ -12,7 +12,6 @@ converted graph's ``node.meta[PLACEMENT]`` is the answer then. Read through
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,7 +27,7 @@ from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
-from lucid_fx.rules.lowering_elementwise import _positive_number
+from lucid_fx.rules.lowering_elementwise import _positive_number, scalar_constant
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
@@ -71,12 +70,8 @@ def _scaling_constant(gm: fx.GraphModule, call: Any) -> Optional[float]:
     if call.op not in ("mul", "div") or call.args.get("rounding_mode") is not None:
         return None
     operands = [call.args.get("other")] if call.op == "div" else [call.args.get("input"), call.args.get("other")]
-    for value in operands:
-        if isinstance(value, fx.Node) and value.op == "get_attr":
-            tensor = functools.reduce(getattr, value.target.split("."), gm)
-            if isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point():
-                return _positive_number(float(tensor))
-    return None
+    constants = [scalar_constant(gm, v) for v in operands if isinstance(v, fx.Node)]
+    return next((_positive_number(c) for c in constants if c is not None), None)
 
 
 def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -> bool:

@@ -38,7 +38,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels.attention import apply_mask, check_mask
+from lucid_fx.kernels.attention import apply_mask, as_bias, check_mask
 from lucid_fx.kernels.codes import finish
 from lucid_fx.kernels.matmul_native import matmul_plan
 from lucid_fx.kernels.native import _function
@@ -48,7 +48,7 @@ from lucid_fx.kernels.softmax_native import table_keep
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
            "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "exp_codes_bias", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
-           "INT32_SUM", "TABLE_MIN", "NEG_INF_TABLE_MIN"]
+           "INT32_SUM", "TABLE_MIN", "BIAS_TABLE_MIN"]
 
 #: The largest sum the native product's int32 holds.
 INT32_SUM = 2 ** 31 - 1
@@ -218,39 +218,38 @@ def torch_matmul_rows(e, e_zp: int, v, v_zp: int, rmult: torch.Tensor, zp: int, 
     return requantize_codes(y, zp, low, high, dtype).contiguous()
 
 
-#: Scores from which a softmax_matmul masked by a bool mask and a fill takes the table route
+#: Scores from which a softmax_matmul masked by a bool mask and a finite fill takes the table route
 #: (softmax_native.table_keep). Its float route is one native pass but still a float32 copy of the scores,
 #: and the table's exponentials feed the product directly. Measured on the AVX512-VNNI EPYC (one thread,
 #: the routes taking turns, a padding mask over half the keys, 64-wide values), table / float time: 1.07-1.10
 #: at 2048 scores (2x4x16x16), 0.91-0.97 at 4096, 0.74-0.85 at 8192, 0.44-0.65 from 16K to 64K; with the
-#: vectorized exponentials (2026-12-03) 0.84-1.01 at 2048 and 0.76-0.95 from 4096 to 1M; the same codes.
-#: A mask that is a bias (BERT's) takes :func:`exp_codes_bias` at every size: table / bias time 1.6 at
-#: 2048 scores, 1.25 at 16K, 1.06-1.14 at 64K, 0.95-1.16 from 512K to 1M.
+#: vectorized exponentials (2026-12-03) 0.84-1.01 at 2048, 0.75-1.03 at 4096, 0.88-0.95 from 8K to 64K,
+#: 0.76-1.13 from 128K to 1M; the same codes.
 TABLE_MIN = 2 ** 12
-#: A bool mask with the fill -inf is a bias of 0 and -inf (the float route's floats, apply_mask): it takes
-#: :func:`exp_codes_bias` below this many scores, the table from it. Measured as above (three routes taking
-#: turns): table / bias time 0.85-2.0 at 2048 scores, 1.11-1.30 at 4096, 0.94-1.33 from 8K to 128K,
-#: 0.52-0.99 at 1M (transformers' BERT masks so, with a bool mask and -inf).
-NEG_INF_TABLE_MIN = 2 ** 17
+#: Scores from which a mask that is a bias (BERT's ``(1 - mask) * finfo.min``), or a bool mask filling -inf
+#: (a bias of 0 and -inf, :func:`~lucid_fx.kernels.attention.as_bias`: transformers' BERT), takes the table
+#: route where the mask allows it; below it, and where it does not (ALiBi), :func:`exp_codes_bias`. Measured
+#: as above, table / bias time, two runs each: a bias 1.52-1.62 at 2048-4096 scores, 1.25-1.43 at 8K-16K,
+#: 0.97-1.18 at 32K-64K, 0.74-1.45 at 128K, 0.63-1.16 from 512K to 1M; a bool mask filling -inf 0.85-2.0
+#: at 2048, 0.94-1.33 from 4096 to 128K, 0.52-0.99 at 1M.
+BIAS_TABLE_MIN = 2 ** 17
 
 
 def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, plan=None):
     """The CPU kernel (and the program's call, with ``table`` and ``plan`` made once): ``e`` from the
     table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
-    ``masked_softmax``), from the codes and a mask that is a bias (or a bool mask filling -inf, below
-    :data:`NEG_INF_TABLE_MIN` scores) in one pass (:func:`exp_codes_bias`),
-    else in float32 (scores of another dtype than ``v``'s), then the product with one multiplier a row."""
+    ``masked_softmax``), from the codes and a mask that is a bias (or a bool mask filling -inf) in one
+    pass (:func:`exp_codes_bias`; :data:`BIAS_TABLE_MIN` says which), else in float32 (scores of another
+    dtype than ``v``'s), then the product with one multiplier a row."""
     dtype = v.dtype
     e_zp, mult = torch.iinfo(dtype).min, v_scale / out_scale  # e's codes: 0..255 above the dtype's least
     keep = biased = None
     if mask is not None:
         check_mask(mask, fill)
-        if fill is None:
-            biased = exp_codes_bias(q, zp, scale, mask, mult, e_zp, dtype)
-        elif fill == float("-inf") and q.numel() < NEG_INF_TABLE_MIN:  # apply_mask's floats, -inf where masked
-            biased = exp_codes_bias(q, zp, scale, torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(mask, fill), mult, e_zp,
-                                    dtype)
-        keep = None if biased is not None else table_keep(q, scale, mask, fill, -1, TABLE_MIN)
+        is_bias = fill is None or fill == float("-inf")
+        keep = table_keep(q, scale, mask, fill, -1, BIAS_TABLE_MIN if is_bias else TABLE_MIN)
+        if keep is None and is_bias:  # apply_mask's floats, made in the pass
+            biased = exp_codes_bias(q, zp, scale, mask if fill is None else as_bias(mask), mult, e_zp, dtype)
     if q.dtype == dtype and (mask is None or keep is not None):
         e, rmult = exp_codes(q, exp_table(scale) if table is None else table, keep, mult, e_zp, dtype)
     elif biased is not None:

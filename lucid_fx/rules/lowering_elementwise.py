@@ -4,6 +4,7 @@ scaled by ``c``). Entries in :data:`lucid_fx.rules.lowering.LOWERINGS`."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional
 
@@ -17,7 +18,7 @@ from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_gate import lower_gate
 
-__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant"]
+__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant", "scalar_constant"]
 
 _ops = torch.ops.lucid_fx
 
@@ -33,13 +34,18 @@ def _positive_number(value: Any) -> Optional[float]:
     return float(value) if ok else None
 
 
+def scalar_constant(module: Any, value: Any) -> Any:
+    """``value`` where it is no node; the number a 0-dim float constant of ``module`` (a ``get_attr``) holds
+    (GPT-2 divides its scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
+    if not isinstance(value, fx.Node):
+        return value
+    tensor = functools.reduce(getattr, value.target.split("."), module) if value.op == "get_attr" else None
+    ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
+    return float(tensor) if ok else None
+
+
 def _positive_constant(ctx, value: Any) -> Optional[float]:
-    """A number ``c > 0``, or the one held by a 0-dim float constant of the graph (GPT-2 divides its scores
-    by ``torch.full([], d ** 0.5)``, which torch.export and fold_constants keep as a constant)."""
-    tensor = ctx.attr(value) if isinstance(value, fx.Node) else None
-    if tensor is not None:
-        value = float(tensor) if tensor.dim() == 0 and tensor.is_floating_point() else None
-    return None if isinstance(value, fx.Node) else _positive_number(value)
+    return _positive_number(scalar_constant(ctx.prepared, value))
 
 
 def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bool:

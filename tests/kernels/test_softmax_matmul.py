@@ -242,43 +242,39 @@ def _routes_taken(monkeypatch) -> list:
     return taken
 
 
-@pytest.mark.parametrize("keys", [16, 512])
-def test_a_softmax_matmul_with_a_bias_mask_takes_the_bias_route_at_any_size(native_on, monkeypatch, keys):
-    # 2048 scores, and 65536 (past sm.TABLE_MIN, where a bool mask takes the table route)
-    q, v = random_codes((2, 4, 16, keys), torch.uint8, 2), random_codes((2, 4, keys, 8), torch.uint8, 3)
-    bias = torch.zeros(2, 1, 1, keys)
-    bias[1, ..., 11:] = torch.finfo(torch.float32).min
-    args = (q, 0.05, 128, bias, None, v, 0.02, 128, 0.02, 128)
-    taken = _routes_taken(monkeypatch)
-    got = sm.cpu_softmax_matmul(*args)
-    assert taken == ["exp_codes_bias"] and (q.numel() >= sm.TABLE_MIN) == (keys == 512)
-    monkeypatch.setattr(sm, "exp_codes_bias", lambda *a: None)  # the float route: the same codes
-    expected = sm.cpu_softmax_matmul(*args)
-    assert torch.equal(got, expected) and int((got.int() - sm.softmax_matmul(*args).int()).abs().max()) <= 1
+def _mask(kind: str) -> tuple:
+    """(mask, fill) over 32 keys of 2 images: padding in the first, the second masked everywhere (a bool
+    mask) or not at all (an ALiBi-like bias, which no table takes)."""
+    if kind == "alibi":
+        return -0.1 * torch.arange(32.0).expand(2, 1, 1, 32), None
+    keep = torch.ones(2, 1, 1, 32, dtype=torch.bool)
+    keep[0, ..., 20:] = False
+    if kind == "bool -inf":  # transformers' BERT
+        keep[1] = False
+        return ~keep, NEG_INF
+    return torch.zeros(2, 1, 1, 32).masked_fill_(~keep, torch.finfo(torch.float32).min), None  # BERT-like
 
 
-@pytest.mark.parametrize("heads, route", [(2, "bias"), (128, "table")])
-def test_a_bool_mask_filling_minus_inf_is_a_bias_below_its_threshold(native_on, monkeypatch, heads, route):
-    # transformers' BERT: a bool padding mask and -inf. 2 x 2 x 16 x 32 scores take the bias route (its
-    # floats are apply_mask's: 0 kept, -inf masked), 2 x 128 x 16 x 32 (sm.NEG_INF_TABLE_MIN) the table's
-    q = random_codes((2, heads, 16, 32), torch.uint8, 5)
-    v = random_codes((2, heads, 32, 8), torch.uint8, 6)
-    mask = torch.zeros(2, 1, 1, 32, dtype=torch.bool)
-    mask[0, ..., 20:] = True
-    mask[1] = True  # every key masked: the float route's rows of -inf, zero probabilities
-    args = (q, 0.05, 128, mask, NEG_INF, v, 0.02, 128, 0.02, 128)
+@pytest.mark.parametrize("kind", ["bias", "bool -inf", "alibi"])
+@pytest.mark.parametrize("heads", [2, 128])
+def test_a_mask_that_is_a_bias_takes_the_bias_pass_below_its_threshold(native_on, monkeypatch, kind, heads):
+    # 2 x heads x 16 x 32 scores: 2048 take the bias pass, 131072 (sm.BIAS_TABLE_MIN) the table where the
+    # mask allows it; the bias pass's codes are the float route's bit for bit, the table's within a step
+    q, v = random_codes((2, heads, 16, 32), torch.uint8, 5), random_codes((2, heads, 32, 8), torch.uint8, 6)
+    mask, fill = _mask(kind)
+    args = (q, 0.05, 128, mask, fill, v, 0.02, 128, 0.02, 128)
     taken = _routes_taken(monkeypatch)
     got = sm.cpu_softmax_matmul(*args)
-    assert taken == (["exp_codes_bias"] if route == "bias" else ["exp_codes"])
-    assert (q.numel() >= sm.NEG_INF_TABLE_MIN) == (route == "table")
-    monkeypatch.setattr(sm, "NEG_INF_TABLE_MIN", 0)
-    monkeypatch.setattr(sm, "TABLE_MIN", 10 ** 12)
+    table = q.numel() >= sm.BIAS_TABLE_MIN and kind != "alibi"
+    assert taken == (["exp_codes"] if table else ["exp_codes_bias"]) and (q.numel() >= sm.BIAS_TABLE_MIN) == (heads == 128)
+    monkeypatch.setattr(sm, "exp_codes_bias", lambda *a: None)
+    monkeypatch.setattr(sm, "BIAS_TABLE_MIN", 10 ** 12)
     floats = sm.cpu_softmax_matmul(*args)  # the float route: apply_mask, then the exponentials
     assert taken[-1] == "exp_codes_float"
-    if route == "bias":
-        assert torch.equal(got, floats)
-    else:
+    if table:
         assert int((got.int() - floats.int()).abs().max()) <= 1
+    else:
+        assert torch.equal(got, floats)
 
 
 @pytest.mark.parametrize("heads, route", [(2, "float"), (4, "table")])
