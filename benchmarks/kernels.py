@@ -2,8 +2,9 @@
 
     python benchmarks/kernels.py [--rounds 5] [--threads 2]
 
-Shapes: linear with K = N = 1024 at M = 1024 and M = 64, and a 3x3 convolution of 64 channels
-on 1x64x56x56 (ResNet-18's first stage). Weights are int8 on ``weight_quant_range("cpu")``,
+Shapes: linear with K = N = 1024 at M = 1024 and M = 64, a 3x3 convolution of 64 channels
+on 1x64x56x56 (ResNet-18's first stage), and the float-to-uint8 boundary (a program's quantize) of
+64x1024 and 8x64x56x56 floats against torch's quantize_per_tensor (values per second). Weights are int8 on ``weight_quant_range("cpu")``,
 activations uint8 with a zero point of 128, output uint8. Each number is the median of
 ``--rounds`` timed calls after one warm-up call (which also packs the weight, so packing is
 not timed). GOPS counts 2 operations per multiply-accumulate.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 from typing import Callable, List, Tuple
 
 import torch
@@ -77,6 +79,16 @@ def conv_rows(rounds: int) -> List[Tuple[str, float]]:
     return rows
 
 
+def quantize_rows(shape: Tuple[int, ...], rounds: int) -> List[Tuple[str, float]]:
+    from lucid_fx.kernels import native
+
+    x = torch.randn(shape)
+    with warnings.catch_warnings():  # torch's quint8 tensors are deprecated: the peer's kernel, timed only
+        warnings.simplefilter("ignore")
+        return [("lucid_fx native quantize", median_seconds(lambda: native.quantize_codes(x, 20.0, 128, 0, 255, torch.uint8), rounds)),
+                ("torch.quantize_per_tensor", median_seconds(lambda: torch.quantize_per_tensor(x, 0.05, 128, torch.quint8), rounds))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -95,6 +107,11 @@ def main() -> None:
     macs = 56 * 56 * 64 * 64 * 9
     for label, seconds in conv_rows(args.rounds):
         print(f"{'conv 64->64 3x3 56x56':<22} {label:<36} {seconds * 1e3:>9.2f} {2 * macs / seconds / 1e9:>8.1f}")
+    for shape in ((64, 1024), (8, 64, 56, 56)):
+        values = torch.Size(shape).numel()
+        for label, seconds in quantize_rows(shape, args.rounds):
+            name = "quantize " + "x".join(map(str, shape))
+            print(f"{name:<22} {label:<36} {seconds * 1e3:>9.3f} {values / seconds / 1e9:>8.2f} Gvalues/s")
 
 
 if __name__ == "__main__":

@@ -184,8 +184,8 @@ GLOBAL_AVG_POOL(lucid_global_avg_pool_int8, int8_t)
                 out[r * cols + j] = FINISH(y);                                                     \
             }                                                                                      \
     }
-#define CLAMPED(v) ((v) >= low ? ((v) <= high ? (v) : high) : low)
-#define TO_CODE(y) (int32_t)__builtin_rintf(CLAMPED((y) * inv_out + (float)zp)) /* two roundings: no FMA */
+#define CLAMPED(v) ((v) >= low ? ((v) <= high ? (v) : high) : low) /* float results: the sign of a zero kept */
+#define TO_CODE(y) (int32_t)__builtin_rintf(CLAMP_HI(CLAMP_LO((y) * inv_out + (float)zp, low), high)) /* two roundings: no FMA */
 
 ROW_EPILOGUE(lucid_row_epilogue_uint8, uint8_t, TO_CODE)
 ROW_EPILOGUE(lucid_row_epilogue_int8, int8_t, TO_CODE)
