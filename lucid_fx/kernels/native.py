@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import platform
 import shlex
 import shutil
 from pathlib import Path
@@ -49,11 +48,6 @@ HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources inc
 # -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
 # which round once where the torch kernels round twice.
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
-# Under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN runs its AVX2 kernels on any x86 CPU; the library then leaves out AVX-512
-# and AVX-VNNI too (tests/kernels/conftest.py's "no AVX-512" build), so its kernels are an AVX2 CPU's, and where
-# they copy oneDNN's float steps they copy those of the kernels oneDNN runs (built with AVX-512 on a VNNI CPU,
-# the native engine's hardswish took other float steps than oneDNN's AVX2 convolution: 1 ulp apart).
-AVX2_CAP = ("-mno-avx512f", "-mno-avxvnni")
 check_finite = True  # count NaN/±inf in the quantize pass (benchmarks/nonfinite_check.py turns it off to measure it)
 
 _P, _I64, _I32, _F, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double
@@ -103,7 +97,7 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found (set LUCID_FX_CC or CC): the torch kernels run"
-    with native_build.built(cc, _flags(), SOURCES, HEADERS) as (so, how):
+    with native_build.built(cc, native_build.capped(FLAGS), SOURCES, HEADERS) as (so, how):
         if so is None:
             return None, how
         try:
@@ -112,14 +106,6 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
             if so.parent == native_build.cache_dir():
                 so.unlink(missing_ok=True)
             return None, f"{so} did not load ({error}): the torch kernels run"
-
-
-def _flags() -> Tuple[Tuple[str, ...], ...]:
-    """FLAGS, without AVX-512 and AVX-VNNI where oneDNN is capped at AVX2 on an x86 CPU (:data:`AVX2_CAP`)."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
-    if cap == "AVX2" and platform.machine().lower() in ("x86_64", "amd64") and "-march=native" in FLAGS[0]:
-        return (FLAGS[0] + AVX2_CAP, *FLAGS[1:])
-    return FLAGS
 
 
 def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:

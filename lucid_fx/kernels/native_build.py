@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["cache_dir", "is_private", "library_key", "built", "KEEP"]
+__all__ = ["cache_dir", "is_private", "library_key", "built", "capped", "AVX2_CAP", "KEEP"]
 
 
 def is_private(path: Path) -> bool:
@@ -71,6 +71,23 @@ def _machine() -> List[str]:
         lines = []
     fields = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU part")
     return [platform.machine(), platform.processor(), *dict.fromkeys(line for line in lines if line.startswith(fields))]
+
+
+# Under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN runs its AVX2 kernels on any x86 CPU; the library then leaves out AVX-512
+# and AVX-VNNI too (tests/kernels/conftest.py's "no AVX-512" build), so its kernels are an AVX2 CPU's, and where
+# they copy oneDNN's float steps they copy those of the kernels oneDNN runs (built with AVX-512 on a VNNI CPU,
+# the native engine's hardswish took other float steps than oneDNN's AVX2 convolution: 1 ulp apart).
+AVX2_CAP = ("-mno-avx512f", "-mno-avxvnni")
+
+
+def capped(flag_sets: Sequence[Sequence[str]]) -> Tuple[Tuple[str, ...], ...]:
+    """``flag_sets``, the first (``-march=native``) without AVX-512 and AVX-VNNI where oneDNN is capped at AVX2
+    on an x86 CPU (:data:`AVX2_CAP`)."""
+    sets = tuple(tuple(f) for f in flag_sets)
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
+    if sets and cap == "AVX2" and platform.machine().lower() in ("x86_64", "amd64") and "-march=native" in sets[0]:
+        return (sets[0] + AVX2_CAP, *sets[1:])
+    return sets
 
 
 def library_key(cc: str, flags: Sequence[str], files: Sequence[Path]) -> str:

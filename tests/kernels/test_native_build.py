@@ -141,7 +141,7 @@ def test_a_kept_library_that_does_not_load_is_dropped_and_said(setup, monkeypatc
     cache, _, _, cc = setup
     monkeypatch.setenv("LUCID_FX_CC", "cc")
     monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
-    key = native_build.library_key("cc", native._flags()[0], [*native.SOURCES, *native.HEADERS])
+    key = native_build.library_key("cc", native_build.capped(native.FLAGS)[0], [*native.SOURCES, *native.HEADERS])
     broken = cache / f"native-{key}.so"
     cache.mkdir(mode=0o700)
     broken.write_bytes(b"\x7fELF cut short")
@@ -158,13 +158,13 @@ def test_a_kept_library_that_does_not_load_is_dropped_and_said(setup, monkeypatc
 def test_the_library_is_an_avx2_cpu_s_where_onednn_is_capped_at_avx2(monkeypatch, cap, machine, capped):
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-    monkeypatch.setattr(native.platform, "machine", lambda: machine)
+    monkeypatch.setattr(native_build.platform, "machine", lambda: machine)
     first = (*native.FLAGS[0], "-mno-avx512f", "-mno-avxvnni") if capped else native.FLAGS[0]
-    assert native._flags() == (first, *native.FLAGS[1:])
+    assert native_build.capped(native.FLAGS) == (first, *native.FLAGS[1:])
 
 
 def test_onednn_s_older_variable_caps_the_library_too(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
-    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
-    assert native._flags()[0][-2:] == ("-mno-avx512f", "-mno-avxvnni")
+    monkeypatch.setattr(native_build.platform, "machine", lambda: "x86_64")
+    assert native_build.capped(native.FLAGS)[0][-2:] == ("-mno-avx512f", "-mno-avxvnni")
