@@ -111,9 +111,17 @@ def _grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * math.prod(out_shape) // per_group * a_shape[-1]
 
 
+def _rnn_layer(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    """One layer and direction of nn.LSTM on the CPU (oneDNN's): each step's input and hidden state times
+    their gates' weights, (G*H, I) and (G*H, H), for every one of the T*B positions."""
+    return 2 * math.prod(input_shape[:-1]) * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
+
+
 # torch's table has the CUDA attention kernels only (scaled_dot_product_attention on CPU runs this
-# one), and no grouped product (Mixtral's experts under transformers: torch._grouped_mm).
-_CPU_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa, torch.ops.aten._grouped_mm: _grouped_mm}
+# one), no grouped product (Mixtral's experts under transformers: torch._grouped_mm), and not the CPU's
+# LSTM layer (nn.GRU and nn.RNN decompose into matrix products it counts).
+_CPU_KERNELS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa, torch.ops.aten._grouped_mm: _grouped_mm,
+                torch.ops.aten.mkldnn_rnn_layer: _rnn_layer}
 
 
 @contextlib.contextmanager
@@ -136,9 +144,12 @@ def counting_module_flops(root: nn.Module) -> Iterator[Dict[str, int]]:
     hooks = []
     for path, module in root.named_modules():
         hooks += [module.register_forward_pre_hook(before(path)), module.register_forward_hook(after(path))]
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention's fused kernel has no formula: 0 FLOPs
     try:
         with counter:
             yield counts
     finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
         for hook in hooks:
             hook.remove()

@@ -100,6 +100,10 @@ class ConvertReport:
                 continue
             kind = kind or ("op" if p.why.startswith(_NO_RULE) else "kept")
             regions.append(FloatRegion(kind, name, p.why, sum(self.flops.get(m, 0) for m in p.members)))
+        for name, (kind, called) in self.opaque.items():  # a call whose outputs are a tuple (nn.LSTM's), no float tensor
+            placed = self.placements.get(name)
+            if (placed is None or placed.runs is Runs.NOT_TENSOR) and called not in self.float_modules:
+                regions.append(FloatRegion(kind, name, f"no lowering rule for {called}", self.flops.get(name, 0)))
         return regions
 
     @property

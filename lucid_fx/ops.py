@@ -205,6 +205,13 @@ OP_DEFS: List[OpDef] = [
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
+    OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
+    OpDef("pixel_shuffle", ("input", "upscale_factor"), modules={nn.PixelShuffle: _attrs(upscale_factor="upscale_factor")},
+          tags=frozenset({Tag.MOVES_CODES})),  # super-resolution's sub-pixel convolution
+    OpDef("pixel_unshuffle", ("input", "downscale_factor"),
+          modules={nn.PixelUnshuffle: _attrs(downscale_factor="downscale_factor")}, tags=frozenset({Tag.MOVES_CODES})),
+    OpDef("channel_shuffle", ("input", "groups"), modules={nn.ChannelShuffle: _attrs(groups="groups")},
+          tags=frozenset({Tag.MOVES_CODES})),  # ShuffleNet's, as torch's module
     OpDef("size", ("input", "dim"), derive=False),
 ]
 

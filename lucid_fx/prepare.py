@@ -25,7 +25,7 @@ from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
-from lucid_fx.passes.trace_model import TraceOptions, Untraceable, trace_model
+from lucid_fx.passes.trace_model import TRACED_THROUGH, TraceOptions, Untraceable, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
 from lucid_fx.quantization.qconfig import QConfigMapping, get_default_qat_qconfig_mapping, get_default_qconfig_mapping
 from lucid_fx.registry import Registry, current_registry
@@ -112,6 +112,8 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: Capture, report
             report.captures[ctx.path] = f"float (torch.fx: {result.untraceable[-1].error}; {exc})"
     if gm is None:
         report.captures.setdefault(ctx.path, f"float (torch.fx: {result.untraceable[-1].error})")
+        if isinstance(model, TRACED_THROUGH):  # torch's attention calls no child as a module: one float leaf
+            return model
         # The module's own forward cannot be traced: keep it as Python glue, one level down.
         children = [name for name, _ in model.named_children()]
         capture.calls([f"{ctx.path}.{name}" if ctx.path else name for name in children])

@@ -190,6 +190,62 @@ def test_auto_exports_each_child_fx_cannot_trace_and_names_the_one_neither_captu
     assert sqnr(model(x), qmodel(x)) >= 25.0
 
 
+class TorchEncoder(nn.Module):
+    """torch's own transformer modules, as a user writes them: nn.TransformerEncoder (its layers' fast path
+    branches on the input), and nn.MultiheadAttention called with a padding mask."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.attn, self.head = nn.MultiheadAttention(dim, 4, batch_first=True), nn.Linear(dim, 3)
+
+    def forward(self, x, padding):
+        h = self.encoder(x, src_key_padding_mask=padding)
+        a, _ = self.attn(h, h, h, key_padding_mask=padding, need_weights=False)
+        return self.head(a + h)
+
+
+def _torch_encoder_batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    padding = torch.zeros(2, 12, dtype=torch.bool)
+    padding[1, 9:] = True
+    return torch.randn(2, 12, 32, generator=g), padding
+
+
+def test_torch_transformer_modules_are_traced_through_and_run_in_int8():
+    torch.manual_seed(0)
+    model = TorchEncoder().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=_torch_encoder_batch(0))
+    assert prepared.lucid_fx_report.captures == {"": "fx", "encoder": "export", "attn": "export"}
+    lucid_fx.calibrate(prepared, [_torch_encoder_batch(s) for s in range(8)], progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    report = qmodel.lucid_fx_convert_report
+    assert report.int8_flop_share == 1.0 and "float leaf module" not in str(report)
+    # 2 layers x (4 projections, 2 feed-forward linears, 2 attention matmuls), the second attention's 6, the head
+    assert str(report).startswith("backend cpu: ") and int(str(report).split()[2]) >= 23
+    with torch.no_grad():
+        for seed in (100, 101):
+            x, padding = _torch_encoder_batch(seed)
+            assert sqnr(model(x, padding), qmodel(x, padding)) >= 30.0
+
+
+def test_torch_transformer_modules_stay_float_leaves_under_fx_capture_or_when_asked():
+    model, batch = TorchEncoder().eval(), _torch_encoder_batch(0)
+    cases = [({"capture": "fx"}, "float module: {} ({}) at "),  # fx cannot trace them: named with the trace error
+             ({"leaf_modules": [nn.TransformerEncoder, nn.MultiheadAttention]}, "float leaf module: {} (no lowering rule")]
+    for options, line in cases:
+        prepared = lucid_fx.prepare(model, example_inputs=batch, **options)
+        lucid_fx.calibrate(prepared, [batch], progress=False)
+        report = lucid_fx.convert(prepared).lucid_fx_convert_report
+        for name, cls in (("encoder", "TransformerEncoder"), ("attn", "MultiheadAttention")):
+            assert line.format(name, cls) in str(report), str(report)
+        # their FLOPs are counted (the attention's fused fast path is off while prepare counts): the head alone is int8
+        flops = {r.name: r.flops for r in report.float_regions}
+        assert flops["attn"] == 2 * 2 * 12 * 32 * 32 * 4 + 2 * 2 * (2 * 12 * 12 * 32), flops  # 4 projections, 2 matmuls
+        assert report.int8_flop_share < 0.01, str(report)
+
+
 def test_forced_export_that_fails_names_the_module():
     with pytest.raises(ExportFailure, match=r"torch.export cannot capture <root> \(DataDependent\)"):
         lucid_fx.prepare(DataDependent().eval(), example_inputs=(torch.randn(2, 8),), capture="export")

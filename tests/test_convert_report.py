@@ -2,6 +2,7 @@
 float region with its reason, and the share of matrix FLOPs in int8, checked against a hand count
 and against torch's own FLOP counter."""
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -169,3 +170,27 @@ def test_grouped_products_that_stay_float_count_and_show():
     with counting_module_flops(model) as measured, torch.no_grad():
         model(x, offsets)
     assert measured[""] == router + grouped + out
+
+
+class Recurrent(nn.Module):
+    def __init__(self, cell: type):
+        super().__init__()
+        self.embed, self.rnn, self.head = nn.Embedding(50, 16), cell(16, 32, batch_first=True), nn.Linear(32, 4)
+
+    def forward(self, ids):
+        out, _ = self.rnn(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("cell,gates", [(nn.LSTM, 4), (nn.GRU, 3), (nn.RNN, 1)])
+def test_a_recurrent_layer_left_float_is_counted_and_named(cell, gates):
+    """nn.LSTM returns a tuple, so its node gets no decision: the report listed no float region and, with
+    oneDNN's LSTM layer uncounted by torch's FLOP counter, said 100% in int8 while it ran in float."""
+    torch.manual_seed(0)
+    model, ids = Recurrent(cell).eval(), torch.randint(0, 50, (2, 10))
+    prepared = lucid_fx.prepare(model, example_inputs=(ids,))
+    lucid_fx.calibrate(prepared, [torch.randint(0, 50, (2, 10)) for _ in range(2)], progress=False)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    rnn, head = 2 * 2 * 10 * gates * 32 * (16 + 32), 2 * 2 * 4 * 32  # every step's input and state times the gates
+    assert report.total_flops == rnn + head
+    assert f"float leaf module: rnn (no lowering rule for rnn, {100 * rnn / (rnn + head):.1f}% of FLOPs)" in str(report)

@@ -67,6 +67,41 @@ def test_repeat_interleave_moves_codes(sqnr_db):
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
+class Shuffled(nn.Module):
+    """conv -> a shuffle of its codes -> conv (super-resolution's sub-pixel convolution, ShuffleNet's channel
+    shuffle, nn.MultiheadAttention's unflatten under torch.export)."""
+
+    def __init__(self, shuffle: nn.Module, channels_after: int):
+        super().__init__()
+        self.a, self.shuffle, self.b = nn.Conv2d(3, 8, 3, padding=1), shuffle, nn.Conv2d(channels_after, 4, 1)
+
+    def forward(self, x):
+        return self.b(self.shuffle(self.a(x)))
+
+
+class Unflattened(nn.Module):
+    def forward(self, x):
+        return x.unflatten(1, (2, 4)).flatten(1, 2)
+
+
+@pytest.mark.parametrize("shuffle,channels_after,call", [
+    (nn.PixelShuffle(2), 2, "shuffle"),  # the module, called on the codes
+    (nn.PixelUnshuffle(2), 32, "shuffle"),
+    (nn.ChannelShuffle(2), 8, "shuffle"),
+    (Unflattened(), 8, "unflatten"),
+])
+def test_shuffles_move_codes(sqnr_db, shuffle, channels_after, call):
+    torch.manual_seed(0)
+    model, batches = Shuffled(shuffle, channels_after).eval(), [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    calls = [getattr(n.target, "__name__", n.target) for n in qmodel.graph.nodes if n.op.startswith("call_")]
+    assert call in calls and "dequantize_per_tensor" not in calls, calls  # on the codes, no float island
+    assert "0 ops in float" in str(qmodel.lucid_fx_convert_report)
+    with torch.no_grad():
+        x = torch.randn(1, 3, 8, 8)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.
