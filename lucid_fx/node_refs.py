@@ -15,7 +15,7 @@ from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups"]
+__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups", "cut_from_parameter", "CUTS"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,19 @@ def layer_groups(gm: fx.GraphModule, node: fx.Node) -> int:
         call = canonical(node)
         groups = call.args.get("groups", 1) if call is not None else 1
     return groups if isinstance(groups, int) else 1
+
+
+# Ops that cut or view a tensor without arithmetic, through which a weight is still a parameter's.
+CUTS = frozenset({"getitem", "split", "chunk", "unbind", "narrow", "transpose", "permute", "reshape", "contiguous"})
+
+
+def cut_from_parameter(node: fx.Node) -> bool:
+    """Whether ``node`` is a parameter (a ``get_attr``) cut or viewed by :data:`CUTS` alone: nn.MultiheadAttention's
+    cross-attention splits ``in_proj_weight`` into the query's rows and the key's and value's."""
+    while node.op != "get_attr":
+        call = canonical(node)
+        sources = call.tensor_inputs() if call is not None else []
+        if len(sources) != 1 or call.op not in CUTS:
+            return False
+        node = sources[0]
+    return True

@@ -138,8 +138,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("hardsigmoid", ("input", "inplace"), modules={nn.Hardsigmoid: _none}, tags=_BOUNDED_TABLE),
     OpDef("softmax", ("input", "dim", "dtype"), modules={nn.Softmax: _attrs(dim="dim")}, tags=frozenset({Tag.BOUNDED})),
     OpDef("softsign", modules={nn.Softsign: _none}, tags=_BOUNDED_TABLE),
-    OpDef("sin", tags=_BOUNDED_TABLE),
-    OpDef("cos", tags=_BOUNDED_TABLE),
+    *(OpDef(name, tags=_BOUNDED_TABLE) for name in ("sin", "cos")),
     OpDef("clamp", ("input", "min", "max"), aliases=("clip",), tags=_BOUNDED_TABLE),  # bounded when both bounds are numbers
     # other activations
     OpDef("relu", ("input", "inplace"), modules={nn.ReLU: _none}, tags=_TABLE),
@@ -159,8 +158,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("rsub", ("input", "other", "alpha"), tags=_TABLE),
     OpDef("mul", ("input", "other"), aliases=("multiply",), tags=_TABLE),
     OpDef("div", ("input", "other", "rounding_mode"), aliases=("divide", "true_divide"), tags=_TABLE),
-    OpDef("minimum", ("input", "other"), tags=_TABLE),
-    OpDef("maximum", ("input", "other"), tags=_TABLE),
+    *(OpDef(name, ("input", "other"), tags=_TABLE) for name in ("minimum", "maximum")),
     OpDef("matmul", ("input", "other"), aliases=("bmm", "mm"), tags=frozenset({Tag.PRODUCT})),
     OpDef("grouped_mm", ("input", "weight", "offs", "bias", "out_dtype"), aliases=("_grouped_mm",), tags=frozenset({Tag.PRODUCT})),  # Mixtral's experts
     OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
@@ -206,12 +204,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
-    OpDef("pixel_shuffle", ("input", "upscale_factor"), modules={nn.PixelShuffle: _attrs(upscale_factor="upscale_factor")},
-          tags=frozenset({Tag.MOVES_CODES})),  # super-resolution's sub-pixel convolution
-    OpDef("pixel_unshuffle", ("input", "downscale_factor"),
-          modules={nn.PixelUnshuffle: _attrs(downscale_factor="downscale_factor")}, tags=frozenset({Tag.MOVES_CODES})),
-    OpDef("channel_shuffle", ("input", "groups"), modules={nn.ChannelShuffle: _attrs(groups="groups")},
-          tags=frozenset({Tag.MOVES_CODES})),  # ShuffleNet's, as torch's module
+    *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
+        ("pixel_shuffle", "upscale_factor", nn.PixelShuffle), ("pixel_unshuffle", "downscale_factor", nn.PixelUnshuffle), ("channel_shuffle", "groups", nn.ChannelShuffle))),
     OpDef("size", ("input", "dim"), derive=False),
 ]
 

@@ -230,6 +230,34 @@ def test_torch_transformer_modules_are_traced_through_and_run_in_int8():
             assert sqnr(model(x, padding), qmodel(x, padding)) >= 30.0
 
 
+class TorchDecoder(nn.Module):
+    """nn.TransformerDecoder: causal self-attention, then cross-attention on a memory, whose query and
+    key/value projections are pieces of one parameter (in_proj_weight split into rows)."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True), 1)
+
+    def forward(self, tgt, memory):
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.decoder(tgt, memory, tgt_mask=causal, tgt_is_causal=True)
+
+
+def test_cross_attention_s_projections_cut_from_one_parameter_run_in_int8():
+    torch.manual_seed(0)
+    model = TorchDecoder().eval()
+    batch = lambda seed: (torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(seed)),  # noqa: E731
+                          torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(seed + 50)))
+    prepared = lucid_fx.prepare(model, example_inputs=batch(0))
+    lucid_fx.calibrate(prepared, [batch(s) for s in range(8)], progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    report = qmodel.lucid_fx_convert_report
+    # the pieces of in_proj_weight were float linears ("lowering declined", 13% of FLOPs), their cuts float ops
+    assert report.int8_flop_share == 1.0 and "getitem" not in str(report), str(report)
+    with torch.no_grad():
+        assert sqnr(model(*batch(100)), qmodel(*batch(100))) >= 30.0
+
+
 def test_torch_transformer_modules_stay_float_leaves_under_fx_capture_or_when_asked():
     model, batch = TorchEncoder().eval(), _torch_encoder_batch(0)
     cases = [({"capture": "fx"}, "float module: {} ({}) at "),  # fx cannot trace them: named with the trace error

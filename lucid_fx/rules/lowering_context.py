@@ -7,6 +7,7 @@ int8 forms.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,9 +24,14 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched", "WEIGHT_PIECES"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
+# Calls that cut a tensor into pieces without arithmetic, by target: a weight cut from a parameter is a constant
+# (constant_value), whose int8 form convert computes once.
+WEIGHT_PIECES = {operator.getitem: operator.getitem, torch.functional.split: torch.split, torch.split: torch.split,
+                 torch.chunk: torch.chunk, torch.narrow: torch.narrow, "split": torch.split, "chunk": torch.chunk,
+                 "narrow": torch.narrow}
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
 
 
@@ -210,6 +216,20 @@ class LoweringContext:
             return value
         return None
 
+    def constant_value(self, node: Any) -> Optional[torch.Tensor]:
+        """:meth:`attr`, or a piece of one that the graph cuts without arithmetic (:data:`WEIGHT_PIECES`):
+        nn.MultiheadAttention's cross-attention splits ``in_proj_weight`` into the query's rows and the key's
+        and value's, which run as linears of their own."""
+        value = self.attr(node)
+        if value is not None or not isinstance(node, fx.Node) or node.target not in WEIGHT_PIECES or not node.args:
+            return value
+        rest = (*node.args[1:], *node.kwargs.values())
+        base = self.constant_value(node.args[0])
+        if base is None or any(isinstance(a, fx.Node) for a in fx.node.map_aggregate(rest, lambda a: a) if a is not None):
+            return None
+        piece = WEIGHT_PIECES[node.target](base, *node.args[1:], **node.kwargs)
+        return piece if isinstance(piece, (torch.Tensor, tuple, list)) else None
+
     def quantized_weight(self, node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node, Optional[fx.Node]]]:
         """(int8 weight, per-channel scales, float bias) get_attr nodes for a linear/conv node,
         a module (``nn.Linear``) or a function (``F.linear`` on get_attr weights)."""
@@ -223,7 +243,7 @@ class LoweringContext:
             base = node.target.replace(".", "_")
         else:
             call = canonical(node)
-            weight, bias = self.attr(call.args.get("weight")), self.attr(call.args.get("bias"))
+            weight, bias = self.constant_value(call.args.get("weight")), self.constant_value(call.args.get("bias"))
             if weight is None or (call.args.get("bias") is not None and bias is None):
                 return None  # a weight computed in the graph has no constant int8 form
             observer = self.observers[key] if key in self.observers else None

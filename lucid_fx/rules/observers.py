@@ -13,6 +13,7 @@ from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
+from lucid_fx.node_refs import cut_from_parameter
 from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = [
@@ -217,12 +218,12 @@ def _shared(node, ctx) -> Optional[Decision]:
 
 
 def _weight_view(node, ctx) -> Optional[Decision]:
-    """``W.transpose(-2, -1)`` of a parameter that ops read only as their weight (Mixtral's experts):
-    the op quantizes the parameter behind it per channel (rules/lowering_grouped.py); not an activation."""
+    """A view or piece of a parameter read only as a weight or bias (Mixtral's ``W.transpose(-2, -1)``, the
+    cross-attention's cut of ``in_proj_weight``): the op quantizes it per channel; not an activation."""
     sources = canonical(node).tensor_inputs()
-    if len(sources) != 1 or sources[0].op != "get_attr" or not node.users:
+    if len(sources) != 1 or not node.users or not cut_from_parameter(node):
         return None
-    if all(_OP in user.meta and canonical(user).args.get("weight") is node for user in node.users):
+    if all(_OP in user.meta and any(canonical(user).args.get(arg) is node for arg in ("weight", "bias")) for user in node.users):
         return Decision(DecisionKind.NONE, "a view of a weight: the op reading it quantizes the weight itself")
     return None
 
