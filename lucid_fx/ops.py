@@ -122,6 +122,7 @@ def _none(m: nn.Module) -> Dict[str, Any]:
 _CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _POOL = ("input", "kernel_size", "stride", "padding")
 _AVG_POOL = _POOL + ("ceil_mode", "count_include_pad", "divisor_override")
+_RESAMPLE = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
 
 # Tag sets, named by what they say about an op.
 _TABLE = frozenset({Tag.ELEMENTWISE})
@@ -147,9 +148,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("hardswish", ("input", "inplace"), modules={nn.Hardswish: _none}, tags=_TABLE),
     OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}, tags=_TABLE),
     OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}, tags=_TABLE),
-    OpDef("exp", tags=_TABLE),
     OpDef("pow", ("input", "exponent"), tags=_TABLE),  # x ** c (GPT-2's tanh GELU: x ** 3): a table; x ** y stays float
-    OpDef("abs", tags=_TABLE),
+    *(OpDef(name, tags=_TABLE) for name in ("exp", "abs")),
     OpDef("neg", aliases=("negative",), tags=_TABLE),
     OpDef("log_softmax", ("input", "dim", "dtype"), modules={nn.LogSoftmax: _attrs(dim="dim")}),
     # arithmetic: elementwise in one tensor when the other operand is a number (x + 1, 2 * x)
@@ -203,6 +203,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
+    OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # FPN, U-Nets (rules/observers.py: INSIDE_RANGE)
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
     *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
         ("pixel_shuffle", "upscale_factor", nn.PixelShuffle), ("pixel_unshuffle", "downscale_factor", nn.PixelUnshuffle), ("channel_shuffle", "groups", nn.ChannelShuffle))),

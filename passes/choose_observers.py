@@ -22,7 +22,8 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
-from lucid_fx.rules.observers import ANY, MEASURED_OPS, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind, choice_only_nodes
+from lucid_fx.rules.choices import choice_only_nodes
+from lucid_fx.rules.observers import ANY, MEASURED_OPS, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 

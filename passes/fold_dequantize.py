@@ -10,7 +10,9 @@ to a fixpoint, walking from the outputs up:
   the kernels that feed it give float results (a residual stream that ends the model);
 - ``dequantize(cat)``: ``torch.cat`` of the dequantized inputs, each on its own grid (a ViT's tiny
   class token concatenated with the patch embeddings keeps its fine grid instead of the shared one);
-- ``dequantize(quantize(x))``: ``x`` itself (an add's float version reads ``x``, not its codes).
+- ``dequantize(quantize(x))``: ``x`` itself (an add's float version reads ``x``, not its codes);
+- ``dequantize(interpolate(codes))`` (nearest, or a linear mode's codes in float, rounded): the same
+  interpolate of the dequantized codes (a segmentation head's final upsampling).
 
 A quantize or dequantize left with no reader by a fold is removed.
 
@@ -34,7 +36,7 @@ from lucid_fx import _meta
 from lucid_fx._placement import ConvertReport, Placement, Runs
 from lucid_fx.kernels.library import op_name
 
-__all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP", "FOLDS_TO_FLOAT", "FLOAT_WHY"]
+__all__ = ["fold_dequantize", "FLOAT_RESULT", "FLOAT_OP", "FOLDS_TO_FLOAT", "FOLDED_SHARED", "FLOAT_WHY"]
 
 _ops = torch.ops.lucid_fx
 #: kernels that can give their float result: the position of their ``out_dtype`` argument (their
@@ -44,6 +46,8 @@ FLOAT_RESULT: Dict[str, int] = {"linear": 9, "conv1d": 13, "conv2d": 13}
 FLOAT_OP: Dict[str, Callable] = {"add": torch.add, "mul": torch.mul}
 #: the rule keys (first op) whose kernel runs in float once folded: predict_placement says so before convert.
 FOLDS_TO_FLOAT = frozenset({"add", "mul", "cat", "stack"})
+#: the canonical ops run on codes (shared) that run in float once folded: resampling (``dequantize(interpolate(codes))``).
+FOLDED_SHARED = frozenset({"interpolate"})
 _POST_OPS = {"relu": torch.relu, "hardswish": F.hardswish, "silu": F.silu}  # applied after the float op
 _LAYOUT_METHODS = ("contiguous", "clone")
 _BOUNDARY = ("quantize_per_tensor", "dequantize_per_tensor")
@@ -97,10 +101,14 @@ def _dequantize(graph: fx.Graph, codes: fx.Node, scale, zp) -> fx.Node:
 
 def _fold(graph: fx.Graph, dq: fx.Node, report: Optional[ConvertReport]) -> bool:
     producer, chain = _producer(dq)
+    resampled = _resampled(graph, producer)
+    if resampled is not None:
+        _fold_resample(graph, dq, producer, chain, resampled, report)
+        return True
     name = op_name(producer)
     if name is None or len(producer.users) != 1:
         return False
-    if name == "quantize_per_tensor" and not chain:
+    if name == "quantize_per_tensor" and not chain and tuple(dq.args[1:]) == tuple(producer.args[1:3]):
         dq.replace_all_uses_with(producer.args[0])
         graph.erase_node(dq)
         graph.erase_node(producer)
@@ -143,6 +151,40 @@ def _fold(graph: fx.Graph, dq: fx.Node, report: Optional[ConvertReport]) -> bool
     dq.replace_all_uses_with(dq.args[0])
     graph.erase_node(dq)
     return True
+
+
+def _is_interpolate(graph: fx.Graph, node) -> bool:
+    if not isinstance(node, fx.Node) or len(node.users) != 1:
+        return False
+    if node.op == "call_module":
+        return isinstance(graph.owning_module.get_submodule(node.target), torch.nn.Upsample)
+    return node.op == "call_function" and node.target is F.interpolate
+
+
+def _resampled(graph: fx.Graph, producer: fx.Node) -> Optional[tuple]:
+    """(the interpolate call, the codes it resamples) where ``producer`` is convert's resampling of codes:
+    nearest on the codes themselves, or a linear mode's ``quantize(interpolate(codes.to(float32)), 1, 0)``."""
+    if op_name(producer) == "quantize_per_tensor" and tuple(producer.args[1:3]) == (1.0, 0):
+        call = producer.args[0]
+        cast = call.args[0] if _is_interpolate(graph, call) else None
+        if isinstance(cast, fx.Node) and cast.op == "call_method" and cast.target == "to" and len(cast.users) == 1:
+            return call, cast.args[0]
+    return (producer, producer.args[0]) if _is_interpolate(graph, producer) else None
+
+
+def _fold_resample(graph, dq, producer, chain, resampled, report) -> None:
+    """dequantize(resampled codes) -> the same interpolate of the dequantized codes, in float."""
+    call, codes = resampled
+    old_input = call.args[0]
+    call.replace_input_with(old_input, _dequantize(graph, codes, *dq.args[1:]))
+    if producer is not call:
+        producer.replace_all_uses_with(call)
+        graph.erase_node(producer)
+        graph.erase_node(old_input)  # the cast of the codes
+    _runs_float(call, report)
+    _to_float_meta([call, *chain])
+    dq.replace_all_uses_with(dq.args[0])
+    graph.erase_node(dq)
 
 
 def fold_dequantize(gm: fx.GraphModule, report: Optional[ConvertReport] = None) -> fx.GraphModule:

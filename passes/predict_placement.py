@@ -23,7 +23,7 @@ from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
 from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
 from lucid_fx.rules.lowering_context import _is_observer_call, readers, watched
-from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDS_TO_FLOAT
+from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDED_SHARED, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
@@ -160,8 +160,9 @@ def _predict_folds(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
         changed = False
         for node in reversed(nodes):
             placement = found.get(node.name)
-            if placement is None or placement.runs is not Runs.KERNEL or placement.value != node.name \
-                    or placement.why.split("+")[0] not in FOLDS_TO_FLOAT:
+            if placement is None or placement.value != node.name or not (
+                    placement.runs is Runs.KERNEL and placement.why.split("+")[0] in FOLDS_TO_FLOAT
+                    or placement.runs is Runs.SHARED and canonical(node).op in FOLDED_SHARED):
                 continue
             reads = readers(node)[1]
             if reads and all(r.op == "output" or getattr(found.get(r.name), "runs", None) is Runs.FLOAT for r in reads):

@@ -18,7 +18,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
-    "compose_observer_rules", "SHARED_OPS", "TUPLE_MOVERS", "item_source", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
+    "compose_observer_rules", "SHARED_OPS", "INSIDE_RANGE", "TUPLE_MOVERS", "item_source", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
     "MEASURED_OPS",
 ]
 
@@ -154,28 +154,6 @@ def _attention_mask(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.FLOAT, reason, qconfig=ctx.qconfig(node))
 
 
-# Ops that choose by order: which experts a router picks (top-k), the order rows are grouped in (sort).
-CHOICES = frozenset({"topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "msort"})
-
-
-def choice_only_nodes(graph) -> FrozenSet[Any]:
-    """The nodes whose every use ends in an order-based choice (:data:`CHOICES`), directly or through
-    ops that read only them: a mixture of experts' router logits and probabilities. One pass from the
-    output up (a node's users come after it), as rules/masks.py finds what feeds only masks."""
-    found = set()
-    for node in reversed(graph.nodes):
-        if node.users and all(_leads_to_a_choice(user, node, found) for user in node.users):
-            found.add(node)
-    return frozenset(found)
-
-
-def _leads_to_a_choice(user, node, found) -> bool:
-    if _OP not in user.meta:
-        return False
-    call = canonical(user)
-    return call.op in CHOICES or (user in found and call.tensor_inputs() == [node])
-
-
 def _decides_a_choice(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or not ctx.decides_a_choice(node):
         return None
@@ -215,6 +193,15 @@ def _shared(node, ctx) -> Optional[Decision]:
     if not any(ctx.is_float_tensor(source) for source in sources):
         return None  # e.g. getitem of chunk's tuple: nothing to share; observed on its own if read
     return Decision(DecisionKind.SHARED, "values pass through unchanged: shares the input's observer", qconfig=ctx.qconfig(node))
+
+
+# Resampling modes whose every value lies inside its input's range: nearest moves codes, the linear modes and
+# area average them (bicubic overshoots: observed on its own, in float).
+INSIDE_RANGE = frozenset({"nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area"})
+
+
+def _resample(node, ctx) -> Optional[Decision]:
+    return _shared(node, ctx) if canonical(node).args.get("mode", "nearest") in INSIDE_RANGE else None
 
 
 def _weight_view(node, ctx) -> Optional[Decision]:
@@ -283,6 +270,7 @@ OP_RULES: List[ObserverRule] = [
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
     observer_rule(SHARED_OPS, _weight_view),  # W.transpose(-2, -1) read as a weight -> none (the op quantizes W)
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
+    observer_rule("interpolate", _resample),  # nearest, bilinear, ... upsampling -> input's observer
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert

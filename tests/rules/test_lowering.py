@@ -102,6 +102,64 @@ def test_shuffles_move_codes(sqnr_db, shuffle, channels_after, call):
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
+class Upsampled(nn.Module):
+    """conv -> upsample -> conv (an FPN's top-down path, a U-Net's decoder), or the upsample last (a segmentation head)."""
+
+    def __init__(self, mode: str, module: bool = False, last: bool = False):
+        super().__init__()
+        self.a, self.b, self.mode, self.last = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 4, 1), mode, last
+        corners = None if mode.startswith("nearest") else False
+        self.up = nn.Upsample(scale_factor=2, mode=mode, align_corners=corners) if module else None
+
+    def forward(self, x):
+        y = self.a(x)
+        if self.last:
+            y = self.b(y)
+        y = self.up(y) if self.up is not None else F.interpolate(y, scale_factor=2, mode=self.mode)
+        return y if self.last else self.b(y)
+
+
+@pytest.mark.parametrize("mode,module", [("nearest", False), ("nearest", True), ("bilinear", False), ("bilinear", True)])
+def test_upsampling_runs_on_the_codes(sqnr_db, mode, module):
+    torch.manual_seed(0)
+    model, batches = Upsampled(mode, module).eval(), [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    calls = [getattr(n.target, "__name__", n.target) for n in qmodel.graph.nodes if n.op.startswith("call_")]
+    assert ("up" if module else "interpolate") in calls and "dequantize_per_tensor" not in calls, calls
+    assert ("quantize_per_tensor" in calls[1:]) == (mode == "bilinear"), calls  # bilinear's average rounded to the grid
+    assert "0 ops in float" in str(qmodel.lucid_fx_convert_report)
+    with torch.no_grad():
+        x = torch.randn(1, 3, 8, 8)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+    if mode == "bilinear":  # the codes are quantize's of the float result on the input's grid, within float rounding
+        node = next(n for n in qmodel.graph.nodes if n.op.startswith("call_") and (n.target in ("up",) or n.target is F.interpolate))
+        codes = {}
+        hook = torch.fx.Interpreter(qmodel)
+        hook.run_node = lambda n, run=hook.run_node: codes.setdefault(n.name, run(n))
+        hook.run(x)
+        before, after = codes[node.args[0].args[0].name], codes[next(iter(node.users)).name]
+        want = F.interpolate(before.float(), scale_factor=2, mode="bilinear", align_corners=False).round()
+        assert (after.float() - want).abs().max() == 0
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_a_final_upsampling_runs_in_float_on_the_kernel_s_float_result(mode):
+    torch.manual_seed(0)
+    model, batches = Upsampled(mode, last=True).eval(), [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    report = str(qmodel.lucid_fx_convert_report)
+    assert "kept float: interpolate (shared runs in float: nothing reads its codes" in report, report
+    conv = [n for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.conv2d][-1]
+    assert conv.args[13] == torch.float32  # the head gives its float result, with no rounding onto a grid
+
+
+def test_bicubic_upsampling_overshoots_its_input_and_stays_float():
+    torch.manual_seed(0)
+    model, batches = Upsampled("bicubic").eval(), [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert "float op: interpolate (no lowering rule for interpolate)" in str(qmodel.lucid_fx_convert_report)
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.

@@ -73,7 +73,7 @@ def test_a_long_chain_into_a_choice_is_found_in_one_pass():
     over users stopped at Python's recursion limit, ~1000 nodes deep)."""
     from torch import fx
 
-    from lucid_fx.rules.observers import choice_only_nodes
+    from lucid_fx.rules.choices import choice_only_nodes
 
     class Chain(nn.Module):
         def forward(self, x):
