@@ -23,7 +23,7 @@ from lucid_fx import _meta
 
 __all__ = ["MATRIX_OPS", "node_flops", "graph_flops", "counting_module_flops"]
 
-MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "matmul", "addmm", "baddbmm", "scaled_dot_product_attention",
+MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "matmul", "addmm", "baddbmm", "scaled_dot_product_attention",
               "grouped_mm")
 # Other spellings of the same ops: aten's (a torch.export graph's targets), and the grouped products,
 # which have no canonical op (each row of (T, K) times the (K, N) weight of its group: Mixtral's experts)
@@ -84,6 +84,9 @@ def node_flops(gm: fx.GraphModule, node: fx.Node) -> int:
         weight = _weight(gm, node)
         if not weight:
             return 0
+        if op == "conv_transpose2d":  # each input value times a (Cout / groups, kh, kw) block of the weight
+            source = _shape(node.args[0]) if node.args else None
+            return 2 * math.prod(source) * math.prod(weight[1:]) if source else 0
         return 2 * math.prod(out) * (weight[-1] if op == "linear" else math.prod(weight[1:]))
     if op in ("matmul", "addmm", "baddbmm", "grouped_mm"):  # (b)addmm(bias, mat1, mat2); grouped_mm(x, w, offsets)
         first = _shape(node.args[1 if op in ("addmm", "baddbmm") else 0]) if len(node.args) > 1 else None

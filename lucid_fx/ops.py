@@ -120,6 +120,7 @@ def _none(m: nn.Module) -> Dict[str, Any]:
 
 
 _CONV = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_T = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")  # torch's order
 _POOL = ("input", "kernel_size", "stride", "padding")
 _AVG_POOL = _POOL + ("ceil_mode", "count_include_pad", "divisor_override")
 _RESAMPLE = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
@@ -170,6 +171,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("conv1d", _CONV, modules={nn.Conv1d: _none}, tags=_CONV_TAGS),
     OpDef("conv2d", _CONV, modules={nn.Conv2d: _none}, tags=_CONV_TAGS),
     OpDef("conv3d", _CONV, modules={nn.Conv3d: _none}, tags=_CONV_TAGS),
+    OpDef("conv_transpose2d", _CONV_T, modules={nn.ConvTranspose2d: _none}, tags=frozenset({Tag.PRODUCT})),  # not WEIGHTED: its weight is (Cin, Cout, kh, kw)
     OpDef(
         "batch_norm",
         ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
@@ -203,7 +205,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
-    OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # FPN, U-Nets (rules/observers.py: INSIDE_RANGE)
+    OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # observers.INSIDE_RANGE
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
     *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
         ("pixel_shuffle", "upscale_factor", nn.PixelShuffle), ("pixel_unshuffle", "downscale_factor", nn.PixelUnshuffle), ("channel_shuffle", "groups", nn.ChannelShuffle))),
@@ -290,12 +292,6 @@ VIEW_SPELLINGS = frozenset(
 # ``getattr(x, name)`` results that are not tensors, so never share x's storage (``x.T`` does).
 METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "layout", "is_quantized"})
 # ``a += b`` and friends -> the operator that returns a new tensor.
-OUT_OF_PLACE_OPERATORS = {
-    operator.iadd: operator.add,  # a += b -> a + b
-    operator.isub: operator.sub,  # a -= b -> a - b
-    operator.imul: operator.mul,  # a *= b -> a * b
-    operator.itruediv: operator.truediv,  # a /= b -> a / b
-    operator.ifloordiv: operator.floordiv,  # a //= b -> a // b
-    operator.imatmul: operator.matmul,  # a @= b -> a @ b
-    operator.ipow: operator.pow,  # a **= b -> a ** b
-}
+OUT_OF_PLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                          operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                          operator.imatmul: operator.matmul, operator.ipow: operator.pow}

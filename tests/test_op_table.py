@@ -84,7 +84,7 @@ def test_the_sets_rules_use_are_derived_from_tags():
     assert weighted == {"linear", "conv1d", "conv2d", "conv3d"}
     assert fold_batchnorm._FOLDABLE == weighted  # a batch norm after any of them folds
     assert insert_observers._WEIGHTED == weighted - FLOAT_BY_DESIGN.keys()  # int8 weights where a kernel reads them
-    assert masks._PRODUCTS == weighted | {"matmul", "grouped_mm"}
+    assert masks._PRODUCTS == weighted | {"matmul", "grouped_mm", "conv_transpose2d"}  # its weight is (Cin, Cout, kh, kw): not WEIGHTED
     assert set(fusions._CONV) == ops_tagged(Tag.CONV) and set(lowering._CONVS) == ops_tagged(Tag.CONV) - {"conv3d"}
     assert lowering.SHAPE_OPS == observers.SHARED_OPS == ops_tagged(Tag.MOVES_CODES)
     assert ops.VIEW_OPS == ops_tagged(Tag.VIEW) < ops_tagged(Tag.MOVES_CODES)  # a view moves codes; max-pool too

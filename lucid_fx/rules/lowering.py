@@ -17,6 +17,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
+from lucid_fx.rules.lowering_conv_transpose import lower_conv_transpose2d
 from lucid_fx.rules.lowering_lookup import lower_embedding
 from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
@@ -245,6 +246,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("linear", "relu"): lower_linear,  # relu(linear(x)) -> lucid_fx.linear(post_op="relu")
     **{("linear", a): lower_linear for a in ("hardswish", "silu", "gelu")},  # act(linear(x)) -> lucid_fx.linear(post_op=act)
     **{(c,): lower_conv for c in _CONVS},  # conv(x) -> lucid_fx.conv2d
+    ("conv_transpose2d",): lower_conv_transpose2d,  # kernel == stride: a 1x1 lucid_fx.conv2d, then pixel_shuffle
     **{(c, "relu"): lower_conv for c in _CONVS},  # relu(conv(x)) -> lucid_fx.conv2d(post_op="relu")
     **{(c, a): lower_conv for c in _CONVS for a in ("hardswish", "silu")},  # act(conv(x)) -> post_op=act
     ("conv2d", "add"): lower_conv_add,  # conv(x) + y -> lucid_fx.conv2d_add

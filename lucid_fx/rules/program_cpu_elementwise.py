@@ -213,7 +213,8 @@ def cat(b, node):  # cat of codes -> torch.cat, an input on another grid through
             continue
         # The reference requantization of every code, once: the same arithmetic per element.
         table = ref.cat([_all_codes(dtype)], [scale], [zp], 0, out_scale, out_zp)
-        if b.op_name(q) == "lut" and len(q.users) == 1 and b.attr(q.args[1]) is not None:
+        # (a lut composed with a batch norm's tables before it is a channel_lut: its tables are per channel)
+        if b.op_name(q) == "lut" and len(q.args) == 2 and len(q.users) == 1 and b.attr(q.args[1]) is not None:
             q, inner = q.args  # rotate_half's cat((-x2, x1)): the negation and the requantization, one table
             table = table[_index(b.attr(inner))]
         parts.append(b.call(b.kernel("lut"), q, b.const(table.contiguous(), "lut")))

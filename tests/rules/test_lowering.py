@@ -1,5 +1,7 @@
 """Lowering rules: which int8 kernel a canonical op becomes."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,6 +160,67 @@ def test_bicubic_upsampling_overshoots_its_input_and_stays_float():
     model, batches = Upsampled("bicubic").eval(), [torch.randn(1, 3, 8, 8) for _ in range(4)]
     qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
     assert "float op: interpolate (no lowering rule for interpolate)" in str(qmodel.lucid_fx_convert_report)
+
+
+class Decoder(nn.Module):
+    """A U-Net decoder step: a transposed convolution upsampling the coarse codes, concatenated with the skip."""
+
+    def __init__(self, up: nn.Module, functional: bool = False):
+        super().__init__()
+        self.down, self.up, self.fuse, self.functional = nn.Conv2d(3, 8, 3, stride=2, padding=1), up, nn.Conv2d(6 + 3, 4, 1), functional
+
+    def forward(self, x):
+        coarse = self.down(x)
+        if self.functional:
+            fine = F.conv_transpose2d(coarse, self.up.weight, self.up.bias, stride=self.up.stride)
+        else:
+            fine = self.up(coarse)
+        return self.fuse(torch.cat([fine, x], 1))
+
+
+@pytest.mark.parametrize("k,functional", [(2, False), (2, True), (4, False)])
+def test_a_transposed_convolution_of_kernel_equal_to_stride_is_an_int8_1x1_convolution(sqnr_db, k, functional):
+    torch.manual_seed(0)
+    size = 8 if k == 2 else 16
+    model = Decoder(nn.ConvTranspose2d(8, 6, k, stride=k), functional).eval()
+    if k == 4:  # coarse is size / 2: a 4x upsampling overshoots; the down path halves again to match
+        model.down = nn.Conv2d(3, 8, 3, stride=4, padding=1).eval()
+    batches = [torch.randn(2, 3, size, size) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    convs = [n for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.conv2d]
+    up = next(n for n in convs if n.args[3].op == "get_attr" and getattr(qmodel, n.args[3].target).shape == (6 * k * k, 8, 1, 1))
+    assert next(iter(up.users)).target is F.pixel_shuffle and next(iter(up.users)).args[1] == k
+    report = qmodel.lucid_fx_convert_report
+    assert "0 ops in float" in str(report) and report.int8_flop_share == 1.0, str(report)
+    assert report.flops["conv_transpose2d" if functional else "up"] == 2 * (2 * 8 * (size // k) ** 2) * 6 * k * k  # each input value times its (6, k, k) block
+    with torch.no_grad():
+        x = torch.randn(2, 3, size, size)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
+def test_a_batch_norm_after_a_transposed_convolution_is_not_folded_into_its_weight(sqnr_db):
+    # a DCGAN generator's ConvTranspose2d -> BatchNorm2d -> ReLU: the weight's output channels are its dim 1, so a
+    # conv's fold (scaling dim 0) would scale the input channels; the batch norm runs as its own int8 table instead
+    torch.manual_seed(0)
+    up = nn.Sequential(nn.ConvTranspose2d(8, 6, 2, stride=2), nn.BatchNorm2d(6), nn.ReLU())
+    up[1].running_mean.uniform_(-1, 1), up[1].running_var.uniform_(0.5, 2), up[1].weight.data.uniform_(0.5, 2)
+    model, batches = Decoder(up).eval(), [torch.randn(2, 3, 8, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the program builds: relu(batch norm) -> cat is one table per channel, then cat
+        x = torch.randn(2, 3, 8, 8)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
+@pytest.mark.parametrize("geometry", [dict(kernel_size=3, stride=2, padding=1, output_padding=1), dict(kernel_size=2, stride=2, groups=2)])
+def test_an_overlapping_or_grouped_transposed_convolution_stays_float_and_says_so(geometry):
+    torch.manual_seed(0)
+    model, batches = Decoder(nn.ConvTranspose2d(8, 6, **geometry)).eval(), [torch.randn(1, 3, 8, 8) for _ in range(2)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert "kept float: up (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+    with torch.no_grad():
+        x = torch.randn(1, 3, 8, 8)
+        assert torch.allclose(qmodel(x), model(x), atol=0.15)
 
 
 def test_functional_max_pool2d_uses_the_int16_kernel():
