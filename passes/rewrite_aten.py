@@ -88,13 +88,25 @@ def _mm(gm, node, row, bound):
 
 
 def _convolution(gm, node, row, bound):
-    if bound["transposed"]:
-        return None  # conv_transpose has no canonical op: stays aten, float
+    if bound["transposed"]:  # only the 2-d one has a canonical op; the others stay aten, float
+        names = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+        if len(bound["stride"]) != 2:
+            return None
+        return _call(gm.graph, F.conv_transpose2d, tuple(bound[n] for n in names), {})
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(len(bound["stride"]))
     if fn is None:
         return None
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     return _call(gm.graph, fn, tuple(bound[n] for n in names), {})
+
+
+def _upsample(gm, node, row, bound):
+    """aten's upsampling, as F.interpolate records it: the size or the scales it was given (one of them)."""
+    mode = row.kwargs["mode"]
+    kwargs = {"size": bound.get("output_size"), "scale_factor": bound.get("scale_factors"), "mode": mode}
+    if mode != "nearest":
+        kwargs["align_corners"] = bound.get("align_corners", False)
+    return _call(gm.graph, F.interpolate, (bound["input"],), kwargs)
 
 
 def _first_of_tuple(gm, node, row, bound):
@@ -145,7 +157,8 @@ SPECIALS: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "addmm": _addmm,  # addmm(b, x, W) -> linear(x, W.t(), b)
     "mm": _mm,  # mm(x, t(W)) -> linear(x, W)
     "baddbmm": _baddbmm,  # baddbmm(b, q, k, beta, alpha) -> b * beta + (q @ k) * alpha
-    "convolution": _convolution,  # convolution(..., transposed=False) -> conv{1,2,3}d
+    "convolution": _convolution,  # convolution(..., transposed=False) -> conv{1,2,3}d; transposed 2-d -> conv_transpose2d
+    "upsample": _upsample,  # upsample_nearest2d(x, size, scales) -> F.interpolate(x, size, scale_factor=scales, mode=...)
     "first_of_tuple": _first_of_tuple,  # native_layer_norm(...)[0] -> layer_norm(...)
     "slice": _slice,  # slice(x, 1, 0, 4) -> x[:, 0:4]
     "select": _select,  # select(x, 1, 0) -> x[:, 0]

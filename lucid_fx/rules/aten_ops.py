@@ -62,7 +62,9 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("conv1d.default", "conv1d", F.conv1d, *_CONV),  # same order
     _row("conv2d.default", "conv2d", F.conv2d, *_CONV),  # same order
     _row("conv3d.default", "conv3d", F.conv3d, *_CONV),  # same order
-    _row("convolution.default", "conv2d", F.conv2d, special="convolution"),  # -> conv{1,2,3}d by len(stride)
+    _row("convolution.default", "conv2d", F.conv2d, special="convolution"),  # -> conv{1,2,3}d by len(stride), conv_transpose2d
+    _row("upsample_nearest2d.vec", "interpolate", F.interpolate, special="upsample", mode="nearest"),  # F.interpolate's
+    _row("upsample_bilinear2d.vec", "interpolate", F.interpolate, special="upsample", mode="bilinear"),
     _row("layer_norm.default", "layer_norm", F.layer_norm, "input", "normalized_shape", "weight", "bias", "eps"),  # drops cudnn_enable
     _row("native_layer_norm.default", "layer_norm", F.layer_norm, "input", "normalized_shape", "weight", "bias", "eps", special="first_of_tuple"),  # (out, mean, rstd)[0]
     _row("batch_norm.default", "batch_norm", F.batch_norm, *_BN, "training", "momentum", "eps"),  # (x, w, b, rm, rv, ...) -> (x, rm, rv, w, b, ...)

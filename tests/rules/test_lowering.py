@@ -223,6 +223,25 @@ def test_an_overlapping_or_grouped_transposed_convolution_stays_float_and_says_s
         assert torch.allclose(qmodel(x), model(x), atol=0.15)
 
 
+@pytest.mark.parametrize("make,decomposed", [(lambda: Upsampled("nearest"), False), (lambda: Upsampled("bilinear", module=True), False),
+                                             (lambda: Decoder(nn.ConvTranspose2d(8, 6, 2, stride=2)), False),
+                                             (lambda: Decoder(nn.ConvTranspose2d(8, 6, 2, stride=2)), True)],
+                         ids=["nearest", "bilinear", "transposed", "transposed-core-aten"])
+def test_torch_export_s_upsampling_and_transposed_convolution_take_the_same_rules(sqnr_db, make, decomposed):
+    # aten's upsample_nearest2d / upsample_bilinear2d and convolution(transposed=True) (an ExportedProgram run to
+    # core aten) were float under torch.export
+    torch.manual_seed(0)
+    model, batches = make().eval(), [torch.randn(2, 3, 8, 8) for _ in range(4)]
+    source = torch.export.export(model, (batches[0],)).run_decompositions() if decomposed else model
+    prepared = lucid_fx.prepare(source, example_inputs=(batches[0],), capture="export")
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    assert "0 ops in float" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+    with torch.no_grad():
+        x = torch.randn(2, 3, 8, 8)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.
