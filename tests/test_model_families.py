@@ -27,6 +27,7 @@ SIGNATURE_OPS = {
     "shufflenet": {"aten.chunk.default", "aten.transpose.int", "aten.cat.default", "aten.mean.dim"},
     "mobilenet_v2": {"aten.conv2d.default", "aten.batch_norm.default", "aten.hardtanh_.default", "aten.add.Tensor",
                      "aten.adaptive_avg_pool2d.default"},
+    "unet": {"aten.conv_transpose2d.input", "aten.upsample_nearest2d.vec", "aten.upsample_bilinear2d.vec", "aten.cat.default"},
 }
 
 

@@ -1,7 +1,9 @@
 """rewrite_aten: the graph rewrites beyond reordering arguments (a transposed weight, no-op calls,
 in-place writes, ops the table does not know). The per-row tests are tests/rules/test_aten_ops.py."""
 
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 import lucid_fx
@@ -122,9 +124,15 @@ def test_addmm_with_beta_stays_addmm_in_float():
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [aten.addmm.default]
 
 
-def test_a_convolution_transposed_stays_aten():
+@pytest.mark.parametrize("dims,becomes", [(2, F.conv_transpose2d), (1, aten.convolution.default), (3, aten.convolution.default)])
+def test_a_transposed_convolution_is_conv_transpose2d_in_2_d_and_stays_aten_otherwise(dims, becomes):
     root, graph = nn.Module(), fx.Graph()
     x, w = graph.placeholder("x"), graph.placeholder("w")
-    graph.output(graph.call_function(aten.convolution.default, (x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)))
+    graph.output(graph.call_function(aten.convolution.default, (x, w, None, [2] * dims, [0] * dims, [1] * dims, True, [1] * dims, 1)))
     gm = rewrite_aten(fx.GraphModule(root, graph))
-    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [aten.convolution.default]
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls] == [becomes]
+    if dims == 2:  # (input, weight, bias, stride, padding, output_padding, groups, dilation): torch's order
+        assert calls[0].args == (x, w, None, [2, 2], [0, 0], [1, 1], 1, [1, 1])
+        xs, ws = torch.randn(1, 3, 4, 4), torch.randn(3, 2, 3, 3)
+        assert torch.equal(gm(xs, ws), aten.convolution.default(xs, ws, None, [2, 2], [0, 0], [1, 1], True, [1, 1], 1))

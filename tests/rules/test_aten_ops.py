@@ -41,6 +41,8 @@ CASES = {
     "conv2d.default": (aten.conv2d.default, (t(1, 2, 6, 6), W(t(3, 2, 3, 3)), W(t(3)), [1, 1], [0, 0], [1, 1], 1), {}, None),
     "conv3d.default": (aten.conv3d.default, (t(1, 2, 4, 4, 4), W(t(3, 2, 3, 3, 3)), None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1), {}, None),
     "convolution.default": (aten.convolution.default, (t(1, 2, 6, 6), W(t(3, 2, 3, 3)), W(t(3)), [2, 2], [1, 1], [1, 1], False, [0, 0], 1), {}, None),
+    "upsample_nearest2d.vec": (aten.upsample_nearest2d.vec, (t(1, 2, 3, 3), None, [2.0, 2.0]), {}, None),
+    "upsample_bilinear2d.vec": (aten.upsample_bilinear2d.vec, (t(1, 2, 3, 3), [5, 7], False, None), {}, None),
     "layer_norm.default": (aten.layer_norm.default, (t(2, 3, 4), [4], W(t(4)), W(t(4)), 1e-5, True), {}, None),
     "native_layer_norm.default": (aten.native_layer_norm.default, (t(2, 3, 4), [4], W(t(4)), W(t(4)), 1e-5), {}, 0),
     "batch_norm.default": (aten.batch_norm.default, (t(2, 3, 4, 4), W(t(3)), W(t(3)), W(t(3)), W(t(3).abs() + 0.5), False, 0.1, 1e-5, True), {}, None),
