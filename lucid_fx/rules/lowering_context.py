@@ -7,7 +7,6 @@ int8 forms.
 
 from __future__ import annotations
 
-import operator
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,20 +17,15 @@ from torch import fx, nn
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
-from lucid_fx.node_refs import layer_groups
+from lucid_fx.node_refs import CUTS, layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched", "WEIGHT_PIECES"]
+__all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched"]
 _ops = torch.ops.lucid_fx
 INT32_MAX = 2**31 - 1
-# Calls that cut a tensor into pieces without arithmetic, by target: a weight cut from a parameter is a constant
-# (constant_value), whose int8 form convert computes once.
-WEIGHT_PIECES = {operator.getitem: operator.getitem, torch.functional.split: torch.split, torch.split: torch.split,
-                 torch.chunk: torch.chunk, torch.narrow: torch.narrow, "split": torch.split, "chunk": torch.chunk,
-                 "narrow": torch.narrow}
 ACTIVATION_SPAN = 255  # largest |code - zero_point| of a uint8 or int8 activation
 
 
@@ -217,17 +211,21 @@ class LoweringContext:
         return None
 
     def constant_value(self, node: Any) -> Optional[torch.Tensor]:
-        """:meth:`attr`, or a piece of one that the graph cuts without arithmetic (:data:`WEIGHT_PIECES`):
-        nn.MultiheadAttention's cross-attention splits ``in_proj_weight`` into the query's rows and the key's
-        and value's, which run as linears of their own."""
+        """:meth:`attr`, or a piece of one that the graph cuts without arithmetic (``node_refs.CUTS``), computed
+        once: nn.MultiheadAttention's cross-attention splits ``in_proj_weight`` into the query's rows and the
+        key's and value's, which run as linears of their own."""
         value = self.attr(node)
-        if value is not None or not isinstance(node, fx.Node) or node.target not in WEIGHT_PIECES or not node.args:
+        if value is not None or not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
             return value
-        rest = (*node.args[1:], *node.kwargs.values())
-        base = self.constant_value(node.args[0])
-        if base is None or any(isinstance(a, fx.Node) for a in fx.node.map_aggregate(rest, lambda a: a) if a is not None):
+        call = canonical(node)
+        sources = call.tensor_inputs() if call is not None else []
+        if call is None or call.op not in CUTS or len(sources) != 1 or set(node.all_input_nodes) != {sources[0]}:
             return None
-        piece = WEIGHT_PIECES[node.target](base, *node.args[1:], **node.kwargs)
+        base = self.constant_value(sources[0])
+        if base is None:
+            return None
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda _: base)
+        piece = getattr(args[0], node.target)(*args[1:], **kwargs) if node.op == "call_method" else node.target(*args, **kwargs)
         return piece if isinstance(piece, (torch.Tensor, tuple, list)) else None
 
     def quantized_weight(self, node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node, Optional[fx.Node]]]:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.rules.lowering_context import QValue
@@ -52,7 +53,7 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     if parts is None or not isinstance(source, fx.Node) or not ctx.has_quant(source) or ctx.qparams_of(node) is None:
         return None
     weight, bias, kernel, stride, padding, output_padding, groups, dilation = parts
-    if weight.dim() != 4 or kernel[0] != kernel[1] or tuple(stride) != tuple(kernel) or any(padding) \
+    if len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) != 4 or weight.dim() != 4 or kernel[0] != kernel[1] or tuple(stride) != tuple(kernel) or any(padding) \
             or any(output_padding) or groups != 1 or tuple(dilation) != (1, 1):
         return None
     cin, cout, k, _ = weight.shape
