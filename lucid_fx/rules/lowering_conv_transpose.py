@@ -53,8 +53,9 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     if parts is None or not isinstance(source, fx.Node) or not ctx.has_quant(source) or ctx.qparams_of(node) is None:
         return None
     weight, bias, kernel, stride, padding, output_padding, groups, dilation = parts
-    if len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) != 4 or weight.dim() != 4 or kernel[0] != kernel[1] or tuple(stride) != tuple(kernel) or any(padding) \
-            or any(output_padding) or groups != 1 or tuple(dilation) != (1, 1):
+    batched = len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) == 4
+    blocks = weight.dim() == 4 and kernel[0] == kernel[1] and tuple(stride) == tuple(kernel)  # one block a pixel
+    if not (batched and blocks) or any(padding) or any(output_padding) or groups != 1 or tuple(dilation) != (1, 1):
         return None
     cin, cout, k, _ = weight.shape
     rows = weight.detach().permute(1, 2, 3, 0).reshape(cout * k * k, cin, 1, 1)
