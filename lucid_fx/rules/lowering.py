@@ -118,12 +118,15 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
         pooled = _max_pool(ctx, node, x)
         if pooled is not None or canonical(node).op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = canonical(node).op in ("dropout", "identity", "interpolate")  # interpolate keeps channels-last too
+    keeps_layout = canonical(node).op in ("dropout", "identity", "interpolate", "pad")  # these keep channels-last too
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
+    pads_zeros = canonical(node).op == "pad" and canonical(node).args.get("mode", "constant") == "constant"
     averages = canonical(node).op == "interpolate" and canonical(node).args.get("mode", "nearest") not in ("nearest", "nearest-exact")
     codes = ctx.graph.call_method("to", (x.node, torch.float32)) if averages else x.node
     new = ctx.graph.node_copy(node, lambda n: codes if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
+    if pads_zeros:  # F.pad's zeros on the codes: the zero point
+        new.args, new.kwargs = new.args[:3], {**new.kwargs, "value": x.zero_point}
     if averages:  # bilinear of the codes as floats, rounded: quantize's codes of the float result on x's grid
         new = ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
     return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)

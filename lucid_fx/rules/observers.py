@@ -204,6 +204,11 @@ def _resample(node, ctx) -> Optional[Decision]:
     return _shared(node, ctx) if canonical(node).args.get("mode", "nearest") in INSIDE_RANGE else None
 
 
+def _padding(node, ctx) -> Optional[Decision]:  # reflect/replicate/circular move codes; zeros are the zero point's
+    args = canonical(node).args
+    return _shared(node, ctx) if args.get("mode", "constant") != "constant" or not args.get("value") else None
+
+
 def _weight_view(node, ctx) -> Optional[Decision]:
     """A view or piece of a parameter read only as a weight or bias (Mixtral's ``W.transpose(-2, -1)``, the
     cross-attention's cut of ``in_proj_weight``): the op quantizes it per channel; not an activation."""
@@ -271,6 +276,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(SHARED_OPS, _weight_view),  # W.transpose(-2, -1) read as a weight -> none (the op quantizes W)
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule("interpolate", _resample),  # nearest, bilinear, ... upsampling -> input's observer
+    observer_rule("pad", _padding),  # F.pad with zeros, reflect, replicate, circular -> input's observer
     observer_rule(ANY, _proven_interval),  # proven [lo, hi] -> FixedQParamsObserver
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert

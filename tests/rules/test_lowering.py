@@ -246,6 +246,41 @@ def test_torch_export_s_upsampling_and_transposed_convolution_take_the_same_rule
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
+class Padded(nn.Module):
+    """conv -> F.pad to a multiple of 4 (Swin's window padding, sizes from the shape) -> conv."""
+
+    def __init__(self, mode: str, value=None):
+        super().__init__()
+        self.a, self.b, self.mode, self.value = nn.Conv2d(3, 6, 3), nn.Conv2d(6, 4, 3), mode, value
+
+    def forward(self, x):
+        y = self.a(x)
+        extra = {"value": self.value} if self.value is not None else {}
+        return self.b(F.pad(y, (0, (4 - y.shape[-1] % 4) % 4, 1, 1), mode=self.mode, **extra))
+
+
+@pytest.mark.parametrize("mode,value", [("constant", None), ("constant", 0.0), ("reflect", None), ("replicate", None), ("circular", None)])
+def test_padding_moves_codes_and_pads_zeros_with_the_zero_point(sqnr_db, mode, value):
+    torch.manual_seed(0)
+    model, batches = Padded(mode, value).eval(), [torch.randn(2, 3, 9, 9) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert "0 ops in float" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+    pad = next(n for n in qmodel.graph.nodes if n.target is F.pad)
+    conv = pad.args[0].args[0] if pad.args[0].op == "call_method" else pad.args[0]  # through a layout call, if any
+    if mode == "constant":  # the real 0 is the input grid's zero point
+        assert pad.kwargs["value"] == conv.args[11]
+    with torch.no_grad():
+        x = torch.randn(2, 3, 9, 9)
+        assert sqnr_db(model(x), qmodel(x)) > 28
+
+
+def test_padding_with_another_value_stays_float():
+    torch.manual_seed(0)
+    model, batches = Padded("constant", 0.5).eval(), [torch.randn(2, 3, 9, 9) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert "float op: pad (no lowering rule for pad)" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.
