@@ -1,15 +1,19 @@
-"""Lowering rule for a transposed convolution whose kernel equals its stride (a U-Net's 2x2, stride-2 upsampling).
+"""Lowering rule for a transposed convolution whose kernel is a multiple of its stride: a U-Net's 2x2 stride-2
+upsampling, a GAN generator's or an FCN decoder's 4x4 stride-2 one with padding 1.
 
-Each input pixel then paints a kh x kw block of the output of its own, with no overlap: the op is a 1x1
-convolution to ``Cout * kh * kw`` channels, ``W'[(co * kh + i) * kw + j, ci] = W[ci, co, i, j]`` (the bias
-repeated for each of a block's pixels), whose result ``pixel_shuffle`` moves into the blocks. So it runs as
-``lucid_fx.conv2d`` (an int8 kernel; a scale per row of ``W'``, finer than per output channel) and a move of its
-codes. Other geometries (padding, output padding, groups, dilation, a kernel larger than the stride: blocks
-that overlap and sum) decline and run in float.
+Output phase (rh, rw) (the output pixels at rh, rw modulo the stride s) sums input pixels times the taps
+``W[:, :, m * s + rh, n * s + rw]`` alone: a plain convolution with a (kh / s, kw / s) kernel, flipped. All
+s * s phases are one ``lucid_fx.conv2d`` (an int8 kernel) to ``Cout * s * s`` channels,
+``W'[(co * s + rh) * s + rw, ci, a, b] = W[ci, co, (kh / s - 1 - a) * s + rh, (kw / s - 1 - b) * s + rw]``
+(padded by kh / s - 1, a scale per row of ``W'``, the bias repeated per phase), whose codes ``pixel_shuffle``
+interleaves; the padding then crops the border (``padding`` from the start, ``padding - output_padding``
+from the end). With kernel == stride it is a 1x1 convolution and no crop. Other geometries (groups,
+dilation, a kernel no multiple of the stride, unequal strides) decline and run in float.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional
 
 import torch
@@ -54,18 +58,27 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
         return None
     weight, bias, kernel, stride, padding, output_padding, groups, dilation = parts
     batched = len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) == 4
-    blocks = weight.dim() == 4 and kernel[0] == kernel[1] and tuple(stride) == tuple(kernel)  # one block a pixel
-    if not (batched and blocks) or any(padding) or any(output_padding) or groups != 1 or tuple(dilation) != (1, 1):
+    s = stride[0]
+    phases = weight.dim() == 4 and stride[0] == stride[1] and kernel[0] % s == 0 and kernel[1] % s == 0
+    if not (batched and phases) or groups != 1 or tuple(dilation) != (1, 1) \
+            or any(p < op for p, op in zip(padding, output_padding)):
         return None
-    cin, cout, k, _ = weight.shape
-    rows = weight.detach().permute(1, 2, 3, 0).reshape(cout * k * k, cin, 1, 1)
+    cin, cout, kh, kw = weight.shape
+    taps = weight.detach().reshape(cin, cout, kh // s, s, kw // s, s).flip(2, 4)
+    rows = taps.permute(1, 3, 5, 0, 2, 4).reshape(cout * s * s, cin, kh // s, kw // s)
     codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, 1))
     if ctx._may_overflow(node, codes):
         return None
     base = node.name
-    w, s = ctx.constant(f"{base}_qweight", codes), ctx.constant(f"{base}_wscale", scales)
-    b = ctx.constant(f"{base}_bias", bias.detach().float().repeat_interleave(k * k)) if bias is not None else None
+    w, sc = ctx.constant(f"{base}_qweight", codes), ctx.constant(f"{base}_wscale", scales)
+    b = ctx.constant(f"{base}_bias", bias.detach().float().repeat_interleave(s * s)) if bias is not None else None
     x = ctx.channels_last_of(source)
     scale, zp, _ = ctx.qparams_of(node)
-    out = ctx.call(_ops.conv2d, x.node, x.scale, x.zero_point, w, s, b, [1, 1], [0, 0], [1, 1], 1, scale, zp, "none", None)
-    return ctx.output_qvalue(node, ctx.call(F.pixel_shuffle, out, k), channels_last=True)  # pixel_shuffle keeps it
+    out = ctx.call(_ops.conv2d, x.node, x.scale, x.zero_point, w, sc, b, [1, 1], [kh // s - 1, kw // s - 1], [1, 1], 1,
+                   scale, zp, "none", None)
+    out = ctx.call(F.pixel_shuffle, out, s)  # keeps channels-last
+    if any(padding):
+        crop = tuple(slice(p, -(p - op) if p > op else None) for p, op in zip(padding, output_padding))
+        cropped = ctx.call(operator.getitem, out, (slice(None), slice(None), *crop))
+        out = ctx.graph.call_method("contiguous", (cropped,), {"memory_format": torch.channels_last})
+    return ctx.output_qvalue(node, out, channels_last=True)

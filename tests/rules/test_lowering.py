@@ -198,6 +198,26 @@ def test_a_transposed_convolution_of_kernel_equal_to_stride_is_an_int8_1x1_convo
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
+@pytest.mark.parametrize("k,s,p,op", [(4, 2, 1, 0), (4, 2, 1, 1), (6, 3, 2, 1), (4, 2, 0, 0), (2, 1, 0, 0)])
+def test_a_transposed_convolution_of_kernel_a_multiple_of_its_stride_is_one_int8_convolution_of_its_phases(sqnr_db, k, s, p, op):
+    # a GAN generator's / an FCN decoder's ConvTranspose2d(4, stride=2, padding=1): s * s phases, each a plain
+    # convolution with a (k / s)-tap kernel, in one lucid_fx.conv2d; pixel_shuffle interleaves them, the padding crops
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 6, k, s, p, op), nn.Conv2d(6, 4, 1)).eval()
+    batches = [torch.randn(2, 3, 7, 6) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    report = qmodel.lucid_fx_convert_report
+    assert "0 ops in float" in str(report) and report.int8_flop_share == 1.0, str(report)
+    phases = [n for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.conv2d][1]
+    assert getattr(qmodel, phases.args[3].target).shape == (6 * s * s, 8, k // s, k // s)
+    assert phases.args[7] == [k // s - 1, k // s - 1] and next(iter(phases.users)).target is F.pixel_shuffle
+    with torch.no_grad():
+        x = torch.randn(2, 3, 7, 6)
+        want = model(x)
+        got = qmodel(x)
+        assert got.shape == want.shape and sqnr_db(want, got) > 30
+
+
 def test_a_batch_norm_after_a_transposed_convolution_is_not_folded_into_its_weight(sqnr_db):
     # a DCGAN generator's ConvTranspose2d -> BatchNorm2d -> ReLU: the weight's output channels are its dim 1, so a
     # conv's fold (scaling dim 0) would scale the input channels; the batch norm runs as its own int8 table instead
