@@ -205,6 +205,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
+    OpDef("roll", ("input", "shifts", "dims"), tags=frozenset({Tag.MOVES_CODES})),  # Swin's shifted windows
+    OpDef("flip", ("input", "dims"), tags=frozenset({Tag.MOVES_CODES})),
     OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # observers.INSIDE_RANGE
     OpDef("pad", ("input", "pad", "mode", "value")),  # Swin's, ConvNeXt's: rules/observers.py's _padding
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export

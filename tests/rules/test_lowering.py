@@ -301,6 +301,28 @@ def test_padding_with_another_value_stays_float():
     assert "float op: pad (no lowering rule for pad)" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
 
 
+class Rolled(nn.Module):
+    """Swin's shifted windows: torch.roll of a block's codes, and a flip, between two linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.roll(self.a(x), shifts=(-2, 1), dims=(1, 2)).flip(1))
+
+
+def test_roll_and_flip_move_codes(sqnr_db):
+    torch.manual_seed(0)
+    model, batches = Rolled().eval(), [torch.randn(2, 6, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    calls = [getattr(n.target, "__name__", n.target) for n in qmodel.graph.nodes if n.op.startswith("call_")]
+    assert calls == ["quantize_per_tensor", "linear", "roll", "flip", "linear"], calls
+    with torch.no_grad():
+        x = torch.randn(2, 6, 8)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
 def test_functional_max_pool2d_uses_the_int16_kernel():
     # F.max_pool2d passes dilation/ceil_mode/return_indices by keyword; the rule used to decline
     # any keyword beyond the first three and run torch's slow uint8 max-pool instead.
