@@ -26,6 +26,7 @@ from lucid_fx.rules.lowering_context import _is_observer_call, readers, watched
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDED_SHARED, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
+from lucid_fx.rules.lowering_conv_transpose import takes as transposed_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number, scalar_constant
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
@@ -122,6 +123,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
             placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))
+        elif rule is rules.lower_conv_transpose2d and not transposed_takes(prepared, members[0]):  # its geometry
+            placement = _stays_float(kind, decision, key, rule, "lowering declined")
         else:
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))

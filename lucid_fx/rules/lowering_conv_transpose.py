@@ -25,7 +25,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.rules.lowering_context import QValue
 
-__all__ = ["lower_conv_transpose2d"]
+__all__ = ["lower_conv_transpose2d", "takes"]
 
 _ops = torch.ops.lucid_fx
 
@@ -34,15 +34,16 @@ def _pair(value: Any) -> Optional[tuple]:
     return (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
 
 
-def _parts(ctx, node: fx.Node) -> Optional[tuple]:
-    """(weight, bias, kernel, stride, padding, output padding, groups, dilation) of a module or F call."""
+def _parts(prepared, value_of, node: fx.Node) -> Optional[tuple]:
+    """(weight, bias, kernel, stride, padding, output padding, groups, dilation) of a module or F call, the
+    functional weight and bias read by ``value_of`` (None where a weight is computed in the graph)."""
     if node.op == "call_module":
-        m = ctx.prepared.get_submodule(node.target)
+        m = prepared.get_submodule(node.target)
         if m.padding_mode != "zeros":
             return None
         return m.weight, m.bias, m.kernel_size, m.stride, m.padding, m.output_padding, m.groups, m.dilation
     args = canonical(node).args
-    weight, bias = ctx.constant_value(args.get("weight")), ctx.constant_value(args.get("bias"))
+    weight, bias = value_of(args.get("weight")), value_of(args.get("bias"))
     if weight is None or (args.get("bias") is not None and bias is None):
         return None
     get = lambda name, default: _pair(args.get(name, default))  # noqa: E731
@@ -50,19 +51,37 @@ def _parts(ctx, node: fx.Node) -> Optional[tuple]:
             args.get("groups", 1), get("dilation", 1))
 
 
+def _fits(parts: Optional[tuple], source: Any) -> bool:
+    """Whether the rule takes this geometry: a batched image, one stride whose multiples the kernel is, no groups
+    or dilation, and an output padding within the padding (what the crop takes off)."""
+    if parts is None or not isinstance(source, fx.Node) or len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) != 4:
+        return False
+    weight, _, kernel, stride, padding, output_padding, groups, dilation = parts
+    s = stride[0]
+    phases = weight.dim() == 4 and stride[0] == stride[1] and kernel[0] % s == 0 and kernel[1] % s == 0
+    return phases and groups == 1 and tuple(dilation) == (1, 1) and all(p >= op for p, op in zip(padding, output_padding))
+
+
+def takes(prepared: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether :func:`lower_conv_transpose2d` takes ``node`` (a prepared node): explain's prediction."""
+    def read(value):
+        if not (isinstance(value, fx.Node) and value.op == "get_attr"):
+            return None
+        found = prepared
+        for part in value.target.split("."):
+            found = getattr(found, part)
+        return found
+    return _fits(_parts(prepared, read, node), canonical(node).args.get("input"))
+
+
 def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     node = members[0]
     source = resolve(canonical(node).args.get("input"))
-    parts = _parts(ctx, node)
-    if parts is None or not isinstance(source, fx.Node) or not ctx.has_quant(source) or ctx.qparams_of(node) is None:
+    parts = _parts(ctx.prepared, ctx.constant_value, node)
+    if not _fits(parts, source) or not ctx.has_quant(source) or ctx.qparams_of(node) is None:
         return None
     weight, bias, kernel, stride, padding, output_padding, groups, dilation = parts
-    batched = len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) == 4
     s = stride[0]
-    phases = weight.dim() == 4 and stride[0] == stride[1] and kernel[0] % s == 0 and kernel[1] % s == 0
-    if not (batched and phases) or groups != 1 or tuple(dilation) != (1, 1) \
-            or any(p < op for p, op in zip(padding, output_padding)):
-        return None
     cin, cout, kh, kw = weight.shape
     taps = weight.detach().reshape(cin, cout, kh // s, s, kw // s, s).flip(2, 4)
     rows = taps.permute(1, 3, 5, 0, 2, 4).reshape(cout * s * s, cin, kh // s, kw // s)

@@ -218,6 +218,22 @@ def test_a_transposed_convolution_of_kernel_a_multiple_of_its_stride_is_one_int8
         assert got.shape == want.shape and sqnr_db(want, got) > 30
 
 
+@pytest.mark.parametrize("geometry,int8", [(dict(kernel_size=4, stride=2, padding=1), True),
+                                           (dict(kernel_size=3, stride=2, padding=1, output_padding=1), False),
+                                           (dict(kernel_size=2, stride=2, groups=2), False)])
+def test_explain_predicts_where_a_transposed_convolution_runs(geometry, int8):
+    from lucid_fx.placement import placements
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 6, **geometry), nn.Conv2d(6, 4, 1)).eval()
+    batches = [torch.randn(1, 3, 6, 6) for _ in range(2)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    predicted = str(placements(prepared)["_1"])
+    assert predicted == str(placements(lucid_fx.convert(prepared))["_1"])
+    assert predicted == ("int8 kernel (conv_transpose2d)" if int8 else "float (lowering declined)"), predicted
+
+
 def test_a_batch_norm_after_a_transposed_convolution_is_not_folded_into_its_weight(sqnr_db):
     # a DCGAN generator's ConvTranspose2d -> BatchNorm2d -> ReLU: the weight's output channels are its dim 1, so a
     # conv's fold (scaling dim 0) would scale the input channels; the batch norm runs as its own int8 table instead
