@@ -21,7 +21,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx._meta import OBSERVERS
-from lucid_fx.passes.lower_to_int8 import _LOWERABLE, _group, _key, _stays_float, lowerable
+from lucid_fx.passes.lower_to_int8 import _group, _key, _stays_float, lowerable
 from lucid_fx.rules.lowering_context import _is_observer_call, readers, watched
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDED_SHARED, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
