@@ -15,7 +15,7 @@ from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups", "cut_from_parameter", "CUTS"]
+__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups", "attr_value", "cut_from_parameter", "CUTS"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,13 @@ def cut_from_parameter(node: fx.Node) -> bool:
             return False
         node = sources[0]
     return True
+
+
+def attr_value(node: Any) -> Any:
+    """What a ``get_attr`` node reads from its graph's module; None for any other value."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return None
+    value = node.graph.owning_module
+    for part in node.target.split("."):
+        value = getattr(value, part, None)
+    return value

@@ -118,18 +118,37 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
         pooled = _max_pool(ctx, node, x)
         if pooled is not None or canonical(node).op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = canonical(node).op in ("dropout", "identity", "interpolate", "pad")  # these keep channels-last too
+    keeps_layout = canonical(node).op in KEEPS_LAYOUT
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
-    pads_zeros = canonical(node).op == "pad" and canonical(node).args.get("mode", "constant") == "constant"
-    averages = canonical(node).op == "interpolate" and canonical(node).args.get("mode", "nearest") not in ("nearest", "nearest-exact")
-    codes = ctx.graph.call_method("to", (x.node, torch.float32)) if averages else x.node
-    new = ctx.graph.node_copy(node, lambda n: codes if resolve(n) is tensors[0] else ctx.float_of(resolve(n)))
-    if pads_zeros:  # F.pad's zeros on the codes: the zero point
-        new.args, new.kwargs = new.args[:3], {**new.kwargs, "value": x.zero_point}
-    if averages:  # bilinear of the codes as floats, rounded: quantize's codes of the float result on x's grid
-        new = ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
+    new = MOVERS.get(canonical(node).op, _on_codes)(ctx, node, x, lambda n: resolve(n) is tensors[0], resolve)
     return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)
+
+
+def _on_codes(ctx, node: fx.Node, x: QValue, is_input, resolve, codes: Optional[fx.Node] = None) -> fx.Node:
+    """``node``'s own call on ``x``'s codes (or on ``codes``): a reshape, a permute, a nearest upsampling, ..."""
+    return ctx.graph.node_copy(node, lambda n: (codes or x.node) if is_input(n) else ctx.float_of(resolve(n)))
+
+
+def _padded(ctx, node, x, is_input, resolve) -> fx.Node:  # F.pad: its zeros are x's zero point (the real 0)
+    new = _on_codes(ctx, node, x, is_input, resolve)
+    if canonical(node).args.get("mode", "constant") == "constant":
+        new.args, new.kwargs = new.args[:3], {**new.kwargs, "value": x.zero_point}
+    return new
+
+
+def _resampled(ctx, node, x, is_input, resolve) -> fx.Node:  # interpolate: nearest moves codes, the rest averages
+    if canonical(node).args.get("mode", "nearest") in ("nearest", "nearest-exact"):
+        return _on_codes(ctx, node, x, is_input, resolve)
+    floats = ctx.graph.call_method("to", (x.node, torch.float32))  # the codes' average, rounded: quantize's codes
+    new = _on_codes(ctx, node, x, is_input, resolve, floats)      # of the float result on x's grid
+    return ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
+
+
+# Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
+# whose call on the codes is not the float op's own: each gives the node computing the moved codes.
+KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad"})
+MOVERS = {"pad": _padded, "interpolate": _resampled}
 
 
 def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:

@@ -21,17 +21,15 @@ import torch.nn.functional as F
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.node_refs import attr_value
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.rules.lowering_pool import _ints
 
 __all__ = ["lower_conv_transpose2d", "takes"]
 
 _ops = torch.ops.lucid_fx
-
-
-def _pair(value: Any) -> Optional[tuple]:
-    return (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else None
 
 
 def _parts(prepared, value_of, node: fx.Node) -> Optional[tuple]:
@@ -46,7 +44,7 @@ def _parts(prepared, value_of, node: fx.Node) -> Optional[tuple]:
     weight, bias = value_of(args.get("weight")), value_of(args.get("bias"))
     if weight is None or (args.get("bias") is not None and bias is None):
         return None
-    get = lambda name, default: _pair(args.get(name, default))  # noqa: E731
+    get = lambda name, default: _ints(args.get(name, default), 2)  # noqa: E731
     return (weight, bias, tuple(weight.shape[2:]), get("stride", 1), get("padding", 0), get("output_padding", 0),
             args.get("groups", 1), get("dilation", 1))
 
@@ -57,6 +55,8 @@ def _fits(parts: Optional[tuple], source: Any) -> bool:
     if parts is None or not isinstance(source, fx.Node) or len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) != 4:
         return False
     weight, _, kernel, stride, padding, output_padding, groups, dilation = parts
+    if None in (stride, padding, output_padding, dilation) or not isinstance(groups, int):
+        return False  # sizes computed in the graph
     s = stride[0]
     phases = weight.dim() == 4 and stride[0] == stride[1] and kernel[0] % s == 0 and kernel[1] % s == 0
     return phases and groups == 1 and tuple(dilation) == (1, 1) and all(p >= op for p, op in zip(padding, output_padding))
@@ -64,14 +64,7 @@ def _fits(parts: Optional[tuple], source: Any) -> bool:
 
 def takes(prepared: fx.GraphModule, node: fx.Node) -> bool:
     """Whether :func:`lower_conv_transpose2d` takes ``node`` (a prepared node): explain's prediction."""
-    def read(value):
-        if not (isinstance(value, fx.Node) and value.op == "get_attr"):
-            return None
-        found = prepared
-        for part in value.target.split("."):
-            found = getattr(found, part)
-        return found
-    return _fits(_parts(prepared, read, node), canonical(node).args.get("input"))
+    return _fits(_parts(prepared, attr_value, node), canonical(node).args.get("input"))
 
 
 def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:

@@ -17,7 +17,7 @@ from torch import fx
 
 from lucid_fx._meta import TENSOR_META
 from lucid_fx._where import caller_location
-from lucid_fx.node_refs import canonical
+from lucid_fx.node_refs import attr_value, canonical
 
 __all__ = ["Match", "PatternRule", "PATTERN_RULES"]
 
@@ -53,11 +53,7 @@ def _only_user(node: fx.Node, user: fx.Node) -> bool:
 
 def _weight(node: Any) -> Optional[torch.Tensor]:
     """A 1-D constant of the graph (``self.weight`` read with get_attr)."""
-    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
-        return None
-    value = node.graph.owning_module
-    for part in node.target.split("."):
-        value = getattr(value, part, None)
+    value = attr_value(node)
     return value if isinstance(value, torch.Tensor) and value.dim() == 1 else None
 
 
