@@ -131,6 +131,7 @@ _BOUNDED_TABLE = frozenset({Tag.BOUNDED, Tag.ELEMENTWISE})
 _MOVES_VIEW = frozenset({Tag.MOVES_CODES, Tag.VIEW})
 _CONV_TAGS = frozenset({Tag.WEIGHTED, Tag.CONV, Tag.PRODUCT})
 _AVG_POOL_TAGS = frozenset({Tag.POOLING, Tag.AVERAGE})
+_NORM = frozenset({Tag.NORMALIZATION})
 
 # The canonical ops. Parameter tuples follow torch's own positional order.
 OP_DEFS: List[OpDef] = [
@@ -172,14 +173,11 @@ OP_DEFS: List[OpDef] = [
     OpDef("conv2d", _CONV, modules={nn.Conv2d: _none}, tags=_CONV_TAGS),
     OpDef("conv3d", _CONV, modules={nn.Conv3d: _none}, tags=_CONV_TAGS),
     OpDef("conv_transpose2d", _CONV_T, modules={nn.ConvTranspose2d: _none}, tags=frozenset({Tag.PRODUCT})),  # not WEIGHTED: its weight is (Cin, Cout, kh, kw)
-    OpDef(
-        "batch_norm",
-        ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
-        modules={nn.BatchNorm1d: _none, nn.BatchNorm2d: _none, nn.BatchNorm3d: _none},
-        tags=frozenset({Tag.NORMALIZATION}),
-    ),
-    OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=frozenset({Tag.NORMALIZATION})),
-    OpDef("rms_norm", ("input", "normalized_shape", "weight", "eps"), modules={nn.RMSNorm: _none}, tags=frozenset({Tag.NORMALIZATION})),
+    OpDef("batch_norm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+          modules={nn.BatchNorm1d: _none, nn.BatchNorm2d: _none, nn.BatchNorm3d: _none}, tags=_NORM),
+    OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=_NORM),
+    OpDef("rms_norm", ("input", "normalized_shape", "weight", "eps"), modules={nn.RMSNorm: _none}, tags=_NORM),
+    OpDef("group_norm", ("input", "num_groups", "weight", "bias", "eps"), modules={nn.GroupNorm: _attrs(num_groups="num_groups", eps="eps")}, tags=_NORM),
     OpDef("embedding", ("input", "weight"), modules={nn.Embedding: _none}),
     OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
     OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),

@@ -297,4 +297,5 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "max_pool2d": _unary("max_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
     "layer_norm": _unary("layer_norm"),  # codes (weight and bias float, as the model's)
     "rms_norm": _unary("rms_norm"),  # codes (weight float, as the model's)
+    "group_norm": _unary("group_norm"),  # codes (weight and bias float, as the model's)
 }

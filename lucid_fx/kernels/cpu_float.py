@@ -124,3 +124,4 @@ register_kernel("lut", "cpu", lut)
 register_kernel("channel_lut", "cpu", native_elementwise.channel_lut)  # one C pass where the native kernels are loaded
 register_kernel("layer_norm", "cpu", norms.cpu_layer_norm)
 register_kernel("rms_norm", "cpu", norms.cpu_rms_norm)
+register_kernel("group_norm", "cpu", norms.cpu_group_norm)

@@ -202,6 +202,7 @@ _DEFINITIONS = [
     (ref.max_pool2d, _fake_max_pool2d),
     (norms.layer_norm, norms.fake_norm),
     (norms.rms_norm, norms.fake_norm),
+    (norms.group_norm, norms.fake_group_norm),  # in its input's layout
 ]
 for _fn, _fake in _DEFINITIONS:
     define_op(_fn, _fake)

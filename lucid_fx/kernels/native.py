@@ -50,8 +50,7 @@ HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources inc
 FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
 check_finite = True  # count NaN/±inf in the quantize pass (benchmarks/nonfinite_check.py turns it off to measure it)
 
-_P, _I64, _I32, _F, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double
-_CODES = (torch.uint8, torch.int8)
+_P, _I64, _I32, _F, _D, _CODES = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double, (torch.uint8, torch.int8)
 # The C functions, {kernel: (argument types, result type, the dtypes it writes)}: lucid_<kernel>_<dtype>.
 SIGNATURES = {
     "quantize": ((_P, _P, _I64, _F, _I32, _I32, _I32, _I32), _I64, _CODES),  # x, out, n, inv, zp, qmin, qmax, check
@@ -77,6 +76,7 @@ SIGNATURES = {
     "gemm_sum": ((_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _F, _F, _I32, _F, _F, _P, _F, _I32), None, (torch.uint8,)),
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
+    "group_norm": ((_P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32, _P), _I32, (*_CODES, torch.float32)),
     "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}

@@ -121,3 +121,115 @@ NORM(lucid_norm_uint8, uint8_t, 0)
 NORM(lucid_norm_int8, int8_t, 1)
 
 int32_t lucid_norm_vectorized(void) { return NORM_AVX2; }
+
+/* Group norm of 8-bit codes (lucid_fx.kernels.norms.cpu_group_norm): batch samples of c channels of
+ * inner values each, contiguous (N, C, inner) or channels-last (N, inner, C). Per sample, the sums of
+ * each channel's codes and of their squares are exact (int32 over at most 2^15 values at a time, then
+ * int64), and a group's mean and variance come from them in double. Each channel's map from a code to
+ * the output grid is then one affine step, x * a[k] + b[k] with a = rstd * weight / out_scale and
+ * b = (bias - mean * rstd * weight) / out_scale computed in double (a float32 multiply and add a code:
+ * values within float32 rounding of torch's, which takes four steps), rounded to the output code; where tail is given (a following table lookup: SiLU's, or a
+ * dequantize's float table), the codes go through it in a second pass (LUT's vectorized lookup).
+ * The inner loops run over a plane (contiguous) or a pixel's channels (channels-last) with no
+ * branch, which the compiler vectorizes. Returns 0, or -1 when the scratch cannot be allocated (the
+ * caller runs torch's kernel). */
+#include <stdlib.h>
+
+#define GROUP_NORM_CODES(SUFFIX, CODE)                                                                 \
+    static void group_sums_##SUFFIX(const CODE *restrict x, int64_t c, int64_t inner, int32_t channels_last, \
+                                    int64_t *restrict sum, int64_t *restrict square, int32_t *restrict acc) { \
+        for (int64_t k = 0; k < c; k++) sum[k] = 0, square[k] = 0;                                    \
+        if (!channels_last) {                                                                         \
+            for (int64_t k = 0; k < c; k++)                                                           \
+                for (int64_t i0 = 0; i0 < inner; i0 += 1 << 15) {                                     \
+                    const CODE *restrict p = x + k * inner;                                           \
+                    const int64_t end = inner - i0 < (1 << 15) ? inner : i0 + (1 << 15);              \
+                    int32_t s = 0, q = 0;                                                             \
+                    for (int64_t i = i0; i < end; i++) s += p[i], q += (int32_t)p[i] * p[i];          \
+                    sum[k] += s, square[k] += q;                                                      \
+                }                                                                                     \
+            return;                                                                                   \
+        }                                                                                             \
+        int32_t *restrict as = acc, *restrict aq = acc + c;                                           \
+        for (int64_t p0 = 0; p0 < inner; p0 += 1 << 15) {                                             \
+            const int64_t end = inner - p0 < (1 << 15) ? inner : p0 + (1 << 15);                      \
+            for (int64_t k = 0; k < c; k++) as[k] = 0, aq[k] = 0;                                     \
+            for (int64_t p = p0; p < end; p++) {                                                      \
+                const CODE *restrict row = x + p * c;                                                 \
+                for (int64_t k = 0; k < c; k++) as[k] += row[k], aq[k] += (int32_t)row[k] * row[k];   \
+            }                                                                                         \
+            for (int64_t k = 0; k < c; k++) sum[k] += as[k], square[k] += aq[k];                      \
+        }                                                                                             \
+    }                                                                                                 \
+    static void group_steps_##SUFFIX(const CODE *restrict x, CODE *restrict y, int64_t c, int64_t inner,  \
+                                     int32_t channels_last, const float *restrict a, const float *restrict b, \
+                                     float lo, float hi, int32_t zp) {                                \
+        if (channels_last) {                                                                          \
+            for (int64_t p = 0; p < inner; p++)                                                       \
+                for (int64_t k = 0; k < c; k++)                                                       \
+                    y[p * c + k] = (CODE)REQUANTIZE((float)x[p * c + k] * a[k] + b[k], lo, hi, zp);   \
+            return;                                                                                   \
+        }                                                                                             \
+        for (int64_t k = 0; k < c; k++) {                                                             \
+            const float ak = a[k], bk = b[k];                                                         \
+            for (int64_t i = 0; i < inner; i++)                                                       \
+                y[k * inner + i] = (CODE)REQUANTIZE((float)x[k * inner + i] * ak + bk, lo, hi, zp);   \
+        }                                                                                             \
+    }
+GROUP_NORM_CODES(u8, uint8_t)
+GROUP_NORM_CODES(s8, int8_t)
+
+void lucid_lut_uint8(const uint8_t *, const uint8_t *, uint8_t *, int64_t, int32_t);
+void lucid_lut_int8(const uint8_t *, const int8_t *, int8_t *, int64_t, int32_t);
+void lucid_lut_float32(const uint8_t *, const float *, float *, int64_t, int32_t);
+
+#define GROUP_NORM(NAME, OUT, LUT)                                                                     \
+    int32_t NAME(const uint8_t *restrict q, OUT *restrict out, int64_t batch, int64_t c, int64_t inner,  \
+                 int32_t groups, int32_t channels_last, int32_t signed_codes, float eps,               \
+                 const float *restrict weight, const float *restrict bias, float inv_out, int32_t out_zp, \
+                 int32_t low, int32_t high, const OUT *restrict tail) {                                \
+        const float lo = (float)(low - out_zp), hi = (float)(high - out_zp);                          \
+        const int64_t per = c / groups, sample = c * inner;                                           \
+        int64_t *sums = malloc(sizeof(int64_t) * 2 * c);                                              \
+        int32_t *acc = malloc(sizeof(int32_t) * 2 * c);                                               \
+        float *steps = malloc(sizeof(float) * 2 * c);                                                 \
+        uint8_t *codes = tail ? malloc((size_t)sample) : (uint8_t *)out;                              \
+        if (!sums || !acc || !steps || !codes) {                                                      \
+            free(sums), free(acc), free(steps);                                                       \
+            if (tail) free(codes);                                                                    \
+            return -1;                                                                                \
+        }                                                                                             \
+        float *a = steps, *b = steps + c;                                                             \
+        for (int64_t n = 0; n < batch; n++) {                                                         \
+            const uint8_t *x = q + n * sample;                                                        \
+            uint8_t *y = tail ? codes : (uint8_t *)out + n * sample;                                  \
+            if (signed_codes)                                                                         \
+                group_sums_s8((const int8_t *)x, c, inner, channels_last, sums, sums + c, acc);       \
+            else                                                                                      \
+                group_sums_u8(x, c, inner, channels_last, sums, sums + c, acc);                       \
+            for (int32_t g = 0; g < groups; g++) {                                                    \
+                int64_t s = 0, sq = 0;                                                                \
+                for (int64_t k = g * per; k < (g + 1) * per; k++) s += sums[k], sq += sums[c + k];    \
+                const double count = (double)(per * inner), mean = (double)s / count;                 \
+                const double var = ((double)sq - (double)s * mean) / count;                           \
+                const double rstd = 1.0 / sqrt((var > 0.0 ? var : 0.0) + (double)eps);                \
+                for (int64_t k = g * per; k < (g + 1) * per; k++) {                                   \
+                    const double slope = rstd * (weight ? weight[k] : 1.0);                           \
+                    a[k] = (float)(slope * inv_out);                                                  \
+                    b[k] = (float)(((bias ? bias[k] : 0.0) - mean * slope) * inv_out);                \
+                }                                                                                     \
+            }                                                                                         \
+            if (signed_codes)                                                                         \
+                group_steps_s8((const int8_t *)x, (int8_t *)y, c, inner, channels_last, a, b, lo, hi, out_zp); \
+            else                                                                                      \
+                group_steps_u8(x, y, c, inner, channels_last, a, b, lo, hi, out_zp);                  \
+            if (tail) LUT(y, tail, out + n * sample, sample, signed_codes ? 128 : 0);                 \
+        }                                                                                             \
+        free(sums), free(acc), free(steps);                                                           \
+        if (tail) free(codes);                                                                        \
+        return 0;                                                                                     \
+    }
+
+GROUP_NORM(lucid_group_norm_uint8, uint8_t, lucid_lut_uint8)
+GROUP_NORM(lucid_group_norm_int8, int8_t, lucid_lut_int8)
+GROUP_NORM(lucid_group_norm_float32, float, lucid_lut_float32)

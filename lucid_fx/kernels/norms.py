@@ -1,11 +1,12 @@
-"""Normalisations on int8 codes: layer norm and RMS norm, codes in and codes out, the statistics
-computed in float32 inside the kernel (dequantize -> normalise with weight and bias -> quantize).
+"""Normalisations on int8 codes: layer norm, RMS norm and group norm, codes in and codes out, the
+statistics computed in float inside the kernel (dequantize -> normalise with weight and bias -> quantize).
 
 A norm's output is not bounded by its input's grid: the statistics are those of the whole row, so
 the output gets its own calibrated grid (``out_scale``, ``out_zp``). The CPU kernels skip the
 dequantize: layer norm ignores a shift, so the zero point is never subtracted, and scaling the
-input by ``s`` is the same as dividing ``eps`` by ``s**2``. Every kernel reads its input contiguous
-(rows of the normalised dims next to each other) and returns contiguous codes.
+input by ``s`` is the same as dividing ``eps`` by ``s**2``. Layer and RMS norm read their input
+contiguous (rows of the normalised dims next to each other) and return contiguous codes; group norm
+keeps its input's layout (a convolution's channels-last codes stay channels-last).
 
 >>> x = torch.randn(2, 8)
 >>> q = torch.ops.lucid_fx.quantize_per_tensor(x, 0.03, 128, 0, 255, torch.uint8)
@@ -22,9 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from lucid_fx.kernels import native
-from lucid_fx.kernels.codes import dequant, f32_reciprocal, finish
+from lucid_fx.kernels.codes import conv2d_memory_format, dequant, f32_reciprocal, finish, to_layout
+from lucid_fx.kernels.reference import lut
 
-__all__ = ["layer_norm", "rms_norm", "fake_norm", "cpu_layer_norm", "cpu_rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "group_norm", "fake_norm", "fake_group_norm", "cpu_layer_norm", "cpu_rms_norm",
+           "cpu_group_norm"]
 
 
 def layer_norm(
@@ -45,8 +48,25 @@ def rms_norm(
     return finish(y, "none", out_scale, out_zp, q.dtype)
 
 
+def group_norm(
+    q: torch.Tensor, scale: float, zp: int, num_groups: int, weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor], eps: float, out_scale: float, out_zp: int,
+) -> torch.Tensor:
+    """``F.group_norm`` of per-tensor codes, quantized with ``(out_scale, out_zp)``, in ``q``'s layout."""
+    y = F.group_norm(dequant(q, scale, zp), num_groups, weight, bias, eps)
+    return to_layout(finish(y, "none", out_scale, out_zp, q.dtype), _layout(q))
+
+
+def _layout(q: torch.Tensor) -> torch.memory_format:
+    return conv2d_memory_format(q) if q.dim() == 4 else torch.contiguous_format
+
+
 def fake_norm(q: torch.Tensor, *rest) -> torch.Tensor:
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def fake_group_norm(q: torch.Tensor, *rest) -> torch.Tensor:
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device, memory_format=_layout(q))
 
 
 def _native_norm(q, zp, normalized_shape, weight, bias, eps, out_scale, out_zp, rms: bool) -> Optional[torch.Tensor]:
@@ -87,3 +107,37 @@ def cpu_rms_norm(q, scale, zp, normalized_shape, weight, eps, out_scale, out_zp)
     codes = q.contiguous().to(torch.float32)
     y = F.rms_norm(codes.sub_(zp) if zp else codes, normalized_shape, weight, eps)
     return finish(y, "none", out_scale, out_zp, q.dtype)
+
+
+def _native_group_norm(q, num_groups, weight, bias, eps, out_scale, out_zp, tail) -> Optional[torch.Tensor]:
+    """native_norm.c's group norm (exact sums, a table per channel, one lookup pass), or None where
+    the kernels are not loaded or the codes, weight, bias or tail are not laid out as it reads them."""
+    fn = native._function("group_norm", q.dtype if tail is None else tail.dtype)
+    c = q.shape[1] if q.dim() >= 2 else 0
+    channels_last = q.dim() == 4 and not q.is_contiguous() and q.is_contiguous(memory_format=torch.channels_last)
+    params = [t for t in (weight, bias) if t is not None]
+    if fn is None or q.numel() == 0 or c % num_groups or q.device.type != "cpu" or not (q.is_contiguous() or channels_last) \
+            or not all(t.dtype == torch.float32 and t.is_contiguous() and t.numel() == c and t.device.type == "cpu"
+                       for t in params) or (tail is not None and (tail.numel() != 256 or not tail.is_contiguous())):
+        return None
+    info = torch.iinfo(q.dtype)
+    out = torch.empty_like(q, dtype=q.dtype if tail is None else tail.dtype)
+    failed = fn(q.data_ptr(), out.data_ptr(), q.shape[0], c, q[0, 0].numel(), num_groups, int(channels_last),
+                int(q.dtype == torch.int8), eps, None if weight is None else weight.data_ptr(),
+                None if bias is None else bias.data_ptr(), f32_reciprocal(out_scale), out_zp, info.min, info.max,
+                None if tail is None else tail.data_ptr())
+    return None if failed else out
+
+
+def cpu_group_norm(q, scale, zp, num_groups, weight, bias, eps, out_scale, out_zp, tail: Optional[torch.Tensor] = None):
+    """Group norm of the raw codes (no zero point, the scale folded into ``eps``, as layer norm), in
+    ``q``'s layout; ``tail`` is a following 256-entry table lookup (the program composes a SiLU's or a
+    dequantize's into it). One native pass over the sums and one over the tables where the kernels are
+    loaded (values within float32 rounding of torch's)."""
+    eps = eps / (scale * scale)
+    out = _native_group_norm(q, num_groups, weight, bias, eps, out_scale, out_zp, tail)
+    if out is not None:
+        return out
+    y = F.group_norm(q.to(torch.float32), num_groups, weight, bias, eps)
+    codes = to_layout(finish(y, "none", out_scale, out_zp, q.dtype), _layout(q))
+    return codes if tail is None else lut(codes, tail)

@@ -19,7 +19,7 @@ from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_conv_transpose import lower_conv_transpose2d
 from lucid_fx.rules.lowering_lookup import lower_embedding
-from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_norm
+from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_group_norm, lower_norm
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, rescale_by_constant
 from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.rules.lowering_gate import lower_gate_product
@@ -290,6 +290,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("embedding",): lower_embedding,  # embedding(ids, W) -> the same lookup in W's codes
     **{(op,): lower_norm for op in ("layer_norm", "rms_norm")},  # -> lucid_fx.layer_norm / rms_norm, float statistics inside
+    ("group_norm",): lower_group_norm,  # -> lucid_fx.group_norm, float statistics inside, in the input's layout
     ("batch_norm",): lower_batch_norm,  # a batch norm no conv/linear folds -> lucid_fx.channel_lut, a table per channel
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
     **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut

@@ -1,10 +1,12 @@
-"""Lowering rules for layer norm and RMS norm (the table entries are in rules/lowering.py).
+"""Lowering rules for layer norm, RMS norm, group norm and a standalone batch norm (the table entries
+are in rules/lowering.py).
 
 Both run as one kernel on the codes (``lucid_fx.layer_norm`` / ``lucid_fx.rms_norm``, in
 lucid_fx/kernels/norms.py): the statistics in float32 inside it, the weight and bias float as the
 model has them, the output on its own calibrated grid. An RMSNorm written out by hand
 (``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w``) reaches this rule as one ``rms_norm``
-(rules/patterns.py).
+(rules/patterns.py). Group norm (``lucid_fx.group_norm``) keeps its input's layout: a diffusion or
+audio block's convolution -> group norm -> SiLU -> convolution stays channels-last codes throughout.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from lucid_fx.kernels.channel_lut import batch_norm_tables
 from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_context import QValue
 
-__all__ = ["lower_norm", "lower_batch_norm"]
+__all__ = ["lower_norm", "lower_group_norm", "lower_batch_norm"]
 
 _ops = torch.ops.lucid_fx
 _NO_TENSOR = object()  # an argument given as a node that is not a constant: the rule declines
@@ -68,6 +70,34 @@ def lower_norm(ctx, members, resolve) -> Optional[QValue]:  # layer_norm / rms_n
     else:
         out = ctx.call(_ops.rms_norm, x.node, x.scale, x.zero_point, shape, w, eps, scale, zp)
     return ctx.output_qvalue(node, out)
+
+
+def _group_norm_args(ctx, node: fx.Node) -> Optional[Tuple[int, Any, Any, float]]:
+    """(num_groups, weight, bias, eps) of a group norm module or call over constants, or None."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        found = (m.num_groups, m.weight, m.bias, m.eps)
+    else:
+        args = canonical(node).args
+        found = (args.get("num_groups"), _tensor(ctx, args.get("weight")), _tensor(ctx, args.get("bias")), args.get("eps", 1e-5))
+    groups, weight, bias, eps = found
+    if not isinstance(groups, int) or _NO_TENSOR in (weight, bias) or not isinstance(eps, (int, float)):
+        return None
+    return groups, weight, bias, float(eps)
+
+
+def lower_group_norm(ctx, members, resolve) -> Optional[QValue]:  # group_norm -> lucid_fx.group_norm, in x's layout
+    node = members[0]
+    source = resolve(canonical(node).args.get("input"))
+    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
+    found = _group_norm_args(ctx, node)
+    if x is None or found is None or ctx.qparams_of(node) is None:
+        return None
+    groups, weight, bias, eps = found
+    w, b = _constant(ctx, node, "weight", weight), _constant(ctx, node, "bias", bias)
+    scale, zp, _ = ctx.qparams_of(node)
+    out = ctx.call(_ops.group_norm, x.node, x.scale, x.zero_point, groups, w, b, eps, scale, zp)
+    return ctx.output_qvalue(node, out, x.channels_last)
 
 
 def _batch_norm_args(ctx, node: fx.Node) -> Optional[Tuple[Any, Any, Any, Any, float]]:

@@ -54,6 +54,8 @@ def _index(table: torch.Tensor) -> torch.Tensor:
 
 def lut(b, node):  # lut(lut(q, t1), t2) -> lut(q, t2[t1]); lut(channel_lut(q, T), t2) -> channel_lut(q, t2[T])
     inner, outer_table = node.args
+    if _group_norm(b, inner):  # a SiLU after a group norm: its table is the norm's tail
+        return _with_tail(b, inner, lambda codes: b.attr(outer_table)[_index(codes)])
     if b.op_name(inner) not in ("lut", "channel_lut") or len(inner.users) != 1:
         return None
     q, inner_table, *dim = inner.args
@@ -186,6 +188,8 @@ def _lookups(b, qa, qb, dtype):
 
 def dequantize_per_tensor(b, node):  # dequantize(lut(q, t)) -> lut(q, dequantize(t)): a float table, one pass
     q, scale, zp = node.args
+    if _group_norm(b, q):  # a group norm's codes read as floats: its tail is a float table
+        return _with_tail(b, q, lambda codes: dequant(codes, scale, zp).contiguous())
     if b.op_name(q) not in ("lut", "channel_lut") or len(q.users) != 1:
         return b.call(native_elementwise.dequantize_codes, q, scale, zp) if native.available() else None
     codes, table, *dim = q.args
@@ -247,12 +251,28 @@ def _channels_last(value) -> bool:
     return value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last)
 
 
+def _group_norm(b, node) -> bool:
+    """Whether ``node`` is the program's group norm (:func:`group_norm`), read by one node."""
+    return b.op_name(node) == "group_norm" and node.target is norms.cpu_group_norm and len(node.users) == 1
+
+
+def _with_tail(b, norm, compose: Callable[[torch.Tensor], torch.Tensor]):
+    """``norm`` with ``compose`` applied to its output codes in its tail table: one lookup pass less."""
+    args, tail = norm.args[:9], b.attr(norm.args[9]) if len(norm.args) > 9 else None
+    codes = _all_codes(b.value(norm).dtype) if tail is None else tail
+    return b.call(norms.cpu_group_norm, *args, b.const(compose(codes), "lut"))
+
+
 def layer_norm(b, node):  # lucid_fx.layer_norm -> norms.cpu_layer_norm without the dispatcher: one native pass
     return b.call(norms.cpu_layer_norm, *node.args)
 
 
 def rms_norm(b, node):  # lucid_fx.rms_norm -> norms.cpu_rms_norm without the dispatcher
     return b.call(norms.cpu_rms_norm, *node.args)
+
+
+def group_norm(b, node):  # lucid_fx.group_norm -> norms.cpu_group_norm without the dispatcher (a lut after it joins it)
+    return b.call(norms.cpu_group_norm, *node.args)
 
 
 PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
@@ -266,4 +286,5 @@ PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     # (and lut(channel_lut) / dequantize(channel_lut) compose in the lut and dequantize rules above)
     "layer_norm": layer_norm,  # -> the CPU kernel itself (native_norm.c's pass), the dispatcher skipped
     "rms_norm": rms_norm,
+    "group_norm": group_norm,  # -> native_norm.c's two passes; a following lut or dequantize is its tail table
 }

@@ -564,6 +564,10 @@ def _calls():
         ("layer_norm", (q4.transpose(1, 3), s4, z4, [6], torch.rand(6), torch.randn(6), 1e-5, 0.1, 3)),
         ("layer_norm", (qx, xs, xz, [3, 13], None, None, 1e-5, 0.1, 3)),
         ("rms_norm", (q4.transpose(1, 3), s4, z4, [6], torch.rand(6), 1e-6, 0.1, 3)),
+        ("group_norm", (q4, s4, z4, 3, torch.rand(6), torch.randn(6), 1e-5, 0.1, 3)),
+        ("group_norm", (act((2, 8, 5, 5))[0].contiguous(memory_format=torch.channels_last), s4, z4, 4, None, None, 1e-5, 0.1, 3)),
+        ("group_norm", (q4.transpose(1, 3), s4, z4, 7, None, torch.randn(7), 1e-5, 0.1, 3)),
+        ("group_norm", (qx, xs, xz, 1, None, None, 1e-5, 0.1, 3)),
     ]
 
 
