@@ -1,14 +1,18 @@
-"""Lowering rule for a transposed convolution whose kernel is a multiple of its stride: a U-Net's 2x2 stride-2
-upsampling, a GAN generator's or an FCN decoder's 4x4 stride-2 one with padding 1.
+"""Lowering rule for a 2-d transposed convolution with one stride s in both dims: a U-Net's 2x2 stride-2
+upsampling, a GAN generator's or an FCN decoder's 4x4 stride-2 one with padding 1, an autoencoder's 3x3
+stride-2 one with output padding 1, depthwise (grouped) ones.
 
-Output phase (rh, rw) (the output pixels at rh, rw modulo the stride s) sums input pixels times the taps
+Output phase (rh, rw) (the output pixels at rh, rw modulo s) sums input pixels times the taps
 ``W[:, :, m * s + rh, n * s + rw]`` alone: a plain convolution with a (kh / s, kw / s) kernel, flipped. All
 s * s phases are one ``lucid_fx.conv2d`` (an int8 kernel) to ``Cout * s * s`` channels,
 ``W'[(co * s + rh) * s + rw, ci, a, b] = W[ci, co, (kh / s - 1 - a) * s + rh, (kw / s - 1 - b) * s + rw]``
-(padded by kh / s - 1, a scale per row of ``W'``, the bias repeated per phase), whose codes ``pixel_shuffle``
-interleaves; the padding then crops the border (``padding`` from the start, ``padding - output_padding``
-from the end). With kernel == stride it is a 1x1 convolution and no crop. Other geometries (groups,
-dilation, a kernel no multiple of the stride, unequal strides) decline and run in float.
+(padded by kh / s - 1, a scale per row of ``W'``, the bias repeated per phase; per group, groups kept),
+whose codes ``pixel_shuffle`` interleaves; the padding then crops the border. A kernel that is no multiple
+of s is first extended with zero taps to the next multiple (3x3 -> 4x4 at stride 2): the extended
+convolution's output is the same with extra positions at the end, which the crop takes off with the
+padding (``padding`` from the start, ``padding - output_padding`` plus the extra taps from the end).
+With kernel == stride it is a 1x1 convolution and no crop. Dilation, unequal strides and an output
+padding past what the crop takes off decline and run in float.
 """
 
 from __future__ import annotations
@@ -49,17 +53,23 @@ def _parts(prepared, value_of, node: fx.Node) -> Optional[tuple]:
             args.get("groups", 1), get("dilation", 1))
 
 
+def _extra_taps(kernel, s: int) -> tuple:
+    """The zero taps that extend each kernel dim to a multiple of the stride."""
+    return tuple(-k % s for k in kernel)
+
+
 def _fits(parts: Optional[tuple], source: Any) -> bool:
-    """Whether the rule takes this geometry: a batched image, one stride whose multiples the kernel is, no groups
-    or dilation, and an output padding within the padding (what the crop takes off)."""
+    """Whether the rule takes this geometry: a batched image, one stride, no dilation, and an output padding
+    within what the crop takes off (the padding and the extra taps)."""
     if parts is None or not isinstance(source, fx.Node) or len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())) != 4:
         return False
     weight, _, kernel, stride, padding, output_padding, groups, dilation = parts
     if None in (stride, padding, output_padding, dilation) or not isinstance(groups, int):
         return False  # sizes computed in the graph
     s = stride[0]
-    phases = weight.dim() == 4 and stride[0] == stride[1] and kernel[0] % s == 0 and kernel[1] % s == 0
-    return phases and groups == 1 and tuple(dilation) == (1, 1) and all(p >= op for p, op in zip(padding, output_padding))
+    phases = weight.dim() == 4 and stride[0] == stride[1] and s >= 1 and groups >= 1
+    return phases and tuple(dilation) == (1, 1) and all(
+        p + extra >= op for p, op, extra in zip(padding, output_padding, _extra_taps(kernel, s)))
 
 
 def takes(prepared: fx.GraphModule, node: fx.Node) -> bool:
@@ -74,11 +84,12 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     if not _fits(parts, source) or not ctx.has_quant(source) or ctx.qparams_of(node) is None:
         return None
     weight, bias, kernel, stride, padding, output_padding, groups, dilation = parts
-    s = stride[0]
-    cin, cout, kh, kw = weight.shape
-    taps = weight.detach().reshape(cin, cout, kh // s, s, kw // s, s).flip(2, 4)
-    rows = taps.permute(1, 3, 5, 0, 2, 4).reshape(cout * s * s, cin, kh // s, kw // s)
-    codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, 1))
+    s, extra = stride[0], _extra_taps(kernel, stride[0])
+    weight = F.pad(weight.detach(), (0, extra[1], 0, extra[0]))  # zero taps at the end: the same sums
+    cin, per, kh, kw = weight.shape  # per group: cin / groups inputs, per outputs
+    taps = weight.reshape(groups, cin // groups, per, kh // s, s, kw // s, s).flip(3, 5)
+    rows = taps.permute(0, 2, 4, 6, 1, 3, 5).reshape(groups * per * s * s, cin // groups, kh // s, kw // s)
+    codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, groups))
     if ctx._may_overflow(node, codes):
         return None
     base = node.name
@@ -86,11 +97,12 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     b = ctx.constant(f"{base}_bias", bias.detach().float().repeat_interleave(s * s)) if bias is not None else None
     x = ctx.channels_last_of(source)
     scale, zp, _ = ctx.qparams_of(node)
-    out = ctx.call(_ops.conv2d, x.node, x.scale, x.zero_point, w, sc, b, [1, 1], [kh // s - 1, kw // s - 1], [1, 1], 1,
-                   scale, zp, "none", None)
+    out = ctx.call(_ops.conv2d, x.node, x.scale, x.zero_point, w, sc, b, [1, 1], [kh // s - 1, kw // s - 1], [1, 1],
+                   groups, scale, zp, "none", None)
     out = ctx.call(F.pixel_shuffle, out, s)  # keeps channels-last
-    if any(padding):
-        crop = tuple(slice(p, -(p - op) if p > op else None) for p, op in zip(padding, output_padding))
+    ends = [p - op + e for p, op, e in zip(padding, output_padding, extra)]  # what the crop takes off the end
+    if any(padding) or any(ends):
+        crop = tuple(slice(p, -end if end else None) for p, end in zip(padding, ends))
         cropped = ctx.call(operator.getitem, out, (slice(None), slice(None), *crop))
         out = ctx.graph.call_method("contiguous", (cropped,), {"memory_format": torch.channels_last})
     return ctx.output_qvalue(node, out, channels_last=True)

@@ -198,19 +198,27 @@ def test_a_transposed_convolution_of_kernel_equal_to_stride_is_an_int8_1x1_convo
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
-@pytest.mark.parametrize("k,s,p,op", [(4, 2, 1, 0), (4, 2, 1, 1), (6, 3, 2, 1), (4, 2, 0, 0), (2, 1, 0, 0)])
-def test_a_transposed_convolution_of_kernel_a_multiple_of_its_stride_is_one_int8_convolution_of_its_phases(sqnr_db, k, s, p, op):
+@pytest.mark.parametrize("k,s,p,op,groups", [(4, 2, 1, 0, 1), (4, 2, 1, 1, 1), (6, 3, 2, 1, 1), (4, 2, 0, 0, 1), (2, 1, 0, 0, 1),
+                                              (3, 2, 1, 1, 1), (3, 2, 0, 0, 1), (5, 2, 2, 1, 1), (1, 2, 0, 0, 1), (4, 2, 1, 0, 2),
+                                              (3, 2, 1, 1, 8)])
+def test_a_transposed_convolution_is_one_int8_convolution_of_its_phases(sqnr_db, k, s, p, op, groups):
     # a GAN generator's / an FCN decoder's ConvTranspose2d(4, stride=2, padding=1): s * s phases, each a plain
-    # convolution with a (k / s)-tap kernel, in one lucid_fx.conv2d; pixel_shuffle interleaves them, the padding crops
+    # convolution with a (k / s)-tap kernel, in one lucid_fx.conv2d; pixel_shuffle interleaves them, the padding
+    # crops. An autoencoder's 3x3 stride-2 one (output padding 1) is the same with its kernel extended by zero
+    # taps to 4x4, the extra positions cropped; grouped (depthwise too) keeps its groups.
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 6, k, s, p, op), nn.Conv2d(6, 4, 1)).eval()
+    cout = 8 if groups == 8 else 6
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, cout, k, s, p, op, groups=groups),
+                          nn.Conv2d(cout, 4, 1)).eval()
     batches = [torch.randn(2, 3, 7, 6) for _ in range(4)]
     qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
     report = qmodel.lucid_fx_convert_report
     assert "0 ops in float" in str(report) and report.int8_flop_share == 1.0, str(report)
     phases = [n for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.conv2d][1]
-    assert getattr(qmodel, phases.args[3].target).shape == (6 * s * s, 8, k // s, k // s)
-    assert phases.args[7] == [k // s - 1, k // s - 1] and next(iter(phases.users)).target is F.pixel_shuffle
+    taps = -(-k // s)  # the kernel extended to a multiple of the stride, in phases
+    assert getattr(qmodel, phases.args[3].target).shape == (cout * s * s, 8 // groups, taps, taps)
+    assert phases.args[7] == [taps - 1, taps - 1] and phases.args[9] == groups
+    assert next(iter(phases.users)).target is F.pixel_shuffle
     with torch.no_grad():
         x = torch.randn(2, 3, 7, 6)
         want = model(x)
@@ -219,8 +227,10 @@ def test_a_transposed_convolution_of_kernel_a_multiple_of_its_stride_is_one_int8
 
 
 @pytest.mark.parametrize("geometry,int8", [(dict(kernel_size=4, stride=2, padding=1), True),
-                                           (dict(kernel_size=3, stride=2, padding=1, output_padding=1), False),
-                                           (dict(kernel_size=2, stride=2, groups=2), False)])
+                                           (dict(kernel_size=3, stride=2, padding=1, output_padding=1), True),
+                                           (dict(kernel_size=2, stride=2, groups=2), True),
+                                           (dict(kernel_size=3, stride=2, dilation=2), False),
+                                           (dict(kernel_size=4, stride=2, output_padding=1), False)])
 def test_explain_predicts_where_a_transposed_convolution_runs(geometry, int8):
     from lucid_fx.placement import placements
 
@@ -248,12 +258,15 @@ def test_a_batch_norm_after_a_transposed_convolution_is_not_folded_into_its_weig
         assert sqnr_db(model(x), qmodel(x)) > 30
 
 
-@pytest.mark.parametrize("geometry", [dict(kernel_size=3, stride=2, padding=1, output_padding=1), dict(kernel_size=2, stride=2, groups=2)])
-def test_an_overlapping_or_grouped_transposed_convolution_stays_float_and_says_so(geometry):
+@pytest.mark.parametrize("geometry", [dict(kernel_size=3, stride=2, dilation=2), dict(kernel_size=4, stride=2, output_padding=1),
+                                      dict(kernel_size=3, stride=(2, 1))])
+def test_a_dilated_or_uncropped_transposed_convolution_stays_float_and_says_so(geometry):
+    # dilation, unequal strides, and an output padding past the padding and the extra taps (the end the crop takes)
     torch.manual_seed(0)
-    model, batches = Decoder(nn.ConvTranspose2d(8, 6, **geometry)).eval(), [torch.randn(1, 3, 8, 8) for _ in range(2)]
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 6, **geometry), nn.Conv2d(6, 4, 1)).eval()
+    batches = [torch.randn(1, 3, 8, 8) for _ in range(2)]
     qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
-    assert "kept float: up (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+    assert "kept float: _1 (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
     with torch.no_grad():
         x = torch.randn(1, 3, 8, 8)
         assert torch.allclose(qmodel(x), model(x), atol=0.15)
