@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.modules import padding as _P
 
 from lucid_fx._where import caller_location
 from lucid_fx.node_refs import BoundCall, NodeRef, as_ref, canonical, each, node_named
@@ -124,6 +125,8 @@ _CONV_T = ("input", "weight", "bias", "stride", "padding", "output_padding", "gr
 _POOL = ("input", "kernel_size", "stride", "padding")
 _AVG_POOL = _POOL + ("ceil_mode", "count_include_pad", "divisor_override")
 _RESAMPLE = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+_PADS = {cls: (lambda m, mode=mode: {"pad": tuple(m.padding), "mode": mode, "value": getattr(m, "value", None)}) for cls, mode in (
+    (_P._ReflectionPadNd, "reflect"), (_P._ReplicationPadNd, "replicate"), (_P._ConstantPadNd, "constant"), (_P._CircularPadNd, "circular"))}
 
 # Tag sets, named by what they say about an op.
 _TABLE = frozenset({Tag.ELEMENTWISE})
@@ -178,6 +181,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=_NORM),
     OpDef("rms_norm", ("input", "normalized_shape", "weight", "eps"), modules={nn.RMSNorm: _none}, tags=_NORM),
     OpDef("group_norm", ("input", "num_groups", "weight", "bias", "eps"), modules={nn.GroupNorm: _attrs(num_groups="num_groups", eps="eps")}, tags=_NORM),
+    OpDef("instance_norm", ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"),
+          modules={nn.InstanceNorm1d: _none, nn.InstanceNorm2d: _none, nn.InstanceNorm3d: _none}, tags=_NORM),
     OpDef("embedding", ("input", "weight"), modules={nn.Embedding: _none}),
     OpDef("max_pool1d", _POOL, modules={nn.MaxPool1d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
     OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
@@ -206,7 +211,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("roll", ("input", "shifts", "dims"), tags=frozenset({Tag.MOVES_CODES})),  # Swin's shifted windows
     OpDef("flip", ("input", "dims"), tags=frozenset({Tag.MOVES_CODES})),
     OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # observers.INSIDE_RANGE
-    OpDef("pad", ("input", "pad", "mode", "value")),  # Swin's, ConvNeXt's: rules/observers.py's _padding
+    OpDef("pad", ("input", "pad", "mode", "value"), modules=_PADS),  # nn.ReflectionPad2d(1): pad(x, (1,) * 4, "reflect")
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
     *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
         ("pixel_shuffle", "upscale_factor", nn.PixelShuffle), ("pixel_unshuffle", "downscale_factor", nn.PixelUnshuffle), ("channel_shuffle", "groups", nn.ChannelShuffle))),
@@ -247,6 +252,8 @@ EXTRA_SPELLINGS: List[Spelling] = [
     _spelling("call_function", operator.truediv, "div", ("input", "other")),  # a / b
     _spelling("call_function", operator.itruediv, "div", ("input", "other"), inplace=True),  # a /= b
     _spelling("call_function", operator.neg, "neg", ("input",)),  # -a
+    _spelling("call_function", operator.pow, "pow", ("input", "exponent")),  # a ** c
+    _spelling("call_function", operator.abs, "abs", ("input",)),  # abs(a)
     _spelling("call_function", operator.matmul, "matmul", ("input", "other")),  # a @ b
     _spelling("call_function", operator.getitem, "getitem", ("input", "index")),  # a[i]
     _spelling("call_method", "__getitem__", "getitem", ("input", "index")),
@@ -281,15 +288,10 @@ def derive_spellings(op: OpDef) -> Iterator[Spelling]:
 VIEW_OPS = ops_tagged(Tag.VIEW)
 # Tensor methods and torch functions outside the canonical table that may return a view or their
 # input (torch's "Tensor Views" page, plus the conversions that return self when nothing changes).
-VIEW_SPELLINGS = frozenset(
-    {
-        "view_as", "reshape_as", "expand_as", "as_strided", "detach", "diagonal", "movedim", "moveaxis", "narrow",
-        "select", "t", "unflatten", "unfold", "unbind", "split", "split_with_sizes", "tensor_split", "hsplit",
-        "vsplit", "dsplit", "swapaxes", "swapdims", "real", "imag", "view_as_real", "view_as_complex", "adjoint",
-        "alias", "to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda", "align_as",
-        "align_to", "refine_names", "rename", "indices", "values",
-    }
-)
+VIEW_SPELLINGS = frozenset((
+    "view_as reshape_as expand_as as_strided detach diagonal movedim moveaxis narrow select t unflatten unfold unbind split "
+    "split_with_sizes tensor_split hsplit vsplit dsplit swapaxes swapdims real imag view_as_real view_as_complex adjoint alias "
+    "to type type_as float double half bfloat16 cpu cuda align_as align_to refine_names rename indices values").split())
 # ``getattr(x, name)`` results that are not tensors, so never share x's storage (``x.T`` does).
 METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "layout", "is_quantized"})
 # ``a += b`` and friends -> the operator that returns a new tensor.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -107,6 +107,12 @@ class Registry:
             return self.spellings.get(_key(kind, target))
         except TypeError:  # unhashable target
             return None
+
+    def op_names(self) -> FrozenSet[str]:
+        """Every op name a rule of this registry may key on: the spellings' canonical ops, the range rules' and
+        the lowering tables' (the fused groups' members too)."""
+        lowered = {op for table in self.lowerings.values() for key in table for op in key}
+        return frozenset({s.op for s in self.spellings.values()} | set(self.range_rules) | lowered)
 
     def canonical_name(self, target: Any) -> Any:
         """The canonical op name for a user-facing op object (function, module class, method

@@ -24,8 +24,24 @@ def _raw_name(node: fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def _unknown_name(node: fx.Node, module, known) -> str:
+    """The op name of a call no spelling knows: its own name (a leaf module's path, a function's or
+    method's name), qualified where that is a name the rules know, so that no rule takes it for the op
+    it is not (a user's leaf module at ``self.linear`` is no ``nn.Linear``; its weight means what its
+    forward does with it): ``Scaled:linear``, ``mypkg.ops.softmax``, ``Tensor.softmax``."""
+    name = _raw_name(node)
+    if name not in known:
+        return name
+    if module is not None:
+        return f"{type(module).__name__}:{name}"
+    if node.op == "call_method":
+        return f"Tensor.{name}"
+    return f"{getattr(node.target, '__module__', None) or '?'}.{name}"
+
+
 def canonicalize_ops(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
     """Annotate every node of ``gm`` with ``node.meta[OP]``; the graph itself is unchanged."""
+    known = registry.op_names()
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
             node.meta[_meta.OP] = CanonicalCall(node.op, {}, False, node.op)
@@ -34,7 +50,7 @@ def canonicalize_ops(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
         spelling = registry.spelling_for(node.op, module if module is not None else node.target)
         if spelling is None:
             node.meta[_meta.OP] = CanonicalCall(
-                _raw_name(node), {"input": node.args[0]} if node.args else {}, False, _raw_name(node),
+                _unknown_name(node, module, known), {"input": node.args[0]} if node.args else {}, False, _raw_name(node),
                 node.target if module is not None else None,
             )
             continue

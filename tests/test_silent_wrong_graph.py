@@ -353,6 +353,52 @@ def test_an_unbatched_residual_block_is_lowered(sqnr_db):
     assert sorted(qmodel.lucid_fx_convert_report.lowered.values()) == ["conv2d+add+relu", "conv2d+relu"]
 
 
+# -- a user's leaf named like an op -----------------------------------------------------------------
+
+class DoubledLinear(nn.Module):
+    """A leaf whose weight means what its forward does with it: an ``nn.Linear`` lowering of it reads the raw
+    weight and drops the doubling."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(16, 16) * 0.3), nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        return F.linear(x, self.weight * 2, self.bias)
+
+
+def softmax(x):  # a leaf function named like torch's, computing something else
+    return x * 2
+
+
+torch.fx.wrap("softmax")  # one call node, as a leaf
+
+
+@pytest.mark.parametrize("leaf", ["module", "function"])
+def test_a_leaf_named_like_an_op_is_not_lowered_as_that_op(leaf, sqnr_db):
+    # A module at ``self.linear`` or a function called ``softmax`` that no spelling knows once got the canonical op
+    # of that name: convert lowered the module as an nn.Linear (its raw weight) and the function as a softmax
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.linear, self.out = nn.Linear(16, 16), DoubledLinear(), nn.Linear(16, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.out(self.linear(h) if leaf == "module" else softmax(h))
+
+    torch.manual_seed(0)
+    model, data = Model().eval(), [torch.randn(32, 16) for _ in range(4)]
+    prepared = lucid_fx.prepare(model, example_inputs=(data[0],), leaf_modules=[DoubledLinear])
+    lucid_fx.calibrate(prepared, data, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    with torch.no_grad():
+        x = torch.randn(32, 16)
+        assert sqnr_db(model(x), qmodel(x)) >= MIN_SQNR
+    name = "DoubledLinear:linear" if leaf == "module" else f"{__name__}.softmax"
+    assert f"no lowering rule for {name}" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+
+
 # -- what these fixes put in a converted graph can be saved ---------------------------------------
 
 def test_converted_models_with_these_fixes_save_and_load():

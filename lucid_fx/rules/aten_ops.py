@@ -69,6 +69,8 @@ ATEN_OPS: Tuple[AtenRow, ...] = (
     _row("native_layer_norm.default", "layer_norm", F.layer_norm, "input", "normalized_shape", "weight", "bias", "eps", special="first_of_tuple"),  # (out, mean, rstd)[0]
     _row("group_norm.default", "group_norm", F.group_norm, "input", "num_groups", "weight", "bias", "eps"),  # drops cudnn_enabled
     _row("native_group_norm.default", "group_norm", F.group_norm, "input", "group", "weight", "bias", "eps", special="first_of_tuple"),  # drops N, C, HxW
+    _row("instance_norm.default", "instance_norm", F.instance_norm, "input", "running_mean", "running_var", "weight", "bias",
+         "use_input_stats", "momentum", "eps"),  # (x, w, b, rm, rv, ...) -> (x, rm, rv, w, b, ...), drops cudnn_enabled
     _row("batch_norm.default", "batch_norm", F.batch_norm, *_BN, "training", "momentum", "eps"),  # (x, w, b, rm, rv, ...) -> (x, rm, rv, w, b, ...)
     _row("_native_batch_norm_legit_no_training.default", "batch_norm", F.batch_norm, *_BN, momentum="momentum", eps="eps", special="first_of_tuple"),  # reordered, [0]
     _row("embedding.default", "embedding", F.embedding, "indices", "weight"),  # embedding(W, ids) -> F.embedding(ids, W)

@@ -14,7 +14,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import fx
 
-from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_conv_transpose import lower_conv_transpose2d
@@ -25,8 +24,9 @@ from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.rules.lowering_gate import lower_gate_product
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
+from lucid_fx.rules.lowering_shared import lower_shared
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, lower_softmax_matmul, unfused_mask
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
+from lucid_fx.rules.observers import FLOAT_BY_DESIGN
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 
@@ -51,15 +51,9 @@ def _post_op(members: List[fx.Node]) -> str:
     return call.op if call.op in ("relu", "hardswish", "silu") else "none"
 
 
-def _qin(ctx: LoweringContext, node: Any) -> Optional[QValue]:
-    if not isinstance(node, fx.Node) or not ctx.has_quant(node):
-        return None
-    return ctx.quant_of(node)
-
-
 def lower_linear(ctx, members, resolve):  # linear(+relu) -> lucid_fx.linear
     call = canonical(members[0])
-    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(members[0])
+    x, weight = ctx.quant_or_none(_input(call, resolve)), ctx.quantized_weight(members[0])
     if x is None or weight is None or ctx.qparams_of(members[-1]) is None:
         return None
     w, s, b = weight
@@ -77,7 +71,7 @@ def _binary(kernel):
             return rescaled
         if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
             return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
-        qa, qb = _qin(ctx, a), _qin(ctx, b)
+        qa, qb = ctx.quant_or_none(a), ctx.quant_or_none(b)
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
             return None
         unfused = unfused_mask(ctx.observers, members)  # scores + mask, not fused with its softmax (docs/policies.md)
@@ -94,107 +88,9 @@ def _binary(kernel):
     return lower
 
 
-def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
-    """The float-tensor inputs of ``node`` (not the ints of ``x.shape`` that reshape reads)."""
-    found = []
-    for n in canonical(node).tensor_inputs():
-        decision = resolve(n).meta.get(_meta.DECISION)
-        if decision is None or decision.kind is not DecisionKind.NONE or resolve(n).op == "placeholder":
-            found.append(resolve(n))
-    return found
-
-
-def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on the codes as they are
-    node = members[0]
-    if item_source(node) is not None:
-        return _item_of_codes(ctx, node, resolve)
-    tensors = _tensor_inputs(node, resolve)
-    if len(tensors) != 1:
-        return None
-    x = _qin(ctx, tensors[0])
-    if x is None:
-        return None
-    if canonical(node).op in ("max_pool1d", "max_pool2d"):
-        pooled = _max_pool(ctx, node, x)
-        if pooled is not None or canonical(node).op == "max_pool1d":
-            return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = canonical(node).op in KEEPS_LAYOUT
-    if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
-        x = ctx.float_layout_of(tensors[0])
-    new = MOVERS.get(canonical(node).op, _on_codes)(ctx, node, x, lambda n: resolve(n) is tensors[0], resolve)
-    return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)
-
-
-def _on_codes(ctx, node: fx.Node, x: QValue, is_input, resolve, codes: Optional[fx.Node] = None) -> fx.Node:
-    """``node``'s own call on ``x``'s codes (or on ``codes``): a reshape, a permute, a nearest upsampling, ..."""
-    return ctx.graph.node_copy(node, lambda n: (codes or x.node) if is_input(n) else ctx.float_of(resolve(n)))
-
-
-def _padded(ctx, node, x, is_input, resolve) -> fx.Node:  # F.pad: its zeros are x's zero point (the real 0)
-    new = _on_codes(ctx, node, x, is_input, resolve)
-    if canonical(node).args.get("mode", "constant") == "constant":
-        new.args, new.kwargs = new.args[:3], {**new.kwargs, "value": x.zero_point}
-    return new
-
-
-def _resampled(ctx, node, x, is_input, resolve) -> fx.Node:  # interpolate: nearest moves codes, the rest averages
-    if canonical(node).args.get("mode", "nearest") in ("nearest", "nearest-exact"):
-        return _on_codes(ctx, node, x, is_input, resolve)
-    floats = ctx.graph.call_method("to", (x.node, torch.float32))  # the codes' average, rounded: quantize's codes
-    new = _on_codes(ctx, node, x, is_input, resolve, floats)      # of the float result on x's grid
-    return ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
-
-
-# Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
-# whose call on the codes is not the float op's own: each gives the node computing the moved codes.
-KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad"})
-MOVERS = {"pad": _padded, "interpolate": _resampled}
-
-
-def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:
-    """chunk(x)[i] -> chunk(codes of x)[i] on x's grid: the item is a view of x's codes (each item
-    makes its own chunk call, a view)."""
-    source = resolve(item_source(node))
-    if _qin(ctx, source) is None:
-        return None
-    x = ctx.float_layout_of(source)  # chunk reads dims as the float model lays them out
-    mover = canonical(node).tensor_inputs()[0]
-    moved = ctx.graph.node_copy(mover, lambda n: x.node if resolve(n) is source else ctx.float_of(resolve(n)))
-    item = ctx.graph.node_copy(node, lambda n: moved if n is mover else ctx.float_of(resolve(n)))
-    return QValue(item, x.scale, x.zero_point, x.qdtype, False, True)
-
-
-def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
-    """max_pool1d/2d on codes -> lucid_fx.max_pool2d (torch's own uint8 max-pool is slow here, and
-    its max_pool1d has no uint8 kernel at all): a 1-d pool is a 2-d one over a height of 1."""
-    if node.op == "call_module":
-        m = ctx.prepared.get_submodule(node.target)
-        geometry = (m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
-        if getattr(m, "return_indices", False):
-            return None
-    else:
-        args = canonical(node).args  # F.max_pool*d passes dilation, ceil_mode, return_indices by keyword
-        defaults = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
-        geometry = tuple(args.get(k, d) for k, d in defaults)
-        if args.get("return_indices") or len(node.args) > 4:
-            return None
-    if any(isinstance(v, fx.Node) for v in geometry):
-        return None
-    kernel, stride, padding, dilation, ceil_mode = geometry
-    if canonical(node).op == "max_pool1d":
-        one = lambda v, pad: [pad, v if isinstance(v, int) else v[0]]  # noqa: E731
-        codes = ctx.graph.call_method("unsqueeze", (x.node, -2))
-        stride = one(stride, 1) if stride else []
-        out = ctx.call(_ops.max_pool2d, codes, one(kernel, 1), stride, one(padding, 0), one(dilation, 1), bool(ceil_mode))
-        return QValue(ctx.graph.call_method("squeeze", (out, -2)), x.scale, x.zero_point, x.qdtype)
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-    out = ctx.call(_ops.max_pool2d, x.node, pair(kernel), pair(stride) if stride else [], pair(padding), pair(dilation), bool(ceil_mode))
-    return QValue(out, x.scale, x.zero_point, x.qdtype, x.channels_last)
-
-
 def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_fx.matmul; softmax(s) @ v -> softmax_matmul
     call = canonical(members[0])
-    a, b = _qin(ctx, resolve(call.args.get("input"))), _qin(ctx, resolve(call.args.get("other")))
+    a, b = ctx.quant_or_none(resolve(call.args.get("input"))), ctx.quant_or_none(resolve(call.args.get("other")))
     if a is None or b is None or ctx.qparams_of(members[-1]) is None:
         return None
     fused = lower_softmax_matmul(ctx, members[0], a, b, resolve(call.args.get("input")))
@@ -207,7 +103,7 @@ def lower_matmul(ctx, members, resolve):  # a @ b on two int8 tensors -> lucid_f
 
 def lower_softmax(ctx, members, resolve):  # softmax(x, dim) -> lucid_fx.softmax
     call = canonical(members[0])
-    x = _qin(ctx, _input(call, resolve))
+    x = ctx.quant_or_none(_input(call, resolve))
     dim = call.args.get("dim")
     if x is None or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
         return None
@@ -225,7 +121,7 @@ def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
     dim = call.args.get("dim", 0)
     if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(members[0]) is None:
         return None
-    values = [_qin(ctx, resolve(t)) for t in tensors]
+    values = [ctx.quant_or_none(resolve(t)) for t in tensors]
     if any(v is None for v in values):
         return None
     scale, zp, _ = ctx.qparams_of(members[0])
@@ -236,7 +132,7 @@ def lower_cat(ctx, members, resolve):  # cat([a, b], dim) -> lucid_fx.cat
 def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> lucid_fx.adaptive_avg_pool2d
     node = members[0]
     call = canonical(node)
-    x = _qin(ctx, _input(call, resolve))
+    x = ctx.quant_or_none(_input(call, resolve))
     size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
     if x is None or ctx.qparams_of(node) is None or size is None:
         return None
@@ -250,7 +146,7 @@ def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> 
 def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     node = members[0]
     call = canonical(node)
-    x = _qin(ctx, _input(call, resolve))
+    x = ctx.quant_or_none(_input(call, resolve))
     dim = call.args.get("dim")
     if x is None or ctx.qparams_of(node) is None or dim is None:
         return None
@@ -290,7 +186,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("embedding",): lower_embedding,  # embedding(ids, W) -> the same lookup in W's codes
     **{(op,): lower_norm for op in ("layer_norm", "rms_norm")},  # -> lucid_fx.layer_norm / rms_norm, float statistics inside
-    ("group_norm",): lower_group_norm,  # -> lucid_fx.group_norm, float statistics inside, in the input's layout
+    **{(op,): lower_group_norm for op in ("group_norm", "instance_norm")},  # -> lucid_fx.group_norm, in the input's layout
     ("batch_norm",): lower_batch_norm,  # a batch norm no conv/linear folds -> lucid_fx.channel_lut, a table per channel
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
     **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut

@@ -59,9 +59,6 @@ def unfused_mask(observers: Any, members: List[fx.Node]) -> Optional[str]:
     return None
 
 
-def _codes(ctx, node: Any) -> Optional[QValue]:
-    return ctx.quant_of(node) if isinstance(node, fx.Node) and ctx.has_quant(node) else None
-
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -75,7 +72,7 @@ def lower_masked_softmax(ctx, members, resolve):  # softmax(s masked by m) -> lu
     if unfused:
         ctx.declined[soft.name] = unfused
         return None
-    x = _codes(ctx, scores)
+    x = ctx.quant_or_none(scores)
     if x is None or not isinstance(dim, int) or ctx.qparams_of(soft) is None or call.args.get("alpha", 1) != 1:
         return None
     scale, zp, _ = ctx.qparams_of(soft)

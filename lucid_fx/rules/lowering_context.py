@@ -120,6 +120,10 @@ class LoweringContext:
             _tag_type(self._float[node], node, torch.float32)
         return self._float[node]
 
+    def quant_or_none(self, node: Any) -> Optional[QValue]:
+        """``node``'s codes where it has them (:meth:`quant_of`), else None (a float value, a constant)."""
+        return self.quant_of(node) if isinstance(node, fx.Node) and self.has_quant(node) else None
+
     def quant_of(self, node: fx.Node) -> QValue:
         """The value of ``node`` as integer codes (quantized once, with its observer's qparams)."""
         if node not in self._quant:

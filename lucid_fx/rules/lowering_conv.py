@@ -7,7 +7,7 @@ channels-last codes, unbatched inputs, and padding modes other than zeros.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, List, Optional
+from typing import Any, List
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,6 @@ def _post_op(members: List[fx.Node]) -> str:
     op = canonical(members[-1]).op
     return op if op in ("relu", "hardswish", "silu") else "none"
 
-
-def _qin(ctx, node: Any) -> Optional[QValue]:
-    return ctx.quant_of(node) if isinstance(node, fx.Node) and ctx.has_quant(node) else None
 
 
 def _input(call, resolve) -> Any:
@@ -84,7 +81,7 @@ def _conv_output(ctx, members, out: fx.Node, unbatched: bool, is_2d: bool) -> QV
 def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2d
     first = members[0]
     call = canonical(first)
-    x, weight = _qin(ctx, _input(call, resolve)), ctx.quantized_weight(first)
+    x, weight = ctx.quant_or_none(_input(call, resolve)), ctx.quantized_weight(first)
     geometry = _conv_geometry(ctx, first)
     if x is None or weight is None or geometry is None or ctx.qparams_of(members[-1]) is None:
         return None
@@ -100,7 +97,7 @@ def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2
 def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add
     conv, add = members[0], members[1]
     other_node = next((resolve(a) for a in canonical(add).tensor_inputs() if resolve(a) is not conv), None)
-    x, other = _qin(ctx, _input(canonical(conv), resolve)), _qin(ctx, other_node)
+    x, other = ctx.quant_or_none(_input(canonical(conv), resolve)), ctx.quant_or_none(other_node)
     weight = ctx.quantized_weight(conv)
     geometry = _conv_geometry(ctx, conv)
     if None in (x, other, weight, geometry) or canonical(conv).op != "conv2d" or ctx.qparams_of(members[-1]) is None:

@@ -6,7 +6,9 @@ lucid_fx/kernels/norms.py): the statistics in float32 inside it, the weight and 
 model has them, the output on its own calibrated grid. An RMSNorm written out by hand
 (``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w``) reaches this rule as one ``rms_norm``
 (rules/patterns.py). Group norm (``lucid_fx.group_norm``) keeps its input's layout: a diffusion or
-audio block's convolution -> group norm -> SiLU -> convolution stays channels-last codes throughout.
+audio block's convolution -> group norm -> SiLU -> convolution stays channels-last codes throughout. An
+instance norm over its input's statistics (style transfer's, a CycleGAN generator's) is the group norm of
+one group a channel.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import fx
 
+from lucid_fx import _meta
 from lucid_fx.kernels.channel_lut import batch_norm_tables
 from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_context import QValue
@@ -58,7 +61,7 @@ def lower_norm(ctx, members, resolve) -> Optional[QValue]:  # layer_norm / rms_n
     node = members[0]
     call = canonical(node)
     source = resolve(call.args.get("input"))
-    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
+    x = ctx.quant_or_none(source)
     found = _args(ctx, node)
     if x is None or found is None or found[3] is None or ctx.qparams_of(node) is None:
         return None
@@ -86,12 +89,36 @@ def _group_norm_args(ctx, node: fx.Node) -> Optional[Tuple[int, Any, Any, float]
     return groups, weight, bias, float(eps)
 
 
-def lower_group_norm(ctx, members, resolve) -> Optional[QValue]:  # group_norm -> lucid_fx.group_norm, in x's layout
+def _instance_norm_args(ctx, node: fx.Node, shape: Tuple[int, ...]) -> Optional[Tuple[int, Any, Any, float]]:
+    """An instance norm over its input's statistics as the group norm of one group a channel: (channels,
+    weight, bias, eps), or None for one reading running statistics (a batch norm) or an unbatched input."""
+    if node.op == "call_module":
+        m = ctx.prepared.get_submodule(node.target)
+        if (m.track_running_stats and not m.training) or len(shape) != m._get_no_batch_dim() + 1:
+            return None
+        found = (m.weight, m.bias, m.eps)
+    else:
+        args = canonical(node).args
+        if args.get("use_input_stats", True) is not True:
+            return None
+        found = (_tensor(ctx, args.get("weight")), _tensor(ctx, args.get("bias")), args.get("eps", 1e-5))
+    weight, bias, eps = found
+    if len(shape) < 3 or _NO_TENSOR in (weight, bias) or not isinstance(eps, (int, float)):
+        return None
+    return shape[1], weight, bias, float(eps)
+
+
+def lower_group_norm(ctx, members, resolve) -> Optional[QValue]:  # group_norm, instance_norm -> lucid_fx.group_norm
     node = members[0]
     source = resolve(canonical(node).args.get("input"))
-    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
-    found = _group_norm_args(ctx, node)
-    if x is None or found is None or ctx.qparams_of(node) is None:
+    x = ctx.quant_or_none(source)
+    if x is None or ctx.qparams_of(node) is None:
+        return None
+    if canonical(node).op == "instance_norm":
+        found = _instance_norm_args(ctx, node, tuple(getattr(source.meta.get(_meta.TENSOR_META), "shape", ())))
+    else:
+        found = _group_norm_args(ctx, node)
+    if found is None:
         return None
     groups, weight, bias, eps = found
     w, b = _constant(ctx, node, "weight", weight), _constant(ctx, node, "bias", bias)
@@ -123,7 +150,7 @@ def _batch_norm_args(ctx, node: fx.Node) -> Optional[Tuple[Any, Any, Any, Any, f
 def lower_batch_norm(ctx, members, resolve) -> Optional[QValue]:  # batch_norm no conv folds -> lucid_fx.channel_lut
     node = members[0]
     source = resolve(canonical(node).args.get("input"))
-    x = ctx.quant_of(source) if isinstance(source, fx.Node) and ctx.has_quant(source) else None
+    x = ctx.quant_or_none(source)
     found = _batch_norm_args(ctx, node)
     if len(members) != 1 or x is None or found is None or ctx.qparams_of(node) is None:
         return None

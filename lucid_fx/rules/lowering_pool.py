@@ -14,16 +14,12 @@ import torch
 from torch import fx
 
 from lucid_fx.ops import canonical
-from lucid_fx.rules.lowering_context import QValue
 
 __all__ = ["lower_avg_pool", "lower_adaptive_avg_pool1d", "lower_stack"]
 
 _ops = torch.ops.lucid_fx
 _AVG_DEFAULTS = (("kernel_size", None), ("stride", None), ("padding", 0), ("ceil_mode", False), ("count_include_pad", True))
 
-
-def _qin(ctx, node: Any) -> Optional[QValue]:
-    return ctx.quant_of(node) if isinstance(node, fx.Node) and ctx.has_quant(node) else None
 
 
 def _ints(value: Any, dims: int) -> Optional[List[int]]:
@@ -59,7 +55,7 @@ def lower_avg_pool(ctx, members, resolve):  # avg_pool1d/2d -> lucid_fx.avg_pool
     node = members[0]
     call = canonical(node)
     one_d = call.op == "avg_pool1d"
-    x = _qin(ctx, resolve(call.args.get("input")))
+    x = ctx.quant_or_none(resolve(call.args.get("input")))
     geometry = _avg_geometry(ctx, node, 1 if one_d else 2)
     if x is None or geometry is None or ctx.qparams_of(node) is None:
         return None
@@ -78,7 +74,7 @@ def lower_avg_pool(ctx, members, resolve):  # avg_pool1d/2d -> lucid_fx.avg_pool
 def lower_adaptive_avg_pool1d(ctx, members, resolve):  # adaptive_avg_pool1d -> lucid_fx.adaptive_avg_pool2d, 1 high
     node = members[0]
     call = canonical(node)
-    x = _qin(ctx, resolve(call.args.get("input")))
+    x = ctx.quant_or_none(resolve(call.args.get("input")))
     size = ctx.prepared.get_submodule(node.target).output_size if node.op == "call_module" else call.args.get("output_size")
     size = _ints(size, 1)
     if x is None or size is None or ctx.qparams_of(node) is None:
@@ -96,7 +92,7 @@ def lower_stack(ctx, members, resolve):  # stack(xs, dim) -> lucid_fx.cat of eac
     if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int) or ctx.qparams_of(node) is None:
         return None
     sources = [resolve(t) for t in tensors]
-    if not all(_qin(ctx, s) is not None for s in sources):
+    if not all(ctx.quant_or_none(s) is not None for s in sources):
         return None
     values = [ctx.float_layout_of(s) for s in sources]  # unsqueeze reads strides: the float model's layout
     parts = [ctx.graph.call_method("unsqueeze", (v.node, dim)) for v in values]

@@ -174,7 +174,7 @@ def _lookups(b, qa, qb, dtype):
     lookups of one shape and layout that nothing else reads (None otherwise)."""
     found = []
     for q in (qa, qb):
-        if b.op_name(q) != "lut" or len(q.users) != 1:
+        if b.op_name(q) != "lut" or len(q.users) != 1 or _group_norm(b, q):  # (a lut that became a norm's tail)
             return None
         codes, table = q.args
         found.append((codes, table))
@@ -252,8 +252,9 @@ def _channels_last(value) -> bool:
 
 
 def _group_norm(b, node) -> bool:
-    """Whether ``node`` is the program's group norm (:func:`group_norm`), read by one node."""
-    return b.op_name(node) == "group_norm" and node.target is norms.cpu_group_norm and len(node.users) == 1
+    """Whether ``node`` is the program's group norm (:func:`group_norm`; with a lut after it as its tail,
+    the program node of that lut), read by one node."""
+    return getattr(node, "target", None) is norms.cpu_group_norm and len(node.users) == 1
 
 
 def _with_tail(b, norm, compose: Callable[[torch.Tensor], torch.Tensor]):

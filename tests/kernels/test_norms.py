@@ -3,7 +3,6 @@ against the float op on a typical input, and the CPU kernels (no dequantize) aga
 reference ones."""
 
 import unittest.mock
-import warnings
 
 import pytest
 import torch
@@ -217,53 +216,3 @@ def test_group_norm_s_tail_is_the_lookup_after_it(dtype):
         got = norms.cpu_group_norm(q, 0.02, 0, 4, w, b, 1e-5, 0.03, 0, tail)
         want = ops.lut(codes, tail)
         assert torch.equal(got, want) and got.dtype == tail.dtype and got.stride() == q.stride()
-
-
-class GroupNormBlock(nn.Module):  # a diffusion U-Net's resnet block: conv -> group norm -> SiLU -> conv, a skip
-    def __init__(self, c=32):
-        super().__init__()
-        self.conv1, self.norm, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.GroupNorm(8, c), nn.Conv2d(c, c, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.conv2(F.silu(self.norm(self.conv1(x))))
-
-
-def test_a_group_norm_block_runs_in_int8_and_a_silu_joins_the_norm():
-    from lucid_fx.program import programs_of
-
-    torch.manual_seed(0)
-    model, x = GroupNormBlock().eval(), torch.randn(2, 32, 16, 16)
-    prepared = lucid_fx.prepare(model, example_inputs=(x,))
-    lucid_fx.calibrate(prepared, [torch.randn(2, 32, 16, 16) for _ in range(4)], progress=False)
-    converted = lucid_fx.convert(prepared)
-    targets = [n.target for n in converted.graph.nodes if n.op == "call_function"]
-    assert ops.group_norm in targets and ops.lut in targets
-    assert converted.lucid_fx_convert_report.float_ops == {}
-    with torch.no_grad():
-        assert _sqnr(model(x), converted(x)) >= 30
-    program = next(iter(programs_of(converted).values()))
-    [norm] = [n for n in program.graph.nodes if n.target is norms.cpu_group_norm]
-    (user,) = norm.users
-    assert len(norm.args) == 10 and (user.target, user.kwargs) == ("contiguous", {"memory_format": torch.channels_last})
-    tail = getattr(program, norm.args[9].target)  # the SiLU's table, read by the norm's own pass
-    silu = next(n for n in converted.graph.nodes if n.target == ops.lut)
-    assert torch.equal(tail, getattr(converted, silu.args[1].target))
-
-
-@pytest.mark.parametrize("decomposed", [False, True])
-def test_an_exported_group_norm_takes_the_same_kernel(decomposed):
-    # torch.export records aten.group_norm, or native_group_norm(...)[0] once decomposed
-    torch.manual_seed(0)
-    model, x = GroupNormBlock().eval(), torch.randn(2, 32, 16, 16)
-    program = torch.export.export(model, (x,), strict=False)
-    if decomposed:
-        with warnings.catch_warnings():  # torch 2.13's run_decompositions copies a pytree LeafSpec it deprecates
-            warnings.simplefilter("ignore", FutureWarning)
-            program = program.run_decompositions()
-    prepared = lucid_fx.prepare(program, example_inputs=(x,))
-    lucid_fx.calibrate(prepared, [torch.randn(2, 32, 16, 16) for _ in range(4)], progress=False)
-    converted = lucid_fx.convert(prepared)
-    assert [n.target for n in converted.graph.nodes].count(ops.group_norm) == 1
-    assert converted.lucid_fx_convert_report.float_ops == {}
-    with torch.no_grad():
-        assert _sqnr(model(x), converted(x)) >= 30

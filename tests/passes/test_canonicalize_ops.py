@@ -57,16 +57,29 @@ def test_constants_are_normalised(registry):
     assert calls["sig"].spelling == "nn.Sigmoid" and calls["softmax"].spelling == "F.softmax"
 
 
-def test_unknown_ops_keep_their_own_name(registry):
+def test_unknown_ops_keep_their_own_name_unless_a_rule_knows_it(registry):
+    # a call no spelling knows keeps its own name; where that is an op's name, qualified, so no rule takes it for
+    # that op (a leaf module at ``self.linear`` is no nn.Linear, a function called ``softmax`` no softmax)
     def custom(x):
         return x
 
+    def softmax(x):
+        return x
+
+    class Leaf(nn.Module):
+        def forward(self, x):
+            return x
+
+    root = nn.Module()
+    root.linear, root.leaf = Leaf(), Leaf()
     graph = fx.Graph()
     x = graph.placeholder("x")
-    y = graph.call_function(operator.pow, (x, 2))
-    graph.output(y)
-    gm = canonicalize_ops(fx.GraphModule(nn.Module(), graph), registry)
-    assert [n.meta[_meta.OP].op for n in gm.graph.nodes] == ["placeholder", "pow", "output"]
+    calls = [graph.call_function(custom, (x,)), graph.call_function(softmax, (x,)), graph.call_module("linear", (x,)),
+             graph.call_module("leaf", (x,)), graph.call_method("linear", (x,)), graph.call_function(operator.pow, (x, 2))]
+    graph.output(tuple(calls))
+    gm = canonicalize_ops(fx.GraphModule(root, graph), registry)
+    assert [n.meta[_meta.OP].op for n in gm.graph.nodes][1:-1] == [
+        "custom", f"{__name__}.softmax", "Leaf:linear", "leaf", "Tensor.linear", "pow"]  # x ** 2: a spelling of pow
 
 
 def test_node_meta_names_other_nodes_so_a_deep_copy_reads_its_own(registry):

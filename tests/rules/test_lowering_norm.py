@@ -1,15 +1,22 @@
 """Standalone batch norms (lucid_fx/rules/lowering_norm.py: lower_batch_norm): DenseNet's
 ``cat -> batch_norm -> relu -> conv`` runs as one table per channel on the codes, and the program
 composes the cat's requantizations and the relu into those tables (rules/program_cpu_elementwise.py),
-looked up straight from the cat's parts where the native kernels are loaded."""
+looked up straight from the cat's parts where the native kernels are loaded. Group norm and instance
+norm (lower_group_norm): one ``lucid_fx.group_norm`` on the codes in their layout, a following table
+lookup its tail in the program."""
 
+import warnings
+
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import lucid_fx
 from lucid_fx import _meta
-from lucid_fx.kernels import native, native_elementwise
+from lucid_fx.kernels import native, native_elementwise, norms
 from lucid_fx.kernels.library import op_name
+from lucid_fx.quantization import get_default_qconfig_mapping
 from _program import lowered
 from models import _init_bn
 
@@ -57,3 +64,116 @@ def test_the_program_composes_the_cat_and_the_relu_into_the_tables_with_the_same
         assert native_elementwise.channel_lut_cat in targets
     else:
         assert calls.count("channel_lut") == 1 and calls.count("cat") == 1, calls
+
+
+def _sqnr(want, got):
+    return (10 * torch.log10(want.pow(2).mean() / (want - got).pow(2).mean())).item()
+
+
+def _quantized(model, x, mapping=None, prepare_from=None):
+    prepared = lucid_fx.prepare(model if prepare_from is None else prepare_from, mapping, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [torch.randn_like(x) for _ in range(4)], progress=False)
+    return lucid_fx.convert(prepared)
+
+
+class GroupNormBlock(nn.Module):  # a diffusion U-Net's resnet block: conv -> group norm -> SiLU -> conv, a skip
+    def __init__(self, c=32):
+        super().__init__()
+        self.conv1, self.norm, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.GroupNorm(8, c), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv2(F.silu(self.norm(self.conv1(x))))
+
+
+def test_a_group_norm_block_runs_in_int8_and_its_silu_is_the_norm_s_tail():
+    torch.manual_seed(0)
+    model, x = GroupNormBlock().eval(), torch.randn(2, 32, 16, 16)
+    q = _quantized(model, x)
+    assert [op_name(n) for n in q.graph.nodes].count("group_norm") == 1 and q.lucid_fx_convert_report.float_ops == {}
+    with torch.no_grad():
+        assert _sqnr(model(x), q(x)) >= 30
+    portable, program, targets = lowered(q, x)
+    assert torch.equal(program(x), portable)
+    [norm] = [n for n in program.graph.nodes if n.target is norms.cpu_group_norm]
+    (user,) = norm.users
+    assert len(norm.args) == 10 and (user.target, user.kwargs) == ("contiguous", {"memory_format": torch.channels_last})
+    silu = next(n for n in q.graph.nodes if op_name(n) == "lut")
+    assert torch.equal(getattr(program, norm.args[9].target), getattr(q, silu.args[1].target))  # read in the norm's pass
+
+
+class NormThenLookup(nn.Module):  # an audio front end's int8 norm -> relu read as floats, or by a product of lookups
+    def __init__(self, product=False):
+        super().__init__()
+        self.conv, self.norm, self.product = nn.Conv1d(4, 8, 3, padding=1), nn.GroupNorm(2, 8), product
+        self.up, self.out = nn.ConvTranspose1d(8, 4, 4, 2, 1), nn.Conv1d(8, 4, 1)  # (no int8 rule: up reads floats)
+
+    def forward(self, x):
+        y = F.relu(self.norm(self.conv(x)))
+        return self.out(y * torch.sigmoid(self.conv(x))) if self.product else self.up(y)
+
+
+@pytest.mark.parametrize("product", [False, True])
+def test_a_lookup_joined_to_a_group_norm_is_not_read_as_a_table_by_later_rules(product):
+    # the program node of a relu joined to the norm keeps the relu's name; a float consumer's dequantize (its floats
+    # the norm's tail) or a product of two lookups once read its arguments as (codes, table): the program failed to build
+    torch.manual_seed(0)
+    model, x = NormThenLookup(product).eval(), torch.randn(2, 4, 32)
+    q = _quantized(model, x)
+    portable, program, targets = lowered(q, x)
+    assert torch.equal(program(x), portable)
+    [norm] = [n for n in program.graph.nodes if n.target is norms.cpu_group_norm]
+    tail = getattr(program, norm.args[9].target)
+    assert tail.dtype == (torch.uint8 if product else torch.float32)  # relu's codes, or their floats
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no program for this input signature"
+        q(x), q(x)
+
+
+@pytest.mark.parametrize("decomposed", [False, True])
+def test_an_exported_group_norm_takes_the_same_kernel(decomposed):
+    # torch.export records aten.group_norm, or native_group_norm(...)[0] once decomposed
+    torch.manual_seed(0)
+    model, x = GroupNormBlock().eval(), torch.randn(2, 32, 16, 16)
+    exported = torch.export.export(model, (x,), strict=False)
+    if decomposed:
+        with warnings.catch_warnings():  # torch 2.13's run_decompositions copies a pytree LeafSpec it deprecates
+            warnings.simplefilter("ignore", FutureWarning)
+            exported = exported.run_decompositions()
+    q = _quantized(model, x, prepare_from=exported)
+    assert [op_name(n) for n in q.graph.nodes].count("group_norm") == 1 and q.lucid_fx_convert_report.float_ops == {}
+    with torch.no_grad():
+        assert _sqnr(model(x), q(x)) >= 30
+
+
+class InstanceNormBlock(nn.Module):  # a style-transfer / CycleGAN block: reflect pad -> conv -> instance norm -> relu
+    def __init__(self, norm):
+        super().__init__()
+        self.pad, self.conv, self.norm = nn.ReflectionPad2d(1), nn.Conv2d(8, 8, 3), norm
+
+    def forward(self, x):
+        return x + F.relu(self.norm(self.conv(self.pad(x))))
+
+
+@pytest.mark.parametrize("norm", [lambda: nn.InstanceNorm2d(8), lambda: nn.InstanceNorm2d(8, affine=True)], ids=["plain", "affine"])
+def test_an_instance_norm_is_the_group_norm_of_one_group_a_channel(norm):
+    torch.manual_seed(0)
+    model, x = InstanceNormBlock(norm()).eval(), torch.randn(2, 8, 12, 12)
+    if model.norm.affine:
+        model.norm.weight.data.uniform_(0.5, 1.5), model.norm.bias.data.uniform_(-0.5, 0.5)
+    q = _quantized(model, x)
+    [call] = [n for n in q.graph.nodes if op_name(n) == "group_norm"]
+    assert call.args[3] == 8 and set(q.lucid_fx_convert_report.float_ops) == {"add"}  # (the sum ends the model)
+    assert [op_name(n) for n in q.graph.nodes].count("quantize_per_tensor") == 1  # the reflect pad moves codes
+    with torch.no_grad():
+        assert _sqnr(model(x), q(x)) >= 28
+
+
+def test_an_instance_norm_with_running_statistics_or_unbatched_input_stays_float_and_says_so():
+    torch.manual_seed(0)
+    tracked = nn.InstanceNorm2d(8, track_running_stats=True)
+    tracked.running_mean.uniform_(-0.2, 0.2), tracked.running_var.uniform_(0.8, 1.2)
+    model, x = InstanceNormBlock(tracked).eval(), torch.randn(2, 8, 12, 12)
+    q = _quantized(model, x)
+    assert "norm" in q.lucid_fx_convert_report.float_ops and "group_norm" not in [op_name(n) for n in q.graph.nodes]
+    with torch.no_grad():
+        assert _sqnr(model(x), q(x)) >= 28
