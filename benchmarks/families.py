@@ -32,7 +32,7 @@ from tests.models.measure import outputs, positional, sqnr, torch_ao_model  # no
 
 import lucid_fx  # noqa: E402
 
-DEFAULT = "llama,vit,efficientnet,convnext,densenet,shufflenet,mobilenet_v2,unet"
+DEFAULT = "llama,vit,efficientnet,convnext,densenet,shufflenet,mobilenet_v2,unet,cyclegan"
 
 
 def _held_out_sqnr(model, quantized, held_out) -> float:

@@ -28,6 +28,7 @@ SIGNATURE_OPS = {
     "mobilenet_v2": {"aten.conv2d.default", "aten.batch_norm.default", "aten.hardtanh_.default", "aten.add.Tensor",
                      "aten.adaptive_avg_pool2d.default"},
     "unet": {"aten.conv_transpose2d.input", "aten.upsample_nearest2d.vec", "aten.upsample_bilinear2d.vec", "aten.cat.default"},
+    "cyclegan": {"aten.pad.default", "aten.instance_norm.default", "aten.conv_transpose2d.input", "aten.tanh.default"},
 }
 
 

@@ -1,5 +1,5 @@
 """Small models that reproduce the structure of real model families (transformers' BERT, GPT-2,
-Llama, ViT; torchvision's EfficientNet, ConvNeXt, DenseNet, ShuffleNetV2, MobileNetV2; a U-Net), written here, with
+Llama, ViT; torchvision's EfficientNet, ConvNeXt, DenseNet, ShuffleNetV2, MobileNetV2; a U-Net; CycleGAN's generator), written here, with
 random weights and nothing downloaded. Each prepares, calibrates and converts in a few seconds.
 
 ``FAMILIES`` maps a family name to a :class:`Family`: ``make_model()`` gives the eval-mode model,
@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, NamedTuple
 
 from torch import nn
 
-from . import bert, convnext, densenet, efficientnet, gpt2, llama, mobilenet_v2, shufflenet, unet, vit
+from . import bert, convnext, cyclegan, densenet, efficientnet, gpt2, llama, mobilenet_v2, shufflenet, unet, vit
 from ._common import Inputs, as_batch, benchmark_models, image_inputs, init_batch_norms
 
 __all__ = ["Family", "FAMILIES", "BASELINES", "Inputs", "as_batch"]
@@ -45,6 +45,7 @@ FAMILIES: Dict[str, Family] = {
     "shufflenet": _family(shufflenet),
     "mobilenet_v2": _family(mobilenet_v2),
     "unet": _family(unet),
+    "cyclegan": _family(cyclegan),
 }
 
 

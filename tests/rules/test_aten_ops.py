@@ -47,6 +47,7 @@ CASES = {
     "native_layer_norm.default": (aten.native_layer_norm.default, (t(2, 3, 4), [4], W(t(4)), W(t(4)), 1e-5), {}, 0),
     "group_norm.default": (aten.group_norm.default, (t(2, 4, 3, 3), 2, W(t(4)), W(t(4)), 1e-5, True), {}, None),
     "native_group_norm.default": (aten.native_group_norm.default, (t(2, 4, 3, 3), W(t(4)), W(t(4)), 2, 4, 9, 2, 1e-5), {}, 0),
+    "instance_norm.default": (aten.instance_norm.default, (t(2, 4, 3, 3), W(t(4)), W(t(4)), None, None, True, 0.1, 1e-5, False), {}, None),
     "batch_norm.default": (aten.batch_norm.default, (t(2, 3, 4, 4), W(t(3)), W(t(3)), W(t(3)), W(t(3).abs() + 0.5), False, 0.1, 1e-5, True), {}, None),
     "_native_batch_norm_legit_no_training.default": (
         aten._native_batch_norm_legit_no_training.default, (t(2, 3, 4, 4), W(t(3)), W(t(3)), W(t(3)), W(t(3).abs() + 0.5), 0.1, 1e-5), {}, 0),
