@@ -9,13 +9,13 @@ of the node's own graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Union
 
 from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "canonical", "layer_groups", "attr_value", "cut_from_parameter", "CUTS"]
+__all__ = ["NodeRef", "BoundCall", "CanonicalCall", "canonical", "layer_groups", "attr_value", "cut_from_parameter", "CUTS"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,37 @@ class BoundCall:
                 if isinstance(item, fx.Node) and item not in found:
                     found.append(item)
         return found
+
+
+@dataclass(frozen=True)
+class CanonicalCall:
+    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen.
+
+    ``node.meta[OP]`` stores it with each argument that is a node as a :class:`NodeRef` (a node
+    given here is stored as one); rules read it through :func:`canonical` (lucid_fx/node_refs.py)."""
+
+    op: str
+    args: Mapping[str, Union[NodeRef, Any]]
+    inplace: bool
+    spelling: str
+    module: Optional[str] = None  # qualified name, for call_module spellings
+
+    def __post_init__(self) -> None:
+        if isinstance(self.args, Mapping):  # anything else: load's type check names it
+            object.__setattr__(self, "args", {k: each(v, as_ref) for k, v in self.args.items()})
+
+    def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
+        """The same call with every reference to ``old`` naming ``new`` (for graph rewrites)."""
+        old_ref, new_ref = NodeRef(old.name), NodeRef(new.name)
+        swap = lambda v: new_ref if v == old_ref else v  # noqa: E731
+        args = {k: each(v, swap) for k, v in self.args.items()}
+        return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
+
+    def bind(self, graph: fx.Graph) -> "BoundCall":
+        """This call with each :class:`NodeRef` resolved to the node of ``graph`` it names."""
+        resolve = lambda v: node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
+        args = {k: each(v, resolve) for k, v in self.args.items()}
+        return BoundCall(self.op, args, self.inplace, self.spelling, self.module)
 
 
 def canonical(node: fx.Node) -> Optional[BoundCall]:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import nn
 from torch.nn.modules import padding as _P
 
 from lucid_fx._where import caller_location
-from lucid_fx.node_refs import BoundCall, NodeRef, as_ref, canonical, each, node_named
+from lucid_fx.node_refs import BoundCall, CanonicalCall, NodeRef, canonical
 from lucid_fx.op_tags import Tag
 
 __all__ = ["OpDef", "Tag", "Spelling", "CanonicalCall", "BoundCall", "NodeRef", "canonical", "OP_DEFS", "EXTRA_SPELLINGS",
@@ -80,37 +80,6 @@ class Spelling:
         return prefix + name
 
 
-@dataclass(frozen=True)
-class CanonicalCall:
-    """A node's op in canonical form: op name, arguments by canonical name, and the spelling seen.
-
-    ``node.meta[OP]`` stores it with each argument that is a node as a :class:`NodeRef` (a node
-    given here is stored as one); rules read it through :func:`canonical` (lucid_fx/node_refs.py)."""
-
-    op: str
-    args: Mapping[str, Union[NodeRef, Any]]
-    inplace: bool
-    spelling: str
-    module: Optional[str] = None  # qualified name, for call_module spellings
-
-    def __post_init__(self) -> None:
-        if isinstance(self.args, Mapping):  # anything else: load's type check names it
-            object.__setattr__(self, "args", {k: each(v, as_ref) for k, v in self.args.items()})
-
-    def replace_input(self, old: fx.Node, new: fx.Node) -> "CanonicalCall":
-        """The same call with every reference to ``old`` naming ``new`` (for graph rewrites)."""
-        old_ref, new_ref = NodeRef(old.name), NodeRef(new.name)
-        swap = lambda v: new_ref if v == old_ref else v  # noqa: E731
-        args = {k: each(v, swap) for k, v in self.args.items()}
-        return CanonicalCall(self.op, args, self.inplace, self.spelling, self.module)
-
-    def bind(self, graph: fx.Graph) -> "BoundCall":
-        """This call with each :class:`NodeRef` resolved to the node of ``graph`` it names."""
-        resolve = lambda v: node_named(graph, v) if isinstance(v, NodeRef) else v  # noqa: E731
-        args = {k: each(v, resolve) for k, v in self.args.items()}
-        return BoundCall(self.op, args, self.inplace, self.spelling, self.module)
-
-
 def _attrs(**names: str) -> ModuleConsts:
     """Module consts read from attributes: ``_attrs(dim="dim")`` -> ``{"dim": m.dim}``."""
     return lambda m: {canon: getattr(m, attr) for canon, attr in names.items()}
@@ -152,6 +121,12 @@ OP_DEFS: List[OpDef] = [
     OpDef("silu", ("input", "inplace"), modules={nn.SiLU: _none}, tags=_TABLE),
     OpDef("hardswish", ("input", "inplace"), modules={nn.Hardswish: _none}, tags=_TABLE),
     OpDef("leaky_relu", ("input", "negative_slope", "inplace"), modules={nn.LeakyReLU: _attrs(negative_slope="negative_slope")}, tags=_TABLE),
+    *(OpDef(name, params, modules={cls: _none}, tags=_TABLE) for name, params, cls in (  # tables of the op on every code
+        ("mish", ("input", "inplace"), nn.Mish), ("softplus", ("input", "beta", "threshold"), nn.Softplus),
+        ("selu", ("input", "inplace"), nn.SELU), ("celu", ("input", "alpha", "inplace"), nn.CELU),
+        ("logsigmoid", ("input",), nn.LogSigmoid), ("tanhshrink", ("input",), nn.Tanhshrink),
+        ("softshrink", ("input", "lambd"), nn.Softshrink))),  # (not hardshrink, threshold: a jump moves a rounded input far)
+    OpDef("prelu", ("input", "weight"), modules={nn.PReLU: _none}),  # a slope per channel: a table per channel
     OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}, tags=_TABLE),
     OpDef("pow", ("input", "exponent"), tags=_TABLE),  # x ** c (GPT-2's tanh GELU: x ** 3): a table; x ** y stays float
     *(OpDef(name, tags=_TABLE) for name in ("exp", "abs")),

@@ -1,4 +1,5 @@
-"""``lucid_fx::channel_lut``: one 256-entry table per channel, what a standalone batch norm on codes is.
+"""``lucid_fx::channel_lut``: one 256-entry table per channel, what a standalone batch norm on codes is (and a PReLU
+with a slope per channel).
 
 A batch norm in eval mode is ``y = x * a[c] + b[c]``, one affine map per channel: on 8-bit codes of
 one input grid it is one table per channel from the input's codes to the output's
@@ -19,7 +20,7 @@ import torch
 
 from lucid_fx.kernels.codes import quant
 
-__all__ = ["channel_lut", "fake_channel_lut", "batch_norm_tables", "code_index"]
+__all__ = ["channel_lut", "fake_channel_lut", "channel_tables", "batch_norm_tables", "prelu_tables", "code_index"]
 
 
 def code_index(q: torch.Tensor) -> torch.Tensor:
@@ -50,17 +51,31 @@ def fake_channel_lut(q: torch.Tensor, tables: torch.Tensor, dim: int) -> torch.T
     return torch.empty_like(q, dtype=tables.dtype)
 
 
-def batch_norm_tables(mean, var, weight, bias, eps: float, in_scale: float, in_zp: int, in_range, out_scale: float,
-                      out_zp: int, out_range, dtype: torch.dtype) -> torch.Tensor:
-    """(C, 256) tables of ``quantize(batch_norm(dequantize(code)))`` for an eval batch norm, computed in
-    float64 once (the map is exact to the output grid); entries for codes outside ``in_range`` repeat
-    the nearest end, as :func:`~lucid_fx.kernels.reference.make_lut`'s do."""
+def channel_tables(fn, in_scale: float, in_zp: int, in_range, out_scale: float, out_zp: int, out_range,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """(C, 256) tables of ``quantize(fn(dequantize(code)))`` where ``fn`` maps the 256 input values (float64) to
+    a row per channel, computed once; entries for codes outside ``in_range`` repeat the nearest end, as
+    :func:`~lucid_fx.kernels.reference.make_lut`'s do."""
     info = torch.iinfo(torch.uint8 if in_range[0] >= 0 else torch.int8)
     codes = torch.arange(info.min, info.max + 1, dtype=torch.float64).clamp(*in_range)
-    values = (codes - in_zp) * float(in_scale)
+    return quant(fn((codes - in_zp) * float(in_scale)).float(), out_scale, out_zp, out_range[0], out_range[1], dtype)
+
+
+def batch_norm_tables(mean, var, weight, bias, eps: float, in_scale: float, in_zp: int, in_range, out_scale: float,
+                      out_zp: int, out_range, dtype: torch.dtype) -> torch.Tensor:
+    """The :func:`channel_tables` of an eval batch norm (the map is exact to the output grid)."""
     c = mean.numel()
     w = torch.ones(c, dtype=torch.float64) if weight is None else weight.detach().double()
     b = torch.zeros(c, dtype=torch.float64) if bias is None else bias.detach().double()
     a = w / torch.sqrt(var.detach().double() + eps)
-    y = values[None, :] * a[:, None] + (b - mean.detach().double() * a)[:, None]
-    return quant(y.float(), out_scale, out_zp, out_range[0], out_range[1], dtype)
+    shift = b - mean.detach().double() * a
+    return channel_tables(lambda values: values[None, :] * a[:, None] + shift[:, None], in_scale, in_zp, in_range,
+                          out_scale, out_zp, out_range, dtype)
+
+
+def prelu_tables(weight: torch.Tensor, in_scale: float, in_zp: int, in_range, out_scale: float, out_zp: int, out_range,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The :func:`channel_tables` of ``F.prelu`` with a slope per channel."""
+    slope = weight.detach().double().reshape(-1, 1)
+    return channel_tables(lambda values: torch.where(values >= 0, values, slope * values), in_scale, in_zp, in_range,
+                          out_scale, out_zp, out_range, dtype)

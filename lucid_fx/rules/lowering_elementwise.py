@@ -1,5 +1,6 @@
 """Lowering rules for ops that map each code to one code: a 256-entry table (``lucid_fx.lut``) for any
-elementwise op of one int8 input, and the free rescale of ``x * c`` / ``x / c`` (same codes, grid
+elementwise op of one int8 input, a table per channel (``lucid_fx.channel_lut``) for a PReLU with a slope per
+channel, and the free rescale of ``x * c`` / ``x / c`` (same codes, grid
 scaled by ``c``). Entries in :data:`lucid_fx.rules.lowering.LOWERINGS`."""
 
 from __future__ import annotations
@@ -14,19 +15,14 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx.kernels import make_lut
+from lucid_fx.kernels.channel_lut import prelu_tables
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_gate import lower_gate
 
-__all__ = ["lower_elementwise", "lower_div", "rescale_by_constant", "scalar_constant"]
+__all__ = ["lower_elementwise", "lower_prelu", "lower_div", "rescale_by_constant", "scalar_constant"]
 
 _ops = torch.ops.lucid_fx
-
-
-def _qin(ctx, node: Any) -> Optional[QValue]:
-    if not isinstance(node, fx.Node) or not ctx.has_quant(node):
-        return None
-    return ctx.quant_of(node)
 
 
 def _positive_number(value: Any) -> Optional[float]:
@@ -70,7 +66,7 @@ def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
     factor = _positive_constant(ctx, b)
     if call.op == "div" and (call.args.get("rounding_mode") is not None or factor is None):
         return None
-    x = _qin(ctx, a)
+    x = ctx.quant_or_none(a)
     if x is None or factor is None:
         return None
     scale = x.scale * factor if call.op == "mul" else x.scale / factor
@@ -89,7 +85,7 @@ def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 
     tensors = [resolve(n) for n in canonical(node).tensor_inputs()]
     if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
         return None
-    x = _qin(ctx, tensors[0])
+    x = ctx.quant_or_none(tensors[0])
     if x is None:
         return None
     gate = lower_gate(ctx, node, tensors[0], x)  # tanh/sigmoid(linear(h)): the linear's post-op
@@ -104,6 +100,23 @@ def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 
     table = make_lut(lambda values: mapped, x.scale, x.zero_point, in_range, scale, zp, out_range)
     out = ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_lut", table))
     return ctx.output_qvalue(node, out)
+
+
+def lower_prelu(ctx, members, resolve):  # prelu(x, a): one slope -> a lut; a slope per channel -> lucid_fx.channel_lut
+    node = members[0]
+    call = canonical(node)
+    weight = ctx.prepared.get_submodule(node.target).weight if node.op == "call_module" else ctx.constant_value(call.args.get("weight"))
+    if weight is not None and weight.numel() == 1:
+        return lower_elementwise(ctx, members, resolve)
+    source = resolve(call.args.get("input"))
+    x, shape = ctx.quant_or_none(source), tuple(getattr(source.meta.get(_meta.TENSOR_META), "shape", ()))
+    if len(members) != 1 or x is None or weight is None or ctx.qparams_of(node) is None or len(shape) < 2 or weight.numel() != shape[1]:
+        return None
+    scale, zp, qdtype = ctx.qparams_of(node)
+    tables = prelu_tables(weight, x.scale, x.zero_point, (x.qdtype.quant_min, x.qdtype.quant_max), scale, zp,
+                          (qdtype.quant_min, qdtype.quant_max), qdtype.storage)
+    out = ctx.call(_ops.channel_lut, x.node, ctx.constant(f"{node.name}_tables", tables), 1)
+    return QValue(out, scale, zp, qdtype, x.channels_last)  # each code looked up where it lies: x's layout
 
 
 def _evaluate_on(ctx, node: fx.Node, source: fx.Node, values: torch.Tensor, resolve) -> Optional[torch.Tensor]:
