@@ -1,7 +1,7 @@
 """FLOPs of the matrix ops, for the convert report's int8 share.
 
 In a prepared graph they are read from the shapes prepare recorded (``node.meta["tensor_meta"]``):
-linear, conv1d/2d/3d, matmul (mm, bmm), addmm, baddbmm, grouped products (``aten._grouped_mm``,
+linear, conv1d/2d/3d, matmul (mm, bmm), addmm, baddbmm, an einsum that stays one call, grouped products (``aten._grouped_mm``,
 transformers' ``grouped_mm_fallback``: Mixtral's experts) and scaled_dot_product_attention, at 2 FLOPs per
 multiply-add. Everything else is cheap next to them and not counted. Code that is not a graph (a
 module the untraceable-module fallback kept float) has no recorded shapes: prepare runs the float
@@ -24,7 +24,7 @@ from lucid_fx import _meta
 __all__ = ["MATRIX_OPS", "node_flops", "graph_flops", "counting_module_flops"]
 
 MATRIX_OPS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "matmul", "addmm", "baddbmm", "scaled_dot_product_attention",
-              "grouped_mm")
+              "grouped_mm", "einsum")
 # Other spellings of the same ops: aten's (a torch.export graph's targets), and the grouped products,
 # which have no canonical op (each row of (T, K) times the (K, N) weight of its group: Mixtral's experts)
 _ALIASES = {"mm": "matmul", "bmm": "matmul", "convolution": "conv2d", "_grouped_mm": "grouped_mm",
@@ -91,11 +91,28 @@ def node_flops(gm: fx.GraphModule, node: fx.Node) -> int:
     if op in ("matmul", "addmm", "baddbmm", "grouped_mm"):  # (b)addmm(bias, mat1, mat2); grouped_mm(x, w, offsets)
         first = _shape(node.args[1 if op in ("addmm", "baddbmm") else 0]) if len(node.args) > 1 else None
         return 2 * math.prod(out) * first[-1] if first else 0
+    if op == "einsum":
+        return _einsum(node)
     query, key, value = (_shape(a) for a in node.args[:3])
     if not (query and key and value):
         return 0
     rows = math.prod(query[:-1])
     return 2 * rows * key[-2] * (query[-1] + value[-1])
+
+
+def _einsum(node: fx.Node) -> int:
+    """An einsum's multiplies, each a combination of its letters' indices, n - 1 of them for n operands
+    (an ellipsis: not counted)."""
+    operands = list(node.args[1:])
+    operands = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+    equation = node.args[0] if node.args and isinstance(node.args[0], str) else ""
+    terms, sizes = equation.replace(" ", "").split("->")[0].split(","), {}
+    shapes = [_shape(a) for a in operands]
+    if "." in equation or len(terms) != len(shapes) or any(s is None or len(s) != len(t) for s, t in zip(shapes, terms)):
+        return 0
+    for term, shape in zip(terms, shapes):
+        sizes.update(zip(term, shape))
+    return 2 * (len(terms) - 1) * math.prod(sizes.values())
 
 
 def graph_flops(gm: fx.GraphModule) -> Dict[str, int]:

@@ -66,3 +66,21 @@ def test_einsum_attention_runs_its_products_in_int8(sqnr_db):
     with torch.no_grad():
         x = torch.randn(2, 16, 64)
         assert sqnr_db(model(x), q(x)) >= 30
+
+
+class OuterProducts(nn.Module):  # three operands: no matrix product, one float call
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 4), nn.Linear(8, 5), nn.Linear(8, 6)
+
+    def forward(self, x):
+        return torch.einsum("bi,bj,bk->bijk", self.a(x), self.b(x), self.c(x)).flatten(1)
+
+
+def test_an_einsum_that_stays_one_call_is_float_and_counted_in_the_report():
+    torch.manual_seed(0)
+    model, batches = OuterProducts().eval(), [torch.randn(3, 8) for _ in range(2)]
+    q = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    report = q.lucid_fx_convert_report
+    assert report.flops["einsum"] == 2 * 2 * 3 * 4 * 5 * 6  # two multiplies per (b, i, j, k)
+    assert "float op: einsum (no lowering rule for einsum, " in str(report), str(report)
