@@ -86,6 +86,17 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
     return in_zp == out_zp and math.isclose(scale, out_scale, rel_tol=1e-6)
 
 
+def _scales_by_a_computed_number(gm: fx.GraphModule, members: List[fx.Node], rule: Any) -> bool:
+    """``x * s`` or ``x / s`` where ``s`` is a number the graph computes (``q.size(-1) ** -0.5``), no constant:
+    the grid of the product would depend on it at run time, and the binary rules decline."""
+    call = canonical(members[0])
+    if len(members) != 1 or rule not in (rules.GENERIC[("mul",)], rules.lower_div) or call.op not in ("mul", "div"):
+        return False
+    operands = [call.args.get("input"), call.args.get("other")]
+    return any(isinstance(v, fx.Node) and not hasattr(v.meta.get(_meta.TENSOR_META), "shape") and scalar_constant(gm, v) is None
+               for v in operands)
+
+
 def _inputs_have_codes(node: fx.Node) -> bool:
     """Whether every float-tensor activation ``node`` reads is observed, so that a rule finds its codes
     (an attention mask is read in float: rules/masks.py)."""
@@ -119,7 +130,7 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         rule = table.get(key) if lowerable(node, kind) else None
         if rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
-        elif not _inputs_have_codes(members[0]):
+        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(prepared, members, rule):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
             placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))

@@ -64,3 +64,27 @@ def test_a_0_dim_constant_scales_the_grid_in_the_prediction_as_in_convert():
     _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
     assert report.placements == predicted
     assert [(p.runs, p.why) for name, p in predicted.items() if name != "fc"] == [(Runs.SHARED, "div"), (Runs.SHARED, "mul")]
+
+
+class ShapeScaled(nn.Module):
+    """Scores scaled by a number the graph computes from a shape (``q.size(-1) ** -0.5``): no constant grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.out = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        q = self.q(x)
+        return self.out(((q @ self.k(x).transpose(1, 2)) * q.size(-1) ** -0.5).softmax(-1) @ x)
+
+
+def test_a_product_by_a_computed_number_is_predicted_float_as_convert_runs_it():
+    # predicted as an int8 mul kernel, it ran float: the binary rules find no codes for a number
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(ShapeScaled().eval(), example_inputs=(torch.randn(2, 8, 16),))
+    lucid_fx.calibrate(prepared, [torch.randn(2, 8, 16) for _ in range(3)], progress=False)
+    registry = lucid_fx.current_registry()
+    predicted = predict_placement(prepared, lowering_table(registry.lowerings, "cpu"))
+    _, report = lower_to_int8(prepared, registry.lowerings, resolve_target("cpu"))
+    assert report.placements == predicted
+    assert (predicted["mul"].runs, predicted["mul"].why) == (Runs.FLOAT, "lowering declined")
