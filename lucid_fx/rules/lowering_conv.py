@@ -36,16 +36,27 @@ def _conv_geometry(ctx, node):
     """(stride, padding, dilation, groups, padding mode) of a conv module or F.conv call, or None."""
     if node.op == "call_module":
         m = ctx.prepared.get_submodule(node.target)
-        stride, padding, dilation, groups, mode = m.stride, m.padding, m.dilation, m.groups, m.padding_mode
+        stride, padding, dilation, groups, mode, weight = m.stride, m.padding, m.dilation, m.groups, m.padding_mode, m.weight
     else:
         args = canonical(node).args
         stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
-        mode = "zeros"
-    if isinstance(padding, str) or not isinstance(groups, int):
-        return None  # "same"/"valid" padding, or geometry computed in the graph: leave to float
+        mode, weight = "zeros", ctx.constant_value(args.get("weight"))
     dims = 2 if canonical(node).op == "conv2d" else 1
     as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
+    if isinstance(padding, str) and isinstance(weight, torch.Tensor):
+        padding = _named_padding(padding, as_list(dilation), weight.shape[2:])
+    if isinstance(padding, str) or padding is None or not isinstance(groups, int):
+        return None  # uneven "same" padding, or geometry computed in the graph: leave to float
     return as_list(stride), as_list(padding), as_list(dilation), groups, mode
+
+
+def _named_padding(name: str, dilation: List[int], kernel) -> Any:
+    """``padding="valid"`` is none; ``"same"`` (stride 1) pads ``dilation * (k - 1) / 2`` each side where that
+    is whole (an odd kernel); None for an uneven one (torch pads the extra row on the far side)."""
+    if name == "valid":
+        return [0] * len(kernel)
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    return [t // 2 for t in totals] if name == "same" and all(t % 2 == 0 for t in totals) else None
 
 
 def _conv_input(ctx, node: fx.Node, source: fx.Node, geometry):

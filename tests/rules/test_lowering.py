@@ -564,3 +564,34 @@ def test_a_linear_read_by_its_gate_and_another_op_keeps_its_codes():
     model, prepared, qmodel = _gate_model(torch.tanh, also=True)
     assert [n.args[8] for n in _linears(qmodel)] == ["none"]
     assert [n for n in qmodel.graph.nodes if str(n.target) == "lucid_fx.lut"]
+
+
+@pytest.mark.parametrize("conv,sizes,shape", [
+    (lambda p: nn.Conv2d(8, 8, 5, padding=p, groups=8), 2, (2, 8, 12, 12)),  # ConvMixer's depthwise
+    (lambda p: nn.Conv2d(8, 6, 3, padding=p, dilation=2), 2, (2, 8, 12, 12)),
+    (lambda p: nn.Conv2d(8, 6, (3, 5), padding=p), (1, 2), (2, 8, 12, 12)),
+    (lambda p: nn.Conv1d(8, 6, 7, padding=p), 3, (2, 8, 20)),
+], ids=["depthwise", "dilated", "rectangular", "1d"])
+def test_same_padding_is_lowered_as_its_sizes(conv, sizes, shape, sqnr_db):
+    # padding="same" declined (a string, no sizes): a ConvMixer-style block's depthwise convolutions ran float; now the
+    # same int8 convolution as the model written with the sizes, code for code
+    def model(padding):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(8, 8, 1) if len(shape) == 4 else nn.Conv1d(8, 8, 1), conv(padding)).eval()
+
+    batches = [torch.randn(shape) for _ in range(4)]
+    named, sized = (lucid_fx.quantize(model(p), (batches[0],), batches, progress=False) for p in ("same", sizes))
+    assert named.lucid_fx_convert_report.float_ops == {} and named.lucid_fx_convert_report.int8_flop_share == 1.0
+    with torch.no_grad():
+        x = torch.randn(shape)
+        assert torch.equal(named(x), sized(x)) and sqnr_db(model("same")(x), named(x)) > 25
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # torch's own, on the float model's calls
+def test_uneven_same_padding_stays_float_and_says_so():
+    # an even kernel's "same" padding puts the extra row on the far side, which the kernel's symmetric padding cannot
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 6, 4, padding="same")).eval()
+    batches = [torch.randn(2, 8, 10, 10) for _ in range(2)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert "kept float: _1 (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
