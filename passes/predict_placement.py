@@ -26,6 +26,7 @@ from lucid_fx.rules.lowering_context import _is_observer_call, readers, watched
 from lucid_fx.passes.fold_dequantize import FLOAT_WHY, FOLDED_SHARED, FOLDS_TO_FLOAT
 from lucid_fx._placement import Placement, Runs
 from lucid_fx.rules import lowering as rules
+from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add, takes as conv_takes
 from lucid_fx.rules.lowering_conv_transpose import takes as transposed_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number, scalar_constant
@@ -135,6 +136,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
             placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))
         elif rule is rules.lower_conv_transpose2d and not transposed_takes(prepared, members[0]):  # its geometry
+            placement = _stays_float(kind, decision, key, rule, "lowering declined")
+        elif rule in (lower_conv, lower_conv_add) and not conv_takes(prepared, members[0]):  # an even kernel's "same"
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
         else:
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())

@@ -15,9 +15,10 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.node_refs import attr_value
 from lucid_fx.ops import canonical
 
-__all__ = ["lower_conv", "lower_conv_add"]
+__all__ = ["lower_conv", "lower_conv_add", "takes"]
 
 _ops = torch.ops.lucid_fx
 
@@ -33,14 +34,25 @@ def _input(call, resolve) -> Any:
 
 
 def _conv_geometry(ctx, node):
-    """(stride, padding, dilation, groups, padding mode) of a conv module or F.conv call, or None."""
+    return _geometry(ctx.prepared, ctx.constant_value, node)
+
+
+def takes(prepared: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether the conv rules find this node's geometry (explain's prediction): sizes, not computed in the graph,
+    a named padding they can spell as sizes."""
+    return _geometry(prepared, attr_value, node) is not None
+
+
+def _geometry(prepared, value_of, node):
+    """(stride, padding, dilation, groups, padding mode) of a conv module or F.conv call (a functional weight read by
+    ``value_of``), or None."""
     if node.op == "call_module":
-        m = ctx.prepared.get_submodule(node.target)
+        m = prepared.get_submodule(node.target)
         stride, padding, dilation, groups, mode, weight = m.stride, m.padding, m.dilation, m.groups, m.padding_mode, m.weight
     else:
         args = canonical(node).args
         stride, padding, dilation, groups = (args.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)))
-        mode, weight = "zeros", ctx.constant_value(args.get("weight"))
+        mode, weight = "zeros", value_of(args.get("weight"))
     dims = 2 if canonical(node).op == "conv2d" else 1
     as_list = lambda v: [v] * dims if isinstance(v, int) else list(v)  # noqa: E731
     if isinstance(padding, str) and isinstance(weight, torch.Tensor):

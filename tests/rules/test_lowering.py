@@ -591,7 +591,12 @@ def test_same_padding_is_lowered_as_its_sizes(conv, sizes, shape, sqnr_db):
 def test_uneven_same_padding_stays_float_and_says_so():
     # an even kernel's "same" padding puts the extra row on the far side, which the kernel's symmetric padding cannot
     torch.manual_seed(0)
+    from lucid_fx.placement import placements
+
     model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.Conv2d(8, 6, 4, padding="same")).eval()
     batches = [torch.randn(2, 8, 10, 10) for _ in range(2)]
-    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    assert str(placements(prepared)["_1"]) == "float (lowering declined)"  # explain predicts it (it said int8)
+    qmodel = lucid_fx.convert(prepared)
     assert "kept float: _1 (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
