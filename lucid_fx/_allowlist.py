@@ -166,7 +166,7 @@ _VALUE_ROOTS = (
     "lucid_fx.quantization.dtypes.QParams",  # a grid with its scale and zero point
     "lucid_fx.quantization.qconfig.QConfig",  # inside a Decision, on a prepared graph
     "lucid_fx.rules.observers.Decision",  # node.meta[DECISION]
-    "lucid_fx.ops.CanonicalCall",  # node.meta[OP]
+    "lucid_fx.node_refs.CanonicalCall",  # node.meta[OP]
     "lucid_fx.prepare.PrepareReport",  # the prepared root's lucid_fx_report
     "lucid_fx._placement.ConvertReport",  # the converted root's lucid_fx_convert_report
     "torch.fx.passes.shape_prop.TensorMetadata",  # node.meta["tensor_meta"]
@@ -214,6 +214,7 @@ MOVED_CLASSES = {
     "lucid_fx.placement.Placement": "lucid_fx._placement.Placement",
     "lucid_fx.placement.Runs": "lucid_fx._placement.Runs",
     "lucid_fx.quantization.dynamic.DynamicQuantizedLinear": "lucid_fx.dynamic.DynamicQuantizedLinear",
+    "lucid_fx.ops.CanonicalCall": "lucid_fx.node_refs.CanonicalCall",  # beside BoundCall since 2026-12-03
 }
 
 

@@ -1,6 +1,6 @@
 """References between nodes in ``node.meta``, by name, and the bound view rules read.
 
-``node.meta[OP]`` (a :class:`lucid_fx.ops.CanonicalCall`) names the nodes its arguments are with
+``node.meta[OP]`` (a :class:`CanonicalCall`) names the nodes its arguments are with
 :class:`NodeRef`, so it holds no ``fx.Node``: a deep copy of a graph, or a saved and loaded one,
 needs no rebinding. :func:`canonical` gives a rule the call with those names resolved to the nodes
 of the node's own graph.

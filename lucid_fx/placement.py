@@ -42,7 +42,7 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
 
     >>> import torch, lucid_fx
     >>> nn = torch.nn
-    >>> m = nn.Sequential(nn.Linear(4, 4), nn.Hardsigmoid(), nn.Linear(4, 4), nn.Softplus(), nn.Linear(4, 2)).eval()
+    >>> m = nn.Sequential(nn.Linear(4, 4), nn.Hardsigmoid(), nn.Linear(4, 4), nn.Softmin(-1), nn.Linear(4, 2)).eval()
     >>> prepared = lucid_fx.prepare(m, example_inputs=(torch.randn(2, 4),))
     >>> [str(placements(prepared)[n]) for n in ("_0", "_1", "_3")]
     ['int8 kernel (linear)', 'table lookup (hardsigmoid)', 'float (no lowering rule for 3)']

@@ -69,7 +69,7 @@ def test_reference_model_compares_like_the_int8_one(models):
     ref = lucid_fx.convert(prepared, reference=True)
     real, simulated = lucid_fx.compare(model, q, data).by_node(), lucid_fx.compare(model, ref, data).by_node()
     assert set(real) == set(simulated)
-    # Softplus runs in float on the float x in both: the reference does not fake-quantize its input.
+    # Softmin runs in float on the float x in both: the reference does not fake-quantize its input.
     assert simulated["ln"].sqnr_db == real["ln"].sqnr_db and simulated["ln"].op == real["ln"].op == "ln"
     for name in real:  # the kernels compute what the simulation does, up to rounding
         assert simulated[name].sqnr_db == pytest.approx(real[name].sqnr_db, abs=1.5), name

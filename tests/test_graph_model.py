@@ -9,13 +9,13 @@ import lucid_fx
 
 
 class Gate(nn.Module):
-    """linear -> neg -> tanh -> (t+1)/2 gates a Softplus branch (``ln``); softmax head. Softplus has no int8
+    """linear -> neg -> tanh -> (t+1)/2 gates a Softmin branch (``ln``); softmax head. Softmin has no int8
     rule, so it runs in float (LayerNorm did, before it had a kernel). The tanh reads a negation, so it
     is a table: straight after the linear it would be the linear's post-op (rules/lowering_elementwise.py)."""
 
     def __init__(self):
         super().__init__()
-        self.l1, self.ln, self.l2 = nn.Linear(16, 16), nn.Softplus(), nn.Linear(16, 4)
+        self.l1, self.ln, self.l2 = nn.Linear(16, 16), nn.Softmin(dim=-1), nn.Linear(16, 4)
 
     def forward(self, x):
         g = (torch.tanh(-self.l1(x)) + 1) / 2

@@ -448,7 +448,7 @@ def test_the_value_classes_are_those_lucid_fx_writes():
     names = value_class_names()
     assert {
         "lucid_fx.quantization.dtypes.QDtype", "lucid_fx.quantization.dtypes.QScheme", "lucid_fx.quantization.qconfig.QConfig",
-        "lucid_fx.rules.observers.Decision", "lucid_fx.ops.CanonicalCall", "lucid_fx.prepare.PrepareReport",
+        "lucid_fx.rules.observers.Decision", "lucid_fx.node_refs.CanonicalCall", "lucid_fx.prepare.PrepareReport",
         "lucid_fx.passes.trace_model.Untraceable", "lucid_fx._placement.ConvertReport",
         "torch.fx.passes.shape_prop.TensorMetadata",
     } <= names
@@ -456,7 +456,7 @@ def test_the_value_classes_are_those_lucid_fx_writes():
     written = set()
     for kind in ("mlp", "cnn", "bounded", "qat", "prepared", "prepared_bounded"):
         written |= set(re.findall(r"'cls': '([\w.]+)'", repr(raw(kind))))
-    assert written <= names and "lucid_fx.ops.CanonicalCall" in written
+    assert written <= names and "lucid_fx.node_refs.CanonicalCall" in written
 
 
 def test_every_meta_key_has_a_type_to_check():

@@ -16,14 +16,14 @@ from lucid_fx.quantization import get_default_qconfig_mapping
 class Mixed(nn.Module):
     """Every decision kind: a fused conv+BN+ReLU group, shared ops on codes (max-pool, reshape), a
     shape query, statistics ops lowered to kernels (linear, a * b), a fixed-qparams sigmoid and a
-    gelu lowered to tables, x * 0.5 on a rescaled grid, a Softplus in float (no int8 rule), and a linear that
+    gelu lowered to tables, x * 0.5 on a rescaled grid, a Hardshrink in float (no int8 rule), and a linear that
     the QConfigMapping keeps float."""
 
     def __init__(self):
         super().__init__()
         self.conv, self.bn, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
         self.pool = nn.MaxPool2d(2)
-        self.fc1, self.ln, self.fc2, self.fc3 = nn.Linear(128, 16), nn.Softplus(), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.fc1, self.ln, self.fc2, self.fc3 = nn.Linear(128, 16), nn.Hardshrink(), nn.Linear(16, 16), nn.Linear(16, 16)
         self.head = nn.Linear(16, 4)
 
     def forward(self, x):
@@ -124,7 +124,7 @@ def test_a_model_whose_only_op_stays_float_reports_one_op_in_float():
     # Before: "backend cpu: 0 int8 kernels, 0 ops in float" (only ops meant to be int8 were counted).
     torch.manual_seed(0)
     data = [torch.randn(4, 8) for _ in range(2)]
-    q = lucid_fx.quantize(nn.Sequential(nn.Softplus()).eval(), (data[0],), data)
+    q = lucid_fx.quantize(nn.Sequential(nn.Hardshrink()).eval(), (data[0],), data)
     assert str(q.lucid_fx_convert_report).splitlines() == [
         "backend cpu: 0 int8 kernels, 1 op in float",
         "int8 FLOPs: none counted (no linear, conv, matmul or attention with shapes recorded at prepare)",

@@ -53,13 +53,13 @@ def test_functional_weight_is_quantized_per_channel_on_the_kernel_grid():
 
 
 def test_a_float_op_reads_the_float_input_as_convert_feeds_it():
-    """x feeds an int8 linear (so x is observed) and a Softplus (no int8 kernel: float). convert
-    gives the Softplus the float x; the reference must too, not x's quantized image."""
+    """x feeds an int8 linear (so x is observed) and a Softmin (no int8 kernel: float). convert
+    gives the Softmin the float x; the reference must too, not x's quantized image."""
 
     class Branches(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc, self.soft = nn.Linear(6, 6), nn.Softplus()
+            self.fc, self.soft = nn.Linear(6, 6), nn.Softmin(dim=-1)
 
         def forward(self, x):
             return self.fc(x) + self.soft(x)

@@ -18,7 +18,7 @@ from lucid_fx.rules.lowering_gate import GATE_WHY
 
 def _calibrated():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid(), nn.Softplus()).eval()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4), nn.Sigmoid(), nn.Softmin(dim=-1)).eval()
     prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 8),))
     lucid_fx.calibrate(prepared, [torch.randn(16, 8) for _ in range(20)], progress=False)
     return model, prepared
@@ -52,7 +52,7 @@ def test_graph_before_and_after(kind, grid):
     warns = detected_cpu_features().name == "avx2" and grid != (-64, 63) and not resolve_target("cpu").cpu.vnni
     with pytest.warns(RuntimeWarning, match="oneDNN would saturate") if warns else contextlib.nullcontext():
         out = converted(x)
-    assert (out - model(x)).abs().max() < 0.02  # softplus of sigmoid outputs, a few steps of 1/256
+    assert (out - model(x)).abs().max() < 0.02  # softmin of sigmoid outputs, a few steps of 1/256
 
 
 class ChannelSplit(nn.Module):
