@@ -75,16 +75,9 @@ class Registry:
         return reg
 
     def copy(self) -> "Registry":
-        return Registry(
-            dict(self.spellings),
-            dict(self.range_rules),
-            list(self.user_observer_rules),
-            list(self.user_fusion_rules),
-            dict(self.float_ops),
-            list(self.leaf_functions),
-            list(self.leaf_modules),
-            {backend: dict(table) for backend, table in self.lowerings.items()},
-        )
+        return Registry(dict(self.spellings), dict(self.range_rules), list(self.user_observer_rules), list(self.user_fusion_rules),
+                        dict(self.float_ops), list(self.leaf_functions), list(self.leaf_modules),
+                        {backend: dict(table) for backend, table in self.lowerings.items()})
 
     @property
     def observer_rules(self) -> List[ObserverRule]:

@@ -27,7 +27,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
 
-__all__ = ["decompose_attention"]
+__all__ = ["decompose_attention", "swap_in", "recompiled"]
 
 _SDPA = F.scaled_dot_product_attention
 _PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -79,8 +79,6 @@ def _write_out(graph: fx.Graph, node: fx.Node, a: Dict[str, Any]) -> Optional[fx
 def decompose_attention(gm: fx.GraphModule, example_inputs: Optional[tuple] = None) -> fx.GraphModule:
     """Write out every ``scaled_dot_product_attention`` call of ``gm`` (in place) whose shapes
     propagate_shapes recorded; with ``example_inputs``, record the new nodes' shapes too."""
-    from lucid_fx.passes.propagate_shapes import propagate_shapes
-
     changed = False
     for node in list(gm.graph.nodes):
         args = _bound(node)
@@ -90,17 +88,27 @@ def decompose_attention(gm: fx.GraphModule, example_inputs: Optional[tuple] = No
             out = _write_out(gm.graph, node, args)
         if out is None:
             continue
-        path = node.meta.get(_meta.MODULE_PATH)
-        node.replace_all_uses_with(out)
-        name = node.name
-        gm.graph.erase_node(node)
-        out.name = name  # the attention's output keeps its name (freed by the erase)
-        if path is not None:
-            for new in _written(out):
-                new.meta.setdefault(_meta.MODULE_PATH, path)
+        swap_in(gm, node, out)
         changed = True
-    if not changed:
-        return gm
+    return recompiled(gm, example_inputs) if changed else gm
+
+
+def swap_in(gm: fx.GraphModule, node: fx.Node, out: fx.Node) -> None:
+    """``out`` (just written before ``node``) in place of ``node``: its users, its name (freed by the erase),
+    and its module path on every node written for it."""
+    path, name = node.meta.get(_meta.MODULE_PATH), node.name
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    out.name = name
+    if path is not None:
+        for new in _written(out):
+            new.meta.setdefault(_meta.MODULE_PATH, path)
+
+
+def recompiled(gm: fx.GraphModule, example_inputs: Optional[tuple]) -> fx.GraphModule:
+    """``gm`` after a rewrite: checked, recompiled, and with ``example_inputs`` its new nodes' shapes recorded."""
+    from lucid_fx.passes.propagate_shapes import propagate_shapes
+
     gm.graph.lint()
     gm.recompile()
     return propagate_shapes(gm, example_inputs) if example_inputs is not None else gm

@@ -119,8 +119,7 @@ def _write_out(graph: fx.Graph, a: fx.Node, b: fx.Node, plan: Plan, a_shape, b_s
 def decompose_einsum(gm: fx.GraphModule, example_inputs: Optional[tuple] = None) -> fx.GraphModule:
     """Write out every two-operand ``torch.einsum`` of ``gm`` (in place) that is a matrix product and whose
     operands' shapes propagate_shapes recorded; with ``example_inputs``, record the new nodes' shapes too."""
-    from lucid_fx.passes.decompose_attention import _written
-    from lucid_fx.passes.propagate_shapes import propagate_shapes
+    from lucid_fx.passes.decompose_attention import recompiled, swap_in
 
     changed = False
     for node in list(gm.graph.nodes):
@@ -131,16 +130,6 @@ def decompose_einsum(gm: fx.GraphModule, example_inputs: Optional[tuple] = None)
             continue
         with gm.graph.inserting_before(node):
             out = _write_out(gm.graph, found[1], found[2], planned[0], *shapes)
-        path, name = node.meta.get(_meta.MODULE_PATH), node.name
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        out.name = name  # the product keeps the einsum's name (freed by the erase)
-        if path is not None:
-            for new in _written(out):
-                new.meta.setdefault(_meta.MODULE_PATH, path)
+        swap_in(gm, node, out)  # the product keeps the einsum's name
         changed = True
-    if not changed:
-        return gm
-    gm.graph.lint()
-    gm.recompile()
-    return propagate_shapes(gm, example_inputs) if example_inputs is not None else gm
+    return recompiled(gm, example_inputs) if changed else gm

@@ -295,7 +295,5 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "adaptive_avg_pool2d": _unary("adaptive_avg_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
     "mean": _unary("mean"),  # codes
     "max_pool2d": _unary("max_pool2d", ranks=_POOL_RANKS),  # as avg_pool2d
-    "layer_norm": _unary("layer_norm"),  # codes (weight and bias float, as the model's)
-    "rms_norm": _unary("rms_norm"),  # codes (weight float, as the model's)
-    "group_norm": _unary("group_norm"),  # codes (weight and bias float, as the model's)
+    **{norm: _unary(norm) for norm in ("layer_norm", "rms_norm", "group_norm")},  # codes (weight, bias float, as the model's)
 }

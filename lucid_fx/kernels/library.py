@@ -200,8 +200,7 @@ _DEFINITIONS = [
     (ref.adaptive_avg_pool2d, _fake_adaptive_avg_pool2d),
     (ref.mean, _fake_mean),
     (ref.max_pool2d, _fake_max_pool2d),
-    (norms.layer_norm, norms.fake_norm),
-    (norms.rms_norm, norms.fake_norm),
+    (norms.layer_norm, norms.fake_norm), (norms.rms_norm, norms.fake_norm),
     (norms.group_norm, norms.fake_group_norm),  # in its input's layout
 ]
 for _fn, _fake in _DEFINITIONS:

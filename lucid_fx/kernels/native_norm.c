@@ -126,13 +126,13 @@ int32_t lucid_norm_vectorized(void) { return NORM_AVX2; }
  * inner values each, contiguous (N, C, inner) or channels-last (N, inner, C). Per sample, the sums of
  * each channel's codes and of their squares are exact (int32 over at most 2^15 values at a time, then
  * int64), and a group's mean and variance come from them in double. Each channel's map from a code to
- * the output grid is then one affine step, x * a[k] + b[k] with a = rstd * weight / out_scale and
- * b = (bias - mean * rstd * weight) / out_scale computed in double (a float32 multiply and add a code:
- * values within float32 rounding of torch's, which takes four steps), rounded to the output code; where tail is given (a following table lookup: SiLU's, or a
- * dequantize's float table), the codes go through it in a second pass (LUT's vectorized lookup).
- * The inner loops run over a plane (contiguous) or a pixel's channels (channels-last) with no
- * branch, which the compiler vectorizes. Returns 0, or -1 when the scratch cannot be allocated (the
- * caller runs torch's kernel). */
+ * the output grid is then one affine step, x * a[k] + b[k], with a = rstd * weight / out_scale and
+ * b = (bias - mean * rstd * weight) / out_scale computed in double: a float32 multiply and add a code
+ * (values within float32 rounding of torch's four steps), rounded to the output code. Where tail is
+ * given (a following table lookup: SiLU's, or a dequantize's float table), the codes go through it in
+ * a second pass (LUT's vectorized lookup). The inner loops run over a plane (contiguous) or a pixel's
+ * channels (channels-last) with no branch, which the compiler vectorizes. Returns 0, or -1 when the
+ * scratch cannot be allocated (the caller runs torch's kernel). One thread. */
 #include <stdlib.h>
 
 #define GROUP_NORM_CODES(SUFFIX, CODE)                                                                 \

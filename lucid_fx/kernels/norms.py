@@ -110,8 +110,8 @@ def cpu_rms_norm(q, scale, zp, normalized_shape, weight, eps, out_scale, out_zp)
 
 
 def _native_group_norm(q, num_groups, weight, bias, eps, out_scale, out_zp, tail) -> Optional[torch.Tensor]:
-    """native_norm.c's group norm (exact sums, a table per channel, one lookup pass), or None where
-    the kernels are not loaded or the codes, weight, bias or tail are not laid out as it reads them."""
+    """native_norm.c's group norm (exact sums per channel, one affine step a code, the tail's lookup), or None
+    where the kernels are not loaded or the codes, weight, bias or tail are not laid out as it reads them."""
     fn = native._function("group_norm", q.dtype if tail is None else tail.dtype)
     c = q.shape[1] if q.dim() >= 2 else 0
     channels_last = q.dim() == 4 and not q.is_contiguous() and q.is_contiguous(memory_format=torch.channels_last)
@@ -132,8 +132,8 @@ def _native_group_norm(q, num_groups, weight, bias, eps, out_scale, out_zp, tail
 def cpu_group_norm(q, scale, zp, num_groups, weight, bias, eps, out_scale, out_zp, tail: Optional[torch.Tensor] = None):
     """Group norm of the raw codes (no zero point, the scale folded into ``eps``, as layer norm), in
     ``q``'s layout; ``tail`` is a following 256-entry table lookup (the program composes a SiLU's or a
-    dequantize's into it). One native pass over the sums and one over the tables where the kernels are
-    loaded (values within float32 rounding of torch's)."""
+    dequantize's into it). One native pass for the sums and one for the codes (and one for a tail) where
+    the kernels are loaded (values within float32 rounding of torch's)."""
     eps = eps / (scale * scale)
     out = _native_group_norm(q, num_groups, weight, bias, eps, out_scale, out_zp, tail)
     if out is not None:
