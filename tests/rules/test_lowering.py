@@ -600,3 +600,25 @@ def test_uneven_same_padding_stays_float_and_says_so():
     assert str(placements(prepared)["_1"]) == "float (lowering declined)"  # explain predicts it (it said int8)
     qmodel = lucid_fx.convert(prepared)
     assert "kept float: _1 (lowering declined" in str(qmodel.lucid_fx_convert_report), str(qmodel.lucid_fx_convert_report)
+
+
+@pytest.mark.parametrize("pad,on_codes", [(nn.ZeroPad2d(1), True), (nn.ReflectionPad2d(1), True), (nn.ReplicationPad2d((1, 2, 0, 1)), True),
+                                          (nn.CircularPad2d(1), True), (nn.ConstantPad2d(1, 0.5), False)],
+                         ids=["zero", "reflect", "replicate", "circular", "constant-0.5"])
+def test_padding_modules_move_codes(pad, on_codes, sqnr_db):
+    # nn.ZeroPad2d & co. were float leaves; as F.pad they move codes (zeros are the zero point); another constant
+    # is no code of the grid and stays float, named
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), pad, nn.Conv2d(8, 4, 3)).eval()
+    batches = [torch.randn(2, 3, 10, 10) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    assert qmodel.lucid_fx_convert_report.float_ops == ({} if on_codes else {"_1": "no lowering rule for pad"})
+    if on_codes:
+        [moved] = [n for n in qmodel.graph.nodes if n.target is F.pad]
+        modes = {nn.ZeroPad2d: "constant", nn.ReflectionPad2d: "reflect", nn.ReplicationPad2d: "replicate", nn.CircularPad2d: "circular"}
+        assert moved.args[1:3] == (tuple(pad.padding), modes[type(pad)])
+        conv = next(n for n in qmodel.graph.nodes if n.target is torch.ops.lucid_fx.conv2d)
+        assert moved.kwargs.get("value") == (conv.args[11] if isinstance(pad, nn.ZeroPad2d) else None)  # the real 0's code
+    with torch.no_grad():
+        x = torch.randn(2, 3, 10, 10)
+        assert sqnr_db(model(x), qmodel(x)) > 30
