@@ -139,6 +139,10 @@ OP_DEFS: List[OpDef] = [
     OpDef("mul", ("input", "other"), aliases=("multiply",), tags=_TABLE),
     OpDef("div", ("input", "other", "rounding_mode"), aliases=("divide", "true_divide"), tags=_TABLE),
     *(OpDef(name, ("input", "other"), tags=_TABLE) for name in ("minimum", "maximum")),
+    # comparisons and where: a bool per element, a choice per element; inside one source's table (rules/one_source.py)
+    *(OpDef(name, ("input", "other"), aliases=aliases, tags=_TABLE) for name, aliases in (
+        ("gt", ("greater",)), ("ge", ("greater_equal",)), ("lt", ("less",)), ("le", ("less_equal",)), ("eq", ()), ("ne", ("not_equal",)))),
+    OpDef("where", ("condition", "input", "other"), derive=False, tags=_TABLE),  # torch.where(c, a, b), a.where(c, b)
     OpDef("matmul", ("input", "other"), aliases=("bmm", "mm"), tags=frozenset({Tag.PRODUCT})),
     OpDef("grouped_mm", ("input", "weight", "offs", "bias", "out_dtype"), aliases=("_grouped_mm",), tags=frozenset({Tag.PRODUCT})),  # Mixtral's experts
     OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
@@ -230,6 +234,9 @@ EXTRA_SPELLINGS: List[Spelling] = [
     _spelling("call_function", operator.pow, "pow", ("input", "exponent")),  # a ** c
     _spelling("call_function", operator.abs, "abs", ("input",)),  # abs(a)
     _spelling("call_function", operator.matmul, "matmul", ("input", "other")),  # a @ b
+    *(_spelling("call_function", getattr(operator, op), op, ("input", "other")) for op in ("gt", "ge", "lt", "le", "eq", "ne")),  # a > b
+    _spelling("call_function", torch.where, "where", ("condition", "input", "other")),  # torch.where(c, a, b)
+    _spelling("call_method", "where", "where", ("input", "condition", "other")),  # a.where(c, b)
     _spelling("call_function", operator.getitem, "getitem", ("input", "index")),  # a[i]
     _spelling("call_method", "__getitem__", "getitem", ("input", "index")),
     _spelling("call_function", getattr, "getattr", ("input", "name")),  # x.shape
