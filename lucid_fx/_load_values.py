@@ -55,6 +55,7 @@ def _meta_types() -> Dict[str, Any]:
         _meta.MUTATION: str,
         _meta.FOLDED_BN: str,
         _meta.PLACEMENT: Placement,
+        _meta.ABSORBED: Dict[str, Placement],
         _meta.SOURCE: str,
         _meta.QPARAMS: Tuple[float, int, str],  # (scale, zero_point, grid name)
         _meta.LOWERING: str,

@@ -45,6 +45,9 @@ VALUE_TYPE = "lucid_fx.value_type"
 #: Placement: where the prepared node whose value this converted node computes runs (int8 kernel,
 #: table lookup, shared codes, float) and why: the lowering rule key or the reason it stayed float (lower_to_int8).
 PLACEMENT = "lucid_fx.placement"
+#: Dict[str, Placement]: prepared nodes with no value of their own that this converted node's kernel or table
+#: computes (a softmax inside softmax_matmul, the ops inside one table: rules/one_source.py), by name (lower_to_int8).
+ABSORBED = "lucid_fx.absorbed"
 
 # Written by convert's fold on the prepared graph's nodes:
 #: str: name of the batch-norm node folded into this conv/linear, whose value the node now outputs (fold_batchnorm).

@@ -60,4 +60,6 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
             placement = node.meta.get(_meta.PLACEMENT)
             for name in placement.members if placement is not None else ():
                 found.setdefault(qualify(name), placement)
+            for name, inside in node.meta.get(_meta.ABSORBED, {}).items():  # computed inside its kernel or table
+                found.setdefault(qualify(name), inside)
     return found

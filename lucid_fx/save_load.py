@@ -45,7 +45,7 @@ FORMAT = "lucid_fx.save"
 FORMAT_VERSION = 1
 _INSPECTION_KEYS = (
     _meta.SOURCE, _meta.QPARAMS, _meta.LOWERING, _meta.OBSERVER_KIND, _meta.VALUE_TYPE, _meta.DECISION,
-    _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META, _meta.PLACEMENT,
+    _meta.INTERVAL, _meta.INTERVAL_RULE, _meta.MODULE_PATH, _meta.TENSOR_META, _meta.PLACEMENT, _meta.ABSORBED,
 )
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Dict, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Optional, Set, Tuple
 
 import torch
 from torch import fx
@@ -37,9 +38,17 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 from lucid_fx.rules.observers import DecisionKind
 
-__all__ = ["insert_qdq", "values_with_codes"]
+__all__ = ["insert_qdq", "values_with_codes", "Codes"]
 
 _ops = torch.ops.lucid_fx
+
+
+@dataclass(frozen=True)
+class Codes:
+    """What the int8 model of a prepared graph holds as codes (:func:`values_with_codes`), by prepared-node name."""
+
+    rounded: FrozenSet[str]  # values it rounds onto their grids
+    inside: FrozenSet[str] = frozenset()  # values another op's kernel or table computes inside (from its inputs' codes)
 
 
 def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, target: Target) -> None:
@@ -100,13 +109,14 @@ def _fused_softmax(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]
             and not _reads_float(source, kernels) and not _reads_float(readers[0], kernels))
 
 
-def _folded(node: fx.Node, rounded: Optional[Set[str]]) -> bool:
+def _folded(node: fx.Node, codes: Optional[Codes]) -> bool:
     """Whether the int8 model runs ``node``, an add, mul or cat kernel, in float on float inputs
-    (fold_dequantize: its value is in no ``rounded`` codes), so it reads a float-computed input as it is."""
-    if rounded is None or _meta.OP not in node.meta or canonical(node).op not in FOLDS_TO_FLOAT:
+    (fold_dequantize: its value is in no codes, nor inside another op's table), so it reads a float-computed
+    input as it is."""
+    if codes is None or _meta.OP not in node.meta or canonical(node).op not in FOLDS_TO_FLOAT:
         return False
     end = node.meta.get(_meta.FUSED_INTO, node.name)
-    return end not in rounded
+    return end not in codes.rounded and end not in codes.inside
 
 
 def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
@@ -119,8 +129,9 @@ def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:
     gm.graph.erase_node(node)
 
 
-def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target) -> Optional[Set[str]]:
-    """The names of the prepared values that the int8 model of ``gm`` holds as codes: lowered for
+def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, ...], Any]], target: Target) -> Optional[Codes]:
+    """The prepared values that the int8 model of ``gm`` holds as codes, and those computed inside another op's
+    kernel or table (an elementwise op inside one table: rules/one_source.py): lowered for
     ``target`` and folded (passes/fold_dequantize.py) as convert does, on ``gm``, which is left as it was.
     A value missing here is never rounded there: a residual add or a last linear that only float ops
     and the output read, a softmax inside softmax_matmul, a gate's linear. None, with a warning, where
@@ -138,16 +149,18 @@ def values_with_codes(gm: fx.GraphModule, lowerings: Dict[str, Dict[Tuple[str, .
     finally:
         for name in set(gm._buffers) - buffers:  # the int8 weights lower_to_int8 put on its root
             del gm._buffers[name]
-    return {n.meta[_meta.SOURCE] for n in lowered.graph.nodes if _meta.QPARAMS in n.meta and _meta.SOURCE in n.meta}
+    rounded = {n.meta[_meta.SOURCE] for n in lowered.graph.nodes if _meta.QPARAMS in n.meta and _meta.SOURCE in n.meta}
+    return Codes(frozenset(rounded), frozenset(name for n in lowered.graph.nodes for name in n.meta.get(_meta.ABSORBED, {})))
 
 
 def insert_qdq(
-    gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None, rounded: Optional[Set[str]] = None
+    gm: fx.GraphModule, target: Target, kernels: Optional[Set[Tuple[str, ...]]] = None, held: Optional[Codes] = None
 ) -> fx.GraphModule:
     """Rewrite ``gm`` in place into its simulated-quantization reference; ``kernels`` (the
     backend's lowering-table keys) tells which ops convert runs in float; weights take ``target``'s grids.
-    ``rounded`` (:func:`values_with_codes`): the values the int8 model rounds; the others keep their float
-    value here too (None: every observed value is rounded)."""
+    ``held`` (:func:`values_with_codes`): the values the int8 model rounds, the others keep their float value
+    here too (None: every observed value is rounded); and those computed inside a table of their source's codes,
+    which read its rounded value."""
     weight_observers = getattr(gm, WEIGHT_OBSERVERS, {})
     functional_weights = {
         n.meta[_meta.WEIGHT_OBSERVER] for n in gm.graph.nodes if n.op != "call_module" and n.meta.get(_meta.WEIGHT_OBSERVER)
@@ -162,7 +175,7 @@ def insert_qdq(
                 _qdq_probabilities(gm, node)
                 continue
             source = node.args[0]
-            if rounded is not None and source.meta.get(_meta.FOLDED_BN, source.name) not in rounded and source.name not in rounded:
+            if held is not None and source.meta.get(_meta.FOLDED_BN, source.name) not in held.rounded and source.name not in held.rounded:
                 node.replace_all_uses_with(source)  # the int8 model keeps it in float (a gate's linear, a product's factors too)
                 gm.graph.erase_node(node)
                 continue
@@ -186,7 +199,8 @@ def insert_qdq(
                 # convert hands a float consumer of a float-computed value the value itself, not
                 # its quantized image: so does the reference.
                 for user in list(dq.users):
-                    if _reads_float(user, kernels) or _folded(user, rounded):
+                    inside = held is not None and user.name in held.inside  # a table's op: computed from the codes
+                    if (_reads_float(user, kernels) or _folded(user, held)) and not inside:
                         user.replace_input_with(dq, source)
         elif node.op == "call_module" and node.meta.get(_meta.WEIGHT_OBSERVER) is not None:
             module = gm.get_submodule(node.target)

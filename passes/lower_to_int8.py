@@ -12,7 +12,8 @@ between a dequantize and a quantize, and are listed in the returned report.
 
 Writes on the new graph's nodes ``[SOURCE]`` (the prepared node whose value each one computes:
 for a conv or linear that absorbed a batch norm, ``[FOLDED_BN]``, the batch norm's), ``[PLACEMENT]``
-(where that node runs and why, :mod:`lucid_fx.placement`), ``[QPARAMS]`` on every node that
+(where that node runs and why, :mod:`lucid_fx.placement`), ``[ABSORBED]`` (the placements of prepared nodes
+its kernel or table computes inside, which have no node of their own), ``[QPARAMS]`` on every node that
 outputs integer codes, and ``[LOWERING]``, ``[OBSERVER_KIND]``, ``[DECISION]`` and ``[INTERVAL]`` on
 the node that ends each lowered group, so that the converted graph can be inspected (to_networkx)
 and compared with the float one (compare) by node name. Carries ``gm.meta[TRACE]`` over.
@@ -129,16 +130,24 @@ def _lowered_runs(value: QValue, key: Tuple[str, ...]) -> Runs:
     return Runs.TABLE if target in (torch.ops.lucid_fx.lut, torch.ops.lucid_fx.lut.default) else Runs.KERNEL
 
 
-def _tag_placements(gm: fx.GraphModule, prepared_nodes: List[fx.Node], placed: Dict[str, Placement]) -> None:
-    """Every converted node gets the placement of the prepared node it computes; a node computing
-    a conv or linear that absorbed a batch norm computes the batch norm's value, so it names that."""
+def _tag_placements(gm: fx.GraphModule, prepared_nodes: List[fx.Node], placed: Dict[str, Placement],
+                    absorbed: Dict[str, Tuple[str, Placement]]) -> None:
+    """Every converted node gets the placement of the prepared node it computes, and those of the prepared
+    nodes its kernel computes inside (``ABSORBED``); a node computing a conv or linear that absorbed a batch
+    norm computes the batch norm's value, so it names that."""
     folded = {n.name: n.meta[_meta.FOLDED_BN] for n in prepared_nodes if _meta.FOLDED_BN in n.meta}
+    inside: Dict[str, Dict[str, Placement]] = {}
+    for name, (by, placement) in absorbed.items():
+        if name != by:
+            inside.setdefault(by, {})[name] = placement
     for node in gm.graph.nodes:
         source = node.meta.get(_meta.SOURCE)
         if source in folded:
             node.meta[_meta.SOURCE] = source = folded[source]
         if source in placed:
             node.meta[_meta.PLACEMENT] = placed[source]
+        if source in inside:
+            node.meta[_meta.ABSORBED] = inside[source]
 
 
 def _copy_float(ctx: LoweringContext, node: fx.Node) -> fx.Node:
@@ -223,11 +232,10 @@ def lower_to_int8(
             )
             placement = Placement(placement.runs, why, _names(members))
         report.placements.update((name, placement) for name in placement.members)
-    for name, why in ctx.absorbed.items():  # computed inside another node's kernel (a softmax inside softmax_matmul)
-        report.placements[name] = Placement(Runs.KERNEL, why, (name,))
+    report.placements.update((name, placed) for name, (_, placed) in ctx.absorbed.items())  # inside another's kernel or table
     gm = fx.GraphModule(root, ctx.graph, "QuantizedModule")
     gm.graph.set_codegen(prepared.graph._codegen)  # a torch.export graph's call and result structure (pytree)
-    _tag_placements(gm, nodes, report.placements)
+    _tag_placements(gm, nodes, report.placements, ctx.absorbed)
     if _meta.TRACE in prepared.meta:
         gm.meta[_meta.TRACE] = prepared.meta[_meta.TRACE]
     gm.graph.eliminate_dead_code(is_impure_node=_keeps_effect)

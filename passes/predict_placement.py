@@ -29,7 +29,8 @@ from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add, takes as conv_takes
 from lucid_fx.rules.lowering_conv_transpose import takes as transposed_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
-from lucid_fx.rules.lowering_elementwise import _positive_number, scalar_constant
+from lucid_fx.rules.lowering_elementwise import _positive_number
+from lucid_fx.rules.one_source import TABLE_WHY, one_source, scalar_constant
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
@@ -58,12 +59,25 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
     if constant is not None:  # x * full([], c), x / full([], c): as x * c (rules/lowering_elementwise.py)
         return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, constant) else Runs.SHARED
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
-        return Runs.KERNEL
+        return Runs.TABLE if rule in binary and _one_source(gm, members) is not None else Runs.KERNEL
     number = next((v for v in (call.args.get("input"), call.args.get("other")) if not isinstance(v, fx.Node)), None)
     if call.op == "add" or _positive_number(number) is None or call.args.get("rounding_mode") is not None:
         return Runs.TABLE  # x + c, or x * c for c <= 0: a table on x's codes
     # x * c, x / c: x's codes on a rescaled grid, unless the output has fixed qparams of its own.
     return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, number) else Runs.SHARED
+
+
+def _one_source(gm: fx.GraphModule, members: List[fx.Node]) -> Optional[Tuple[fx.Node, List[fx.Node]]]:
+    """rules/one_source.py's answer where its source has codes: the group is one table of them."""
+    found = one_source(members, gm) if len(members) == 1 else None
+    return found if found is not None and _meta.OBSERVER in found[0].meta else None
+
+
+def _declines_without_one_source(gm: fx.GraphModule, members: List[fx.Node], rule: Any) -> bool:
+    """An elementwise op, or a division of two tensors, that is no table of one value's codes: its rule
+    declines (a maximum of two values, ``a / b``); the add and mul rules have kernels for two."""
+    two = rule is rules.lower_div and len(canonical(members[0]).tensor_inputs()) > 1
+    return (rule is rules.lower_elementwise or two) and _one_source(gm, members) is None
 
 
 def _scaling_constant(gm: fx.GraphModule, call: Any) -> Optional[float]:
@@ -131,7 +145,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         rule = table.get(key) if lowerable(node, kind) else None
         if rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
-        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(prepared, members, rule):
+        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(prepared, members, rule) \
+                or _declines_without_one_source(prepared, members, rule):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
             placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))
@@ -143,9 +158,20 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))
         found.update((name, placement) for name in placement.members)
+    _predict_tables(prepared, nodes, found)
     _predict_folds(nodes, found)
     _predict_absorbed(nodes, found)
     return found
+
+
+def _predict_tables(gm: fx.GraphModule, nodes: List[fx.Node], found: Dict[str, Placement]) -> None:
+    """The elementwise ops computed inside a later op's table (rules/one_source.py), with no value of their own;
+    a later table that takes an earlier one's inside names itself, as lower_to_int8's absorb does."""
+    for node in nodes:
+        placement = found.get(node.name)
+        inside = _one_source(gm, [node]) if placement is not None and placement.runs is Runs.TABLE else None
+        for inner in inside[1] if inside is not None else ():
+            found[inner.name] = Placement(Runs.TABLE, TABLE_WHY.format(end=node.name, source=inside[0].name), (inner.name,))
 
 
 def _predict_absorbed(nodes: List[fx.Node], found: Dict[str, Placement]) -> None:

@@ -10,8 +10,9 @@ import lucid_fx
 
 class Gate(nn.Module):
     """linear -> neg -> tanh -> (t+1)/2 gates a Softmin branch (``ln``); softmax head. Softmin has no int8
-    rule, so it runs in float (LayerNorm did, before it had a kernel). The tanh reads a negation, so it
-    is a table: straight after the linear it would be the linear's post-op (rules/lowering_elementwise.py)."""
+    rule, so it runs in float (LayerNorm did, before it had a kernel). The tanh reads a negation, so
+    ``tanh(-l1) + 1`` is one table of l1's codes on the fixed [0, 2] grid (rules/one_source.py): straight after
+    the linear a tanh would be the linear's post-op (rules/lowering_gate.py)."""
 
     def __init__(self):
         super().__init__()
@@ -56,9 +57,9 @@ def test_converted_graph_has_domains_grids_and_shapes(calibrated):
     by_source = {}
     for name, attrs in g.nodes(data=True):
         by_source.setdefault(attrs.get("source"), []).append(attrs)
-    lut = [a for a in by_source["tanh"] if a.get("lowering") == "tanh"][0]
+    lut = [a for a in by_source["add"] if a.get("lowering") == "add"][0]  # tanh(-l1) + 1 on [0, 2]
     assert lut["domain"] == "fixed" and lut["dtype"] == "uint8" and lut["shape"] == "8x16"
-    assert (lut["scale"], lut["zero_point"]) == (2 / 256, 128)
+    assert (lut["scale"], lut["zero_point"]) == (2 / 256, 0) and "tanh" not in by_source and "neg" not in by_source
     ln = [a for a in by_source["ln"] if a["fx_op"] == "call_module"][0]
     assert ln["domain"] == "float" and ln["dtype"] == "float32"
     boundaries = sorted(a["op"] for a in g.nodes.values() if a["domain"] == "boundary")
@@ -76,7 +77,7 @@ def test_reference_graph_marks_its_quantize_pairs(calibrated):
     ref = lucid_fx.convert(prepared, reference=True)
     g = lucid_fx.to_networkx(ref)
     quants = [a for a in g.nodes.values() if a["op"] == "quantize_per_tensor"]
-    assert {a["source"] for a in quants} >= {"x", "l1", "tanh", "softmax"}
+    assert {a["source"] for a in quants} >= {"x", "l1", "add", "softmax"} and "tanh" not in {a["source"] for a in quants}
     assert all(a["domain"] == "boundary" and "scale" in a for a in quants)
 
 
@@ -130,4 +131,4 @@ def test_layer_norm_is_float_in_every_view(calibrated, tmp_path):
     # The tanh table and the x / 2 that only rescales the grid are int8 in every view too.
     assert (before.nodes["tanh"]["runs"], before.nodes["truediv"]["runs"]) == ("table lookup", "shared codes")
     page = lucid_fx.visualize(q, tmp_path / "q.html", layout="layered").read_text()
-    assert '"runs": "table lookup", "runs_why": "tanh"' in page and '"runs_why": "no lowering rule for ln"' in page
+    assert '"runs": "table lookup", "runs_why": "add"' in page and '"runs_why": "no lowering rule for ln"' in page

@@ -49,7 +49,7 @@ def test_html_is_self_contained_and_carries_every_attribute(models, tmp_path):
     assert re.findall(r"(?:src|href)\s*=\s*[\"']?(?:https?:)?//", text) == []
     assert "<script src" not in text and "@import" not in text and "<link" not in text
     assert text.count('<g class="node ') == lucid_fx.to_networkx(q).number_of_nodes()
-    assert 'id="lucid-data"' in text and '"sqnr_db"' in text and '"lowering": "tanh"' in text
+    assert 'id="lucid-data"' in text and '"sqnr_db"' in text and '"lowering": "add"' in text
     assert '<option value="error" selected>' in text  # a comparison colours by error by default
 
 

@@ -69,11 +69,9 @@ def _binary(kernel):
         rescaled = rescale_by_constant(ctx, members, resolve) if kernel is _ops.mul else None
         if rescaled is not None:  # x * c, c a number or a 0-dim constant
             return rescaled
-        if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
-            return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
-        qa, qb = ctx.quant_or_none(a), ctx.quant_or_none(b)
+        qa, qb = ctx.quant_or_none(a), ctx.quant_or_none(b)  # None for a number
         if qa is None or qb is None or call.args.get("alpha", 1) != 1 or ctx.qparams_of(members[-1]) is None:
-            return None
+            return lower_elementwise(ctx, members, resolve) if len(members) == 1 else None  # x + c, x * (x > 0): a table of x
         unfused = unfused_mask(ctx.observers, members)  # scores + mask, not fused with its softmax (docs/policies.md)
         if unfused:
             ctx.declined[members[-1].name] = unfused
@@ -81,6 +79,9 @@ def _binary(kernel):
         fused = lower_gate_product(ctx, members[0], a, b, qa, qb) if kernel is _ops.mul and len(members) == 1 else None
         if fused is not None:
             return fused  # f(linear(x)) * g(linear(y)): one rounding, of the float product
+        table = lower_elementwise(ctx, members, resolve) if len(members) == 1 else None
+        if table is not None:
+            return table  # both computed elementwise from one value (x * sigmoid(x)): one table of its codes
         scale, zp, _ = ctx.qparams_of(members[-1])
         out = ctx.call(kernel, qa.node, qa.scale, qa.zero_point, qb.node, qb.scale, qb.zero_point, scale, zp, _post_op(members))
         return ctx.output_qvalue(members[-1], out)

@@ -126,5 +126,5 @@ def lower_softmax_matmul(ctx, matmul: fx.Node, a: QValue, b: QValue, source: fx.
     else:
         q, q_scale, q_zp, mask, fill = soft.args[:5]
     out = ctx.call(_ops.softmax_matmul, q, q_scale, q_zp, mask, fill, b.node, b.scale, b.zero_point, scale, zp)
-    ctx.absorbed[source.name] = FUSED_SOFTMAX.format(matmul=matmul.name)
+    ctx.absorb(source.name, matmul, FUSED_SOFTMAX.format(matmul=matmul.name))
     return ctx.output_qvalue(matmul, out)

@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
+from lucid_fx._placement import Placement, Runs
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
 from lucid_fx.node_refs import CUTS, layer_groups
@@ -79,7 +80,11 @@ class LoweringContext:
         self._laid_out: Dict[fx.Node, QValue] = {}  # codes restored to the float model's layout
         self._constants = 0
         self.declined: Dict[str, str] = {}  # node name -> why its lowering rule had to decline
-        self.absorbed: Dict[str, str] = {}  # node name -> why another node's kernel computes it (no value of its own)
+        self.absorbed: Dict[str, Tuple[str, Placement]] = {}  # node name -> (the node whose kernel computes it, how and why)
+
+    def absorb(self, name: str, by: fx.Node, why: str, runs: Runs = Runs.KERNEL) -> None:
+        """Say that node ``name`` has no value of its own: the kernel (or table) of node ``by`` computes it."""
+        self.absorbed[name] = (by.name, Placement(runs, why, (name,)))
 
     # -- qparams ------------------------------------------------------------------------------
     def qparams_of(self, node: fx.Node) -> Optional[Tuple[float, int, QDtype]]:

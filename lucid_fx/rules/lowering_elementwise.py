@@ -5,7 +5,6 @@ scaled by ``c``). Entries in :data:`lucid_fx.rules.lowering.LOWERINGS`."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Optional
 
@@ -19,8 +18,10 @@ from lucid_fx.kernels.channel_lut import prelu_tables
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_gate import lower_gate
+from lucid_fx.rules.one_source import TABLE_WHY, evaluate, one_source, scalar_constant
+from lucid_fx._placement import Runs
 
-__all__ = ["lower_elementwise", "lower_prelu", "lower_div", "rescale_by_constant", "scalar_constant"]
+__all__ = ["lower_elementwise", "lower_prelu", "lower_div", "rescale_by_constant"]
 
 _ops = torch.ops.lucid_fx
 
@@ -28,16 +29,6 @@ _ops = torch.ops.lucid_fx
 def _positive_number(value: Any) -> Optional[float]:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
     return float(value) if ok else None
-
-
-def scalar_constant(module: Any, value: Any) -> Any:
-    """``value`` where it is no node; the number a 0-dim float constant of ``module`` (a ``get_attr``) holds
-    (GPT-2 divides its scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
-    if not isinstance(value, fx.Node):
-        return value
-    tensor = functools.reduce(getattr, value.target.split("."), module) if value.op == "get_attr" else None
-    ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
-    return float(tensor) if ok else None
 
 
 def _positive_constant(ctx, value: Any) -> Optional[float]:
@@ -80,25 +71,26 @@ def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled g
     return rescale_by_constant(ctx, members, resolve) or lower_elementwise(ctx, members, resolve)
 
 
-def lower_elementwise(ctx, members, resolve):  # f(x) on a per-tensor int8 x -> 256-entry table
+def lower_elementwise(ctx, members, resolve):  # f(x), or any elementwise graph of one int8 x -> 256-entry table
     node = members[0]
     tensors = [resolve(n) for n in canonical(node).tensor_inputs()]
-    if len(members) != 1 or len(tensors) != 1 or ctx.qparams_of(node) is None:
-        return None
-    x = ctx.quant_or_none(tensors[0])
+    found = one_source(members, ctx.prepared) if len(members) == 1 and ctx.qparams_of(node) is not None else None
+    x = ctx.quant_or_none(found[0]) if found is not None else None
     if x is None:
         return None
-    gate = lower_gate(ctx, node, tensors[0], x)  # tanh/sigmoid(linear(h)): the linear's post-op
-    if gate is not None:
+    gate = lower_gate(ctx, node, tensors[0], x) if len(tensors) == 1 and not found[1] else None
+    if gate is not None:  # tanh/sigmoid(linear(h)): the linear's post-op
         return gate
     scale, zp, qdtype = ctx.qparams_of(node)
     codes = torch.arange(x.qdtype.quant_min, x.qdtype.quant_max + 1, dtype=torch.float32)
-    mapped = _evaluate_on(ctx, node, tensors[0], (codes - x.zero_point) * x.scale, resolve)
-    if mapped is None or mapped.shape != codes.shape:
+    mapped = evaluate(ctx.prepared, found[0], found[1] + [node], (codes - x.zero_point) * x.scale)
+    if mapped is None:
         return None
     in_range, out_range = (x.qdtype.quant_min, x.qdtype.quant_max), (qdtype.quant_min, qdtype.quant_max)
     table = make_lut(lambda values: mapped, x.scale, x.zero_point, in_range, scale, zp, out_range)
     out = ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_lut", table))
+    for inner in found[1]:  # computed in this table: their own lookups, if emitted, are dead now
+        ctx.absorb(inner.name, node, TABLE_WHY.format(end=node.name, source=found[0].name), Runs.TABLE)
     return ctx.output_qvalue(node, out)
 
 
@@ -117,31 +109,3 @@ def lower_prelu(ctx, members, resolve):  # prelu(x, a): one slope -> a lut; a sl
                           (qdtype.quant_min, qdtype.quant_max), qdtype.storage)
     out = ctx.call(_ops.channel_lut, x.node, ctx.constant(f"{node.name}_tables", tables), 1)
     return QValue(out, scale, zp, qdtype, x.channels_last)  # each code looked up where it lies: x's layout
-
-
-def _evaluate_on(ctx, node: fx.Node, source: fx.Node, values: torch.Tensor, resolve) -> Optional[torch.Tensor]:
-    """Run the float op of ``node`` on ``values`` in place of its tensor input ``source``; None when
-    the op reads any other graph value (it is not unary then)."""
-    others = []
-
-    def substitute(arg):
-        if isinstance(arg, fx.Node):
-            if resolve(arg) is source:
-                return values
-            others.append(arg)
-        return arg
-
-    args = fx.node.map_aggregate(node.args, substitute)
-    kwargs = fx.node.map_aggregate(node.kwargs, substitute)
-    if others:
-        return None
-    try:
-        with torch.no_grad():
-            if node.op == "call_module":
-                return ctx.prepared.get_submodule(node.target)(*args, **kwargs).float()
-            if node.op == "call_method":
-                self_arg, *rest = args
-                return getattr(self_arg, node.target)(*rest, **kwargs).float()
-            return node.target(*args, **kwargs).float()
-    except Exception:  # noqa: BLE001 - an op that cannot run on a 1-D table stays float
-        return None

@@ -74,7 +74,7 @@ def lower_gate(ctx, node: fx.Node, source: fx.Node, x: QValue) -> Optional[QValu
         args[5] = None if bias is None else ctx.constant(f"{node.name}_half_bias", bias / 2)
         grid, op = half, "tanh"
     out = ctx.call(_ops.linear, *args, *grid, op, None)
-    ctx.absorbed[source.name] = GATE_WHY.format(act=node.name)
+    ctx.absorb(source.name, node, GATE_WHY.format(act=node.name))
     return ctx.output_qvalue(node, out)
 
 
@@ -144,6 +144,6 @@ def lower_gate_product(ctx, mul: fx.Node, a: Any, b: Any, qa: QValue, qb: QValue
         product = ctx.call(torch.mul, x, t)
     out = ctx.call(_ops.quantize_per_tensor, product, scale, zp, qdtype.quant_min, qdtype.quant_max, qdtype.storage)
     for value in {a, b}:
-        ctx.absorbed[value.name] = PRODUCT_WHY.format(mul=mul.name)
-    ctx.absorbed[mul.name] = PRODUCT_OF  # not lucid_fx.mul on codes: the report says how it runs
+        ctx.absorb(value.name, mul, PRODUCT_WHY.format(mul=mul.name))
+    ctx.absorb(mul.name, mul, PRODUCT_OF)  # not lucid_fx.mul on codes: the report says how it runs
     return QValue(out, ctx.qparams_of(mul)[0], zp, qdtype)

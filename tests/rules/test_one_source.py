@@ -1,0 +1,152 @@
+"""One table for any elementwise graph of one int8 value (lucid_fx/rules/one_source.py): activations written out
+by hand (where, maximum, x * sigmoid(x), GPT-2's tanh GELU) run as one lookup of their source's codes."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lucid_fx
+from lucid_fx.explain import explain
+from lucid_fx.placement import Runs, placements
+from lucid_fx.rules import one_source as one_source_module
+
+
+class HandWritten(nn.Module):
+    """Activations as users write them: each a graph of ops on one value."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.c3, self.c4 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        a = self.c1(x)
+        a = torch.where(a > 0, a, 0.1 * a)  # leaky relu
+        b = self.c2(a)
+        b = torch.maximum(b, 0.2 * b)  # leaky relu again
+        c = self.c3(b)
+        c = c * torch.sigmoid(1.702 * c)  # the sigmoid approximation of GELU
+        d = self.c4(c)
+        return d * (d > 0) + d.where(d < 1, 1.0)  # a relu as a product with a mask, a method where
+
+
+class NewGELU(nn.Module):
+    def forward(self, x):  # transformers' "gelu_new", GPT-2's activation
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GeluMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 64), NewGELU(), nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _batches(shape, n=8):
+    return [torch.randn(*shape, generator=torch.Generator().manual_seed(s)) for s in range(n)]
+
+
+def _converted(model, shape):
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(model.eval(), example_inputs=(torch.randn(*shape),))
+    lucid_fx.calibrate(prepared, _batches(shape), progress=False)
+    return prepared, lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+
+
+def _calls(qmodel):
+    return [getattr(n.target, "__name__", n.target) for n in qmodel.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_hand_written_activations_are_one_lookup_each_code_for_code_the_reference():
+    prepared, qmodel, reference = _converted(HandWritten(), (2, 3, 12, 12))
+    report = qmodel.lucid_fx_convert_report
+    assert report.float_ops == {} and _calls(qmodel).count("lut") == 4  # the last sum of two tables is one too
+    placed = report.placements
+    assert [placed[n].runs for n in ("where", "maximum", "mul_3", "add")] == [Runs.TABLE] * 4
+    assert placed["gt"].why == placed["mul"].why == "inside where's table (one lookup of c1's codes)"
+    assert placed["sigmoid"].why == placed["mul_2"].why == "inside mul_3's table (one lookup of c3's codes)"
+    # d * (d > 0) + d.where(d < 1, 1.0): the sum of two tables of c4 is one table of c4, with both inside
+    assert {placed[n].why for n in ("gt_1", "mul_4", "lt", "where_1")} == {"inside add's table (one lookup of c4's codes)"}
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        out, ref = qmodel(x), reference(x)  # the reference rounds c4 and the sum only, as the table does
+    scale = prepared.lucid_fx_observers["add"].calculate_qparams()[0].item()
+    assert (out - ref).abs().max().item() <= scale + 1e-6 and (out == ref).float().mean().item() > 0.99
+
+
+def test_gpt2_gelu_is_one_table_in_place_of_eight_ops(monkeypatch, sqnr_db):
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(99))
+    model = GeluMLP().eval()
+    prepared, qmodel, _ = _converted(model, (32, 16))
+    assert _calls(qmodel) == ["quantize_per_tensor", "linear", "lut", "linear"]
+    monkeypatch.setattr(one_source_module, "_LIMIT", 1)  # no op inside another's table: each op on its own grid
+    op_by_op = lucid_fx.convert(prepared)
+    steps = [c for c in _calls(op_by_op) if c in ("lut", "add", "mul", "view_as")]
+    assert len(steps) >= 6, steps  # tables, rescales and products of two tensors
+    with torch.no_grad():
+        one, each = sqnr_db(model(x), qmodel(x)), sqnr_db(model(x), op_by_op(x))
+    assert one > 30.0 and one >= each - 0.05, (one, each)  # fc1's rounding dominates both: no accuracy lost
+
+
+def test_explain_predicts_the_tables_convert_makes():
+    prepared, qmodel, _ = _converted(HandWritten(), (2, 3, 12, 12))
+    predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items() if row["runs"]}
+    ran = {name: (p.runs.value, p.why) for name, p in qmodel.lucid_fx_convert_report.placements.items()}
+    assert predicted == ran and predicted["sigmoid"] == ("table lookup", "inside mul_3's table (one lookup of c3's codes)")
+
+
+class TwoSources(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        s = torch.sigmoid(self.a(x) * 2)
+        g = self.c(F.gelu(self.a(x) * torch.sigmoid(self.b(x))))  # the gelu: a table of the product of two values
+        return torch.maximum(self.a(x), self.b(x)), self.c(x * s), s, g  # two values; s read by the output too
+
+
+def test_two_values_or_a_value_read_elsewhere_are_no_table():
+    prepared, qmodel, _ = _converted(TwoSources(), (4, 8))
+    placed = qmodel.lucid_fx_convert_report.placements
+    assert placed["maximum"].runs is Runs.FLOAT and placed["maximum"].why == "lowering declined"
+    assert placed["mul_2"].runs is Runs.KERNEL and placed["mul_2"].why == "mul"  # x * s: s has codes of its own
+    assert placed["sigmoid"].runs is Runs.TABLE and placed["sigmoid"].why == "sigmoid"  # with mul inside
+    assert placed["mul"].why == "inside sigmoid's table (one lookup of a's codes)"
+    # gelu(a * sigmoid(b)): the product of two values (taken in float, rules/lowering_gate.py) is the gelu's source
+    assert placed["gelu"].why == "gelu" and placed["mul_1"].why.startswith("mul of its factors' float results")
+    assert explain(prepared).by_node()["maximum"]["runs"] == "float"
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.out((torch.tanh(self.fc(x)) + 1) * F.relu(torch.tanh(self.fc(x))))
+
+
+def test_a_linear_s_tanh_stays_its_post_op():
+    prepared, qmodel, _ = _converted(Gate(), (4, 8))
+    placed = qmodel.lucid_fx_convert_report.placements
+    # each tanh is its linear's post-op (computed from the float result, more than fc's codes hold);
+    # the rest is a table of each tanh's codes, and the product of the two tables a kernel
+    assert placed["fc"].why.startswith("linear, its result read by tanh inside the kernel")
+    assert placed["tanh"].why == placed["tanh_1"].why == "tanh"
+    assert placed["add"].runs is Runs.TABLE and placed["mul"].why == "mul"
+
+
+def test_saved_and_loaded_the_model_still_says_which_ops_are_inside_a_table(tmp_path):
+    prepared, qmodel, _ = _converted(HandWritten(), (2, 3, 12, 12))
+    lucid_fx.save(qmodel, tmp_path / "q.pt")
+    loaded = lucid_fx.load(tmp_path / "q.pt")
+    before, after = placements(qmodel), placements(loaded)
+    assert after == before and str(after["sigmoid"]) == "table lookup (inside mul_3's table (one lookup of c3's codes))"
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), qmodel(x))
