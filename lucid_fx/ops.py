@@ -167,6 +167,10 @@ OP_DEFS: List[OpDef] = [
     OpDef("max_pool2d", _POOL, modules={nn.MaxPool2d: _none}, tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})),
     OpDef("avg_pool1d", _AVG_POOL, modules={nn.AvgPool1d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("avg_pool2d", _AVG_POOL, modules={nn.AvgPool2d: _none}, tags=_AVG_POOL_TAGS),
+    *(OpDef(name, ("input", "output_size", "return_indices"), modules={cls: _attrs(output_size="output_size", return_indices="return_indices")},
+            tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})) for name, cls in (  # a max of codes is the code of the max
+        ("adaptive_max_pool1d", nn.AdaptiveMaxPool1d), ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d))),
+    *(OpDef(name, ("input", "dim", "keepdim"), tags=frozenset({Tag.MOVES_CODES})) for name in ("amax", "amin")),  # x.amax(-1)
     OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("dropout", ("input", "p", "training", "inplace"), modules={nn.Dropout: _none, nn.Dropout1d: _none, nn.Dropout2d: _none}, tags=_MOVES_VIEW),

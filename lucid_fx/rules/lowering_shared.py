@@ -2,7 +2,8 @@
 pool, pad, nearest upsampling, ...; the table entry ``("shared",)`` in rules/lowering.py): each runs on the
 integer tensor as it is, its output on its input's grid. Most are the node's own call on the codes; the table
 :data:`MOVERS` names those whose call differs (a pad's zeros are the zero point; a linear upsampling rounds the
-codes' average on the input's grid), :data:`KEEPS_LAYOUT` those that keep channels-last codes as they are.
+codes' average on the input's grid; a global max pool is the max of the codes), :data:`KEEPS_LAYOUT` those that
+keep channels-last codes as they are; :func:`takes` says which it declines (explain asks it too).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.ops import canonical
-from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.rules.lowering_context import QValue, watched
 from lucid_fx.rules.observers import DecisionKind, item_source
 
-__all__ = ["lower_shared", "MOVERS", "KEEPS_LAYOUT"]
+__all__ = ["lower_shared", "takes", "MOVERS", "KEEPS_LAYOUT"]
 
 _ops = torch.ops.lucid_fx
 
@@ -51,6 +52,8 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
     new = MOVERS.get(canonical(node).op, _on_codes)(ctx, node, x, lambda n: resolve(n) is tensors[0], resolve)
+    if new is None:
+        return None
     return QValue(new, x.scale, x.zero_point, x.qdtype, x.channels_last and keeps_layout, x.float_layout or not keeps_layout)
 
 
@@ -78,10 +81,45 @@ def _resampled(ctx, node, x, is_input, resolve) -> fx.Node:  # interpolate: near
     return ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
 
 
+def _global_max(node: fx.Node) -> bool:
+    """An adaptive max pool to one value a channel, or ``F.max_pool1d(x, x.size(-1))`` (a text CNN's max over
+    time): the max of the codes over the pooled dims, no indices."""
+    call = canonical(node)
+    if call.op == "max_pool1d":
+        kernel, source = call.args.get("kernel_size"), watched(call.args.get("input"))
+        length = canonical(kernel) if isinstance(kernel, fx.Node) and _meta.OP in kernel.meta else None
+        ndim = len(getattr(source.meta.get(_meta.TENSOR_META), "shape", ()))
+        plain = call.args.get("stride") in (None, kernel) and call.args.get("padding", 0) == 0 and call.args.get("dilation", 1) == 1
+        return (length is not None and length.op == "size" and watched(length.args.get("input")) is source
+                and length.args.get("dim") in (-1, ndim - 1) and plain and not call.args.get("return_indices"))
+    size = call.args.get("output_size")
+    sizes = [size] * (1 + (call.op == "adaptive_max_pool2d")) if isinstance(size, int) else list(size or [None])
+    return not call.args.get("return_indices") and all(s == 1 for s in sizes)
+
+
+def takes(node: fx.Node) -> bool:
+    """Whether :func:`lower_shared` moves ``node``'s codes: not an adaptive max pool to more than one value a
+    channel (windows of unequal widths) or a max pool with indices or a computed window other than the whole."""
+    op = canonical(node).op
+    if op in ("adaptive_max_pool1d", "adaptive_max_pool2d"):
+        return _global_max(node)
+    if op in ("max_pool1d", "max_pool2d"):
+        args = canonical(node).args
+        computed = any(isinstance(args.get(k), fx.Node) for k in ("kernel_size", "stride", "padding", "dilation"))
+        return _global_max(node) or not (computed or args.get("return_indices") or len(node.args) > 4)
+    return True
+
+
+def _adaptive_max(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:  # a global max pool: the max of the codes
+    if not _global_max(node):
+        return None  # other output sizes: windows of unequal widths, in float
+    return ctx.graph.call_method("amax", (x.node, [-2, -1] if canonical(node).op == "adaptive_max_pool2d" else [-1], True))
+
+
 # Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
-# whose call on the codes is not the float op's own: each gives the node computing the moved codes.
-KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad"})
-MOVERS = {"pad": _padded, "interpolate": _resampled}
+# whose call on the codes is not the float op's own: each gives the node computing the moved codes (None: declined).
+KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad", "adaptive_max_pool2d"})
+MOVERS = {"pad": _padded, "interpolate": _resampled, **dict.fromkeys(("adaptive_max_pool1d", "adaptive_max_pool2d"), _adaptive_max)}
 
 
 def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:
@@ -111,6 +149,8 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
         geometry = tuple(args.get(k, d) for k, d in defaults)
         if args.get("return_indices") or len(node.args) > 4:
             return None
+    if _global_max(node):  # F.max_pool1d(x, x.size(-1))
+        return QValue(ctx.graph.call_method("amax", (x.node, [-1], True)), x.scale, x.zero_point, x.qdtype)
     if any(isinstance(v, fx.Node) for v in geometry):
         return None
     kernel, stride, padding, dilation, ceil_mode = geometry
