@@ -130,6 +130,9 @@ OP_DEFS: List[OpDef] = [
     OpDef("elu", ("input", "alpha", "inplace"), modules={nn.ELU: _attrs(alpha="alpha")}, tags=_TABLE),
     OpDef("pow", ("input", "exponent"), tags=_TABLE),  # x ** c (GPT-2's tanh GELU: x ** 3): a table; x ** y stays float
     *(OpDef(name, tags=_TABLE) for name in ("exp", "abs")),
+    # more of torch's unary math, written out in activations and norms (x * 0.5 * (1 + erf(x / sqrt(2))): BERT's GELU)
+    *(OpDef(name, tags=_TABLE) for name in ("sqrt", "rsqrt", "log", "log1p", "expm1", "reciprocal", "square")),
+    *(OpDef(name, tags=_BOUNDED_TABLE) for name in ("erf", "atan")),  # in [-1, 1], [-pi/2, pi/2]
     OpDef("neg", aliases=("negative",), tags=_TABLE),
     OpDef("log_softmax", ("input", "dim", "dtype"), modules={nn.LogSoftmax: _attrs(dim="dim")}),
     # arithmetic: elementwise in one tensor when the other operand is a number (x + 1, 2 * x)

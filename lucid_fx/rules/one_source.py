@@ -143,4 +143,5 @@ def evaluate(module: Any, source: fx.Node, nodes: List[fx.Node], values: torch.T
     except Exception:  # noqa: BLE001 - an op that cannot run on a 1-D table stays as it was
         return None
     out = env[nodes[-1]]
-    return out.float() if isinstance(out, torch.Tensor) and out.shape == values.shape else None
+    ok = isinstance(out, torch.Tensor) and out.shape == values.shape and not out.isnan().any()  # log of a grid's 0 is -inf,
+    return out.float() if ok else None  # a code like any other; of its negative values NaN, which no code holds

@@ -114,6 +114,8 @@ RANGE_RULES: List[RangeRule] = [
     rule("tanh", _squashing(math.tanh, -1.0, 1.0)),  # tanh(x) in [-1, 1]
     rule("softsign", _squashing(lambda v: v / (1 + abs(v)), -1.0, 1.0)),  # x / (1 + |x|) in [-1, 1]
     rule(("sin", "cos"), lambda arg, call: (-1.0, 1.0)),  # sin, cos in [-1, 1]
+    rule("erf", _squashing(math.erf, -1.0, 1.0)),  # erf(x) in [-1, 1]
+    rule("atan", _squashing(math.atan, -math.pi / 2, math.pi / 2)),  # atan(x) in [-pi/2, pi/2]
     rule("clamp", _clamp),  # clamp(x, a, b) in [a, b]; relu6 and hardtanh are clamps
     rule("relu", _relu),  # relu([a, b]) = [max(a, 0), max(b, 0)]
     rule("add", _both(I.add)),  # [a, b] + [c, d] = [a + c, b + d]

@@ -3,6 +3,7 @@ by hand (where, maximum, x * sigmoid(x), GPT-2's tanh GELU) run as one lookup of
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -90,6 +91,33 @@ def test_gpt2_gelu_is_one_table_in_place_of_eight_ops(monkeypatch, sqnr_db):
     with torch.no_grad():
         one, each = sqnr_db(model(x), qmodel(x)), sqnr_db(model(x), op_by_op(x))
     assert one > 30.0 and one >= each - 0.05, (one, each)  # fc1's rounding dominates both: no accuracy lost
+
+
+class MathActivations(nn.Module):
+    """BERT's erf GELU as the original code writes it, a softplus and a norm-like factor of torch's unary math."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.l1(x)
+        h = self.l2(h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))))
+        return self.l3(torch.log1p(torch.exp(h)) * torch.rsqrt(1 + h.square())), torch.sqrt(h)
+
+
+def test_erf_gelu_and_unary_math_are_tables_and_a_table_holding_nan_is_declined(sqnr_db):
+    with pytest.warns(RuntimeWarning, match="observer of node 'sqrt': skipped .* non-finite"):  # the float model's NaN
+        prepared, qmodel, _ = _converted(MathActivations(), (8, 16))
+    placed = qmodel.lucid_fx_convert_report.placements
+    assert placed["erf"].why == "inside mul_1's table (one lookup of l1's codes)" and placed["mul_1"].why == "mul"
+    assert {placed[n].why for n in ("exp", "log1p", "square", "add_1", "rsqrt")} == {"inside mul_2's table (one lookup of l2's codes)"}
+    # sqrt of l2's grid, which holds negative values: NaN, which no code holds, so it stays float
+    assert qmodel.lucid_fx_convert_report.float_ops == {"sqrt": "lowering declined"}
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        (out, _), (ref, _) = qmodel(x), MathActivations.forward(prepared, x)
+    assert sqnr_db(ref, out) > 35.0
 
 
 def test_explain_predicts_the_tables_convert_makes():
