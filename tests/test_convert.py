@@ -298,3 +298,30 @@ def test_quantize_takes_prepare_order_with_a_warning_that_names_its_own():
     with pytest.warns(UserWarning, match=r"quantize: took the arguments as prepare's torch.ao order, \(model, qconfig_mapping, example_inputs, calibration_data\); quantize's order is \(model, example_inputs, calibration_data, qconfig_mapping=None\)"):
         qmodel = lucid_fx.quantize(model, mapping, (x,), [x], progress=False)
     assert str(qmodel.lucid_fx_convert_report) == expected
+
+
+class AudioBlock(nn.Module):
+    """A conformer-style conv module: depthwise Conv1d -> BN -> SiLU, pointwise Conv1d -> Hardswish."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw, self.bn = nn.Conv1d(16, 16, 7, padding=3, groups=16), nn.BatchNorm1d(16)
+        self.pw, self.act = nn.Conv1d(16, 16, 1), nn.Hardswish()
+
+    def forward(self, x):
+        return self.act(self.pw(torch.nn.functional.silu(self.bn(self.dw(x)))))
+
+
+def test_conv1d_with_an_activation_onednn_does_not_fuse_converts_and_runs(sqnr_db):
+    # Before: convert raised "Unsupported post op swish for quantized pointwise conv1d" (oneDNN's conv1d fuses
+    # only relu); the activation now follows the convolution's float result, as the reference computes it.
+    torch.manual_seed(0)
+    model = AudioBlock().eval()
+    prepared = _calibrated(model, torch.randn(2, 16, 40), lambda s: torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(s)))
+    qmodel, reference = lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+    assert qmodel.lucid_fx_convert_report.lowered == {"silu": "conv1d+silu", "act": "conv1d+hardswish"}  # by group end
+    x = torch.randn(4, 16, 40, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out, ref = qmodel(x), reference(x)
+        scale = prepared.lucid_fx_observers["act"].calculate_qparams()[0].item()
+        assert (out - ref).abs().max().item() <= 2 * scale and sqnr_db(model(x), out) > 30

@@ -337,7 +337,7 @@ def test_conv2d_channels_last_and_int8(backend, case):
 
 
 @pytest.mark.parametrize("c,o,k,s,p,d,g", [(4, 6, 3, 2, 1, 1, 1), (4, 6, 3, 1, 2, 2, 2), (5, 5, 5, 1, 2, 1, 5)])
-@pytest.mark.parametrize("post_op", ["none", "relu"])
+@pytest.mark.parametrize("post_op", ["none", "relu", "hardswish", "silu", "gelu"])  # oneDNN's conv1d fuses the first two
 def test_conv1d(backend, c, o, k, s, p, d, g, post_op):
     qx, xs, xz = act((2, c, 17))
     qw, ws = weight((o, c // g, k))
