@@ -33,15 +33,16 @@ def calibrated(model, data, example=None):
     return prepared
 
 
-class LogNet(nn.Module):
-    """log runs in float before the int8 layer: a negative input makes NaN inside the model."""
+class AcosNet(nn.Module):
+    """acos runs in float before the int8 layer (no int8 rule: log, now a table of its input's codes, was the
+    example): an input past 1 makes NaN inside the model."""
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 4)
 
     def forward(self, x):
-        return self.fc(torch.log(x))
+        return self.fc(torch.acos(x))
 
 
 # --- NaN and ±inf at inference: raise at every float-to-int8 boundary -------------------------
@@ -66,13 +67,15 @@ def test_non_finite_input_raises_naming_the_value(mode, bad):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_nan_made_inside_the_model_is_caught_where_it_enters_int8(mode):
-    data = [torch.rand(16, 8) + 0.5 for _ in range(6)]
-    qmodel = lucid_fx.convert(calibrated(LogNet().eval(), data), reference=MODES[mode])
+    data = [torch.rand(16, 8) - 0.5 for _ in range(6)]
+    prepared = calibrated(AcosNet().eval(), data)
+    assert lucid_fx.convert(prepared).lucid_fx_convert_report.float_ops == {"acos": "no lowering rule for acos"}
+    qmodel = lucid_fx.convert(prepared, reference=MODES[mode])
     x = data[0][:2].clone()
-    x[0, 0] = -1.0  # log gives NaN
-    with pytest.raises(KernelInputError, match=r"^lucid_fx.quantize_per_tensor: the value of node 'log' \(quantized by "):
+    x[0, 0] = 2.0  # acos gives NaN
+    with pytest.raises(KernelInputError, match=r"^lucid_fx.quantize_per_tensor: the value of node 'acos' \(quantized by "):
         qmodel(x)
-    with pytest.raises(KernelInputError, match="the value of node 'log'"):
+    with pytest.raises(KernelInputError, match="the value of node 'acos'"):
         fx.Interpreter(qmodel).run(x)  # compare and other node-by-node runs name it too
 
 

@@ -18,6 +18,7 @@ from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import QValue, readers
 from lucid_fx.ops import canonical
 from lucid_fx.rules.masks import MASKED_SOFTMAX, mask_input, scores_input
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["lower_masked_softmax", "unfused_mask", "holds_mask_values", "MASK_THRESHOLD", "softmax_read_only_by",
            "lower_softmax_matmul", "FUSED_SOFTMAX"]
@@ -44,10 +45,13 @@ def holds_mask_values(observers: Any, node: Any) -> bool:
 
 
 def unfused_mask(observers: Any, members: List[fx.Node]) -> Optional[str]:
-    """Why a softmax, an add of two tensors or a masked softmax group runs in float because a mask
-    reached it unfused (its masked_fill or add has other users, or it was masked twice), or None.
-    Read by their lowering rules and by passes/predict_placement.py."""
+    """Why a softmax, an add of two tensors, a masked softmax group or an op on its input's codes (a row's
+    max) runs in float because a mask reached it unfused (its masked_fill or add has other users, or it was
+    masked twice), or None. Read by their lowering rules and by passes/predict_placement.py."""
     ops = tuple(canonical(m).op for m in members)
+    decision = members[0].meta.get(_meta.DECISION)
+    if getattr(decision, "kind", None) is DecisionKind.SHARED and holds_mask_values(observers, members[0]):
+        return "its input " + HOLDS_MASK  # the observer it shares with its input
     call = canonical(members[0])
     if ops == ("softmax",) and holds_mask_values(observers, call.args.get("input")):
         return "its input " + HOLDS_MASK

@@ -16,6 +16,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.ops import canonical
+from lucid_fx.rules.lowering_attention import unfused_mask
 from lucid_fx.rules.lowering_context import QValue, watched
 from lucid_fx.rules.observers import DecisionKind, item_source
 
@@ -36,6 +37,10 @@ def _tensor_inputs(node: fx.Node, resolve) -> List[fx.Node]:
 
 def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on the codes as they are
     node = members[0]
+    unfused = unfused_mask(ctx.observers, members)  # masked scores, read by more than their softmax
+    if unfused:
+        ctx.declined[node.name] = unfused
+        return None
     if item_source(node) is not None:
         return _item_of_codes(ctx, node, resolve)
     tensors = _tensor_inputs(node, resolve)
