@@ -31,6 +31,7 @@ from lucid_fx.passes.canonicalize_ops import canonicalize_ops
 from lucid_fx.passes.choose_observers import choose_observers
 from lucid_fx.passes.decompose_attention import decompose_attention
 from lucid_fx.passes.decompose_einsum import decompose_einsum
+from lucid_fx.passes.decompose_glu import decompose_glu
 from lucid_fx.passes.fold_batchnorm import fold_batchnorm
 from lucid_fx.passes.fold_constants import fold_constants
 from lucid_fx.passes.fold_dequantize import fold_dequantize
@@ -105,6 +106,10 @@ def _decompose_einsum(gm, ctx: PrepareContext):
     return decompose_einsum(gm, ctx.example_inputs)
 
 
+def _decompose_glu(gm, ctx: PrepareContext):
+    return decompose_glu(gm, ctx.example_inputs)
+
+
 def _canonicalize_ops(gm, ctx: PrepareContext):
     return canonicalize_ops(gm, ctx.registry)
 
@@ -144,7 +149,8 @@ def _insert_observers(gm, ctx: PrepareContext):
 #: The prepare passes, in order, after tracing (lucid_fx.prepare traces, and descends into
 #: untraceable modules, before running these on each graph).
 PREPARE_PASSES: List[Pass] = [
-    _record_trace, _functionalize_inplace, _propagate_shapes, _decompose_attention, _decompose_einsum, _canonicalize_ops, _remove_noops,
+    _record_trace, _functionalize_inplace, _propagate_shapes, _decompose_attention, _decompose_einsum, _decompose_glu,
+    _canonicalize_ops, _remove_noops,
     _fold_constants, _rewrite_patterns,
     _fuse_patterns, _analyze_ranges,
     _choose_observers, _insert_observers,
