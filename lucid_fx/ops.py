@@ -162,6 +162,7 @@ OP_DEFS: List[OpDef] = [
           modules={nn.BatchNorm1d: _none, nn.BatchNorm2d: _none, nn.BatchNorm3d: _none}, tags=_NORM),
     OpDef("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps"), modules={nn.LayerNorm: _none}, tags=_NORM),
     OpDef("rms_norm", ("input", "normalized_shape", "weight", "eps"), modules={nn.RMSNorm: _none}, tags=_NORM),
+    OpDef("normalize", ("input", "p", "dim", "eps", "out"), tags=_NORM),  # F.normalize: an RMS norm of the last dim
     OpDef("group_norm", ("input", "num_groups", "weight", "bias", "eps"), modules={nn.GroupNorm: _attrs(num_groups="num_groups", eps="eps")}, tags=_NORM),
     OpDef("instance_norm", ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"),
           modules={nn.InstanceNorm1d: _none, nn.InstanceNorm2d: _none, nn.InstanceNorm3d: _none}, tags=_NORM),

@@ -29,6 +29,7 @@ from lucid_fx.rules import lowering as rules
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add, takes as conv_takes
 from lucid_fx.rules.lowering_conv_transpose import takes as transposed_takes
 from lucid_fx.rules.lowering_shared import takes as shared_takes
+from lucid_fx.rules.lowering_norm import normalize_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
 from lucid_fx.rules.one_source import TABLE_WHY, one_source, scalar_constant
@@ -154,6 +155,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         elif rule is rules.lower_conv_transpose2d and not transposed_takes(prepared, members[0]):  # its geometry
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
         elif rule in (lower_conv, lower_conv_add) and not conv_takes(prepared, members[0]):  # an even kernel's "same"
+            placement = _stays_float(kind, decision, key, rule, "lowering declined")
+        elif rule is rules.lower_normalize and not normalize_takes(members[0]):  # not an L2 norm of the last dim
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
         elif key == ("shared",) and not shared_takes(members[0]):  # a max pool with indices, to several values
             placement = _stays_float(kind, decision, key, rule, "lowering declined")

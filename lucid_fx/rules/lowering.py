@@ -18,7 +18,7 @@ from lucid_fx.rules.lowering_context import LoweringContext, QValue
 from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_conv_transpose import lower_conv_transpose2d
 from lucid_fx.rules.lowering_lookup import lower_embedding
-from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_group_norm, lower_norm
+from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_group_norm, lower_norm, lower_normalize
 from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, lower_prelu, rescale_by_constant
 from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.rules.lowering_gate import lower_gate_product
@@ -187,6 +187,7 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("mean",): lower_mean,  # x.mean(dims) -> lucid_fx.mean
     ("embedding",): lower_embedding,  # embedding(ids, W) -> the same lookup in W's codes
     **{(op,): lower_norm for op in ("layer_norm", "rms_norm")},  # -> lucid_fx.layer_norm / rms_norm, float statistics inside
+    ("normalize",): lower_normalize,  # F.normalize(x, dim=-1) -> lucid_fx.rms_norm of weight 1 / sqrt(d)
     **{(op,): lower_group_norm for op in ("group_norm", "instance_norm")},  # -> lucid_fx.group_norm, in the input's layout
     ("prelu",): lower_prelu,  # one slope -> lut; a slope per channel -> lucid_fx.channel_lut, a table per channel
     ("batch_norm",): lower_batch_norm,  # a batch norm no conv/linear folds -> lucid_fx.channel_lut, a table per channel

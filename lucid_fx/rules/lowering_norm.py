@@ -21,9 +21,9 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.kernels.channel_lut import batch_norm_tables
 from lucid_fx.ops import canonical
-from lucid_fx.rules.lowering_context import QValue
+from lucid_fx.rules.lowering_context import QValue, watched
 
-__all__ = ["lower_norm", "lower_group_norm", "lower_batch_norm"]
+__all__ = ["lower_norm", "lower_normalize", "normalize_takes", "lower_group_norm", "lower_batch_norm"]
 
 _ops = torch.ops.lucid_fx
 _NO_TENSOR = object()  # an argument given as a node that is not a constant: the rule declines
@@ -73,6 +73,31 @@ def lower_norm(ctx, members, resolve) -> Optional[QValue]:  # layer_norm / rms_n
     else:
         out = ctx.call(_ops.rms_norm, x.node, x.scale, x.zero_point, shape, w, eps, scale, zp)
     return ctx.output_qvalue(node, out)
+
+
+def normalize_takes(node: fx.Node) -> bool:
+    """Whether ``F.normalize`` at ``node`` is an L2 normalization over its input's last dim (the one
+    :func:`lower_normalize` takes; explain asks too)."""
+    args, source = canonical(node).args, watched(canonical(node).args.get("input"))
+    ndim = len(getattr(getattr(source, "meta", {}).get(_meta.TENSOR_META), "shape", ()))
+    return ndim > 0 and args.get("p", 2.0) == 2 and args.get("dim", 1) in (-1, ndim - 1) and args.get("out") is None
+
+
+def lower_normalize(ctx, members, resolve) -> Optional[QValue]:  # F.normalize(x, dim=-1) -> lucid_fx.rms_norm
+    """``x / max(||x||, eps)`` over the last dim is the RMS norm of weight ``1 / sqrt(d)`` and eps ``eps^2 / d``:
+    ``x / sqrt(sum(x^2) + eps^2)``, the same value but where the norm is below eps (cosine-similarity heads,
+    Swin v2's cosine attention, embeddings)."""
+    node = members[0]
+    call = canonical(node)
+    source = resolve(call.args.get("input"))
+    x = ctx.quant_or_none(source)
+    if x is None or not normalize_takes(node) or ctx.qparams_of(node) is None:
+        return None
+    d = int(source.meta[_meta.TENSOR_META].shape[-1])
+    weight = ctx.constant(f"{node.name}_weight", torch.full((d,), d ** -0.5))
+    scale, zp, _ = ctx.qparams_of(node)
+    eps = float(call.args.get("eps", 1e-12)) ** 2 / d
+    return ctx.output_qvalue(node, ctx.call(_ops.rms_norm, x.node, x.scale, x.zero_point, [d], weight, eps, scale, zp))
 
 
 def _group_norm_args(ctx, node: fx.Node) -> Optional[Tuple[int, Any, Any, float]]:

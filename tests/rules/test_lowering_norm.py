@@ -14,6 +14,7 @@ from torch import nn
 
 import lucid_fx
 from lucid_fx import _meta
+from lucid_fx.explain import explain
 from lucid_fx.kernels import native, native_elementwise, norms
 from lucid_fx.kernels.library import op_name
 from lucid_fx.quantization import get_default_qconfig_mapping
@@ -177,3 +178,41 @@ def test_an_instance_norm_with_running_statistics_or_unbatched_input_stays_float
     assert "norm" in q.lucid_fx_convert_report.float_ops and "group_norm" not in [op_name(n) for n in q.graph.nodes]
     with torch.no_grad():
         assert _sqnr(model(x), q(x)) >= 28
+
+
+class CosineHead(nn.Module):  # a cosine-similarity head: the L2 norm of the last dim, and one over channels
+    def __init__(self):
+        super().__init__()
+        self.q, self.conv, self.out = nn.Linear(16, 32), nn.Conv2d(3, 8, 3), nn.Linear(32, 4)
+
+    def forward(self, x, image):
+        return self.out(F.normalize(self.q(x), dim=-1)), F.normalize(self.conv(image), dim=1).amax((2, 3))
+
+
+def test_normalize_runs_in_float_where_it_pays_and_forced_is_an_rms_norm_of_the_codes():
+    torch.manual_seed(0)
+    model = CosineHead().eval()
+    batches = [(torch.randn(8, 16, generator=torch.Generator().manual_seed(s)), torch.randn(2, 3, 8, 8)) for s in range(6)]
+
+    def converted(mapping=None):
+        prepared = lucid_fx.prepare(model, mapping, example_inputs=batches[0])
+        lucid_fx.calibrate(prepared, batches, progress=False)
+        return prepared, lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+
+    _, qmodel, _ = converted()
+    floats = qmodel.lucid_fx_convert_report.float_ops
+    assert floats["normalize"].startswith("input of quantized out (normalize runs in float where it pays")
+    forced = get_default_qconfig_mapping().set_object_type("normalize", lucid_fx.quantization.default_qconfig)
+    prepared, qmodel, reference = converted(forced)
+    report = qmodel.lucid_fx_convert_report
+    # the last dim's L2 norm: lucid_fx.rms_norm of weight 1/sqrt(32); over channels of an image: float, named
+    assert report.lowered["normalize"] == "normalize" and report.float_ops["normalize_1"] == "lowering declined"
+    (rms,) = [n for n in qmodel.graph.nodes if op_name(n) == "rms_norm"]
+    assert torch.allclose(qmodel.get_buffer(rms.args[4].target), torch.full((32,), 32 ** -0.5))
+    x = (torch.randn(64, 16, generator=torch.Generator().manual_seed(9)), torch.randn(2, 3, 8, 8))
+    with torch.no_grad():
+        (out, _), (ref, _) = qmodel(*x), reference(*x)  # the reference: F.normalize of the dequantized codes
+    scale = prepared.lucid_fx_observers["out"].calculate_qparams()[0].item()
+    assert (out - ref).abs().max().item() <= scale + 1e-6
+    predicted = {k: (r["runs"], r["runs_why"]) for k, r in explain(prepared).by_node().items() if r["runs"]}
+    assert predicted == {k: (p.runs.value, p.why) for k, p in report.placements.items()}
