@@ -8,14 +8,16 @@ of the node's own graph.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Union
 
+import torch
 from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "CanonicalCall", "canonical", "layer_groups", "attr_value", "cut_from_parameter", "CUTS"]
+__all__ = ["NodeRef", "BoundCall", "CanonicalCall", "canonical", "layer_groups", "attr_value", "scalar_constant", "cut_from_parameter", "CUTS"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +153,13 @@ def attr_value(node: Any) -> Any:
     for part in node.target.split("."):
         value = getattr(value, part, None)
     return value
+
+
+def scalar_constant(module: Any, value: Any) -> Any:
+    """``value`` where it is no node; the number a 0-dim float constant of ``module`` (a ``get_attr``) holds
+    (GPT-2 divides its scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
+    if not isinstance(value, fx.Node):
+        return value
+    tensor = functools.reduce(getattr, value.target.split("."), module) if value.op == "get_attr" else None
+    ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
+    return float(tensor) if ok else None

@@ -32,7 +32,8 @@ from lucid_fx.rules.lowering_shared import takes as shared_takes
 from lucid_fx.rules.lowering_norm import normalize_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
-from lucid_fx.rules.one_source import TABLE_WHY, one_source, scalar_constant
+from lucid_fx.node_refs import scalar_constant
+from lucid_fx.rules.one_source import TABLE_WHY, one_source
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
@@ -71,7 +72,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
 
 def _one_source(gm: fx.GraphModule, members: List[fx.Node]) -> Optional[Tuple[fx.Node, List[fx.Node]]]:
     """rules/one_source.py's answer where its source has codes: the group is one table of them."""
-    found = one_source(members, gm) if len(members) == 1 else None
+    found = one_source(members) if len(members) == 1 else None
     return found if found is not None and _meta.OBSERVER in found[0].meta else None
 
 

@@ -18,7 +18,8 @@ from lucid_fx.kernels.channel_lut import prelu_tables
 from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_gate import lower_gate
-from lucid_fx.rules.one_source import TABLE_WHY, evaluate, one_source, scalar_constant
+from lucid_fx.node_refs import scalar_constant
+from lucid_fx.rules.one_source import TABLE_WHY, evaluate, one_source
 from lucid_fx._placement import Runs
 
 __all__ = ["lower_elementwise", "lower_prelu", "lower_div", "rescale_by_constant"]
@@ -74,7 +75,7 @@ def lower_div(ctx, members, resolve):  # x / c -> the codes of x on a rescaled g
 def lower_elementwise(ctx, members, resolve):  # f(x), or any elementwise graph of one int8 x -> 256-entry table
     node = members[0]
     tensors = [resolve(n) for n in canonical(node).tensor_inputs()]
-    found = one_source(members, ctx.prepared) if len(members) == 1 and ctx.qparams_of(node) is not None else None
+    found = one_source(members) if len(members) == 1 and ctx.qparams_of(node) is not None else None
     x = ctx.quant_or_none(found[0]) if found is not None else None
     if x is None:
         return None

@@ -17,7 +17,6 @@ number.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -30,22 +29,12 @@ from lucid_fx.rules.lowering_context import readers, watched
 from lucid_fx.rules.lowering_gate import gate_after_linear
 from lucid_fx.rules.observers import DecisionKind
 
-__all__ = ["one_source", "evaluate", "scalar_constant", "TABLE_WHY"]
+__all__ = ["one_source", "evaluate", "TABLE_WHY"]
 
 _ELEMENTWISE = ops_tagged(Tag.ELEMENTWISE)
 _INSIDE = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.NONE)  # NONE: a bool mask
 _LIMIT = 64  # nodes inside one table, at most (a walk up a long graph stops there)
 TABLE_WHY = "inside {end}'s table (one lookup of {source}'s codes)"
-
-
-def scalar_constant(module: Any, value: Any) -> Any:
-    """``value`` where it is no node; the number a 0-dim float constant of ``module`` (a ``get_attr``) holds
-    (GPT-2 divides its scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
-    if not isinstance(value, fx.Node):
-        return value
-    tensor = functools.reduce(getattr, value.target.split("."), module) if value.op == "get_attr" else None
-    ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
-    return float(tensor) if ok else None
 
 
 def _one_number(arg: fx.Node) -> Optional[torch.Tensor]:
@@ -92,7 +81,7 @@ def _prune(inside: Set[fx.Node], members: List[fx.Node]) -> bool:
     return bool(out)
 
 
-def one_source(members: List[fx.Node], module: Any) -> Optional[Tuple[fx.Node, List[fx.Node]]]:
+def one_source(members: List[fx.Node]) -> Optional[Tuple[fx.Node, List[fx.Node]]]:
     """The one value the group ``members`` computes elementwise from, and the nodes between (in an order
     that evaluates them), each read only inside; None where it reads two values, or a tensor constant."""
     inside: Set[fx.Node] = set(members)
