@@ -111,12 +111,12 @@ def _fused_softmax(observer_call: fx.Node, kernels: Optional[Set[Tuple[str, ...]
 
 def _folded(node: fx.Node, codes: Optional[Codes]) -> bool:
     """Whether the int8 model runs ``node``, an add, mul or cat kernel, in float on float inputs
-    (fold_dequantize: its value is in no codes, nor inside another op's table), so it reads a float-computed
-    input as it is."""
+    (fold_dequantize: its value is in no codes), so it reads a float-computed input as it is; the caller leaves
+    alone an op inside another's table, whose value is in no codes either."""
     if codes is None or _meta.OP not in node.meta or canonical(node).op not in FOLDS_TO_FLOAT:
         return False
     end = node.meta.get(_meta.FUSED_INTO, node.name)
-    return end not in codes.rounded and end not in codes.inside
+    return end not in codes.rounded
 
 
 def _qdq_probabilities(gm: fx.GraphModule, node: fx.Node) -> None:

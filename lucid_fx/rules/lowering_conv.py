@@ -112,9 +112,31 @@ def lower_conv(ctx, members, resolve):  # conv(+relu) -> lucid_fx.conv1d / conv2
     scale, zp, _ = ctx.qparams_of(members[-1])
     is_2d = call.op == "conv2d"
     x, geometry, unbatched = _conv_input(ctx, first, _input(call, resolve), geometry)
-    kernel = _ops.conv2d if is_2d else _ops.conv1d
-    out = ctx.call(kernel, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
+    if not is_2d:
+        return _conv1d_as_2d(ctx, members, x, (w, s, b), geometry, unbatched)
+    out = ctx.call(_ops.conv2d, x.node, x.scale, x.zero_point, w, s, b, *geometry, scale, zp, _post_op(members), None)
     return _conv_output(ctx, members, out, unbatched, is_2d)
+
+
+def _conv1d_as_2d(ctx, members, x: QValue, weight, geometry, unbatched: bool) -> QValue:
+    """A 1-d convolution as the 2-d one of height 1 on channels-last codes ((N, C, L) as (N, L, C) in memory):
+    the 2-d kernels, their packed weights and program rules (oneDNN's int8 conv1d cost ~100 us a call at
+    2x64x50, 0.5x fp32 on a conformer's convolution module; as 2-d twice as fast). A chain of them keeps that
+    layout: the next one's input is channels-last already. The result, (N, C, L) with (N, L, C) strides, is
+    restored to the float model's layout only where something reads strides."""
+    w, s, b = weight
+    codes = ctx.attr(w)
+    ctx.root.register_buffer(w.target, codes.unsqueeze(2))  # (O, C / g, 1, k): the same codes
+    stride, padding, dilation, groups = geometry
+    rows = ctx.graph.call_method("unsqueeze", (x.node, 2))
+    rows = ctx.graph.call_method("contiguous", (rows,), {"memory_format": torch.channels_last})
+    scale, zp, qdtype = ctx.qparams_of(members[-1])
+    out = ctx.call(_ops.conv2d, rows, x.scale, x.zero_point, w, s, b, [1, *stride], [0, *padding], [1, *dilation], groups,
+                   scale, zp, _post_op(members), None)
+    out = ctx.graph.call_method("squeeze", (out, 2))
+    if unbatched:
+        out = ctx.graph.call_method("squeeze", (out, 0))
+    return QValue(out, scale, zp, qdtype, False, False)
 
 
 def lower_conv_add(ctx, members, resolve):  # conv + y (+relu) -> lucid_fx.conv2d_add

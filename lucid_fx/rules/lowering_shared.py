@@ -53,7 +53,8 @@ def lower_shared(ctx, members, resolve):  # reshape/permute/max_pool/... run on 
         pooled = _max_pool(ctx, node, x)
         if pooled is not None or canonical(node).op == "max_pool1d":
             return pooled  # torch has no uint8 max_pool1d: a declined one runs in float
-    keeps_layout = canonical(node).op in KEEPS_LAYOUT
+    op = canonical(node).op
+    keeps_layout = op in KEEPS_LAYOUT or op in REDUCES_IN_ANY_LAYOUT and not x.channels_last
     if not keeps_layout:  # views read strides: x.view(n, -1) needs the layout the float model has
         x = ctx.float_layout_of(tensors[0])
     new = MOVERS.get(canonical(node).op, _on_codes)(ctx, node, x, lambda n: resolve(n) is tensors[0], resolve)
@@ -124,6 +125,9 @@ def _adaptive_max(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:  # a gl
 # Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
 # whose call on the codes is not the float op's own: each gives the node computing the moved codes (None: declined).
 KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad", "adaptive_max_pool2d"})
+# Reductions that read dims by index whatever the strides: on codes not flagged channels-last (a Conv1d's (N, C, L)
+# in (N, L, C) memory) they run as they are, and only their small result is restored where something reads strides.
+REDUCES_IN_ANY_LAYOUT = frozenset({"amax", "amin", "adaptive_max_pool1d"})
 MOVERS = {"pad": _padded, "interpolate": _resampled, **dict.fromkeys(("adaptive_max_pool1d", "adaptive_max_pool2d"), _adaptive_max)}
 
 
@@ -133,11 +137,13 @@ def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:
     source = resolve(item_source(node))
     if ctx.quant_or_none(source) is None:
         return None
-    x = ctx.float_layout_of(source)  # chunk reads dims as the float model lays them out
     mover = canonical(node).tensor_inputs()[0]
+    # chunk and split keep every dim: their items are views of the codes in the layout they have (a conformer's
+    # GLU halves of a channels-last convolution); unbind drops one, so it reads the float model's layout
+    x = ctx.quant_of(source) if canonical(mover).op in ("chunk", "split") else ctx.float_layout_of(source)
     moved = ctx.graph.node_copy(mover, lambda n: x.node if resolve(n) is source else ctx.float_of(resolve(n)))
     item = ctx.graph.node_copy(node, lambda n: moved if n is mover else ctx.float_of(resolve(n)))
-    return QValue(item, x.scale, x.zero_point, x.qdtype, False, True)
+    return QValue(item, x.scale, x.zero_point, x.qdtype, x.channels_last, x.float_layout)
 
 
 def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:

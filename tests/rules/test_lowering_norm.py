@@ -102,15 +102,17 @@ def test_a_group_norm_block_runs_in_int8_and_its_silu_is_the_norm_s_tail():
     assert torch.equal(getattr(program, norm.args[9].target), getattr(q, silu.args[1].target))  # read in the norm's pass
 
 
-class NormThenLookup(nn.Module):  # an audio front end's int8 norm -> relu read as floats, or by a product of lookups
+class NormThenLookup(nn.Module):  # an int8 norm -> relu read as floats, or by a product of lookups
     def __init__(self, product=False):
         super().__init__()
-        self.conv, self.norm, self.product = nn.Conv1d(4, 8, 3, padding=1), nn.GroupNorm(2, 8), product
+        # a linear over the last dim gives the norm (N, C, L) codes laid out as the float model's (a Conv1d's are
+        # (N, L, C) in memory: a float reader then restores them first, and its dequantize is no tail of the norm)
+        self.lin, self.norm, self.product = nn.Linear(32, 32), nn.GroupNorm(2, 8), product
         self.up, self.out = nn.ConvTranspose1d(8, 4, 4, 2, 1), nn.Conv1d(8, 4, 1)  # (no int8 rule: up reads floats)
 
     def forward(self, x):
-        y = F.relu(self.norm(self.conv(x)))
-        return self.out(y * torch.sigmoid(self.conv(x))) if self.product else self.up(y)
+        y = F.relu(self.norm(self.lin(x)))
+        return self.out(y * torch.sigmoid(self.lin(x))) if self.product else self.up(y)
 
 
 @pytest.mark.parametrize("product", [False, True])
@@ -118,7 +120,7 @@ def test_a_lookup_joined_to_a_group_norm_is_not_read_as_a_table_by_later_rules(p
     # the program node of a relu joined to the norm keeps the relu's name; a float consumer's dequantize (its floats
     # the norm's tail) or a product of two lookups once read its arguments as (codes, table): the program failed to build
     torch.manual_seed(0)
-    model, x = NormThenLookup(product).eval(), torch.randn(2, 4, 32)
+    model, x = NormThenLookup(product).eval(), torch.randn(2, 8, 32)
     q = _quantized(model, x)
     portable, program, targets = lowered(q, x)
     assert torch.equal(program(x), portable)
