@@ -213,9 +213,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
 
 # Input shapes a convolution weight is packed for, at most; further shapes share a generic pack.
 SHAPED_PACKS = 4
-# The post-ops oneDNN's qconv1d_pointwise fuses (torch 2.13: "Unsupported post op swish for quantized pointwise
-# conv1d" for the others, which then follow its float result).
-CONV1D_POST_OPS = ("none", "relu")
+CONV1D_POST_OPS = ("none", "relu")  # what oneDNN's conv1d fuses ("Unsupported post op swish ..."): others follow
 
 
 def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
@@ -241,7 +239,8 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     ref.check_post_op(post_op)
     dtype = ref.out_storage(qx, out_dtype)
     row = conv_is_row(qx.shape, qw.shape, padding, groups)  # squeeze-excite's: a linear of one row
-    if row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):  # SiLU after the float result, as linear's
+    conv1d_after = qx.dim() == 3 and post_op not in CONV1D_POST_OPS  # oneDNN's conv1d fuses relu alone
+    if conv1d_after or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):  # after the float result
         y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
         return post_op_codes(y, post_op, out_scale, out_zp, dtype)
     if row:
@@ -253,9 +252,6 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     if packed is None:
         return int8_conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, out_scale, out_zp,
                          post_op, out_dtype, pad=False)
-    if qx.dim() == 3 and post_op not in CONV1D_POST_OPS:  # oneDNN's conv1d fuses no other: after its float result
-        y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
-        return post_op_codes(y, post_op, out_scale, out_zp, dtype)
     qx, x_zp = _as_uint8(qx, x_zp)  # oneDNN convolutions read only u8 activations
     x_zp, bias = _unpadded_zero_point(qw, w_scale, bias, x_scale, x_zp, padding)
     scale, zp, onednn_dtype = _onednn_out(out_scale, out_zp, dtype)
