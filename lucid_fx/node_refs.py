@@ -8,7 +8,6 @@ of the node's own graph.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Union
 
@@ -155,11 +154,11 @@ def attr_value(node: Any) -> Any:
     return value
 
 
-def scalar_constant(module: Any, value: Any) -> Any:
-    """``value`` where it is no node; the number a 0-dim float constant of ``module`` (a ``get_attr``) holds
-    (GPT-2 divides its scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
+def scalar_constant(value: Any) -> Any:
+    """``value`` where it is no node; the number a 0-dim float constant (a ``get_attr``) holds (GPT-2 divides its
+    scores by ``torch.full([], d ** 0.5)``, which prepare keeps as a constant); else None."""
     if not isinstance(value, fx.Node):
         return value
-    tensor = functools.reduce(getattr, value.target.split("."), module) if value.op == "get_attr" else None
+    tensor = attr_value(value)
     ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
     return float(tensor) if ok else None

@@ -58,7 +58,7 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.TABLE
     node, call = members[0], canonical(members[0])
     binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
-    constant = _scaling_constant(gm, call) if len(members) == 1 and rule in binary else None
+    constant = _scaling_constant(call) if len(members) == 1 and rule in binary else None
     if constant is not None:  # x * full([], c), x / full([], c): as x * c (rules/lowering_elementwise.py)
         return Runs.TABLE if node.meta[_meta.DECISION].kind is DecisionKind.FIXED and not _rescale_fits(gm, node, call, constant) else Runs.SHARED
     if len(members) != 1 or rule not in binary or len(call.tensor_inputs()) != 1:
@@ -83,13 +83,13 @@ def _declines_without_one_source(gm: fx.GraphModule, members: List[fx.Node], rul
     return (rule is rules.lower_elementwise or two) and _one_source(gm, members) is None
 
 
-def _scaling_constant(gm: fx.GraphModule, call: Any) -> Optional[float]:
+def _scaling_constant(call: Any) -> Optional[float]:
     """``c > 0`` of ``x * c`` or ``x / c`` where ``c`` is a 0-dim float constant of the graph (the divisor for
     ``/``), else None."""
     if call.op not in ("mul", "div") or call.args.get("rounding_mode") is not None:
         return None
     operands = [call.args.get("other")] if call.op == "div" else [call.args.get("input"), call.args.get("other")]
-    constants = [scalar_constant(gm, v) for v in operands if isinstance(v, fx.Node)]
+    constants = [scalar_constant(v) for v in operands if isinstance(v, fx.Node)]
     return next((_positive_number(c) for c in constants if c is not None), None)
 
 
@@ -104,14 +104,14 @@ def _rescale_fits(gm: fx.GraphModule, node: fx.Node, call: Any, number: float) -
     return in_zp == out_zp and math.isclose(scale, out_scale, rel_tol=1e-6)
 
 
-def _scales_by_a_computed_number(gm: fx.GraphModule, members: List[fx.Node], rule: Any) -> bool:
+def _scales_by_a_computed_number(members: List[fx.Node], rule: Any) -> bool:
     """``x * s`` or ``x / s`` where ``s`` is a number the graph computes (``q.size(-1) ** -0.5``), no constant:
     the grid of the product would depend on it at run time, and the binary rules decline."""
     call = canonical(members[0])
     if len(members) != 1 or rule not in (rules.GENERIC[("mul",)], rules.lower_div) or call.op not in ("mul", "div"):
         return False
     operands = [call.args.get("input"), call.args.get("other")]
-    return any(isinstance(v, fx.Node) and not hasattr(v.meta.get(_meta.TENSOR_META), "shape") and scalar_constant(gm, v) is None
+    return any(isinstance(v, fx.Node) and not hasattr(v.meta.get(_meta.TENSOR_META), "shape") and scalar_constant(v) is None
                for v in operands)
 
 
@@ -148,7 +148,7 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         rule = table.get(key) if lowerable(node, kind) else None
         if rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
-        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(prepared, members, rule) \
+        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(members, rule) \
                 or _declines_without_one_source(prepared, members, rule):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused

@@ -12,7 +12,7 @@ from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.functional import dequantize
 
 __all__ = [
-    "POST_OPS", "ONEDNN_POST_OPS", "ONEDNN_CONV_POST_OPS", "onednn_post_op", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
+    "POST_OPS", "ONEDNN_POST_OPS", "ONEDNN_CONV_POST_OPS", "ONEDNN_CONV1D_POST_OPS", "onednn_post_op", "check_post_op", "out_storage", "f32", "f32_reciprocal", "dequant", "quant", "finish", "dense_strides",
     "to_layout", "conv2d_memory_format",
 ]
 
@@ -25,6 +25,8 @@ _ONEDNN_ALGORITHMS = {"gelu": "none", "gelu_tanh": "tanh"}
 #: The post-ops oneDNN's int8 convolution takes (torch 2.13: "Unsupported post op gelu [tanh] for quantized
 #: pointwise conv2d"); a linear with another one runs as oneDNN's linear, never as a 1x1 convolution.
 ONEDNN_CONV_POST_OPS = ("none", "relu", "hardswish", "silu")
+#: Its int8 conv1d takes relu alone ("Unsupported post op swish for quantized pointwise conv1d").
+ONEDNN_CONV1D_POST_OPS = ("none", "relu")
 
 
 def onednn_post_op(post_op: str) -> tuple:

@@ -37,8 +37,7 @@ from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row,
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
-    FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums,
-)
+    FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums)
 
 __all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
 
@@ -213,7 +212,6 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
 
 # Input shapes a convolution weight is packed for, at most; further shapes share a generic pack.
 SHAPED_PACKS = 4
-CONV1D_POST_OPS = ("none", "relu")  # what oneDNN's conv1d fuses ("Unsupported post op swish ..."): others follow
 
 
 def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
@@ -239,8 +237,8 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     ref.check_post_op(post_op)
     dtype = ref.out_storage(qx, out_dtype)
     row = conv_is_row(qx.shape, qw.shape, padding, groups)  # squeeze-excite's: a linear of one row
-    conv1d_after = qx.dim() == 3 and post_op not in CONV1D_POST_OPS  # oneDNN's conv1d fuses relu alone
-    if conv1d_after or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):  # after the float result
+    fuses = ref.ONEDNN_CONV_POST_OPS if qx.dim() == 4 else ref.ONEDNN_CONV1D_POST_OPS  # others: after the float result
+    if post_op not in fuses or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):
         y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
         return post_op_codes(y, post_op, out_scale, out_zp, dtype)
     if row:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lucid_fx.kernels.codes import (  # noqa: F401  (re-exported: the fast kernels read them as ref.*)
-    ONEDNN_CONV_POST_OPS, ONEDNN_POST_OPS, POST_OPS, onednn_post_op, _check_range, _narrowed, check_post_op, conv2d_memory_format, dense_strides, dequant, f32, f32_reciprocal,
+    ONEDNN_CONV_POST_OPS, ONEDNN_CONV1D_POST_OPS, ONEDNN_POST_OPS, POST_OPS, onednn_post_op, _check_range, _narrowed, check_post_op, conv2d_memory_format, dense_strides, dequant, f32, f32_reciprocal,
     finish, out_storage, quant, to_layout,
 )
 from lucid_fx.quantization.dtypes import to_qdtype

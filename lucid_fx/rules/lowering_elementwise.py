@@ -32,8 +32,8 @@ def _positive_number(value: Any) -> Optional[float]:
     return float(value) if ok else None
 
 
-def _positive_constant(ctx, value: Any) -> Optional[float]:
-    return _positive_number(scalar_constant(ctx.prepared, value))
+def _positive_constant(value: Any) -> Optional[float]:
+    return _positive_number(scalar_constant(value))
 
 
 def _fixed_grid_differs(ctx, node: fx.Node, scale: float, zero_point: int) -> bool:
@@ -53,9 +53,9 @@ def rescale_by_constant(ctx, members, resolve) -> Optional[QValue]:
         return None
     call = canonical(members[0])
     a, b = resolve(call.args.get("input")), resolve(call.args.get("other"))
-    if call.op == "mul" and _positive_constant(ctx, a) is not None:
+    if call.op == "mul" and _positive_constant(a) is not None:
         a, b = b, a
-    factor = _positive_constant(ctx, b)
+    factor = _positive_constant(b)
     if call.op == "div" and (call.args.get("rounding_mode") is not None or factor is None):
         return None
     x = ctx.quant_or_none(a)
