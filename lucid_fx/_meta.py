@@ -14,7 +14,7 @@ FUSED_INTO = "lucid_fx.fused_into"
 #: Decision: which observer the node's output gets, and the rule that chose it (choose_observers).
 DECISION = "lucid_fx.decision"
 #: str: the region kind of an op whose precision quantize(precision="measured") may choose by
-#: measurement, int8 or float (choose_observers; lucid_fx.rules.observers.MEASURED_OPS).
+#: measurement, int8 or float (choose_observers; lucid_fx.rules.float_policies.MEASURED_OPS).
 MEASURED = "lucid_fx.measured"
 #: str: qualified name of the module whose forward produced the node (trace_model).
 MODULE_PATH = "lucid_fx.module_path"

@@ -23,7 +23,8 @@ from lucid_fx.quantization.qconfig import QConfig, QConfigMapping
 from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.choices import choice_only_nodes
-from lucid_fx.rules.observers import ANY, MEASURED_OPS, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
+from lucid_fx.rules.float_policies import MEASURED_OPS
+from lucid_fx.rules.observers import ANY, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 

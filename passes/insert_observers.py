@@ -25,7 +25,8 @@ from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_grouped import expert_weights
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN, DecisionKind, item_source
+from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
+from lucid_fx.rules.observers import DecisionKind, item_source
 
 __all__ = ["insert_observers"]
 

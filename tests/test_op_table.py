@@ -13,7 +13,8 @@ from lucid_fx.passes import fold_batchnorm, insert_observers
 from lucid_fx.rules import fusions, lowering, masks, observers
 from lucid_fx.rules.fusions import FUSION_RULES
 from lucid_fx.rules.lowering import LOWERINGS
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN, SHARED_OPS
+from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
+from lucid_fx.rules.observers import SHARED_OPS
 from lucid_fx.rules.ranges import RANGE_RULES
 
 CANONICAL = {op.name for op in OP_DEFS}

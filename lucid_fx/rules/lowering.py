@@ -26,7 +26,7 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_pool import lower_adaptive_avg_pool1d, lower_avg_pool, lower_stack
 from lucid_fx.rules.lowering_shared import lower_shared
 from lucid_fx.rules.lowering_attention import lower_masked_softmax, lower_softmax_matmul, unfused_mask
-from lucid_fx.rules.observers import FLOAT_BY_DESIGN
+from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
 
 __all__ = ["LOWERINGS", "ELEMENTWISE_UNARY", "SHAPE_OPS"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import OP as _OP
@@ -15,11 +15,11 @@ from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 from lucid_fx.node_refs import cut_from_parameter
 from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN, FLOAT_WHERE_IT_PAYS
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
-    "compose_observer_rules", "SHARED_OPS", "INSIDE_RANGE", "TUPLE_MOVERS", "item_source", "FLOAT_BY_DESIGN", "FLOAT_WHERE_IT_PAYS", "ANY",
-    "MEASURED_OPS",
+    "compose_observer_rules", "SHARED_OPS", "INSIDE_RANGE", "TUPLE_MOVERS", "item_source", "ANY",
 ]
 
 ANY = "*"
@@ -92,39 +92,6 @@ def item_source(node) -> Optional[Any]:
         return None
     sources = mover.tensor_inputs()
     return sources[0] if len(sources) == 1 else None
-# Ops lucid_fx keeps in float on purpose, and why: no observer, no weight observer; a fused group
-# holding one runs in float too. Every other op an observer rule quantizes has a lowering
-# (tests/test_op_table.py).
-FLOAT_BY_DESIGN: Dict[str, str] = {
-    "conv3d": "no int8 3-d convolution kernel (lucid_fx.kernels has conv1d and conv2d): runs in float, by design",
-}
-
-
-# Ops that run in float by default because, measured, float is both more accurate and no slower
-# there (docs/convert.md, "Float where it pays"); their output is still quantized for an int8
-# consumer. A QConfig set for the op, its module or its node by name forces int8
-# (``QConfigMapping().set_global(qc).set_object_type("layer_norm", qc)``).
-FLOAT_WHERE_IT_PAYS: Dict[str, str] = {
-    "layer_norm": "layer_norm runs in float where it pays: normalising int8 input magnifies the input's rounding "
-                  "(measured 4-9 dB less SQNR, and no faster); set a QConfig for layer_norm to force int8",
-    "rms_norm": "rms_norm runs in float where it pays: normalising int8 input magnifies the input's rounding "
-                "(measured 4 dB less SQNR on the Llama-like model); set a QConfig for rms_norm to force int8",
-    "normalize": "normalize runs in float where it pays: normalising int8 input magnifies the input's rounding "
-                 "(measured 2.9 dB less SQNR on a cosine-attention block, and no faster); set a QConfig for normalize "
-                 "to force int8",
-}
-
-# Ops whose int8 form may cost more time than it saves, with nothing but activations in: the
-# attention core and elementwise tails. ``quantize(..., precision="measured")`` times each region
-# of them both ways on the machine it runs on (lucid_fx/measured_precision.py); everywhere else
-# they run int8. Weighted ops (linear, conv) are where int8 pays and are never candidates.
-MEASURED_OPS: Dict[str, str] = {
-    **dict.fromkeys(("matmul", "scaled_dot_product_attention", "softmax", "log_softmax", "masked_fill"), "attention"),
-    **dict.fromkeys(("mul", "div", "exp", "sigmoid", "tanh", "gelu", "silu", "hardsigmoid", "hardswish", "elu", "softsign"),
-                    "elementwise"),
-}
-
-
 def _not_float_tensor(node, ctx) -> Optional[Decision]:
     if not ctx.is_float_tensor(node):
         return Decision(DecisionKind.NONE, "not a float tensor")
@@ -188,6 +155,17 @@ def _proven_interval(node, ctx) -> Optional[Decision]:
     if qconfig is not None and not qconfig.range_analysis:
         return None
     return Decision(DecisionKind.FIXED, f"output proven in [{interval[0]:g}, {interval[1]:g}]", interval=interval, qconfig=qconfig)
+
+
+def _tuple_item(node, ctx) -> Optional[Decision]:
+    """An item of a tuple some call returns (nn.MultiheadAttention's ``(output, weights)``, an LSTM's
+    ``(output, state)``) is that call's value as it gives it: an item access, with nothing to compute."""
+    call = canonical(node)
+    inputs = call.tensor_inputs() if call is not None else []
+    if len(inputs) != 1 or item_source(node) is not None or ctx.is_float_tensor(inputs[0]):
+        return None
+    why = f"item {call.args.get('index')!r} of {inputs[0].name}'s output: taken as {inputs[0].name} gives it, in float"
+    return Decision(DecisionKind.FLOAT, why, keep_float=True)
 
 
 def _shared(node, ctx) -> Optional[Decision]:
@@ -277,6 +255,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
     observer_rule(SHARED_OPS, _weight_view),  # W.transpose(-2, -1) read as a weight -> none (the op quantizes W)
+    observer_rule("getitem", _tuple_item),  # nn.MultiheadAttention(...)[0] -> float, as the module gives it
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule("interpolate", _resample),  # nearest, bilinear, ... upsampling -> input's observer
     observer_rule("pad", _padding),  # F.pad with zeros, reflect, replicate, circular -> input's observer

@@ -143,3 +143,29 @@ def test_a_norm_that_reads_float_or_shared_values_stays_float():
         targets = [n.target for n in qmodel.graph.nodes if n.op == "call_function"]
         assert torch.ops.lucid_fx.layer_norm not in targets, options
         assert "runs in float where it pays" in qmodel.lucid_fx_convert_report.float_ops["norm"], options
+
+
+class AttentionThenFeedForward(nn.Module):
+    """nn.MultiheadAttention inside a parent: its ``(output, weights)`` tuple is read by item."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.att, self.ff = nn.MultiheadAttention(d, 4, batch_first=True), nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.att(x, x, x, need_weights=False)[0]
+        return self.ff(x)
+
+
+def test_an_item_of_a_module_s_output_tuple_is_taken_as_the_module_gives_it():
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(2, 8, 32, generator=g) for _ in range(6)]
+    torch.manual_seed(0)
+    model = AttentionThenFeedForward().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    why = "item 0 of att's output: taken as att gives it, in float"
+    assert report.float_ops["getitem"] == f"input of quantized add ({why})"  # was "no lowering rule for getitem"
+    assert not [r for r in report.float_regions if r.kind == "op"], report.float_regions
+    assert report.int8_flop_share == 1.0
