@@ -75,5 +75,6 @@ def test_pools_of_unequal_windows_indices_or_another_computed_window_stay_float_
     floats = qmodel.lucid_fx_convert_report.float_ops
     # a 3x3 grid of a 10x10 map (windows of 3 and 4), a window of h.size(2) = 10 over a length of 100; a pool with
     # indices is a tuple: its values' item runs in float
-    assert floats == {"grid": "lowering declined", "max_pool1d": "lowering declined", "getitem": "no observer rule quantizes this op"}
+    assert floats == {"grid": "lowering declined", "max_pool1d": "lowering declined",
+                      "getitem": "item 0 of indices's output: taken as indices gives it, in float"}
     assert _runs(explain(prepared)) == {k: (p.runs.value, p.why) for k, p in qmodel.lucid_fx_convert_report.placements.items()}
