@@ -3,10 +3,17 @@
 Writes ``node.meta[MODULE_PATH]`` (the module whose forward produced each node). When a
 submodule cannot be traced, it is retried as a leaf and reported in ``TraceResult.untraceable``
 (the caller descends into it); when the root itself cannot be traced, ``graph_module`` is None.
+
+A forward that writes one of its buffers or parameters in place (``self.running.mul_(0.9)``, a cache filled
+per call) cannot be traced either, though torch.fx does not say so: it runs the write once, while tracing,
+and records nothing, so the graph would read the value that write left on every call. Such a write is
+found by the tensor's version counter; the buffers are put back as they were, and the module that owns
+the tensor is untraceable (``capture="auto"`` then captures it with torch.export, which records the write).
 """
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -15,7 +22,7 @@ from torch import fx, nn
 
 from lucid_fx import _meta
 
-__all__ = ["TraceResult", "TraceOptions", "Untraceable", "TraceFailure", "trace_model", "TRACED_THROUGH"]
+__all__ = ["TraceResult", "TraceOptions", "Untraceable", "TraceFailure", "WritesStateInPlace", "trace_model", "TRACED_THROUGH"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,28 @@ class TraceOptions:
 
 class TraceFailure(ValueError):
     """Raised with ``strict=True`` when a module cannot be traced."""
+
+
+class WritesStateInPlace(RuntimeError):
+    """A forward wrote a buffer or parameter in place while torch.fx traced it (and recorded no such write)."""
+
+
+def _versions(model: nn.Module) -> Dict[str, int]:
+    return {name: t._version for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+
+
+def _check_state(model: nn.Module, versions: Dict[str, int], saved: Dict[str, Any], tracer: "_Tracer") -> None:
+    """Raise :class:`WritesStateInPlace` (the buffers put back first) when tracing changed a version in ``versions``."""
+    written = [name for name, version in _versions(model).items() if versions.get(name, version) != version]
+    if not written:
+        return
+    buffers = dict(model.named_buffers())
+    for name, value in saved.items():
+        buffers[name].data.copy_(value)
+    tracer.failed_path = written[0].rpartition(".")[0]
+    kind = "buffer" if written[0] in buffers else "parameter"
+    raise WritesStateInPlace(f"forward writes {kind} {written[0]!r} in place, which torch.fx runs once while tracing "
+                             "instead of recording it (the graph would read that one value on every call)")
 
 
 @dataclass
@@ -126,8 +155,10 @@ def trace_model(
     found: List[Untraceable] = []
     while True:
         tracer = _Tracer(leaf_paths, leaf_types, autowrap_functions)
+        versions, saved = _versions(model), {name: b.detach().clone() for name, b in model.named_buffers()}
         try:
             graph = tracer.trace(model, concrete_args=concrete_args)
+            _check_state(model, versions, saved, tracer)
         except Exception as exc:  # noqa: BLE001 - any tracing error means "keep this part float"
             path = tracer.failed_path or ""
             module = model.get_submodule(path) if path else model
@@ -138,11 +169,11 @@ def trace_model(
                 _user_source_line(exc),
             )
             if strict:
-                raise TraceFailure(
-                    f"cannot trace {entry.describe()}. Fix: pass leaf_modules=[{path!r}] (keep it one float "
-                    f"node), concrete_args={{...}} for optional arguments, or strict=False to keep it float and "
-                    "quantize its traceable children"
-                ) from exc
+                fix = (f"prepare with capture='export' (torch.export records the write), or pass leaf_modules=[{path!r}]"
+                       if isinstance(exc, WritesStateInPlace) else
+                       f"pass leaf_modules=[{path!r}] (keep it one float node), concrete_args={{...}} for optional "
+                       "arguments, or strict=False to keep it float and quantize its traceable children")
+                raise TraceFailure(f"cannot trace {entry.describe()}. Fix: {fix}") from exc
             found.append(entry)
             if not path or path in leaf_paths:
                 return TraceResult(None, found)

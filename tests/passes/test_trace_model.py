@@ -87,3 +87,50 @@ def test_graph_module_input_is_accepted():
 def test_leaf_modules_option_keeps_a_module_whole():
     result = trace_model(Outer(), leaf_modules=["head"])
     assert [n.target for n in result.graph_module.graph.nodes if n.op == "call_module"] == ["stem", "block", "head"]
+
+
+class RunningScale(nn.Module):
+    """A forward that writes its own buffer on every call: torch.fx would run the write once, while tracing."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        self.scale.mul_(0.5)
+        return self.fc(x) * self.scale
+
+
+class HoldsRunningScale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block = nn.Linear(8, 8), RunningScale()
+
+    def forward(self, x):
+        return self.block(self.stem(x))
+
+
+def test_a_forward_that_writes_its_buffer_is_untraceable_and_its_buffer_is_put_back():
+    model = HoldsRunningScale()
+    result = trace_model(model)
+    assert torch.equal(model.block.scale, torch.ones(8))  # the write tracing ran is undone
+    assert [(u.path, u.error) for u in result.untraceable] == [(
+        "block", "WritesStateInPlace: forward writes buffer 'block.scale' in place, which torch.fx runs once while "
+        "tracing instead of recording it (the graph would read that one value on every call)")]
+    assert [n.target for n in result.graph_module.graph.nodes if n.op == "call_module"] == ["stem", "block"]  # a leaf
+    with pytest.raises(TraceFailure, match=r"block.scale' in place.*Fix: prepare with capture='export'"):
+        trace_model(model, strict=True)
+
+
+def test_prepare_captures_a_forward_that_writes_its_buffer_with_torch_export():
+    torch.manual_seed(0)
+    model, x = HoldsRunningScale().eval(), torch.randn(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    assert prepared.lucid_fx_report.captures == {"": "fx", "block": "export"}
+    assert torch.equal(model.block.scale, torch.ones(8))  # prepare works on a copy
+    block = prepared.get_submodule("block")
+    assert "mul_" in [n.target for n in block.graph.nodes if n.op == "call_method"]  # the write is in the graph
+    before = block.scale.clone()
+    prepared(x)
+    assert torch.equal(block.scale, before * 0.5)  # and runs on every call, as the model's does
