@@ -8,6 +8,7 @@ of the node's own graph.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Union
 
@@ -16,7 +17,8 @@ from torch import fx
 
 from lucid_fx._meta import OP as _OP
 
-__all__ = ["NodeRef", "BoundCall", "CanonicalCall", "canonical", "layer_groups", "attr_value", "scalar_constant", "cut_from_parameter", "CUTS"]
+__all__ = ["NodeRef", "BoundCall", "CanonicalCall", "canonical", "layer_groups", "attr_value", "scalar_constant",
+           "call_name", "writes_in_place", "pure_call", "unstable_name"]
 
 
 @dataclass(frozen=True)
@@ -128,20 +130,44 @@ def layer_groups(gm: fx.GraphModule, node: fx.Node) -> int:
     return groups if isinstance(groups, int) else 1
 
 
-# Ops that cut or view a tensor without arithmetic, through which a weight is still a parameter's.
-CUTS = frozenset({"getitem", "split", "chunk", "unbind", "narrow", "transpose", "permute", "reshape", "contiguous"})
+#: The starts of words in a call's name that mark a value that differs per call (random ops, uninitialised
+#: memory: ``randn_like``, ``dropout2d``, ``normal_``, ``empty``), and whole words that do (``normal``, not ``normalize``).
+UNSTABLE_NAMES = ("rand", "dropout", "bernoulli", "multinomial", "poisson", "uniform", "empty", "seed", "exponential", "cauchy")
+UNSTABLE_WORDS = frozenset({"normal", "geometric"})
 
 
-def cut_from_parameter(node: fx.Node) -> bool:
-    """Whether ``node`` is a parameter (a ``get_attr``) cut or viewed by :data:`CUTS` alone: nn.MultiheadAttention's
-    cross-attention splits ``in_proj_weight`` into the query's rows and the key's and value's."""
-    while node.op != "get_attr":
-        call = canonical(node)
-        sources = call.tensor_inputs() if call is not None else []
-        if len(sources) != 1 or call.op not in CUTS:
-            return False
-        node = sources[0]
-    return True
+def unstable_name(name: str) -> bool:
+    """Whether a call named ``name`` may give another value on every call (:data:`UNSTABLE_NAMES`)."""
+    words = name.lower().strip("_").split("_")
+    return any(w.startswith(UNSTABLE_NAMES) or w in UNSTABLE_WORDS for w in words)
+
+
+def call_name(node: fx.Node) -> str:
+    """The name ``node`` calls: a method's, a function's ``__name__``, an aten overload's schema name."""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+def writes_in_place(node: fx.Node) -> bool:
+    """Whether ``node`` writes into its first argument."""
+    name = call_name(node)
+    if node.target is operator.setitem or node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
+        return True
+    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+        return True
+    return node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("_")
+
+
+def pure_call(node: fx.Node) -> bool:
+    """Whether ``node`` calls a function or method that gives the same value for the same inputs and writes
+    nothing: no child module (it may keep state), no impure, in-place or random call."""
+    if node.op not in ("call_function", "call_method") or node.is_impure() or writes_in_place(node):
+        return False
+    return not unstable_name(call_name(node))
 
 
 def attr_value(node: Any) -> Any:

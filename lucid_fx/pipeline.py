@@ -44,6 +44,7 @@ from lucid_fx.passes.narrow_fixed_grids import narrow_fixed_grids
 from lucid_fx.passes.propagate_shapes import propagate_shapes
 from lucid_fx.passes.remove_noops import remove_noops
 from lucid_fx.passes.rewrite_patterns import rewrite_patterns
+from lucid_fx.passes.rewrite_weight_products import rewrite_weight_products
 from lucid_fx.passes.trace_model import TraceOptions
 from lucid_fx.quantization.qconfig import QConfigMapping
 from lucid_fx.registry import Registry
@@ -110,6 +111,10 @@ def _decompose_glu(gm, ctx: PrepareContext):
     return decompose_glu(gm, ctx.example_inputs)
 
 
+def _rewrite_weight_products(gm, ctx: PrepareContext):
+    return rewrite_weight_products(gm, ctx.example_inputs)
+
+
 def _canonicalize_ops(gm, ctx: PrepareContext):
     return canonicalize_ops(gm, ctx.registry)
 
@@ -150,7 +155,7 @@ def _insert_observers(gm, ctx: PrepareContext):
 #: untraceable modules, before running these on each graph).
 PREPARE_PASSES: List[Pass] = [
     _record_trace, _functionalize_inplace, _propagate_shapes, _decompose_attention, _decompose_einsum, _decompose_glu,
-    _canonicalize_ops, _remove_noops,
+    _rewrite_weight_products, _canonicalize_ops, _remove_noops,
     _fold_constants, _rewrite_patterns,
     _fuse_patterns, _analyze_ranges,
     _choose_observers, _insert_observers,

@@ -26,8 +26,9 @@ from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
+from lucid_fx.passes._rewrite import recompiled, swap_in
 
-__all__ = ["decompose_attention", "swap_in", "recompiled"]
+__all__ = ["decompose_attention"]
 
 _SDPA = F.scaled_dot_product_attention
 _PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -91,36 +92,3 @@ def decompose_attention(gm: fx.GraphModule, example_inputs: Optional[tuple] = No
         swap_in(gm, node, out)
         changed = True
     return recompiled(gm, example_inputs) if changed else gm
-
-
-def swap_in(gm: fx.GraphModule, node: fx.Node, out: fx.Node) -> None:
-    """``out`` (just written before ``node``) in place of ``node``: its users, its name (freed by the erase),
-    and its module path on every node written for it."""
-    path, name = node.meta.get(_meta.MODULE_PATH), node.name
-    node.replace_all_uses_with(out)
-    gm.graph.erase_node(node)
-    out.name = name
-    if path is not None:
-        for new in _written(out):
-            new.meta.setdefault(_meta.MODULE_PATH, path)
-
-
-def recompiled(gm: fx.GraphModule, example_inputs: Optional[tuple]) -> fx.GraphModule:
-    """``gm`` after a rewrite: checked, recompiled, and with ``example_inputs`` its new nodes' shapes recorded."""
-    from lucid_fx.passes.propagate_shapes import propagate_shapes
-
-    gm.graph.lint()
-    gm.recompile()
-    return propagate_shapes(gm, example_inputs) if example_inputs is not None else gm
-
-
-def _written(end: fx.Node):
-    """The nodes ``end`` was computed from that have no shapes yet: the ones just written."""
-    found, stack = [], [end]
-    while stack:
-        n = stack.pop()
-        if n in found or _meta.TENSOR_META in n.meta or n.op in ("placeholder", "get_attr"):
-            continue
-        found.append(n)
-        stack.extend(n.all_input_nodes)
-    return found

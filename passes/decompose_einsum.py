@@ -25,6 +25,8 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from lucid_fx import _meta
 
+from lucid_fx.passes._rewrite import recompiled, swap_in
+
 __all__ = ["decompose_einsum", "matmul_plan"]
 
 Plan = Tuple[List[int], List[int], List[int], List[int], List[int], List[int]]
@@ -119,7 +121,6 @@ def _write_out(graph: fx.Graph, a: fx.Node, b: fx.Node, plan: Plan, a_shape, b_s
 def decompose_einsum(gm: fx.GraphModule, example_inputs: Optional[tuple] = None) -> fx.GraphModule:
     """Write out every two-operand ``torch.einsum`` of ``gm`` (in place) that is a matrix product and whose
     operands' shapes propagate_shapes recorded; with ``example_inputs``, record the new nodes' shapes too."""
-    from lucid_fx.passes.decompose_attention import recompiled, swap_in
 
     changed = False
     for node in list(gm.graph.nodes):

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from lucid_fx.passes._rewrite import recompiled, swap_in
+
 __all__ = ["decompose_glu"]
 
 
@@ -34,7 +36,6 @@ def _dim(gm: fx.GraphModule, node: fx.Node) -> Optional[int]:
 
 def decompose_glu(gm: fx.GraphModule, example_inputs: Optional[tuple] = None) -> fx.GraphModule:
     """Write out every GLU of ``gm`` (in place) as chunk, sigmoid and product."""
-    from lucid_fx.passes.decompose_attention import recompiled, swap_in
 
     changed = False
     for node in list(gm.graph.nodes):

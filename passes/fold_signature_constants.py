@@ -24,43 +24,23 @@ Weights edited in place after convert reach a program only through ``recompile``
 from __future__ import annotations
 
 import builtins
-import operator
 from typing import Any, Dict, Optional, Set
 
 import torch
 from torch import fx
 
+from lucid_fx.node_refs import call_name, unstable_name, writes_in_place
 from lucid_fx.ops import OP_DEFS, VIEW_SPELLINGS, Tag
 
-__all__ = ["fold_signature_constants", "writes_in_place", "kept_by_dead_code_elimination", "pinned", "foldable_call", "evaluate",
+__all__ = ["fold_signature_constants", "kept_by_dead_code_elimination", "pinned", "foldable_call", "evaluate",
            "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
 
 #: Attributes and methods of an input tensor the signature fixes.
 SHAPE_ATTRIBUTES = frozenset({"shape", "dtype", "ndim"})
 SHAPE_METHODS = frozenset({"size", "dim", "numel", "stride"})
-_UNSTABLE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "empty", "seed")
 # Calls whose result may share the memory of their first argument: the op table's views (their
 # aliases included: ``view`` is reshape's) and the view spellings functionalize_inplace reads.
 _ALIASING = VIEW_SPELLINGS | {name for op in OP_DEFS if Tag.VIEW in op.tags for name in (op.name, *op.aliases)}
-
-
-def _name(node: fx.Node) -> str:
-    target = node.target
-    if isinstance(target, str):
-        return target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    return getattr(target, "__name__", str(target))
-
-
-def writes_in_place(node: fx.Node) -> bool:
-    """Whether ``node`` writes into its first argument."""
-    name = _name(node)
-    if node.target is operator.setitem or node.kwargs.get("inplace") is True or "out" in node.kwargs:
-        return True
-    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
-        return True
-    return node.op in ("call_method", "call_function") and name.endswith("_") and not name.startswith("_")
 
 
 def _ancestors(nodes, through_all: bool) -> Set[fx.Node]:
@@ -74,7 +54,7 @@ def _ancestors(nodes, through_all: bool) -> Set[fx.Node]:
         seen.add(node)
         if through_all:
             stack.extend(node.all_input_nodes)
-        elif _name(node) in _ALIASING and node.args and isinstance(node.args[0], fx.Node):
+        elif call_name(node) in _ALIASING and node.args and isinstance(node.args[0], fx.Node):
             stack.append(node.args[0])
     return seen
 
@@ -105,7 +85,7 @@ def foldable_call(node: fx.Node, known: Dict[fx.Node, Any], kept: Set[fx.Node], 
         return False  # an in-place write runs on every call, whatever it writes into
     if node in kept and (values is None or isinstance(values.get(node.name), torch.Tensor)):
         return False
-    if any(word in _name(node).lower() for word in _UNSTABLE):
+    if unstable_name(call_name(node)):
         return False
     return all(n in known for n in node.all_input_nodes)
 

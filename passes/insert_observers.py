@@ -25,6 +25,7 @@ from lucid_fx.quantization.qconfig import QConfig, default_qconfig
 from lucid_fx.quantization.qconfig import fixed_qparams_observer
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_grouped import expert_weights
+from lucid_fx.computed_weights import from_parameters, parameter_value
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
 from lucid_fx.rules.observers import DecisionKind, item_source
 
@@ -106,9 +107,9 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, target: Option
         node.meta[_meta.WEIGHT_OBSERVER] = key
         return
     weight = call.args.get("weight")
-    if isinstance(weight, fx.Node) and weight.op == "get_attr" and _observer_of(weight) is None:
+    if from_parameters(weight) and _observer_of(weight) is None:  # self.w, or computed from parameters (F.normalize(self.w))
         key = f"w_{weight.name}"
-        fake_quant = _narrow_to(qconfig.weight(), target, functools.reduce(getattr, weight.target.split("."), gm), layer_groups(gm, node)) if qat else None
+        fake_quant = _narrow_to(qconfig.weight(), target, parameter_value(weight), layer_groups(gm, node)) if qat else None
         _container(gm, OBSERVERS)[key] = fake_quant if qat else qconfig.weight()
         _insert_call(gm, weight, key)
         node.meta[_meta.WEIGHT_OBSERVER] = key

@@ -26,6 +26,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
+from lucid_fx.computed_weights import parameter_value
 from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.passes.fold_dequantize import FOLDS_TO_FLOAT, fold_dequantize
@@ -54,7 +55,7 @@ class Codes:
 def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, target: Target) -> None:
     # The kernel multiplies by per-channel codes on the layer's grid (quantization.weight.quantize_weight),
     # not by the observer's own grid: give the reference exactly those codes.
-    weight = functools.reduce(getattr, node.args[0].target.split("."), gm)
+    weight = parameter_value(node.args[0])  # self.w, or computed from parameters (lucid_fx/computed_weights.py)
     # The grid of the layers reading the weight (a convolution or linear); the device's where they differ.
     grids = {target.layer_weight_range(weight.shape, layer_groups(gm, layer)) for layer in node.users}
     weight_range = grids.pop() if len(grids) == 1 else target.weight_range

@@ -13,7 +13,7 @@ from lucid_fx.pipeline import CONVERT_PASSES, PREPARE_PASSES, ENV_VAR, pass_name
 
 def test_the_pipelines_list_their_passes_in_order():
     assert [pass_name(p) for p in PREPARE_PASSES] == [
-        "record_trace", "functionalize_inplace", "propagate_shapes", "decompose_attention", "decompose_einsum", "decompose_glu", "canonicalize_ops",
+        "record_trace", "functionalize_inplace", "propagate_shapes", "decompose_attention", "decompose_einsum", "decompose_glu", "rewrite_weight_products", "canonicalize_ops",
         "remove_noops", "fold_constants", "rewrite_patterns", "fuse_patterns", "analyze_ranges", "choose_observers", "insert_observers",
     ]
     assert [pass_name(p) for p in CONVERT_PASSES] == [

@@ -18,7 +18,8 @@ from lucid_fx import _meta
 from lucid_fx._placement import Placement, Runs
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
-from lucid_fx.node_refs import CUTS, layer_groups
+from lucid_fx.computed_weights import parameter_value
+from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
@@ -220,22 +221,10 @@ class LoweringContext:
         return None
 
     def constant_value(self, node: Any) -> Optional[torch.Tensor]:
-        """:meth:`attr`, or a piece of one that the graph cuts without arithmetic (``node_refs.CUTS``), computed
-        once: nn.MultiheadAttention's cross-attention splits ``in_proj_weight`` into the query's rows and the
-        key's and value's, which run as linears of their own."""
+        """:meth:`attr`, or a value the graph computes from parameters alone (``lucid_fx.computed_weights``):
+        ``F.normalize(self.w)``, the pieces nn.MultiheadAttention's cross-attention cuts from ``in_proj_weight``."""
         value = self.attr(node)
-        if value is not None or not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
-            return value
-        call = canonical(node)
-        sources = call.tensor_inputs() if call is not None else []
-        if call is None or call.op not in CUTS or len(sources) != 1 or set(node.all_input_nodes) != {sources[0]}:
-            return None
-        base = self.constant_value(sources[0])
-        if base is None:
-            return None
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda _: base)
-        piece = getattr(args[0], node.target)(*args[1:], **kwargs) if node.op == "call_method" else node.target(*args, **kwargs)
-        return piece if isinstance(piece, (torch.Tensor, tuple, list)) else None
+        return value if value is not None else parameter_value(node)
 
     def quantized_weight(self, node: fx.Node) -> Optional[Tuple[fx.Node, fx.Node, Optional[fx.Node]]]:
         """(int8 weight, per-channel scales, float bias) get_attr nodes for a linear/conv node,
@@ -252,7 +241,9 @@ class LoweringContext:
             call = canonical(node)
             weight, bias = self.constant_value(call.args.get("weight")), self.constant_value(call.args.get("bias"))
             if weight is None or (call.args.get("bias") is not None and bias is None):
-                return None  # a weight computed in the graph has no constant int8 form
+                self.declined[node.name] = ("its weight is computed on every call (from an input or a random op), so it has "
+                                            "no int8 form computed once: runs in float")
+                return None
             observer = self.observers[key] if key in self.observers else None
             base = node.name
         codes, scale = quantize_weight(weight, observer, self.target.layer_weight_range(weight.shape, layer_groups(self.prepared, node)))

@@ -15,7 +15,7 @@ from torch import fx
 
 from lucid_fx import _meta
 from lucid_fx.rules.lowering_context import QValue
-from lucid_fx.node_refs import attr_value
+from lucid_fx.computed_weights import parameter_value
 from lucid_fx.ops import canonical
 
 __all__ = ["lower_conv", "lower_conv_add", "takes"]
@@ -40,7 +40,7 @@ def _conv_geometry(ctx, node):
 def takes(prepared: fx.GraphModule, node: fx.Node) -> bool:
     """Whether the conv rules find this node's geometry (explain's prediction): sizes, not computed in the graph,
     a named padding they can spell as sizes."""
-    return _geometry(prepared, attr_value, node) is not None
+    return _geometry(prepared, parameter_value, node) is not None
 
 
 def _geometry(prepared, value_of, node):

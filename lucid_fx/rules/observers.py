@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from lucid_fx._meta import MUTATION as _MUTATION
-from lucid_fx._meta import OP as _OP
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
-from lucid_fx.node_refs import cut_from_parameter
+from lucid_fx.computed_weights import from_parameters, read_only_as_weight
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN, FLOAT_WHERE_IT_PAYS
 
@@ -190,15 +189,13 @@ def _padding(node, ctx) -> Optional[Decision]:  # reflect/replicate/circular mov
     return _shared(node, ctx) if args.get("mode", "constant") != "constant" or not args.get("value") else None
 
 
-def _weight_view(node, ctx) -> Optional[Decision]:
-    """A view or piece of a parameter read only as a weight or bias (Mixtral's ``W.transpose(-2, -1)``, the
-    cross-attention's cut of ``in_proj_weight``): the op quantizes it per channel; not an activation."""
-    sources = canonical(node).tensor_inputs()
-    if len(sources) != 1 or not node.users or not cut_from_parameter(node):
+def _computed_weight(node, ctx) -> Optional[Decision]:
+    """A value computed from parameters alone and read only as a layer's weight (Mixtral's ``W.transpose(-2, -1)``,
+    a cosine classifier's ``F.normalize(W)``, the cross-attention's cut of ``in_proj_weight``): computed once at
+    convert and quantized per channel by the layer (lucid_fx/computed_weights.py); not an activation."""
+    if node.op == "get_attr" or not from_parameters(node) or not read_only_as_weight(node):
         return None
-    if all(_OP in user.meta and any(canonical(user).args.get(arg) is node for arg in ("weight", "bias")) for user in node.users):
-        return Decision(DecisionKind.NONE, "a view of a weight: the op reading it quantizes the weight itself")
-    return None
+    return Decision(DecisionKind.NONE, "a weight computed from parameters: computed once at convert, the layer reading it quantizes it")
 
 
 def _calibrated(node, ctx) -> Decision:
@@ -250,11 +247,11 @@ GUARD_RULES: List[ObserverRule] = [
     observer_rule(ANY, _fused),  # inside conv+relu etc. -> fused (no observer)
 ]
 OP_RULES: List[ObserverRule] = [
+    observer_rule(ANY, _computed_weight),  # F.normalize(W), W.t(), W * g read as a weight -> none (the layer quantizes it)
     observer_rule(ANY, _decides_a_choice),  # router -> softmax -> topk -> float (the choice exact)
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
-    observer_rule(SHARED_OPS, _weight_view),  # W.transpose(-2, -1) read as a weight -> none (the op quantizes W)
     observer_rule("getitem", _tuple_item),  # nn.MultiheadAttention(...)[0] -> float, as the module gives it
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule("interpolate", _resample),  # nearest, bilinear, ... upsampling -> input's observer
