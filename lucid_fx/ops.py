@@ -175,6 +175,9 @@ OP_DEFS: List[OpDef] = [
             tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})) for name, cls in (  # a max of codes is the code of the max
         ("adaptive_max_pool1d", nn.AdaptiveMaxPool1d), ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d))),
     *(OpDef(name, ("input", "dim", "keepdim"), tags=frozenset({Tag.MOVES_CODES})) for name in ("amax", "amin")),  # x.amax(-1)
+    # torch.max(x, dim): (values, indices), its values the codes' max; torch.max(a, b) and torch.max(x) are
+    # maximum and amax (lucid_fx/op_overloads.py)
+    *(OpDef(name, ("input", "dim", "keepdim"), tags=frozenset({Tag.MOVES_CODES})) for name in ("max", "min")),
     OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("dropout", ("input", "p", "training", "inplace"), modules={nn.Dropout: _none, nn.Dropout1d: _none, nn.Dropout2d: _none}, tags=_MOVES_VIEW),
@@ -251,6 +254,7 @@ EXTRA_SPELLINGS: List[Spelling] = [
     _spelling("call_method", "size", "size", ("input", "dim")),
     _spelling("call_method", "dim", "size", ("input",)),
     _spelling("call_function", torch.flatten, "flatten", ("input", "start_dim", "end_dim")),
+    *(_spelling(kind, t, "transpose", ("input",), consts={"dim0": 0, "dim1": -1}) for kind, t in (("call_method", "t"), ("call_function", torch.t))),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.op_overloads import overloaded
 from lucid_fx.ops import CanonicalCall
 from lucid_fx.registry import Registry
 
@@ -68,7 +69,6 @@ def canonicalize_ops(gm: fx.GraphModule, registry: Registry) -> fx.GraphModule:
         for key, value in consts.items():
             args.setdefault(key, value)
         inplace = spelling.inplace or args.get("inplace") is True or bool(getattr(module, "inplace", False))
-        node.meta[_meta.OP] = CanonicalCall(
-            spelling.op, args, inplace, spelling.text, node.target if module is not None else None
-        )
+        op, args = overloaded(spelling.op, args)  # torch.max(a, b) is maximum, x.mT a transpose (lucid_fx/op_overloads.py)
+        node.meta[_meta.OP] = CanonicalCall(op, args, inplace, spelling.text, node.target if module is not None else None)
     return gm

@@ -56,6 +56,8 @@ def _predicted_runs(gm: fx.GraphModule, members: List[fx.Node], rule: Any, key: 
         return Runs.SHARED
     if rule is rules.lower_elementwise:
         return Runs.TABLE
+    if rule is rules.lower_extremum:  # of one value: a table; of two: a max of codes
+        return Runs.TABLE if _one_source(gm, members) is not None else Runs.KERNEL
     node, call = members[0], canonical(members[0])
     binary = (rules.GENERIC[("add",)], rules.GENERIC[("mul",)], rules.lower_div)
     constant = _scaling_constant(call) if len(members) == 1 and rule in binary else None
@@ -78,7 +80,7 @@ def _one_source(gm: fx.GraphModule, members: List[fx.Node]) -> Optional[Tuple[fx
 
 def _declines_without_one_source(gm: fx.GraphModule, members: List[fx.Node], rule: Any) -> bool:
     """An elementwise op, or a division of two tensors, that is no table of one value's codes: its rule
-    declines (a maximum of two values, ``a / b``); the add and mul rules have kernels for two."""
+    declines (``a / b``, ``torch.where(c, a, b)``); the add, mul, maximum and minimum rules have kernels for two."""
     two = rule is rules.lower_div and len(canonical(members[0]).tensor_inputs()) > 1
     return (rule is rules.lower_elementwise or two) and _one_source(gm, members) is None
 

@@ -19,7 +19,7 @@ from lucid_fx.rules.lowering_conv import lower_conv, lower_conv_add
 from lucid_fx.rules.lowering_conv_transpose import lower_conv_transpose2d
 from lucid_fx.rules.lowering_lookup import lower_embedding
 from lucid_fx.rules.lowering_norm import lower_batch_norm, lower_group_norm, lower_norm, lower_normalize
-from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, lower_prelu, rescale_by_constant
+from lucid_fx.rules.lowering_elementwise import lower_div, lower_elementwise, lower_extremum, lower_prelu, rescale_by_constant
 from lucid_fx.rules.lowering_grouped import lower_grouped_mm
 from lucid_fx.rules.lowering_gate import lower_gate_product
 from lucid_fx.ops import Tag, canonical, ops_tagged
@@ -192,7 +192,8 @@ GENERIC: Dict[Tuple[str, ...], Rule] = {
     ("prelu",): lower_prelu,  # one slope -> lut; a slope per channel -> lucid_fx.channel_lut, a table per channel
     ("batch_norm",): lower_batch_norm,  # a batch norm no conv/linear folds -> lucid_fx.channel_lut, a table per channel
     ("shared",): lower_shared,  # reshape/permute/max_pool/... -> same op on the codes
-    **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div")},  # f(x) -> lut
+    **{(op,): lower_elementwise for op in ELEMENTWISE_UNARY if op not in ("add", "mul", "div", "maximum", "minimum")},  # f(x) -> lut
+    **{(op,): lower_extremum for op in ("maximum", "minimum")},  # of one value -> lut; of two -> each onto the grid, max of codes
 }
 
 LOWERINGS: Dict[str, Dict[Tuple[str, ...], Rule]] = {"generic": GENERIC, "cpu": {}, "cuda": {}}

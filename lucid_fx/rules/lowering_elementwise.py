@@ -22,7 +22,7 @@ from lucid_fx.node_refs import scalar_constant
 from lucid_fx.rules.one_source import TABLE_WHY, evaluate, one_source
 from lucid_fx._placement import Runs
 
-__all__ = ["lower_elementwise", "lower_prelu", "lower_div", "rescale_by_constant"]
+__all__ = ["lower_elementwise", "lower_extremum", "lower_prelu", "lower_div", "rescale_by_constant"]
 
 _ops = torch.ops.lucid_fx
 
@@ -93,6 +93,27 @@ def lower_elementwise(ctx, members, resolve):  # f(x), or any elementwise graph 
     for inner in found[1]:  # computed in this table: their own lookups, if emitted, are dead now
         ctx.absorb(inner.name, node, TABLE_WHY.format(end=node.name, source=found[0].name), Runs.TABLE)
     return ctx.output_qvalue(node, out)
+
+
+def lower_extremum(ctx, members, resolve):  # maximum(a, b) / minimum(a, b) of two int8 values (Max-Feature-Map)
+    """One table where both come from one value (``torch.maximum(x, 0.2 * x)``); else each input's codes onto
+    the output's grid by a table, then the max (min) of those codes: rounding keeps order, so that is the
+    rounded max (min) of the values, the reference's result."""
+    table = lower_elementwise(ctx, members, resolve)
+    node, call = members[0], canonical(members[0])
+    if table is not None or len(members) != 1 or ctx.qparams_of(node) is None:
+        return table
+    inputs = [resolve(call.args.get(name)) for name in ("input", "other")]
+    if not all(isinstance(n, fx.Node) and ctx.quant_or_none(n) is not None for n in inputs):
+        return None
+    scale, zp, qdtype = ctx.qparams_of(node)
+    onto = []
+    for i, source in enumerate(inputs):  # in the float model's layout: the two may broadcast
+        x = ctx.float_layout_of(source)
+        table = make_lut(lambda v: v, x.scale, x.zero_point, (x.qdtype.quant_min, x.qdtype.quant_max), scale, zp,
+                         (qdtype.quant_min, qdtype.quant_max))
+        onto.append(ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_onto_{i}", table)))
+    return ctx.output_qvalue(node, ctx.call(torch.maximum if call.op == "maximum" else torch.minimum, *onto))
 
 
 def lower_prelu(ctx, members, resolve):  # prelu(x, a): one slope -> a lut; a slope per channel -> lucid_fx.channel_lut

@@ -76,7 +76,7 @@ def observer_rule(ops, action) -> ObserverRule:
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
 SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
 # Of those, the ones that return a tuple of tensors: their items (``getitem``) share the input's qparams.
-TUPLE_MOVERS = frozenset({"chunk", "split", "unbind"})
+TUPLE_MOVERS = frozenset({"chunk", "split", "unbind", "max", "min"})  # max/min over a dim: (values, indices)
 
 
 def item_source(node) -> Optional[Any]:

@@ -60,3 +60,34 @@ def test_an_activation_with_a_jump_stays_float(act, sqnr_db):
     with torch.no_grad():
         x = torch.randn(2, 3, 12, 12)
         assert sqnr_db(model(x), q(x)) >= 20
+
+
+class MaxFeatureMap(nn.Module):
+    """LightCNN's Max-Feature-Map (torch.max of a conv's two halves), a minimum of two linears broadcast against
+    a row, and torch.max over a dim (PointNet's global feature) and over everything."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.a, self.b, self.head = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(8, 8), nn.Linear(8, 1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        top, bottom = self.conv(x).split(8, 1)
+        h = torch.max(top, bottom).mean((2, 3))  # (2, 8)
+        m = torch.minimum(self.a(h), self.b(h))  # (2, 8) against (2, 1)
+        return self.head(m + torch.max(m, 1, keepdim=True)[0] + torch.max(m))
+
+
+def test_a_max_or_min_of_two_values_is_the_max_of_their_codes_on_the_output_grid(sqnr_db):
+    torch.manual_seed(0)
+    model = MaxFeatureMap().eval()
+    batches = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+    prepared = lucid_fx.prepare(model, example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel, reference = lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+    lowered = qmodel.lucid_fx_convert_report.lowered
+    assert [lowered[n] for n in ("max_1", "minimum", "getitem", "max_3")] == ["maximum", "minimum", "shared", "shared"], lowered
+    assert [n.target for n in qmodel.graph.nodes].count(torch.ops.lucid_fx.lut) == 4  # each input onto the grid
+    x = batches[0]
+    with torch.no_grad():
+        assert sqnr_db(model(x), qmodel(x)) > 30
+        assert sqnr_db(reference(x), qmodel(x)) > 45  # rounding keeps order: the reference's max, code for code

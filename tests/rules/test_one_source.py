@@ -143,14 +143,14 @@ class TwoSources(nn.Module):
 def test_two_values_or_a_value_read_elsewhere_are_no_table():
     prepared, qmodel, _ = _converted(TwoSources, (4, 8))
     placed = qmodel.lucid_fx_convert_report.placements
-    assert placed["maximum"].runs is Runs.FLOAT and placed["maximum"].why == "lowering declined"
+    assert placed["maximum"].runs is Runs.KERNEL and placed["maximum"].why == "maximum"  # no table: a max of codes
     assert placed["mul_3"].runs is Runs.KERNEL and placed["mul_3"].why == "mul"  # x * s: s has codes of its own
     assert placed["sigmoid"].runs is Runs.TABLE and placed["sigmoid"].why == "sigmoid"  # with mul inside
     assert placed["mul"].why == "inside sigmoid's table (one lookup of a's codes)"
     # gelu(a * sigmoid(b)): the product of two values (taken in float, rules/lowering_gate.py) is the gelu's source
     assert placed["gelu"].why == "gelu" and placed["mul_1"].why.startswith("mul of its factors' float results")
     assert placed["tanh"].why == "tanh" and placed["mul_2"].why == "inside sub's table (one lookup of tanh's codes)"
-    assert explain(prepared).by_node()["maximum"]["runs"] == "float"
+    assert explain(prepared).by_node()["maximum"]["runs"] == "int8 kernel"
 
 
 class Gate(nn.Module):
