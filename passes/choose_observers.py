@@ -25,6 +25,7 @@ from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.choices import choice_only_nodes
 from lucid_fx.rules.float_policies import MEASURED_OPS
 from lucid_fx.rules.observers import ANY, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
+from lucid_fx.rules.tails import TAILS_WHY, keep_tails, reads_tail, tail_sources
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 
@@ -230,10 +231,26 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
                     DecisionKind.STATISTICS, f"input of quantized {node.name} ({prior.reason})", here, qconfig=qconfig,
                     keep_float=prior.keep_float,
                 )
+    _keep_tails(gm, ctx)
     for node in gm.graph.nodes:
         if _measured_candidate(node, ctx):
             node.meta[_meta.MEASURED] = MEASURED_OPS[ctx.op_name(node)]
     return gm
+
+
+def _keep_tails(gm: fx.GraphModule, ctx: RuleContext) -> None:
+    """What a global max reads, through per-point layers, is observed by min and max (lucid_fx/rules/tails.py)."""
+    for reader in gm.graph.nodes:
+        if _meta.OP not in reader.meta or not reads_tail(reader):
+            continue
+        for node in tail_sources(gm, reader):
+            decision = node.meta[_meta.DECISION]
+            group = ctx._members(node) if node.meta.get(_meta.FUSED_INTO) else [node]  # conv + relu: the conv's QConfig
+            if decision.kind is not DecisionKind.STATISTICS or any(map(ctx.qconfig_is_explicit, group)) or TAILS_WHY in decision.reason:
+                continue
+            qconfig = keep_tails(decision.qconfig or ctx.qconfig(node))
+            if qconfig is not None:
+                node.meta[_meta.DECISION] = dataclasses.replace(decision, qconfig=qconfig, reason=f"{decision.reason}; {TAILS_WHY}")
 
 
 def _measured_candidate(node: fx.Node, ctx: RuleContext) -> bool:

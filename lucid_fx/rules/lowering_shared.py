@@ -20,7 +20,7 @@ from lucid_fx.rules.lowering_attention import unfused_mask
 from lucid_fx.rules.lowering_context import QValue, watched
 from lucid_fx.rules.observers import DecisionKind, item_source
 
-__all__ = ["lower_shared", "takes", "MOVERS", "KEEPS_LAYOUT"]
+__all__ = ["lower_shared", "takes", "global_max", "MOVERS", "KEEPS_LAYOUT"]
 
 _ops = torch.ops.lucid_fx
 
@@ -87,7 +87,7 @@ def _resampled(ctx, node, x, is_input, resolve) -> fx.Node:  # interpolate: near
     return ctx.call(_ops.quantize_per_tensor, new, 1.0, 0, x.qdtype.quant_min, x.qdtype.quant_max, x.qdtype.storage)
 
 
-def _global_max(node: fx.Node) -> bool:
+def global_max(node: fx.Node) -> bool:
     """An adaptive max pool to one value a channel, or ``F.max_pool1d(x, x.size(-1))`` (a text CNN's max over
     time): the max of the codes over the pooled dims, no indices."""
     call = canonical(node)
@@ -108,16 +108,16 @@ def takes(node: fx.Node) -> bool:
     channel (windows of unequal widths) or a max pool with indices or a computed window other than the whole."""
     op = canonical(node).op
     if op in ("adaptive_max_pool1d", "adaptive_max_pool2d"):
-        return _global_max(node)
+        return global_max(node)
     if op in ("max_pool1d", "max_pool2d"):
         args = canonical(node).args
         computed = any(isinstance(args.get(k), fx.Node) for k in ("kernel_size", "stride", "padding", "dilation"))
-        return _global_max(node) or not (computed or args.get("return_indices") or len(node.args) > 4)
+        return global_max(node) or not (computed or args.get("return_indices") or len(node.args) > 4)
     return True
 
 
 def _adaptive_max(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:  # a global max pool: the max of the codes
-    if not _global_max(node):
+    if not global_max(node):
         return None  # other output sizes: windows of unequal widths, in float
     return ctx.graph.call_method("amax", (x.node, [-2, -1] if canonical(node).op == "adaptive_max_pool2d" else [-1], True))
 
@@ -160,7 +160,7 @@ def _max_pool(ctx, node: fx.Node, x: QValue) -> Optional[QValue]:
         geometry = tuple(args.get(k, d) for k, d in defaults)
         if args.get("return_indices") or len(node.args) > 4:
             return None
-    if _global_max(node):  # F.max_pool1d(x, x.size(-1))
+    if global_max(node):  # F.max_pool1d(x, x.size(-1))
         return QValue(ctx.graph.call_method("amax", (x.node, [-1], True)), x.scale, x.zero_point, x.qdtype)
     if any(isinstance(v, fx.Node) for v in geometry):
         return None
