@@ -96,24 +96,34 @@ def lower_elementwise(ctx, members, resolve):  # f(x), or any elementwise graph 
 
 
 def lower_extremum(ctx, members, resolve):  # maximum(a, b) / minimum(a, b) of two int8 values (Max-Feature-Map)
-    """One table where both come from one value (``torch.maximum(x, 0.2 * x)``); else each input's codes onto
-    the output's grid by a table, then the max (min) of those codes: rounding keeps order, so that is the
-    rounded max (min) of the values, the reference's result."""
+    """One table where both come from one value (``torch.maximum(x, 0.2 * x)``). Else rounding keeps order, so
+    the rounded max (min) of the values is the max of the codes on one grid: on a grid they share (the halves
+    of one convolution, LightCNN's Max-Feature-Map), the max of their codes as they lie, then one table onto
+    the output's grid; on two, each onto the output's grid by a table, then the max."""
     table = lower_elementwise(ctx, members, resolve)
     node, call = members[0], canonical(members[0])
     if table is not None or len(members) != 1 or ctx.qparams_of(node) is None:
         return table
-    inputs = [resolve(call.args.get(name)) for name in ("input", "other")]
-    if not all(isinstance(n, fx.Node) and ctx.quant_or_none(n) is not None for n in inputs):
+    sources = [resolve(call.args.get(name)) for name in ("input", "other")]
+    if not all(isinstance(n, fx.Node) and ctx.quant_or_none(n) is not None for n in sources):
         return None
+    a, b = (ctx.quant_of(n) for n in sources)
+    shapes = {tuple(getattr(n.meta.get(_meta.TENSOR_META), "shape", ())) for n in sources}
+    if a.channels_last != b.channels_last or len(shapes) != 1:  # they broadcast: in the float model's layout
+        a, b = (ctx.float_layout_of(n) for n in sources)
     scale, zp, qdtype = ctx.qparams_of(node)
-    onto = []
-    for i, source in enumerate(inputs):  # in the float model's layout: the two may broadcast
-        x = ctx.float_layout_of(source)
+    pick = torch.maximum if call.op == "maximum" else torch.minimum
+
+    def onto(x, codes, name):  # codes on x's grid -> the output's
         table = make_lut(lambda v: v, x.scale, x.zero_point, (x.qdtype.quant_min, x.qdtype.quant_max), scale, zp,
                          (qdtype.quant_min, qdtype.quant_max))
-        onto.append(ctx.call(_ops.lut, x.node, ctx.constant(f"{node.name}_onto_{i}", table)))
-    return ctx.output_qvalue(node, ctx.call(torch.maximum if call.op == "maximum" else torch.minimum, *onto))
+        return ctx.call(_ops.lut, codes, ctx.constant(f"{node.name}_{name}", table))
+
+    if (a.scale, a.zero_point, a.qdtype) == (b.scale, b.zero_point, b.qdtype):
+        out = onto(a, ctx.call(pick, a.node, b.node), "onto")
+    else:
+        out = ctx.call(pick, onto(a, a.node, "onto_0"), onto(b, b.node, "onto_1"))
+    return QValue(out, scale, zp, qdtype, a.channels_last, a.float_layout)
 
 
 def lower_prelu(ctx, members, resolve):  # prelu(x, a): one slope -> a lut; a slope per channel -> lucid_fx.channel_lut

@@ -1,6 +1,8 @@
 """Elementwise ops on codes (lucid_fx/rules/lowering_elementwise.py): any activation of one int8 input is a
 256-entry table of the op evaluated on every code; a PReLU with a slope per channel is a table per channel."""
 
+import operator
+
 import pytest
 import torch
 from torch import nn
@@ -86,7 +88,12 @@ def test_a_max_or_min_of_two_values_is_the_max_of_their_codes_on_the_output_grid
     qmodel, reference = lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
     lowered = qmodel.lucid_fx_convert_report.lowered
     assert [lowered[n] for n in ("max_1", "minimum", "getitem", "max_3")] == ["maximum", "minimum", "shared", "shared"], lowered
-    assert [n.target for n in qmodel.graph.nodes].count(torch.ops.lucid_fx.lut) == 4  # each input onto the grid
+    targets = [n.target for n in qmodel.graph.nodes]
+    # the conv's halves share its grid: the max of their codes as they lie, then one table; the linears' two grids:
+    # each onto the output's grid, then the min
+    assert targets.count(torch.ops.lucid_fx.lut) == 3 and targets.count(torch.maximum) == 1 and targets.count(torch.minimum) == 1
+    maximum = next(n for n in qmodel.graph.nodes if n.target is torch.maximum)
+    assert [a.target for a in maximum.args] == [operator.getitem] * 2 and list(maximum.users)[0].target is torch.ops.lucid_fx.lut
     x = batches[0]
     with torch.no_grad():
         assert sqnr_db(model(x), qmodel(x)) > 30
