@@ -94,6 +94,7 @@ _CONV_T = ("input", "weight", "bias", "stride", "padding", "output_padding", "gr
 _POOL = ("input", "kernel_size", "stride", "padding")
 _AVG_POOL = _POOL + ("ceil_mode", "count_include_pad", "divisor_override")
 _RESAMPLE = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+_IM2COL = ("input", "kernel_size", "dilation", "padding", "stride")  # F.unfold's order
 _PADS = {cls: (lambda m, mode=mode: {"pad": tuple(m.padding), "mode": mode, "value": getattr(m, "value", None)}) for cls, mode in (
     (_P._ReflectionPadNd, "reflect"), (_P._ReplicationPadNd, "replicate"), (_P._ConstantPadNd, "constant"), (_P._CircularPadNd, "circular"))}
 
@@ -201,6 +202,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("roll", ("input", "shifts", "dims"), tags=frozenset({Tag.MOVES_CODES})),  # Swin's shifted windows
     OpDef("flip", ("input", "dims"), tags=frozenset({Tag.MOVES_CODES})),
     OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # observers.INSIDE_RANGE
+    OpDef("im2col", _IM2COL, derive=False, modules={nn.Unfold: _attrs(**{a: a for a in _IM2COL[1:]})}, tags=frozenset({Tag.MOVES_CODES})),  # F.unfold
     OpDef("pad", ("input", "pad", "mode", "value"), modules=_PADS),  # nn.ReflectionPad2d(1): pad(x, (1,) * 4, "reflect")
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
     *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
@@ -254,6 +256,7 @@ EXTRA_SPELLINGS: List[Spelling] = [
     _spelling("call_method", "size", "size", ("input", "dim")),
     _spelling("call_method", "dim", "size", ("input",)),
     _spelling("call_function", torch.flatten, "flatten", ("input", "start_dim", "end_dim")),
+    _spelling("call_function", F.unfold, "im2col", _IM2COL),  # F.unfold (x.unfold(dim, size, step) is a view)
     *(_spelling(kind, t, "transpose", ("input",), consts={"dim0": 0, "dim1": -1}) for kind, t in (("call_method", "t"), ("call_function", torch.t))),
 ]
 

@@ -105,10 +105,13 @@ def global_max(node: fx.Node) -> bool:
 
 def takes(node: fx.Node) -> bool:
     """Whether :func:`lower_shared` moves ``node``'s codes: not an adaptive max pool to more than one value a
-    channel (windows of unequal widths) or a max pool with indices or a computed window other than the whole."""
+    channel (windows of unequal widths), a max pool with indices or a computed window other than the whole, or a
+    dilated im2col."""
     op = canonical(node).op
     if op in ("adaptive_max_pool1d", "adaptive_max_pool2d"):
         return global_max(node)
+    if op == "im2col":
+        return _window_sizes(node) is not None
     if op in ("max_pool1d", "max_pool2d"):
         args = canonical(node).args
         computed = any(isinstance(args.get(k), fx.Node) for k in ("kernel_size", "stride", "padding", "dilation"))
@@ -122,13 +125,37 @@ def _adaptive_max(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:  # a gl
     return ctx.graph.call_method("amax", (x.node, [-2, -1] if canonical(node).op == "adaptive_max_pool2d" else [-1], True))
 
 
+def _window_sizes(node: fx.Node):
+    """((kh, kw), (ph, pw), (sh, sw)) of an im2col without dilation whose sizes are numbers, else None."""
+    args = canonical(node).args
+    pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
+    sizes = tuple(pair(args.get(k, d)) for k, d in (("kernel_size", None), ("padding", 0), ("stride", 1)))
+    ok = pair(args.get("dilation", 1)) == (1, 1) and all(isinstance(v, int) for size in sizes for v in size)
+    return sizes if ok else None
+
+
+def _im2col(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:
+    """F.unfold / nn.Unfold (torch has no uint8 im2col): the windows as views of the codes (padded with the zero
+    point, the real 0), ``(N, C, oh, ow, kh, kw) -> (N, C * kh * kw, oh * ow)``, as im2col orders them."""
+    sizes = _window_sizes(node)
+    if sizes is None:
+        return None  # dilated windows, or sizes the graph computes: in float
+    (kh, kw), (ph, pw), (sh, sw) = sizes
+    codes = x.node
+    if ph or pw:
+        codes = ctx.graph.call_function(F.pad, (codes, [pw, pw, ph, ph]), {"value": float(x.zero_point)})
+    windows = ctx.graph.call_method("unfold", (ctx.graph.call_method("unfold", (codes, 2, kh, sh)), 3, kw, sw))
+    return ctx.graph.call_method("flatten", (ctx.graph.call_method("flatten", (ctx.graph.call_method("permute", (windows, 0, 1, 4, 5, 2, 3)), 1, 3)), 2, 3))
+
+
 # Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
 # whose call on the codes is not the float op's own: each gives the node computing the moved codes (None: declined).
 KEEPS_LAYOUT = frozenset({"dropout", "identity", "interpolate", "pad", "adaptive_max_pool2d"})
 # Reductions that read dims by index whatever the strides: on codes not flagged channels-last (a Conv1d's (N, C, L)
 # in (N, L, C) memory) they run as they are, and only their small result is restored where something reads strides.
 REDUCES_IN_ANY_LAYOUT = frozenset({"amax", "amin", "adaptive_max_pool1d"})
-MOVERS = {"pad": _padded, "interpolate": _resampled, **dict.fromkeys(("adaptive_max_pool1d", "adaptive_max_pool2d"), _adaptive_max)}
+MOVERS = {"pad": _padded, "interpolate": _resampled, "im2col": _im2col,
+          **dict.fromkeys(("adaptive_max_pool1d", "adaptive_max_pool2d"), _adaptive_max)}
 
 
 def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:

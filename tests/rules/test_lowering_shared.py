@@ -78,3 +78,34 @@ def test_pools_of_unequal_windows_indices_or_another_computed_window_stay_float_
     assert floats == {"grid": "lowering declined", "max_pool1d": "lowering declined",
                       "getitem": "item 0 of indices's output: taken as indices gives it, in float"}
     assert _runs(explain(prepared)) == {k: (p.runs.value, p.why) for k, p in qmodel.lucid_fx_convert_report.placements.items()}
+
+
+class Patches(nn.Module):
+    """im2col written with F.unfold (torch has no uint8 im2col): patches of a ViT-style embedding, overlapping
+    padded windows with nn.Unfold, and dilated windows (declined: float)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.unfold = nn.Conv2d(3, 8, 1), nn.Unfold(3, padding=1, stride=2)
+        self.embed, self.local, self.dilated = nn.Linear(8 * 16, 16), nn.Linear(8 * 9, 16), nn.Linear(8 * 9, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        a = self.embed(F.unfold(h, 4, stride=4).transpose(1, 2))  # (2, 16, 16)
+        b = self.local(self.unfold(h).transpose(1, 2))  # (2, 64, 16)
+        c = self.dilated(F.unfold(h, 3, dilation=2).transpose(1, 2))  # (2, 144, 16)
+        return torch.cat([a, b, c], 1)
+
+
+def test_unfold_windows_are_views_of_the_codes(sqnr_db):
+    make = lambda s: torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    prepared, qmodel, reference = _converted(Patches, make)
+    placed = qmodel.lucid_fx_convert_report.placements
+    assert [placed[n].why for n in ("unfold", "unfold_1")] == ["shared", "shared"]  # was "no lowering rule for unfold"
+    assert placed["unfold_2"].runs.value == "float" and placed["unfold_2"].why == "lowering declined"
+    x = make(50)
+    with torch.no_grad():
+        assert sqnr_db(reference(x), qmodel(x)) > 45  # the windows of the same codes: the reference's values
+        assert sqnr_db(prepared(x), qmodel(x)) > 30
+    runs = _runs(explain(prepared))
+    assert runs["unfold"] == ("shared codes", "shared") and runs["unfold_2"] == ("float", "lowering declined")
