@@ -150,6 +150,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("matmul", ("input", "other"), aliases=("bmm", "mm"), tags=frozenset({Tag.PRODUCT})),
     OpDef("grouped_mm", ("input", "weight", "offs", "bias", "out_dtype"), aliases=("_grouped_mm",), tags=frozenset({Tag.PRODUCT})),  # Mixtral's experts
     OpDef("mean", ("input", "dim", "keepdim"), tags=frozenset({Tag.AVERAGE})),
+    OpDef("sum", ("input", "dim", "keepdim", "dtype")),  # attention pooling's (w * h).sum(1): N means
+    OpDef("norm", ("input", "p", "dim", "keepdim")),  # x.norm(dim=-1, keepdim=True): CLIP's x / x.norm(...) (rules/patterns.py)
     # attention: the mask arguments are named so rules can find them (lucid_fx/rules/masks.py)
     OpDef("masked_fill", ("input", "mask", "value"), tags=frozenset({Tag.ATTENTION})),
     OpDef("scaled_dot_product_attention", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), tags=frozenset({Tag.ATTENTION})),

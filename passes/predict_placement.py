@@ -163,6 +163,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
         elif key == ("shared",) and not shared_takes(members[0]):  # a max pool with indices, to several values
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
+        elif rule is rules.lower_sum and rules.sums_products(members[0]):
+            placement = _stays_float(kind, decision, key, rule, rules.SUM_OF_PRODUCTS_WHY)
         else:
             placement = Placement(_predicted_runs(prepared, members, rule, key), "+".join(key), ())
         placement = Placement(placement.runs, placement.why, tuple(m.name for m in members))

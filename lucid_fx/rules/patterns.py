@@ -102,6 +102,21 @@ def _rms_norm(end: fx.Node) -> Optional[Match]:
     return Match(replaced, F.rms_norm, (x, (int(size),), weight, eps), "rms_norm", ("input", "normalized_shape", "weight", "eps"))
 
 
+def _l2_normalized(end: fx.Node) -> Optional[Match]:
+    """``x / x.norm(dim=d, keepdim=True)`` (CLIP's features): ``F.normalize(x, 2, d)``, which also keeps a zero row 0."""
+    operands = _operands(end) if _op(end) == "div" else []
+    if not operands or _op(operands[1]) != "norm" or not _only_user(operands[1], end):
+        return None
+    x, norm = operands
+    call = canonical(norm)
+    dim = call.args.get("dim")
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    if call.args.get("input") is not x or call.args.get("p", "fro") not in (2, 2.0, "fro") or call.args.get("keepdim") is not True \
+            or not isinstance(dim, int):
+        return None
+    return Match((norm, end), F.normalize, (x, 2.0, dim), "normalize", ("input", "p", "dim"))
+
+
 def pattern(name: str, match: Callable[[fx.Node], Optional[Match]]) -> PatternRule:
     return PatternRule(name, match, caller_location())
 
@@ -109,4 +124,6 @@ def pattern(name: str, match: Callable[[fx.Node], Optional[Match]]) -> PatternRu
 PATTERN_RULES: List[PatternRule] = [
     # w * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)) -> F.rms_norm(x, (d,), w, eps): Llama's RMSNorm
     pattern("rms_norm", _rms_norm),
+    # x / x.norm(dim=d, keepdim=True) -> F.normalize(x, 2, d): CLIP's image and text features
+    pattern("normalize", _l2_normalized),
 ]

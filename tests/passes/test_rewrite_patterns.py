@@ -61,3 +61,33 @@ def test_a_mean_over_another_dim_is_not_an_rms_norm():
 def test_in_the_prepare_pipeline_after_removal():
     names = [pass_name(p) for p in PREPARE_PASSES]
     assert names.index("canonicalize_ops") < names.index("remove_noops") < names.index("rewrite_patterns") < names.index("fuse_patterns")
+
+
+class ClipHead(nn.Module):
+    """CLIP's features, normalised by hand, and near misses: an L1 norm, a norm without keepdim (broadcast over rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.img, self.txt = nn.Linear(16, 8), nn.Linear(12, 8)
+
+    def forward(self, a, b):
+        i, t = self.img(a), self.txt(b)
+        i = i / i.norm(dim=1, keepdim=True)
+        t = t / torch.norm(t, dim=-1, keepdim=True)
+        return 10.0 * i @ t.t(), i / i.norm(p=1, dim=1, keepdim=True), t / t.norm()
+
+
+def test_a_hand_written_l2_normalisation_is_f_normalize():
+    torch.manual_seed(0)
+    model = ClipHead().eval()
+    inputs = (torch.randn(4, 16), torch.randn(5, 12))
+    prepared = lucid_fx.prepare(model, example_inputs=inputs)
+    ops = {n.name: canonical(n) for n in prepared.graph.nodes if _meta.OP in n.meta}
+    assert [(ops[n].op, ops[n].args["dim"]) for n in ("truediv", "truediv_1")] == [("normalize", 1), ("normalize", -1)]
+    assert [ops[n].op for n in ("truediv_2", "truediv_3")] == ["div", "div"]  # p=1; a norm of everything
+    with torch.no_grad():
+        for got, want in zip(prepared(*inputs), model(*inputs)):
+            assert torch.allclose(got, want, atol=1e-6)
+    lucid_fx.calibrate(prepared, [inputs], progress=False)
+    floats = lucid_fx.convert(prepared).lucid_fx_convert_report.float_ops
+    assert "normalize runs in float where it pays" in floats["truediv"]  # was "no lowering rule for norm", then a declined div

@@ -9,7 +9,9 @@ from torch import nn
 
 import lucid_fx
 from _program import graph_until
+from lucid_fx.explain import explain
 from lucid_fx.rules import lowering_gate
+from lucid_fx.rules.lowering import SUM_OF_PRODUCTS_WHY
 
 
 class Pool1d(nn.Module):
@@ -621,4 +623,37 @@ def test_padding_modules_move_codes(pad, on_codes, sqnr_db):
         assert moved.kwargs.get("value") == (conv.args[11] if isinstance(pad, nn.ZeroPad2d) else None)  # the real 0's code
     with torch.no_grad():
         x = torch.randn(2, 3, 10, 10)
+        assert sqnr_db(model(x), qmodel(x)) > 30
+
+
+class Sums(nn.Module):
+    """Sum pooling of a convolution's codes, and attention pooling's weighted sum (a sum of products: float)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.att, self.head = nn.Conv2d(3, 8, 3), nn.Linear(8, 1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        pooled = h.sum((2, 3)) / 100  # (2, 8)
+        seq = torch.tanh(h.flatten(2).transpose(1, 2))  # (2, 196, 8)
+        w = torch.softmax(self.att(seq), dim=1)
+        return self.head(pooled + (w * seq).sum(1))
+
+
+def test_a_sum_is_a_mean_on_a_finer_grid_and_a_sum_of_products_stays_float(sqnr_db):
+    make = lambda s: torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    torch.manual_seed(0)
+    model = Sums().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(make(0),))
+    lucid_fx.calibrate(prepared, [make(s) for s in range(6)], progress=False)
+    qmodel, reference = lucid_fx.convert(prepared), lucid_fx.convert(prepared, reference=True)
+    placed = qmodel.lucid_fx_convert_report.placements
+    assert placed["sum_1"].why == "sum" and placed["sum_1"].runs.value == "int8 kernel"  # was "no lowering rule for sum"
+    assert placed["sum_2"].runs.value == "float" and placed["sum_2"].why == SUM_OF_PRODUCTS_WHY
+    predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items()}
+    assert predicted["sum_1"] == ("int8 kernel", "sum") and predicted["sum_2"] == ("float", SUM_OF_PRODUCTS_WHY)
+    x = make(50)
+    with torch.no_grad():
+        assert sqnr_db(reference(x), qmodel(x)) > 40
         assert sqnr_db(model(x), qmodel(x)) > 30
