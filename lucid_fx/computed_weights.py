@@ -64,8 +64,9 @@ def parameter_value(node: Any, _known: Optional[Dict[fx.Node, Any]] = None) -> O
             for source in node.all_input_nodes:
                 parameter_value(source, known)
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), known.__getitem__)
+            call = getattr(args[0], node.target) if node.op == "call_method" else node.target
             with torch.no_grad():
-                known[node] = getattr(args[0], node.target)(*args[1:], **kwargs) if node.op == "call_method" else node.target(*args, **kwargs)
+                known[node] = call(*args[1:], **kwargs) if node.op == "call_method" else call(*args, **kwargs)
     return known[node]
 
 

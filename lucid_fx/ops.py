@@ -178,8 +178,7 @@ OP_DEFS: List[OpDef] = [
             tags=frozenset({Tag.POOLING, Tag.MOVES_CODES})) for name, cls in (  # a max of codes is the code of the max
         ("adaptive_max_pool1d", nn.AdaptiveMaxPool1d), ("adaptive_max_pool2d", nn.AdaptiveMaxPool2d))),
     *(OpDef(name, ("input", "dim", "keepdim"), tags=frozenset({Tag.MOVES_CODES})) for name in ("amax", "amin")),  # x.amax(-1)
-    # torch.max(x, dim): (values, indices), its values the codes' max; torch.max(a, b) and torch.max(x) are
-    # maximum and amax (lucid_fx/op_overloads.py)
+    # torch.max(x, dim): (values, indices); torch.max(a, b), torch.max(x): maximum, amax (lucid_fx/op_overloads.py)
     *(OpDef(name, ("input", "dim", "keepdim"), tags=frozenset({Tag.MOVES_CODES})) for name in ("max", "min")),
     OpDef("adaptive_avg_pool1d", ("input", "output_size"), modules={nn.AdaptiveAvgPool1d: _none}, tags=_AVG_POOL_TAGS),
     OpDef("adaptive_avg_pool2d", ("input", "output_size"), modules={nn.AdaptiveAvgPool2d: _none}, tags=_AVG_POOL_TAGS),
@@ -204,7 +203,8 @@ OP_DEFS: List[OpDef] = [
     OpDef("roll", ("input", "shifts", "dims"), tags=frozenset({Tag.MOVES_CODES})),  # Swin's shifted windows
     OpDef("flip", ("input", "dims"), tags=frozenset({Tag.MOVES_CODES})),
     OpDef("interpolate", _RESAMPLE, modules={nn.Upsample: _attrs(**{a: a for a in _RESAMPLE[1:5]})}),  # observers.INSIDE_RANGE
-    OpDef("im2col", _IM2COL, derive=False, modules={nn.Unfold: _attrs(**{a: a for a in _IM2COL[1:]})}, tags=frozenset({Tag.MOVES_CODES})),  # F.unfold
+    OpDef("im2col", _IM2COL, derive=False, modules={nn.Unfold: _attrs(**{a: a for a in _IM2COL[1:]})},
+          tags=frozenset({Tag.MOVES_CODES})),  # F.unfold, nn.Unfold
     OpDef("pad", ("input", "pad", "mode", "value"), modules=_PADS),  # nn.ReflectionPad2d(1): pad(x, (1,) * 4, "reflect")
     OpDef("unflatten", ("input", "dim", "sizes"), tags=_MOVES_VIEW),  # nn.MultiheadAttention's q, k, v under torch.export
     *(OpDef(name, ("input", arg), modules={cls: _attrs(**{arg: arg})}, tags=frozenset({Tag.MOVES_CODES})) for name, arg, cls in (
@@ -259,7 +259,8 @@ EXTRA_SPELLINGS: List[Spelling] = [
     _spelling("call_method", "dim", "size", ("input",)),
     _spelling("call_function", torch.flatten, "flatten", ("input", "start_dim", "end_dim")),
     _spelling("call_function", F.unfold, "im2col", _IM2COL),  # F.unfold (x.unfold(dim, size, step) is a view)
-    *(_spelling(kind, t, "transpose", ("input",), consts={"dim0": 0, "dim1": -1}) for kind, t in (("call_method", "t"), ("call_function", torch.t))),
+    *(_spelling(kind, t, "transpose", ("input",), consts={"dim0": 0, "dim1": -1})  # x.t(), torch.t(x): 2-D or fewer dims
+      for kind, t in (("call_method", "t"), ("call_function", torch.t))),
 ]
 
 

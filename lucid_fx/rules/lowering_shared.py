@@ -144,8 +144,10 @@ def _im2col(ctx, node, x, is_input, resolve) -> Optional[fx.Node]:
     codes = x.node
     if ph or pw:
         codes = ctx.graph.call_function(F.pad, (codes, [pw, pw, ph, ph]), {"value": float(x.zero_point)})
-    windows = ctx.graph.call_method("unfold", (ctx.graph.call_method("unfold", (codes, 2, kh, sh)), 3, kw, sw))
-    return ctx.graph.call_method("flatten", (ctx.graph.call_method("flatten", (ctx.graph.call_method("permute", (windows, 0, 1, 4, 5, 2, 3)), 1, 3)), 2, 3))
+    method = ctx.graph.call_method
+    windows = method("unfold", (method("unfold", (codes, 2, kh, sh)), 3, kw, sw))  # (N, C, oh, ow, kh, kw)
+    columns = method("flatten", (method("permute", (windows, 0, 1, 4, 5, 2, 3)), 1, 3))  # (N, C * kh * kw, oh, ow)
+    return method("flatten", (columns, 2, 3))
 
 
 # Shared ops that keep their input's channels-last layout (no copy to the float model's layout first), and those
