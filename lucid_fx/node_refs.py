@@ -187,4 +187,4 @@ def scalar_constant(value: Any) -> Any:
         return value
     tensor = attr_value(value)
     ok = isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and tensor.is_floating_point()
-    return float(tensor) if ok else None
+    return float(tensor.detach()) if ok else None  # a 0-dim parameter (a learned temperature) too

@@ -2,6 +2,7 @@
 256-entry table of the op evaluated on every code; a PReLU with a slope per channel is a table per channel."""
 
 import operator
+import warnings
 
 import pytest
 import torch
@@ -98,3 +99,22 @@ def test_a_max_or_min_of_two_values_is_the_max_of_their_codes_on_the_output_grid
     with torch.no_grad():
         assert sqnr_db(model(x), qmodel(x)) > 30
         assert sqnr_db(reference(x), qmodel(x)) > 45  # rounding keeps order: the reference's max, code for code
+
+
+class LearnedTemperature(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.temperature = nn.Linear(8, 8), nn.Parameter(torch.tensor(0.07))
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x) / self.temperature, -1)
+
+
+def test_a_division_by_a_learned_temperature_rescales_the_grid_without_a_warning():
+    torch.manual_seed(0)
+    batches = [torch.randn(4, 8) for _ in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qmodel = lucid_fx.quantize(LearnedTemperature().eval(), (batches[0],), batches, progress=False)
+    assert [str(w.message) for w in caught] == []  # was torch's "Converting a tensor with requires_grad=True to a scalar"
+    assert qmodel.lucid_fx_convert_report.placements["truediv"].runs.value == "shared codes"  # the codes, on a grid / 0.07
