@@ -33,7 +33,7 @@ from lucid_fx.rules.lowering_norm import normalize_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
 from lucid_fx.node_refs import scalar_constant
-from lucid_fx.rules.one_source import TABLE_WHY, one_source
+from lucid_fx.rules.one_source import TABLE_WHY, TWO_VALUES_WHY, one_source, two_values
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
 from lucid_fx.rules.observers import DecisionKind
@@ -150,9 +150,11 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         rule = table.get(key) if lowerable(node, kind) else None
         if rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
-        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(members, rule) \
-                or _declines_without_one_source(prepared, members, rule):
+        elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(members, rule):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes
+        elif _declines_without_one_source(prepared, members, rule):  # a / b
+            two = len(members) == 1 and two_values(members[0])
+            placement = _stays_float(kind, decision, key, rule, TWO_VALUES_WHY if two else "lowering declined")
         elif unfused_mask(observers, members):  # calibration saw a mask reach it unfused
             placement = _stays_float(kind, decision, key, rule, unfused_mask(observers, members))
         elif rule is rules.lower_conv_transpose2d and not transposed_takes(prepared, members[0]):  # its geometry

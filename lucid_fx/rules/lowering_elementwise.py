@@ -19,7 +19,7 @@ from lucid_fx.quantization.observers import FixedQParamsObserver
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_gate import lower_gate
 from lucid_fx.node_refs import scalar_constant
-from lucid_fx.rules.one_source import TABLE_WHY, evaluate, one_source
+from lucid_fx.rules.one_source import TABLE_WHY, TWO_VALUES_WHY, evaluate, one_source, two_values
 from lucid_fx._placement import Runs
 
 __all__ = ["lower_elementwise", "lower_extremum", "lower_prelu", "lower_div", "rescale_by_constant"]
@@ -78,6 +78,8 @@ def lower_elementwise(ctx, members, resolve):  # f(x), or any elementwise graph 
     found = one_source(members) if len(members) == 1 and ctx.qparams_of(node) is not None else None
     x = ctx.quant_or_none(found[0]) if found is not None else None
     if x is None:
+        if found is None and len(members) == 1 and two_values(node) and ctx.qparams_of(node) is not None:
+            ctx.declined[node.name] = TWO_VALUES_WHY  # a / b
         return None
     gate = lower_gate(ctx, node, tensors[0], x) if len(tensors) == 1 and not found[1] else None
     if gate is not None:  # tanh/sigmoid(linear(h)): the linear's post-op

@@ -29,12 +29,19 @@ from lucid_fx.rules.lowering_context import readers, watched
 from lucid_fx.rules.lowering_gate import gate_after_linear
 from lucid_fx.rules.observers import DecisionKind
 
-__all__ = ["one_source", "evaluate", "TABLE_WHY"]
+__all__ = ["one_source", "evaluate", "two_values", "TABLE_WHY", "TWO_VALUES_WHY"]
 
 _ELEMENTWISE = ops_tagged(Tag.ELEMENTWISE)
 _INSIDE = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.NONE)  # NONE: a bool mask
 _LIMIT = 64  # nodes inside one table, at most (a walk up a long graph stops there)
 TABLE_WHY = "inside {end}'s table (one lookup of {source}'s codes)"
+#: Why an elementwise op of two values that is no table of one value's codes (``a / b``) runs in float.
+TWO_VALUES_WHY = "an elementwise op of two values (not one value's table) with no int8 kernel: runs in float"
+
+
+def two_values(node: fx.Node) -> bool:
+    """Whether ``node`` reads two or more tensors (not numbers the graph computes, ``q.size(-1) ** -0.5``)."""
+    return sum(hasattr(n.meta.get(_meta.TENSOR_META), "shape") for n in canonical(node).tensor_inputs()) > 1
 
 
 def _one_number(arg: fx.Node) -> Optional[torch.Tensor]:

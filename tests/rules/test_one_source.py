@@ -12,6 +12,7 @@ import lucid_fx
 from lucid_fx.explain import explain
 from lucid_fx.placement import Runs, placements
 from lucid_fx.rules import one_source as one_source_module
+from lucid_fx.rules.one_source import TWO_VALUES_WHY
 
 
 class HandWritten(nn.Module):
@@ -204,3 +205,20 @@ def test_the_reference_computes_a_table_s_ops_from_its_rounded_source():
         out, ref = qmodel(x), reference(x)
     scale = prepared.lucid_fx_observers["fc"].calculate_qparams()[0].item()
     assert (out - ref).abs().max().item() <= scale + 1e-6
+
+
+class Ratio(nn.Module):
+    """A capsule network's squash divides by a norm: a division of two values, which no int8 kernel takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x) / (self.b(x).abs() + 1)
+
+
+def test_a_division_of_two_values_says_why_it_runs_in_float():
+    prepared, qmodel, _ = _converted(Ratio, (4, 8))
+    assert qmodel.lucid_fx_convert_report.float_ops["truediv"] == TWO_VALUES_WHY  # was "lowering declined"
+    assert explain(prepared).by_node()["truediv"]["runs_why"] == TWO_VALUES_WHY
