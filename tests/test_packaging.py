@@ -55,3 +55,13 @@ def test_every_package_folder_is_declared_in_pyproject():
         ".".join(p.parent.relative_to(root).parts) for p in (root / "lucid_fx").rglob("__init__.py")
     }
     assert found == declared
+
+
+def test_no_benchmark_script_shadows_an_installed_package():
+    # tests/conftest.py puts benchmarks/ first on sys.path: a script named like a package shadows it for every
+    # importer (benchmarks/kernels.py hid Hugging Face's `kernels`, which transformers 5.25 imports at load)
+    import importlib.metadata
+    from pathlib import Path
+
+    scripts = {p.stem for p in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")}
+    assert "int8_kernels" in scripts and not scripts & set(importlib.metadata.packages_distributions())

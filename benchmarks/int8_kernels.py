@@ -1,6 +1,6 @@
 """Int8 kernel benchmark: lucid_fx::linear (oneDNN and the torch._int_mm fallback) against fp32.
 
-    python benchmarks/kernels.py [--rounds 5] [--threads 2]
+    python benchmarks/int8_kernels.py [--rounds 5] [--threads 2]
 
 Shapes: linear with K = N = 1024 at M = 1024 and M = 64, a 3x3 convolution of 64 channels
 on 1x64x56x56 (ResNet-18's first stage), and the float-to-uint8 boundary (a program's quantize) of
