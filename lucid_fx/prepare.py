@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from lucid_fx._copy import copy_model
+from lucid_fx._copy import buffer_values, copy_model, restore_buffers
 from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes, exported_graph, is_exported, split_inputs
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
@@ -205,10 +205,11 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
 
 def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     work = model if inplace else copy_model(model)
-    report = PrepareReport(backend=ctx.target.backend, qat=ctx.qat)
+    report, state = PrepareReport(backend=ctx.target.backend, qat=ctx.qat), buffer_values(work)
     with _gc_paused():
         capture = Capture(work, ctx.example_inputs, ctx.example_kwargs)
         prepared = _prepare_one(work, ctx, capture, report)
+    restore_buffers(prepared, state)  # as the model was: prepare's runs of it leave no state behind
     report.module_flops = capture.flops
     prepared.lucid_fx_report = report
     if ctx.qat:
