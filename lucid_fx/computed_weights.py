@@ -17,11 +17,14 @@ import torch
 from torch import fx
 
 from lucid_fx.node_refs import attr_value, canonical, pure_call, writes_in_place
+from lucid_fx.ops import Tag, ops_tagged
 
-__all__ = ["from_parameters", "parameter_value", "read_only_as_weight", "WEIGHT_ARGS"]
+__all__ = ["from_parameters", "parameter_value", "read_only_as_weight", "computed_per_call", "WEIGHT_ARGS", "PER_CALL_WHY"]
 
 #: The arguments of a canonical op that a kernel reads as its weight (quantized per channel) or bias.
 WEIGHT_ARGS = ("weight", "bias")
+#: Why a layer whose weight the graph computes from more than parameters runs in float.
+PER_CALL_WHY = "its weight is computed on every call (from an input or a random op), so it has no int8 form computed once: runs in float"
 
 
 def _written(graph: fx.Graph) -> Set[str]:
@@ -77,3 +80,12 @@ def read_only_as_weight(node: fx.Node) -> bool:
         return call is not None and any(call.args.get(arg) is node for arg in WEIGHT_ARGS)
 
     return bool(node.users) and all(as_weight(u) or (from_parameters(u) and read_only_as_weight(u)) for u in node.users)
+
+
+def computed_per_call(node: fx.Node) -> bool:
+    """Whether ``node`` is a functional layer (``F.linear``, ``F.conv2d``) whose weight or bias the graph computes
+    from more than parameters: no int8 weight can be made once (convert runs it in float, explain says so)."""
+    call = canonical(node) if node.op != "call_module" else None
+    if call is None or call.op not in ops_tagged(Tag.WEIGHTED):
+        return False
+    return any(isinstance(call.args.get(arg), fx.Node) and not from_parameters(call.args.get(arg)) for arg in WEIGHT_ARGS)

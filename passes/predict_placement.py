@@ -33,6 +33,7 @@ from lucid_fx.rules.lowering_norm import normalize_takes
 from lucid_fx.rules.lowering_attention import FUSED_SOFTMAX, softmax_read_only_by, unfused_mask
 from lucid_fx.rules.lowering_elementwise import _positive_number
 from lucid_fx.node_refs import scalar_constant
+from lucid_fx.computed_weights import PER_CALL_WHY, computed_per_call
 from lucid_fx.rules.one_source import TABLE_WHY, TWO_VALUES_WHY, one_source, two_values
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
@@ -165,6 +166,8 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
         elif key == ("shared",) and not shared_takes(members[0]):  # a max pool with indices, to several values
             placement = _stays_float(kind, decision, key, rule, "lowering declined")
+        elif computed_per_call(members[0]):  # F.linear(x, w + noise): no weight to quantize once
+            placement = _stays_float(kind, decision, key, rule, PER_CALL_WHY)
         elif rule is rules.lower_sum and rules.sums_products(members[0]):
             placement = _stays_float(kind, decision, key, rule, rules.SUM_OF_PRODUCTS_WHY)
         else:

@@ -8,7 +8,8 @@ from torch import fx, nn
 
 import lucid_fx
 from lucid_fx import _meta
-from lucid_fx.computed_weights import from_parameters, parameter_value
+from lucid_fx.computed_weights import PER_CALL_WHY, from_parameters, parameter_value
+from lucid_fx.explain import explain
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.node_refs import unstable_name
 from lucid_fx.quantization.weight import quantize_weight
@@ -68,8 +69,9 @@ def test_a_computed_weight_is_quantized_once_per_channel(sqnr_db):
     qmodel = lucid_fx.convert(prepared)
     report = qmodel.lucid_fx_convert_report
     assert report.lowered["relu"] == "linear+relu" and report.int8_flop_share > 0.5, str(report)
-    assert report.float_ops["linear_1"] == ("its weight is computed on every call (from an input or a random op), so it has "
-                                            "no int8 form computed once: runs in float")  # was "lowering declined"
+    assert report.float_ops["linear_1"] == PER_CALL_WHY  # was "lowering declined"
+    predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items() if row["runs"]}
+    assert predicted == {name: (p.runs.value, p.why) for name, p in report.placements.items()}  # explain agrees
     weight = F.normalize(model.v, dim=1) * model.g
     codes, _ = quantize_weight(weight, None, resolve_target("cpu").layer_weight_range(weight.shape, 1))
     assert torch.equal(qmodel._lucid_linear_qweight, codes)

@@ -18,7 +18,7 @@ from lucid_fx import _meta
 from lucid_fx._placement import Placement, Runs
 from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 from lucid_fx.kernels.target import Target
-from lucid_fx.computed_weights import parameter_value
+from lucid_fx.computed_weights import PER_CALL_WHY, parameter_value
 from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
@@ -241,8 +241,7 @@ class LoweringContext:
             call = canonical(node)
             weight, bias = self.constant_value(call.args.get("weight")), self.constant_value(call.args.get("bias"))
             if weight is None or (call.args.get("bias") is not None and bias is None):
-                self.declined[node.name] = ("its weight is computed on every call (from an input or a random op), so it has "
-                                            "no int8 form computed once: runs in float")
+                self.declined[node.name] = PER_CALL_WHY
                 return None
             observer = self.observers[key] if key in self.observers else None
             base = node.name
