@@ -20,12 +20,12 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from lucid_fx._copy import buffer_values, copy_model, restore_buffers
+from lucid_fx._copy import copy_model
 from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes, exported_graph, is_exported, split_inputs
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
 from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
-from lucid_fx.passes.trace_model import TRACED_THROUGH, TraceOptions, Untraceable, trace_model
+from lucid_fx.passes.trace_model import TRACED_THROUGH, TraceOptions, Untraceable, buffer_values, restore_buffers, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
 from lucid_fx.quantization.qconfig import QConfigMapping, get_default_qat_qconfig_mapping, get_default_qconfig_mapping
 from lucid_fx.registry import Registry, current_registry

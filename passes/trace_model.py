@@ -18,11 +18,13 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import torch
 from torch import fx, nn
 
 from lucid_fx import _meta
 
-__all__ = ["TraceResult", "TraceOptions", "Untraceable", "TraceFailure", "WritesStateInPlace", "trace_model", "TRACED_THROUGH"]
+__all__ = ["TraceResult", "TraceOptions", "Untraceable", "TraceFailure", "WritesStateInPlace", "trace_model", "TRACED_THROUGH",
+           "buffer_values", "restore_buffers"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,29 @@ def _versions(model: nn.Module) -> Dict[str, int]:
     return {name: t._version for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
 
 
-def _check_state(model: nn.Module, versions: Dict[str, int], saved: Dict[str, Any], tracer: "_Tracer") -> None:
+def buffer_values(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Every buffer's value by qualified name, copied."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def restore_buffers(model: nn.Module, values: Dict[str, torch.Tensor]) -> None:
+    """Put back ``values`` in the buffers of ``model`` of the same name, shape and dtype: after a trace that ran a
+    write, and after prepare's own runs of the model (shapes, FLOPs, torch.export), so that calibration starts
+    from the state of the model it came from."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            value = values.get(name)
+            if value is not None and value.shape == buffer.shape and value.dtype == buffer.dtype and not torch.equal(value, buffer):
+                buffer.copy_(value)
+
+
+def _check_state(model: nn.Module, versions: Dict[str, int], saved: Dict[str, torch.Tensor], tracer: "_Tracer") -> None:
     """Raise :class:`WritesStateInPlace` (the buffers put back first) when tracing changed a version in ``versions``."""
     written = [name for name, version in _versions(model).items() if versions.get(name, version) != version]
     if not written:
         return
+    restore_buffers(model, saved)
     buffers = dict(model.named_buffers())
-    for name, value in saved.items():
-        buffers[name].data.copy_(value)
     tracer.failed_path = written[0].rpartition(".")[0]
     kind = "buffer" if written[0] in buffers else "parameter"
     raise WritesStateInPlace(f"forward writes {kind} {written[0]!r} in place, which torch.fx runs once while tracing "
@@ -155,7 +172,7 @@ def trace_model(
     found: List[Untraceable] = []
     while True:
         tracer = _Tracer(leaf_paths, leaf_types, autowrap_functions)
-        versions, saved = _versions(model), {name: b.detach().clone() for name, b in model.named_buffers()}
+        versions, saved = _versions(model), buffer_values(model)
         try:
             graph = tracer.trace(model, concrete_args=concrete_args)
             _check_state(model, versions, saved, tracer)
