@@ -1,29 +1,31 @@
-"""quantize_dynamic: int8 Linear layers whose activation qparams are computed per batch.
+"""quantize_dynamic: int8 Linear, LSTM and GRU layers whose activation qparams are computed per batch.
 
 Weights are quantized once (per-channel symmetric int8 on the kernels' weight grid,
 the Target's ``weight_range``, resolved once per call); each call measures the input's min/max, quantizes
 it to uint8 (or int8) with those qparams, and runs the int8 GEMM ``torch.ops.lucid_fx.linear``
 (oneDNN on CPU with the packed weight cached, ``torch._int_mm`` otherwise) straight to a float
-result. No calibration: suited to layers whose input range varies from batch to batch.
+result. No calibration: suited to layers whose input range varies from batch to batch. LSTM and GRU
+layers become :class:`DynamicQuantizedLSTM` / :class:`DynamicQuantizedGRU` (:mod:`lucid_fx.dynamic_rnn`).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import math
 from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import nn
 
+from lucid_fx.dynamic_rnn import DynamicQuantizedGRU, DynamicQuantizedGRUCell, DynamicQuantizedLSTM, DynamicQuantizedLSTMCell
 from lucid_fx.kernels.target import Target, resolve_target
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
-from lucid_fx.quantization.qparams import calculate_qparams
+from lucid_fx.quantization.qparams import per_batch_qparams
 
-__all__ = ["quantize_dynamic", "DynamicQuantizedLinear"]
+__all__ = ["quantize_dynamic", "DynamicQuantizedLinear", "DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell",
+           "DynamicQuantizedGRUCell", "SWAPS"]
 
 _ops = torch.ops.lucid_fx
 
@@ -63,12 +65,8 @@ class DynamicQuantizedLinear(nn.Module):
             raise ValueError(f"DynamicQuantizedLinear: input has {x.shape[-1]} features (last dim), the layer expects {self.in_features}")
         if x.numel() == 0:
             return x.new_zeros((*x.shape[:-1], self.out_features))
-        lo, hi = (float(v) for v in torch.aminmax(x.detach()))
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError("DynamicQuantizedLinear: the input holds inf or nan; a per-batch range needs finite values")
         grid = self.activation_qdtype
-        scale, zero_point = calculate_qparams(lo, hi, "per_tensor_affine", grid)
-        scale, zero_point = float(scale), int(zero_point)
+        scale, zero_point = per_batch_qparams(x, grid, "DynamicQuantizedLinear")
         q = _ops.quantize_per_tensor(x, scale, zero_point, grid.quant_min, grid.quant_max, grid.storage)
         out = _ops.linear(q, scale, zero_point, self.weight_codes, self.weight_scale, self.bias, 1.0, 0, "none", torch.float32)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
@@ -77,9 +75,16 @@ class DynamicQuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation_qdtype.name}"
 
 
+# The layers quantize_dynamic swaps, by exact type (a subclass, such as attention's out_proj, is read by its
+# parent), and how each is built from the float one.
+SWAPS = {nn.Linear: DynamicQuantizedLinear, nn.LSTM: DynamicQuantizedLSTM, nn.GRU: DynamicQuantizedGRU,
+         nn.LSTMCell: DynamicQuantizedLSTMCell, nn.GRUCell: DynamicQuantizedGRUCell}
+_SWAPPED = ", ".join(f"nn.{kind.__name__}" for kind in SWAPS)
+
+
 def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
     if qconfig_spec is None:
-        return {nn.Linear: default_dynamic_qconfig}
+        return {kind: default_dynamic_qconfig for kind in SWAPS}
     if isinstance(qconfig_spec, dict):
         spec = dict(qconfig_spec)
     elif isinstance(qconfig_spec, (set, frozenset, list, tuple)):
@@ -87,13 +92,13 @@ def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
     else:
         raise ValueError(f"quantize_dynamic: qconfig_spec must be None, a set of types/names or a dict, got {type(qconfig_spec).__name__}")
     for key, qconfig in spec.items():
-        if isinstance(key, type) and key is not nn.Linear:
+        if isinstance(key, type) and key not in SWAPS:
             raise ValueError(
-                f"quantize_dynamic quantizes nn.Linear only; {key.__name__} in qconfig_spec is not supported "
-                "(to quantize the Linears inside a module, give its qualified name)"
+                f"quantize_dynamic quantizes {_SWAPPED}; {key.__name__} in qconfig_spec is not supported "
+                "(to quantize the layers inside a module, give its qualified name)"
             )
         if not isinstance(key, (type, str)):
-            raise ValueError(f"quantize_dynamic: qconfig_spec keys are nn.Linear or module names, got {key!r}")
+            raise ValueError(f"quantize_dynamic: qconfig_spec keys are {_SWAPPED} or module names, got {key!r}")
         if qconfig is not None and not isinstance(qconfig, QConfig):
             raise ValueError(f"quantize_dynamic: qconfig_spec[{key!r}] must be a QConfig or None, got {type(qconfig).__name__}")
     return spec
@@ -103,8 +108,10 @@ def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict
     # Lookup order of the reference framework: the parent's qconfig, then the exact type, then the name.
     qconfig = spec.get(type(module), inherited)
     qconfig = spec.get(name, qconfig)
-    if type(module) is nn.Linear:  # exact type: subclasses such as attention's out_proj are read by their parent
-        return DynamicQuantizedLinear.from_float(module, qconfig, targets(module.weight.device)) if qconfig is not None else module
+    swap = SWAPS.get(type(module))
+    if swap is not None:
+        device = next(module.parameters()).device
+        return swap.from_float(module, qconfig, targets(device)) if qconfig is not None else module
     for child_name, child in list(module.named_children()):
         new = _swap(child, f"{name}.{child_name}" if name else child_name, qconfig, spec, targets)
         if new is not child:
@@ -119,21 +126,22 @@ def quantize_dynamic(
     inplace: bool = False,
 ) -> nn.Module:
     """Replace ``nn.Linear`` layers with :class:`DynamicQuantizedLinear` (int8 weights, per-batch
-    int8 activations, float outputs). No calibration is needed.
+    int8 activations, float outputs), ``nn.LSTM``, ``nn.GRU`` and their cells with :class:`DynamicQuantizedLSTM`,
+    :class:`DynamicQuantizedGRU`, ... (int8 weights and products, float cells). No calibration is needed.
 
     Args:
         model: the float model.
-        qconfig_spec: which layers: None (every ``nn.Linear``), a set of ``nn.Linear`` and/or
-            qualified module names (a name covers the Linears inside it), or a dict from those
-            to a QConfig (``None`` keeps that part float). The QConfig's weight observer sets
+        qconfig_spec: which layers: None (every layer of :data:`SWAPS`' types), a set of
+            those types and/or qualified module names (a name covers the layers inside it), or a
+            dict from those to a QConfig (``None`` keeps that part float). The QConfig's weight observer sets
             the weight codes and its activation dtype (:data:`default_dynamic_qconfig`: quint8)
             the activation grid.
         dtype: the weight dtype; only ``qint8`` (also ``torch.qint8``).
-        inplace: swap layers in ``model`` itself (a root that is itself a Linear is returned
+        inplace: swap layers in ``model`` itself (a root that is itself such a layer is returned
             swapped either way).
 
     Returns:
-        The model with dynamically quantized Linear layers.
+        The model with dynamically quantized layers.
 
     Example:
         >>> import torch

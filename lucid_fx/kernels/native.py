@@ -42,8 +42,7 @@ __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes
            "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{name}.c")  # one library
-                     for name in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool")))
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
 # which round once where the torch kernels round twice.
@@ -78,6 +77,7 @@ SIGNATURES = {
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
     "group_norm": ((_P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32, _P), _I32, (*_CODES, torch.float32)),
     "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
+    "rnn": ((_P,) * 11 + (_F, _F), None, (torch.float32,)),  # native_rnn.c: gx, weight, ..., geometry, h_scale, h_inv
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

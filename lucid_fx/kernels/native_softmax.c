@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */
+#include "native_math.h" /* exp_below_zero */
 
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -199,27 +200,6 @@ SOFTMAX_EXP(lucid_softmax_exp_int8, int8_t)
  * softmax_exp_bias starts from the scores' codes and the bias (BERT's additive padding mask), as the
  * torch route computes them, y[j] = (float)(q[j] - zp) * scale + bias[j]: the same floats, then the
  * same codes, without the two float32 passes torch makes first (BERT-like: its softmax_matmul call 38 -> 29 us). */
-
-/* exp(x) for x <= 0 (-inf included: 0 after rounding), Cephes's expf in float32 steps, which the compiler
- * vectorizes where glibc's expf is a call a value (8x4x128x128 scores 2.5 -> 0.43 ms, 2x4x16x16 22 -> 12
- * us with the chunks below, AVX512-VNNI EPYC). Within 2 ulp of exp; below -87.3 it gives exp(-87.3),
- * 1e-38, whose code (times 255, rounded) is 0 as exp's. */
-static inline float exp_below_zero(float x) {
-    x = x > -87.33654f ? x : -87.33654f;
-    const float n = rintf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f; /* x - n * ln 2 in two parts */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23; /* 2^n: n >= -126 here */
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
-}
 
 /* The largest of n floats (-inf for none), 16 running maxima at a time: a max is exact in any order, but
  * the compiler keeps a float reduction's order (a compare after another, some 4 cycles each) unless told. */

@@ -119,6 +119,10 @@ __all__ = [
     "LinearReLU",
     "quantize_dynamic",
     "DynamicQuantizedLinear",
+    "DynamicQuantizedLSTM",
+    "DynamicQuantizedGRU",
+    "DynamicQuantizedLSTMCell",
+    "DynamicQuantizedGRUCell",
 ]
 
 
@@ -133,6 +137,10 @@ _FACADE = {
     "convert_fx": "workflow",
     "quantize_dynamic": "dynamic",
     "DynamicQuantizedLinear": "dynamic",
+    "DynamicQuantizedLSTM": "dynamic",
+    "DynamicQuantizedGRU": "dynamic",
+    "DynamicQuantizedLSTMCell": "dynamic",
+    "DynamicQuantizedGRUCell": "dynamic",
 }
 
 

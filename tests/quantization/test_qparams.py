@@ -81,3 +81,21 @@ def test_named_fixed_defaults():
     assert (obs.scale.item(), obs.zero_point.item()) == (2 / 256, 128)
     fq = Q.default_fixed_qparams_range_neg1to1_fake_quant()
     assert (fq.scale.item(), fq.zero_point.item()) == (2 / 256, 128)
+
+
+@pytest.mark.parametrize("qdtype", ["quint8", "qint8"])
+def test_per_batch_qparams_are_calculate_qparams_in_python_numbers(qdtype):
+    # Dynamic quantization's qparams of a batch: calculate_qparams's float32 steps, taken in Python numbers.
+    from lucid_fx.quantization.dtypes import to_qdtype
+    from lucid_fx.quantization.qparams import per_batch_qparams
+
+    grid = to_qdtype(qdtype)
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.zeros(3), torch.rand(5, generator=g), -torch.rand(5, generator=g), torch.tensor([1e-12, -3e-12])]
+    cases += [torch.randn(9, generator=g) * 10.0 ** e + shift for e in range(-8, 5) for shift in (0.0, 0.7, -250.0)]
+    for x in cases:
+        lo, hi = torch.aminmax(x)
+        scale, zero_point = Q.calculate_qparams(lo, hi, "per_tensor_affine", grid)
+        assert per_batch_qparams(x, grid, "layer") == (float(scale), int(zero_point)), x
+    with pytest.raises(ValueError, match="layer: the input holds inf or nan; a per-batch range needs finite values"):
+        per_batch_qparams(torch.tensor([0.0, float("nan")]), grid, "layer")

@@ -1,0 +1,263 @@
+"""DynamicQuantizedLSTM and DynamicQuantizedGRU (and their cells): ``nn.LSTM``, ``nn.GRU``, ``nn.LSTMCell``
+and ``nn.GRUCell`` with int8 weights, for quantize_dynamic.
+
+Per layer, the input-to-hidden products of every step (and both directions) are one int8 GEMM on the
+sequence's own range (``DynamicQuantizedLinear``'s per-batch qparams); the hidden-to-hidden products
+run step by step in int8 on a fixed grid for the state, the cells in float32
+(:mod:`lucid_fx.kernels.recurrent`: the whole sequence of a layer and direction in one native call).
+Weights are quantized once, per gate row, on the Target's weight grid. Float in, float out; inference
+only (dropout between layers is not applied, as in eval mode). Inputs as torch takes them: (T, B, I),
+``batch_first`` (B, T, I), unbatched (T, I), or a ``PackedSequence``; states as torch's. A cell is one
+step of the same: its state is the caller's, so its grid covers the state it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence
+
+from lucid_fx.kernels import recurrent
+from lucid_fx.kernels.target import Target, resolve_target
+from lucid_fx.quantization.dtypes import QDtype
+from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
+from lucid_fx.quantization.weight import quantize_weight
+
+__all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell"]
+
+
+class _Recurrent(nn.Module):
+    """What the layers and the cells share: int8 weight buffers named ``weight_{ih,hh}_{codes,scale}<where>``
+    and ``bias_{ih,hh}<where>``, the input products of a batch, and W_hh packed for the recurrence."""
+
+    mode = ""  # "LSTM" or "GRU": recurrent.CELLS's key
+
+    def _register(self, shapes: Dict[str, Tuple[int, int]], bias: bool, weights) -> None:
+        """``shapes``: (rows, columns) by ``ih<where>`` / ``hh<where>``; ``weights`` the buffers by name, or
+        None for zeros of those shapes."""
+        for key, (rows, columns) in shapes.items():
+            kind, where = key[:2], key[2:]
+            zeros = {f"weight_{kind}_codes{where}": torch.zeros(rows, columns, dtype=torch.int8),
+                     f"weight_{kind}_scale{where}": torch.ones(rows), f"bias_{kind}{where}": torch.zeros(rows) if bias else None}
+            for name, tensor in zeros.items():
+                self.register_buffer(name, weights[name] if weights is not None else tensor)
+        self._kernels = {}  # (kind, where) -> (the buffers it was built from, RecurrentWeight)
+
+    @staticmethod
+    def _quantized(float_module: nn.Module, qconfig: QConfig, target: Optional[Target], sources) -> Dict[str, Any]:
+        """The buffers of ``float_module``'s weights, ``sources`` as (kind, its suffix, where): per row with
+        ``qconfig.weight``'s observer on the target's weight grid; rows of one ``where`` stacked in order."""
+        if qconfig.activation_qdtype.bits != 8:
+            raise ValueError(f"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for "
+                             f"{qconfig.activation_qdtype}")
+        target = target or resolve_target(device=next(float_module.parameters()).device)
+        weights: Dict[str, Any] = {}
+        for kind, suffix, where in sources:
+            codes, scale = quantize_weight(getattr(float_module, f"weight_{kind}{suffix}"), qconfig.weight(), target.weight_range)
+            bias = getattr(float_module, f"bias_{kind}{suffix}").detach().float().clone() if float_module.bias else None
+            for name, tensor in ((f"weight_{kind}_codes{where}", codes), (f"weight_{kind}_scale{where}", scale), (f"bias_{kind}{where}", bias)):
+                weights[name] = tensor if name not in weights or tensor is None else torch.cat([weights[name], tensor])
+        return weights
+
+    def _weight(self, where: str, kind: str = "hh") -> recurrent.RecurrentWeight:
+        """W_ih or W_hh as the kernels take it, packed once and again only after a load_state_dict wrote it."""
+        names = (f"weight_{kind}_codes{where}", f"weight_{kind}_scale{where}", f"bias_{kind}{where}")
+        tensors = tuple(getattr(self, name) for name in names)
+        key = tuple(None if t is None else (t.data_ptr(), t._version) for t in tensors)
+        cached = self._kernels.get((kind, where))
+        if cached is None or cached[0] != key:
+            cached = self._kernels[kind, where] = (key, recurrent.recurrent_weight(*tensors))
+        return cached[1]
+
+    def _gates(self, x: torch.Tensor, where: str) -> torch.Tensor:
+        """x @ W_ih^T + b_ih of every row (and direction): one per-batch int8 GEMM, float out (rows, D * G * H)."""
+        return recurrent.input_gates(x, self._weight(where, "ih"), self.activation_qdtype, type(self).__name__)
+
+    def _checked(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features (last dim), the layer expects {self.input_size}")
+        return x.to(torch.float32).contiguous()
+
+    def _given(self, hx) -> Tuple[torch.Tensor, ...]:
+        """The states the caller gave, finite: (h,) or (h, c)."""
+        lstm = self.mode == "LSTM"
+        if lstm != isinstance(hx, (tuple, list)) or (lstm and len(hx) != 2):
+            raise ValueError(f"{type(self).__name__}: hx must be {'a pair (h_0, c_0)' if lstm else 'one tensor h_0'}")
+        given = tuple(hx) if lstm else (hx,)
+        if not all(state.numel() == 0 or math.isfinite(float(state.detach().abs().amax())) for state in given):
+            raise ValueError(f"{type(self).__name__}: the initial state holds inf or nan")
+        return given
+
+
+class _DynamicQuantizedRNN(_Recurrent):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, bidirectional: bool = False, activation_qdtype: Optional[QDtype] = None,
+                 weights: Optional[Dict[str, Optional[torch.Tensor]]] = None) -> None:
+        """``weights``: the buffers by name (:meth:`from_float` builds them), zeros of their shapes if None. Per
+        layer, ``weight_ih_codes_l0`` (int8), ``weight_ih_scale_l0`` (float32, per row) and ``bias_ih_l0`` hold
+        both directions' input weights, one after the other; ``weight_hh_codes_l0``, ``weight_hh_scale_l0``,
+        ``bias_hh_l0`` the hidden weights of the forward direction, the same names ending ``_reverse`` the other's."""
+        super().__init__()
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.bidirectional = bias, batch_first, bidirectional
+        self.activation_qdtype = activation_qdtype or default_dynamic_qconfig.activation_qdtype
+        directions, gates = 2 if bidirectional else 1, recurrent.CELLS[self.mode] * hidden_size
+        shapes = {}
+        for layer in range(num_layers):
+            shapes[f"ih_l{layer}"] = (directions * gates, input_size if layer == 0 else hidden_size * directions)
+            shapes.update((f"hh_l{layer}{suffix}", (gates, hidden_size)) for suffix in ("", "_reverse")[:directions])
+        self._register(shapes, bias, weights)
+
+    @classmethod
+    def from_float(cls, rnn: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
+        """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, an ``nn.GRU`` for
+        DynamicQuantizedGRU) per row with ``qconfig.weight``'s observer on ``target``'s weight grid."""
+        if getattr(rnn, "proj_size", 0):
+            raise ValueError(f"quantize_dynamic: an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence "
+                             "here; keep it float (qconfig_spec={'<its name>': None})")
+        suffixes = ("", "_reverse")[:2 if rnn.bidirectional else 1]
+        sources = [(kind, f"_l{layer}{s}", f"_l{layer}" if kind == "ih" else f"_l{layer}{s}")
+                   for layer in range(rnn.num_layers) for kind in ("ih", "hh") for s in suffixes]
+        weights = cls._quantized(rnn, qconfig, target, sources)
+        return cls(rnn.input_size, rnn.hidden_size, rnn.num_layers, rnn.bias, rnn.batch_first, rnn.bidirectional,
+                   qconfig.activation_qdtype, weights)
+
+    def forward(self, input, hx=None):
+        packed = isinstance(input, PackedSequence)
+        x, rows, batch, sequence = self._steps(input)
+        unbatched = not packed and input.dim() == 2
+        states = self._states(hx, batch, input.sorted_indices if packed else None, unbatched)
+        directions, hidden = 2 if self.bidirectional else 1, self.hidden_size
+        gates = recurrent.CELLS[self.mode] * hidden
+        finals = []
+        for layer in range(self.num_layers):
+            gx = self._gates(x, f"_l{layer}")
+            out = torch.empty(x.shape[0], directions * hidden, dtype=torch.float32, device=x.device)
+            for direction in range(directions):
+                index = layer * directions + direction
+                h0 = None if states is None else states[0][index]
+                h = torch.zeros(batch, hidden, device=x.device) if h0 is None else h0.to(torch.float32).contiguous().clone()
+                c = None if self.mode == "GRU" else torch.zeros_like(h) if h0 is None else \
+                    states[1][index].to(torch.float32).contiguous().clone()
+                recurrent.run_layer(self.mode, gx[:, direction * gates:(direction + 1) * gates], self._weight(f"_l{layer}{'_reverse' if direction else ''}"),
+                                    h, c, out[:, direction * hidden:(direction + 1) * hidden], rows, direction == 1,
+                                    recurrent.state_grid(h0))
+                finals.append((h, c))
+            x = out
+        return self._outputs(input, x, finals, sequence, unbatched)
+
+    def _steps(self, input):
+        """(rows of the steps' inputs (float32, 2-d), the steps' row offsets, batch, (T, B) or None if packed)."""
+        if isinstance(input, PackedSequence):
+            sizes = [int(b) for b in input.batch_sizes]
+            rows = [0]
+            for size in sizes:
+                rows.append(rows[-1] + size)
+            return self._checked(input.data), rows, sizes[0], None
+        if input.dim() not in (2, 3):
+            raise ValueError(f"{type(self).__name__}: expects an input of 2 (unbatched) or 3 dims, got shape {tuple(input.shape)}")
+        x = input.unsqueeze(1) if input.dim() == 2 else (input.transpose(0, 1) if self.batch_first else input)
+        steps, batch = x.shape[:2]
+        return self._checked(x.reshape(steps * batch, x.shape[-1])), [t * batch for t in range(steps + 1)], batch, (steps, batch)
+
+    def _states(self, hx, batch: int, sorted_indices, unbatched: bool):
+        """(h0,) or (h0, c0), each (layers * directions, batch, hidden) in the steps' order of rows; None
+        for zeros."""
+        if hx is None:
+            return None
+        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+        states = []
+        for state in self._given(hx):
+            state = state.unsqueeze(1) if unbatched and state.dim() == 2 else state
+            if tuple(state.shape) != shape:
+                raise ValueError(f"{type(self).__name__}: expected a hidden state of shape {shape}, got {tuple(state.shape)}")
+            states.append(state if sorted_indices is None else state.index_select(1, sorted_indices))
+        return tuple(states)
+
+    def _outputs(self, input, out: torch.Tensor, finals, sequence, unbatched: bool):
+        dtype = input.data.dtype if isinstance(input, PackedSequence) else input.dtype
+        h_n = torch.stack([h for h, _ in finals]).to(dtype)
+        c_n = torch.stack([c for _, c in finals]).to(dtype) if self.mode == "LSTM" else None
+        if sequence is None:  # packed: the final states back in the caller's order of sequences
+            if input.unsorted_indices is not None:
+                h_n, c_n = (None if s is None else s.index_select(1, input.unsorted_indices) for s in (h_n, c_n))
+            output = PackedSequence(out.to(dtype), input.batch_sizes, input.sorted_indices, input.unsorted_indices)
+        else:
+            output = out.view(*sequence, out.shape[-1]).to(dtype)
+            if unbatched:
+                output, h_n, c_n = output.squeeze(1), h_n.squeeze(1), None if c_n is None else c_n.squeeze(1)
+            elif self.batch_first:
+                output = output.transpose(0, 1)
+        return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
+
+    def extra_repr(self) -> str:
+        extras = "".join(f", {name}={getattr(self, name)}" for name in ("num_layers", "bias", "batch_first", "bidirectional")
+                         if getattr(self, name) != {"num_layers": 1, "bias": True}.get(name, False))
+        return f"{self.input_size}, {self.hidden_size}{extras}, activation={self.activation_qdtype.name}"
+
+
+class DynamicQuantizedLSTM(_DynamicQuantizedRNN):
+    """``nn.LSTM`` with int8 weights: per-batch int8 inputs, an int8 state on [-1, 1], float cells; float
+    in, float out (:mod:`lucid_fx.dynamic_rnn`). Build one with :meth:`from_float`."""
+
+    mode = "LSTM"
+
+
+class DynamicQuantizedGRU(_DynamicQuantizedRNN):
+    """``nn.GRU`` with int8 weights, as :class:`DynamicQuantizedLSTM`."""
+
+    mode = "GRU"
+
+
+class _DynamicQuantizedCell(_Recurrent):
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, activation_qdtype: Optional[QDtype] = None,
+                 weights: Optional[Dict[str, Optional[torch.Tensor]]] = None) -> None:
+        """``weights``: ``weight_ih_codes``, ``weight_ih_scale``, ``bias_ih`` and the same for ``hh``."""
+        super().__init__()
+        self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
+        self.activation_qdtype = activation_qdtype or default_dynamic_qconfig.activation_qdtype
+        gates = recurrent.CELLS[self.mode] * hidden_size
+        self._register({"ih": (gates, input_size), "hh": (gates, hidden_size)}, bias, weights)
+
+    @classmethod
+    def from_float(cls, cell: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
+        """Quantize ``cell``'s weights (an ``nn.LSTMCell`` or ``nn.GRUCell``) as the layers' are."""
+        weights = cls._quantized(cell, qconfig, target, [("ih", "", ""), ("hh", "", "")])
+        return cls(cell.input_size, cell.hidden_size, cell.bias, qconfig.activation_qdtype, weights)
+
+    def forward(self, input: torch.Tensor, hx=None):
+        if input.dim() not in (1, 2):
+            raise ValueError(f"{type(self).__name__}: expects an input of 1 (unbatched) or 2 dims, got shape {tuple(input.shape)}")
+        x = self._checked(input.reshape(-1, input.shape[-1]))
+        batch, hidden = x.shape[0], self.hidden_size
+        states = [torch.zeros(batch, hidden, device=x.device)] * (2 if self.mode == "LSTM" else 1) if hx is None else \
+            [s.reshape(-1, hidden) if s.dim() == input.dim() else s for s in self._given(hx)]
+        for state in states:
+            if tuple(state.shape) != (batch, hidden):
+                raise ValueError(f"{type(self).__name__}: expected a hidden state of shape {(batch, hidden)}, got {tuple(state.shape)}")
+        h, c = (s.to(torch.float32).contiguous().clone() for s in states) if self.mode == "LSTM" else \
+            (states[0].to(torch.float32).contiguous().clone(), None)
+        out = torch.empty(batch, hidden, device=x.device)
+        recurrent.run_layer(self.mode, self._gates(x, ""), self._weight(""), h, c, out, [0, batch], False,
+                            recurrent.state_grid(None if hx is None else states[0]))
+        h, c = (None if s is None else s.to(input.dtype).view(*input.shape[:-1], hidden) for s in (h, c))
+        return (h, c) if self.mode == "LSTM" else h
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}{'' if self.bias else ', bias=False'}, activation={self.activation_qdtype.name}"
+
+
+class DynamicQuantizedLSTMCell(_DynamicQuantizedCell):
+    """``nn.LSTMCell`` with int8 weights: one step of :class:`DynamicQuantizedLSTM`, the state's grid
+    covering the state given (at least [-1, 1])."""
+
+    mode = "LSTM"
+
+
+class DynamicQuantizedGRUCell(_DynamicQuantizedCell):
+    """``nn.GRUCell`` with int8 weights, as :class:`DynamicQuantizedLSTMCell`."""
+
+    mode = "GRU"

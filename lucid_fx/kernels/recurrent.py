@@ -1,0 +1,143 @@
+"""Recurrent layers (LSTM, GRU) whose hidden-to-hidden products run in int8: one layer and direction
+over a whole sequence.
+
+The input-to-hidden products of every step are one int8 GEMM the caller runs first (``gx``: x @ W_ih^T +
+b_ih for all steps, float); what is left is a chain of small steps, each reading the state the one before
+wrote. Each step quantizes the state's active rows to uint8 on a grid fixed for the sequence
+(:func:`state_grid`: an LSTM's state is o * tanh(c), a GRU's a mix of tanh and the state before, so both
+stay in [-1, 1] once they start there; no per-step range, which would cost a reduction and a sync a
+step), multiplies them with the int8 weight (per-channel scales, b_hh added) into float gates and runs
+the cell in float32 with torch's formulas (native_rnn.c has them).
+
+Two routes, the same steps: ``native_rnn.c`` runs the whole sequence in one call where the native
+kernels are loaded and their GEMM takes the weight (:func:`lucid_fx.kernels.linear_native.takes_weight`);
+elsewhere (another device, ``LUCID_FX_NATIVE=0``) torch ops run each step (``torch.ops.lucid_fx.linear``,
+torch.sigmoid and tanh). Their sigmoid and tanh differ by a few ulp, so a state code can differ where a
+value lies that close to a rounding tie: tests/kernels/test_recurrent.py compares the two routes and
+each with exact integer arithmetic.
+
+Measured on AVX512-VNNI (EPYC, 1 thread, T=64, B=1, H=128): 64 steps in one call against torch ops a step
+(docs/benchmarks.md, "Dynamic int8 LSTM and GRU").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from lucid_fx.kernels import linear_native, native, program_ops
+from lucid_fx.kernels.linear_row import small_gemm
+from lucid_fx.kernels.native import _function
+from lucid_fx.quantization.dtypes import QDtype
+from lucid_fx.quantization.qparams import per_batch_qparams
+
+__all__ = ["CELLS", "RecurrentWeight", "recurrent_weight", "state_grid", "input_gates", "run_layer", "STATE_ZP"]
+
+CELLS = {"LSTM": 4, "GRU": 3}  # gates per hidden unit, torch's order: i, f, g, o and r, z, n
+STATE_ZP = 128  # the state's grid is symmetric: uint8 codes, zero point 128, [-128, 127] steps
+
+
+@dataclass(frozen=True)
+class RecurrentWeight:
+    """W_hh of one layer and direction: int8 codes (gates * hidden, hidden), per-row scales, b_hh, and
+    for the native route its packed blocks with the zero point's offsets (None where it does not take them)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    bias: Optional[torch.Tensor]
+    packed: Optional[linear_native.PackedWeight]
+    offset: Optional[torch.Tensor]  # int32: -STATE_ZP * row sums
+
+
+def recurrent_weight(codes: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]) -> RecurrentWeight:
+    """The weight as both routes take it; packed once (the native route's blocks) on the CPU."""
+    packed = offset = None
+    if codes.is_cpu and linear_native.takes_weight(codes):
+        packed = linear_native.packed_weight(codes)
+        offset = packed.row_sums * -STATE_ZP
+    return RecurrentWeight(codes, scale.float().contiguous(), None if bias is None else bias.float().contiguous(),
+                           packed, offset)
+
+
+def state_grid(h0: Optional[torch.Tensor]) -> Tuple[float, float]:
+    """(scale, 1 / scale rounded to float32) of the state's codes: a bound of max(1, |h0|) in 127 steps
+    each side, so a state that starts inside [-1, 1] (zeros by default) keeps the grid of [-1, 1]."""
+    bound = 1.0 if h0 is None or h0.numel() == 0 else max(1.0, float(h0.detach().abs().amax()))
+    return _UNIT_GRID if bound == 1.0 else (bound / 127, float(torch.tensor(127 / bound, dtype=torch.float32)))
+
+
+_UNIT_GRID = (1 / 127, 127.0)  # the grid of [-1, 1] (127 is a float32)
+
+
+def input_gates(x: torch.Tensor, weight: RecurrentWeight, grid: QDtype, who: str) -> torch.Tensor:
+    """``x @ W^T + b`` of float32 rows ``x``, float out, ``x`` quantized on its own range (its min and max:
+    ``per_batch_qparams``). A small product of uint8 codes runs in the native GEMM, quantize and GEMM called
+    straight (a cell's one row: 94 -> 40 us, AVX512-VNNI EPYC), a larger one in ``torch.ops.lucid_fx.linear``."""
+    scale, zp = per_batch_qparams(x, grid, who)
+    (m, k), n = x.shape, weight.codes.shape[0]
+    if (weight.packed is not None and grid.storage == torch.uint8 and native.takes(x, torch.uint8)
+            and _function("gemm", torch.float32) is not None and small_gemm(m, n, k, "native")):
+        codes = native.quantize_codes(x, 1.0 / scale, zp, grid.quant_min, grid.quant_max, torch.uint8)  # ctypes rounds 1 / scale
+        out = torch.empty(m, n)
+        inf = float("inf")
+        linear_native.gemm_into(codes, out, weight.packed, weight.packed.row_sums * -zp, scale, weight.scale, weight.bias,
+                                0.0, 0, -inf, inf, torch.float32)
+        return out
+    codes = torch.ops.lucid_fx.quantize_per_tensor(x, scale, zp, grid.quant_min, grid.quant_max, grid.storage)
+    return torch.ops.lucid_fx.linear(codes, scale, zp, weight.codes, weight.scale, weight.bias, 1.0, 0, "none", torch.float32)
+
+
+def run_layer(cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
+              out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float]) -> None:
+    """Run ``cell`` over the steps of ``gx`` (rows of gates, float32, a row stride of its own), writing each
+    step's state into ``out``'s rows and updating ``h`` (and an LSTM's ``c``), (batch, hidden), in place.
+    Step t owns rows ``rows[t]`` to ``rows[t + 1]`` of gx and out and the state's first rows (a packed
+    sequence's batch shrinks with time); ``reverse`` runs the steps last to first."""
+    fn = _function("rnn", torch.float32)
+    if fn is not None and weight.packed is not None and _native_layout(gx, h, c, out):
+        _run_native(fn, cell, gx, weight, h, c, out, rows, reverse, grid)
+        return
+    steps = range(len(rows) - 2, -1, -1) if reverse else range(len(rows) - 1)
+    scale, inv = grid
+    for t in steps:
+        first, batch = rows[t], rows[t + 1] - rows[t]
+        codes = program_ops.quantize_codes(h[:batch], inv, STATE_ZP, 0, 255, torch.uint8)
+        gh = torch.ops.lucid_fx.linear(codes, scale, STATE_ZP, weight.codes, weight.scale, weight.bias, 1.0, 0,
+                                       "none", torch.float32)
+        _cell_step(cell, gh, gx[first:first + batch], h[:batch], None if c is None else c[:batch])
+        out[first:first + batch] = h[:batch]
+
+
+def _cell_step(cell: str, gh: torch.Tensor, gx: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor]) -> None:
+    """One step of torch's cell formulas on the step's gates, in place on the state's rows."""
+    if cell == "LSTM":
+        i, f, g, o = gh.add_(gx).chunk(4, 1)
+        cy = torch.addcmul(f.sigmoid_() * c, i.sigmoid_(), g.tanh_())
+        c.copy_(cy)
+        h.copy_(o.sigmoid_() * cy.tanh_())
+        return
+    (hr, hz, hn), (xr, xz, xn) = gh.chunk(3, 1), gx.chunk(3, 1)
+    r, z = hr.add_(xr).sigmoid_(), hz.add_(xz).sigmoid_()
+    n = torch.addcmul(xn, r, hn).tanh_()
+    h.copy_(h.sub(n).mul_(z).add_(n))
+
+
+def _native_layout(gx: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor], out: torch.Tensor) -> bool:
+    dense = all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in (h,) + (() if c is None else (c,)))
+    rows_of = lambda t: t.dtype == torch.float32 and t.is_cpu and t.dim() == 2 and t.stride(1) == 1  # noqa: E731
+    return dense and rows_of(gx) and rows_of(out)
+
+
+def _run_native(fn, cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
+                out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float]) -> None:
+    batch, hidden = h.shape
+    geometry = torch.tensor([len(rows) - 1, batch, hidden, 0 if cell == "LSTM" else 1, int(reverse), gx.stride(0),
+                             out.stride(0), *rows], dtype=torch.int64)
+    codes = torch.empty(batch * hidden, dtype=torch.uint8)
+    gh = torch.empty(batch * CELLS[cell] * hidden, dtype=torch.float32)
+    bias = None if weight.bias is None else weight.bias.data_ptr()
+    fn(gx.data_ptr(), weight.packed.packed.data_ptr(), weight.offset.data_ptr(), weight.scale.data_ptr(), bias,
+       h.data_ptr(), None if c is None else c.data_ptr(), out.data_ptr(), codes.data_ptr(), gh.data_ptr(),
+       geometry.data_ptr(), grid[0], grid[1])

@@ -1,0 +1,144 @@
+"""lucid_fx/kernels/recurrent.py and native_rnn.c: a recurrent layer's steps in one native call against
+exact integer products and float64 cells, on this CPU's build, without VNNI and portable; the torch
+route against the same; the native sigmoid and tanh against torch's; a packed sequence's shrinking batch."""
+
+import pytest
+import torch
+
+from lucid_fx.kernels import recurrent
+
+H = 24
+
+
+def _weight(cell: str, seed: int, bound: int = 64):
+    g = torch.Generator().manual_seed(seed)
+    gates = recurrent.CELLS[cell] * H
+    codes = torch.randint(-bound, bound + 1, (gates, H), generator=g, dtype=torch.int8)
+    return codes, torch.rand(gates, generator=g) * 0.02 + 0.01, torch.randn(gates, generator=g) * 0.3
+
+
+def _exact(cell: str, gx, codes, scale, bias, h, c, rows, reverse, grid):
+    """The steps in float64 from the state's codes (torch.round: half to even) and exact integer sums."""
+    h, c, out = h.double(), None if c is None else c.double(), torch.zeros(gx.shape[0], H, dtype=torch.float64)
+    steps = range(len(rows) - 2, -1, -1) if reverse else range(len(rows) - 1)
+    for t in steps:
+        first, batch = rows[t], rows[t + 1] - rows[t]
+        q = torch.clamp(torch.round(h[:batch] * grid[1]), -128, 127)  # codes less the zero point 128
+        gh = (q.long() @ codes.long().T).double() * grid[0] * scale.double() + bias.double()
+        x = gx[first:first + batch].double()
+        if cell == "LSTM":
+            i, f, g_, o = (gh + x).chunk(4, 1)
+            c[:batch] = torch.sigmoid(f) * c[:batch] + torch.sigmoid(i) * torch.tanh(g_)
+            h[:batch] = torch.sigmoid(o) * torch.tanh(c[:batch])
+        else:
+            (hr, hz, hn), (xr, xz, xn) = gh.chunk(3, 1), x.chunk(3, 1)
+            r, z = torch.sigmoid(hr + xr), torch.sigmoid(hz + xz)
+            n = torch.tanh(xn + r * hn)
+            h[:batch] = (h[:batch] - n) * z + n
+        out[first:first + batch] = h[:batch]
+    return out, h, c
+
+
+def _run(cell, gx, weight, h0, c0, rows, reverse):
+    h, c = h0.clone(), None if c0 is None else c0.clone()
+    out = torch.full((gx.shape[0], 2 * H), float("nan"))[:, H:]  # a row stride of its own, as a direction's half
+    grid = recurrent.state_grid(h0)
+    recurrent.run_layer(cell, gx, recurrent.recurrent_weight(*weight), h, c, out, rows, reverse, grid)
+    return out, h, c
+
+
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable", "torch"])
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_one_step_is_exact_integer_products_and_the_cells(native_build, native_env, forbid_route, build, cell, reverse):
+    # One step: the state's codes, the int8 products and the cell, no feedback, so any difference is the
+    # float steps': the product's float32 roundings and the native sigmoid and tanh (a few ulp).
+    if build == "torch":
+        native_env(LUCID_FX_NATIVE="0")
+    else:
+        native_build(build)
+        forbid_route(recurrent, "_cell_step")  # what follows ran native_rnn.c
+    g = torch.Generator().manual_seed(1)
+    weight = _weight(cell, 2)
+    gx = torch.randn(4, recurrent.CELLS[cell] * H, generator=g)
+    h0, c0 = torch.rand(4, H, generator=g) * 2 - 1, torch.randn(4, H, generator=g) if cell == "LSTM" else None
+    rows = [0, 4]
+    out, h, c = _run(cell, gx, weight, h0, c0, rows, reverse)
+    want, want_h, want_c = _exact(cell, gx, *weight, h0, c0, rows, reverse, recurrent.state_grid(h0))
+    torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=0)
+    torch.testing.assert_close(h.double(), want_h, atol=2e-6, rtol=0)
+    if cell == "LSTM":
+        torch.testing.assert_close(c.double(), want_c, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("build", ["this CPU", "torch"])
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_a_sequence_follows_the_exact_steps(native_build, native_env, build, cell):
+    # 30 steps feed each state back: a code may round the other way where the float steps differ near a
+    # tie, a difference of one step of the state's grid, which later steps damp.
+    native_env(LUCID_FX_NATIVE="0") if build == "torch" else native_build(build)
+    g = torch.Generator().manual_seed(3)
+    weight = _weight(cell, 4, bound=127 if build == "this CPU" else 64)
+    gx = torch.randn(30 * 5, recurrent.CELLS[cell] * H, generator=g)
+    h0 = torch.zeros(5, H)
+    c0 = torch.zeros(5, H) if cell == "LSTM" else None
+    rows = [5 * t for t in range(31)]
+    out, _, _ = _run(cell, gx, weight, h0, c0, rows, False)
+    want, _, _ = _exact(cell, gx, *weight, h0, c0, rows, False, recurrent.state_grid(h0))
+    error = (out.double() - want).abs()
+    assert float(error.max()) < 1 / 127 and float(error.mean()) < 1e-4, (float(error.max()), float(error.mean()))
+    assert float(out.abs().max()) > 0.5  # the states move: not a run of zeros
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_packed_batch_shrinks_with_time(native_on, reverse):
+    # A packed sequence's steps own fewer rows as shorter sequences end: rows past a step's batch keep
+    # their state (the final state of a shorter sequence; in reverse, h0 until the sequence starts).
+    g = torch.Generator().manual_seed(5)
+    weight = _weight("GRU", 6)
+    sizes = [3, 3, 2, 1]
+    rows = [0, 3, 6, 8, 9]
+    gx = torch.randn(9, 3 * H, generator=g)
+    h0 = torch.rand(3, H, generator=g) - 0.5
+    out, h, _ = _run("GRU", gx, weight, h0, None, rows, reverse)
+    want, want_h, _ = _exact("GRU", gx, *weight, h0, None, rows, reverse, recurrent.state_grid(h0))
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(h.double(), want_h, atol=1e-5, rtol=0)
+    if not reverse:  # sequence 2 (two steps) ended first: its final state is its step 1's, sequence 1's its step 2's
+        assert torch.equal(h[2], out[rows[1] + 2]) and torch.equal(h[1], out[rows[2] + 1]) and sizes[2] == 2
+
+
+def test_native_sigmoid_and_tanh_are_within_2e_7_of_torch(native_on):
+    # A GRU step with a zero weight and no bias is n = tanh(gx_n), z = sigmoid(gx_z), h' = (h - n) * z + n:
+    # gx_n = 0 and h = 1 give sigmoid(gx_z); gx_z = -100 (z ~ 1e-38) gives tanh(gx_n).
+    v = torch.linspace(-20, 20, H * 40).reshape(40, H)
+    zero = (torch.zeros(3 * H, H, dtype=torch.int8), torch.ones(3 * H), torch.zeros(3 * H))
+    rows = list(range(41))
+    for wanted, column, h0 in (("sigmoid", 1, torch.ones(1, H)), ("tanh", 2, torch.zeros(1, H))):
+        gx = torch.zeros(40, 3 * H)
+        gx[:, column * H:(column + 1) * H] = v
+        if wanted == "tanh":
+            gx[:, H:2 * H] = -100.0
+        h = h0.clone()
+        out = torch.empty(40, H)
+        # one row a step, each starting again from h0 (the state is written back: reset it between steps)
+        for t in range(40):
+            h.copy_(h0)
+            recurrent.run_layer("GRU", gx, recurrent.recurrent_weight(*zero), h, None, out, rows[t:t + 2], False, (1 / 127, 127.0))
+        expected = torch.sigmoid(v.double()) if wanted == "sigmoid" else torch.tanh(v.double())
+        assert float((out.double() - expected).abs().max()) < 2e-7, wanted
+
+
+def test_state_grid_covers_the_initial_state():
+    assert recurrent.state_grid(None) == (1 / 127, 127.0)
+    scale, inv = recurrent.state_grid(torch.tensor([[0.5, -3.0]]))
+    assert scale == 3.0 / 127 and inv == float(torch.tensor(127 / 3.0, dtype=torch.float32))
+    assert recurrent.state_grid(torch.full((2, 3), 0.9)) == (1 / 127, 127.0)  # inside [-1, 1]: the grid of [-1, 1]
+
+
+def test_a_weight_the_native_gemm_cannot_sum_exactly_takes_the_torch_route(native_build, monkeypatch):
+    # Without VNNI the native GEMM sums int16 pairs, exact for |w| <= 64 only: a full-grid weight is not packed.
+    native_build("no VNNI")
+    codes, scale, bias = _weight("LSTM", 7, bound=127)
+    assert recurrent.recurrent_weight(codes, scale, bias).packed is None
+    assert recurrent.recurrent_weight(codes.clamp(-64, 64), scale, bias).packed is not None
