@@ -146,14 +146,22 @@ def lower_adaptive_avg_pool2d(ctx, members, resolve):  # adaptive_avg_pool2d -> 
     return ctx.output_qvalue(node, ctx.call(_ops.adaptive_avg_pool2d, x.node, x.scale, x.zero_point, size, scale, zp))
 
 
+def _reduced(source: Any, dim: Any) -> Tuple[Optional[List[int]], Optional[Tuple[int, ...]]]:
+    """(the dims a mean or sum reduces, its input's shape): ``x.mean()`` (no dim) reduces every dim of a
+    known shape; (None, None) where that shape is not known."""
+    shape = getattr(source.meta.get(_meta.TENSOR_META), "shape", None) if isinstance(source, fx.Node) else None
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim):  # x.sum(dim=[]) reduces every dim too, as torch does
+        return (list(range(len(shape))), tuple(shape)) if shape is not None else (None, None)
+    return ([dim] if isinstance(dim, int) else list(dim)), (tuple(shape) if shape is not None else None)
+
+
 def lower_mean(ctx, members, resolve):  # x.mean(dims, keepdim) -> lucid_fx.mean
     node = members[0]
     call = canonical(node)
-    x = ctx.quant_or_none(_input(call, resolve))
-    dim = call.args.get("dim")
-    if x is None or ctx.qparams_of(node) is None or dim is None:
+    source = _input(call, resolve)
+    x, (dims, _) = ctx.quant_or_none(source), _reduced(source, call.args.get("dim"))
+    if x is None or ctx.qparams_of(node) is None or dims is None:
         return None
-    dims = [dim] if isinstance(dim, int) else list(dim)
     scale, zp, _ = ctx.qparams_of(node)
     out = ctx.call(_ops.mean, x.node, x.scale, x.zero_point, dims, bool(call.args.get("keepdim", False)), scale, zp)
     return ctx.output_qvalue(node, out)
@@ -177,11 +185,9 @@ def lower_sum(ctx, members, resolve):  # x.sum(dims) -> lucid_fx.mean on a grid 
         ctx.declined[node.name] = SUM_OF_PRODUCTS_WHY
         return None
     source = _input(call, resolve)
-    x, dim = ctx.quant_or_none(source), call.args.get("dim")
-    shape = getattr(source.meta.get(_meta.TENSOR_META), "shape", None) if isinstance(source, fx.Node) else None
-    if x is None or ctx.qparams_of(node) is None or dim is None or shape is None or call.args.get("dtype") is not None:
+    x, (dims, shape) = ctx.quant_or_none(source), _reduced(source, call.args.get("dim"))
+    if x is None or ctx.qparams_of(node) is None or shape is None or call.args.get("dtype") is not None:
         return None
-    dims = [dim] if isinstance(dim, int) else list(dim)
     count = math.prod(shape[d] for d in dims)
     scale, zp, _ = ctx.qparams_of(node)  # quantize(mean, scale / N) = quantize(sum, scale)
     out = ctx.call(_ops.mean, x.node, x.scale, x.zero_point, dims, bool(call.args.get("keepdim", False)), scale / count, zp)

@@ -657,3 +657,34 @@ def test_a_sum_is_a_mean_on_a_finer_grid_and_a_sum_of_products_stays_float(sqnr_
     with torch.no_grad():
         assert sqnr_db(reference(x), qmodel(x)) > 40
         assert sqnr_db(model(x), qmodel(x)) > 30
+
+
+class WholeReductions(nn.Module):
+    """Means and sums of every element (no dim, or dim=[] as torch takes it): GRU states' h.mean(), a loss-like head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        return torch.stack([h.mean(), h.sum() / 100, h.sum(dim=[]) / 100])
+
+
+def test_a_mean_or_sum_of_every_element_runs_on_codes(sqnr_db):
+    # Convert declined them ("lowering declined": no dim to reduce) while explain predicted an int8 mean.
+    make = lambda s: torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    torch.manual_seed(1)
+    model = WholeReductions().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(make(0),))
+    lucid_fx.calibrate(prepared, [make(s) for s in range(4)], progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    placed = qmodel.lucid_fx_convert_report.placements
+    assert [(placed[n].runs.value, placed[n].why) for n in ("mean", "sum_1", "sum_2")] == [("int8 kernel", "mean"), ("int8 kernel", "sum"),
+                                                                                         ("int8 kernel", "sum")]
+    predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items()}
+    assert all(predicted[n] == (placed[n].runs.value, placed[n].why) for n in ("mean", "sum_1", "sum_2"))
+    x = make(9)
+    with torch.no_grad():
+        want, got = model(x), qmodel(x)
+        assert sqnr_db(want, got) > 35 and torch.allclose(got[1], got[2])  # the two sums are one value
