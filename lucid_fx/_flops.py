@@ -2,8 +2,9 @@
 
 In a prepared graph they are read from the shapes prepare recorded (``node.meta["tensor_meta"]``):
 linear, conv1d/2d/3d, matmul (mm, bmm), addmm, baddbmm, an einsum that stays one call, grouped products (``aten._grouped_mm``,
-transformers' ``grouped_mm_fallback``: Mixtral's experts) and scaled_dot_product_attention, at 2 FLOPs per
-multiply-add. Everything else is cheap next to them and not counted. Code that is not a graph (a
+transformers' ``grouped_mm_fallback``: Mixtral's experts), scaled_dot_product_attention and the recurrent
+functions (``torch.lstm``, ``torch.gru_cell``, ...), at 2 FLOPs per multiply-add. Everything else is cheap
+next to them and not counted. Code that is not a graph (a
 module the untraceable-module fallback kept float) has no recorded shapes: prepare runs the float
 model once under torch's FLOP counter instead, and :func:`counting_module_flops` gives each module's
 FLOPs, children included.
@@ -74,9 +75,45 @@ def _weight(gm: fx.GraphModule, node: fx.Node) -> Optional[Tuple[int, ...]]:
     return _shape(value)
 
 
+def _recurrent(gm: fx.GraphModule, node: fx.Node, op: str) -> int:
+    """An LSTM, GRU or RNN (torch.lstm, torch.gru_cell, ...: nn.LSTM and its kin as torch.export or a traced
+    subclass records them): every position of the input (T*B rows, or a packed sequence's rows) times every
+    weight matrix of the call, the hidden ones included (one step a position). A deeper layer's input is
+    the layer before's output, as many rows as the first's."""
+    inputs = _shape(node.args[0]) if node.args else None
+    if op.endswith("_cell"):  # (input, hx, w_ih, w_hh, b_ih, b_hh): hx is a pair for an LSTM's
+        weights = [a for a in node.args[2:] if isinstance(a, fx.Node)]
+    else:  # (input, [batch_sizes,] hx, params, ...): params, every layer's and direction's, is the longest list
+        lists = [a for a in node.args[1:] if isinstance(a, (list, tuple)) and all(isinstance(p, fx.Node) for p in a)]
+        weights = max(lists, key=len) if lists else []
+    shapes = [tuple(_attr(gm, w.target).shape) if w.op == "get_attr" else _shape(w) for w in weights]
+    if not inputs or any(shape is None for shape in shapes):
+        return 0
+    return 2 * math.prod(inputs[:-1]) * sum(math.prod(shape) for shape in shapes if len(shape) == 2)
+
+
+_RECURRENT = {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"}
+
+
+_RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)  # nn.LSTM, nn.GRU, nn.RNN and their cells
+
+
+def _recurrent_module(gm: fx.GraphModule, node: fx.Node) -> int:
+    """A recurrent module's call, counted as its function's (:func:`_recurrent`): every weight matrix of it
+    times every position of the input (a packed sequence's shape is not recorded: 0)."""
+    module = gm.get_submodule(str(node.target))
+    inputs = _shape(node.args[0]) if node.args else None
+    weights = [p for p in module.parameters() if p.dim() == 2]
+    return 2 * math.prod(inputs[:-1]) * sum(w.numel() for w in weights) if inputs else 0
+
+
 def node_flops(gm: fx.GraphModule, node: fx.Node) -> int:
     """FLOPs of one node of a graph with recorded shapes; 0 for ops that are not matrix ops."""
     op = _op_name(node)
+    if op in _RECURRENT:
+        return _recurrent(gm, node, op)
+    if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), _RECURRENT_MODULES):
+        return _recurrent_module(gm, node)
     out = _shape(node) if op in MATRIX_OPS else None
     if out is None:
         return 0

@@ -36,6 +36,7 @@ _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 def _meta_types() -> Dict[str, Any]:
     from lucid_fx.ops import CanonicalCall
     from lucid_fx._placement import Placement
+    from lucid_fx.quantization.qconfig import QConfig
     from lucid_fx.rules.observers import Decision
 
     return {  # the type each node.meta key is documented with in lucid_fx/_meta.py
@@ -46,6 +47,7 @@ def _meta_types() -> Dict[str, Any]:
         _meta.FUSED_INTO: str,
         _meta.DECISION: Decision,
         _meta.MEASURED: str,
+        _meta.DYNAMIC: QConfig,
         _meta.MODULE_PATH: str,
         _meta.OBSERVER: str,
         _meta.TENSOR_META: Union[TensorMetadata, tuple, list, dict],  # ShapeProp nests it for several outputs

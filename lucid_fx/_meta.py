@@ -13,6 +13,9 @@ FUSION = "lucid_fx.fusion"
 FUSED_INTO = "lucid_fx.fused_into"
 #: Decision: which observer the node's output gets, and the rule that chose it (choose_observers).
 DECISION = "lucid_fx.decision"
+#: QConfig: of an nn.LSTM, nn.GRU or cell that convert runs as quantize_dynamic's int8 layer (choose_observers;
+#: lucid_fx.rules.recurrent); absent where its QConfig is None (the layer stays float).
+DYNAMIC = "lucid_fx.dynamic"
 #: str: the region kind of an op whose precision quantize(precision="measured") may choose by
 #: measurement, int8 or float (choose_observers; lucid_fx.rules.float_policies.MEASURED_OPS).
 MEASURED = "lucid_fx.measured"

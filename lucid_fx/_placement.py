@@ -96,6 +96,8 @@ class ConvertReport:
         regions = [FloatRegion("module", path or "<root>", why, self.module_flops.get(path, 0)) for path, why in self.float_modules.items()]
         for name, p in self._groups().items():
             kind, called = self.opaque.get(name, ("", ""))
+            if p.runs is Runs.NOT_TENSOR and name not in self.opaque and self.flops.get(name):  # torch.lstm's tuple
+                regions.append(FloatRegion("op", name, f"{p.why}, a tuple of outputs: runs in float", self.flops[name]))
             if p.runs is not Runs.FLOAT or kind and called in self.float_modules:  # listed above, with its trace error
                 continue
             kind = kind or ("op" if p.why.startswith(_NO_RULE) else "kept")

@@ -2,8 +2,8 @@
 pipeline (lucid_fx.pipeline.CONVERT_PASSES) on each graph (``lucid_fx.quantize``, all three verbs
 in one call, is lucid_fx/one_call.py).
 
-    fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> record_activation_qparams
-    -> install_programs
+    fold_batchnorm -> lower (lower_to_int8; insert_qdq if reference=True) -> fold_dequantize -> lower_recurrent
+    -> record_activation_qparams -> install_programs
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import nn
 
-from lucid_fx.dynamic_rnn import DynamicQuantizedGRU, DynamicQuantizedGRUCell, DynamicQuantizedLSTM, DynamicQuantizedLSTMCell
+from lucid_fx.dynamic_rnn import (RECURRENT_SWAPS, DynamicQuantizedGRU, DynamicQuantizedGRUCell, DynamicQuantizedLSTM,
+                                  DynamicQuantizedLSTMCell)
 from lucid_fx.kernels.target import Target, resolve_target
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
@@ -77,8 +78,7 @@ class DynamicQuantizedLinear(nn.Module):
 
 # The layers quantize_dynamic swaps, by exact type (a subclass, such as attention's out_proj, is read by its
 # parent), and how each is built from the float one.
-SWAPS = {nn.Linear: DynamicQuantizedLinear, nn.LSTM: DynamicQuantizedLSTM, nn.GRU: DynamicQuantizedGRU,
-         nn.LSTMCell: DynamicQuantizedLSTMCell, nn.GRUCell: DynamicQuantizedGRUCell}
+SWAPS = {nn.Linear: DynamicQuantizedLinear, **RECURRENT_SWAPS}
 _SWAPPED = ", ".join(f"nn.{kind.__name__}" for kind in SWAPS)
 
 

@@ -26,7 +26,7 @@ from lucid_fx.quantization.dtypes import QDtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
 from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell"]
+__all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell", "RECURRENT_SWAPS"]
 
 
 class _Recurrent(nn.Module):
@@ -261,3 +261,8 @@ class DynamicQuantizedGRUCell(_DynamicQuantizedCell):
     """``nn.GRUCell`` with int8 weights, as :class:`DynamicQuantizedLSTMCell`."""
 
     mode = "GRU"
+
+
+# The float layer each of these replaces, by exact type: quantize_dynamic's and convert's (passes/lower_recurrent.py).
+RECURRENT_SWAPS = {nn.LSTM: DynamicQuantizedLSTM, nn.GRU: DynamicQuantizedGRU, nn.LSTMCell: DynamicQuantizedLSTMCell,
+                   nn.GRUCell: DynamicQuantizedGRUCell}

@@ -25,6 +25,7 @@ from lucid_fx._flops import graph_flops
 from lucid_fx._activation_qparams import record_activation_qparams
 from lucid_fx.program import install_programs
 from lucid_fx._placement import ConvertReport
+from lucid_fx.dynamic_rnn import RECURRENT_SWAPS
 from lucid_fx.kernels.target import Target
 from lucid_fx.passes.analyze_ranges import analyze_ranges
 from lucid_fx.passes.canonicalize_ops import canonicalize_ops
@@ -39,6 +40,7 @@ from lucid_fx.passes.functionalize_inplace import functionalize_inplace
 from lucid_fx.passes.fuse_patterns import fuse_patterns
 from lucid_fx.passes.insert_observers import insert_observers
 from lucid_fx.passes.insert_qdq import insert_qdq, values_with_codes
+from lucid_fx.passes.lower_recurrent import lower_recurrent
 from lucid_fx.passes.lower_to_int8 import lower_to_int8, lowering_table
 from lucid_fx.passes.narrow_fixed_grids import narrow_fixed_grids
 from lucid_fx.passes.propagate_shapes import propagate_shapes
@@ -185,6 +187,12 @@ def _fold_dequantize(gm, ctx: ConvertContext):
     return gm if ctx.reference else fold_dequantize(gm, ctx.reports.get(ctx.path))
 
 
+def _lower_recurrent(gm, ctx: ConvertContext):
+    # nn.LSTM, nn.GRU and their cells run as quantize_dynamic's int8 layers, on this convert's Target.
+    return lower_recurrent(gm, ctx.reports.get(ctx.path),
+                           lambda layer, qconfig: RECURRENT_SWAPS[type(layer)].from_float(layer, qconfig, ctx.target))
+
+
 def _record_activation_qparams(gm, ctx: ConvertContext):
     return record_activation_qparams(gm)
 
@@ -195,7 +203,8 @@ def _install_programs(gm, ctx: ConvertContext):
 
 
 #: The convert passes, in order, on each calibrated graph (QAT parametrizations already removed).
-CONVERT_PASSES: List[Pass] = [_narrow_fixed_grids, _fold_batchnorm, _lower, _fold_dequantize, _record_activation_qparams, _install_programs]
+CONVERT_PASSES: List[Pass] = [_narrow_fixed_grids, _fold_batchnorm, _lower, _fold_dequantize, _lower_recurrent, _record_activation_qparams,
+                               _install_programs]
 
 
 # -- the loop -------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Reads ``node.meta[OP]``, ``[INTERVAL]``, ``[FUSION]``/``[FUSED_INTO]``, ``[MODULE_PATH]`` and
 ``["tensor_meta"]``; writes ``node.meta[DECISION]`` (a :class:`lucid_fx.rules.observers.Decision`
 with the rule's location) and, on an op of ``MEASURED_OPS`` that runs int8 and that no QConfig
-names, ``node.meta[MEASURED]`` (its region kind: a candidate for ``precision="measured"``). A
+names, ``node.meta[MEASURED]`` (its region kind: a candidate for ``precision="measured"``), and on a
+recurrent layer (nn.LSTM, nn.GRU, their cells) whose QConfig is not None, ``node.meta[DYNAMIC]``: that
+QConfig, with which convert runs it as quantize_dynamic's int8 layer (lucid_fx/rules/recurrent.py). A
 second sweep makes sure every quantized op reads quantized inputs: a float input (a graph input,
 or the output of an op left float) gets a statistics observer; the members of a fused group whose
 end stays float (it has no lowering rule) are not quantized ops.
@@ -25,6 +27,7 @@ from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.choices import choice_only_nodes
 from lucid_fx.rules.float_policies import MEASURED_OPS
 from lucid_fx.rules.observers import ANY, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
+from lucid_fx.rules.recurrent import recurrent_layer
 from lucid_fx.rules.tails import TAILS_WHY, keep_tails, reads_tail, tail_sources
 
 __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
@@ -235,6 +238,8 @@ def choose_observers(gm: fx.GraphModule, registry: Registry, mapping: QConfigMap
     for node in gm.graph.nodes:
         if _measured_candidate(node, ctx):
             node.meta[_meta.MEASURED] = MEASURED_OPS[ctx.op_name(node)]
+        if recurrent_layer(gm, node) is not None and ctx.qconfig(node) is not None:
+            node.meta[_meta.DYNAMIC] = ctx.qconfig(node)
     return gm
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -155,7 +156,9 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
         if not isinstance(model, nn.Module):
             raise TypeError(f"export_model: expected an nn.Module or ExportedProgram, got {type(model).__name__}")
         try:
-            ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False, dynamic_shapes=dynamic_shapes)
+            with warnings.catch_warnings():  # nn.LSTM's forward sets its _flat_weights list, which export reports
+                warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights\[", category=UserWarning)
+                ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False, dynamic_shapes=dynamic_shapes)
         except Exception as exc:  # noqa: BLE001 - reported with the module's name
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExportFailure(

@@ -1,6 +1,6 @@
 """predict_placement: where lower_to_int8 will run each node of a prepared graph, and why.
 
-Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]`` and ``["tensor_meta"]``
+Reads ``node.meta[DECISION]``, ``[OP]``, ``[FUSED_INTO]``, ``[OBSERVER]``, ``[DYNAMIC]`` and ``["tensor_meta"]``
 and the observers' qparams (or statistics: an attention mask that reached a softmax unfused)
 where the answer depends on them; writes nothing. Looks each node or
 fused group up in the lowering table as :mod:`lower_to_int8` does (a batch norm that convert will
@@ -37,6 +37,7 @@ from lucid_fx.computed_weights import PER_CALL_WHY, computed_per_call
 from lucid_fx.rules.one_source import TABLE_WHY, TWO_VALUES_WHY, one_source, two_values
 from lucid_fx.rules.lowering_gate import GATE_WHY, PRODUCT_OF, PRODUCT_WHY, gate_after_linear, product_factor
 from lucid_fx.rules.masks import mask_input
+from lucid_fx.rules.recurrent import dynamic_why, recurrent_layer
 from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["predict_placement"]
@@ -149,7 +150,10 @@ def predict_placement(prepared: fx.GraphModule, table: Dict[Tuple[str, ...], Any
         members = _group(node, nodes)
         key = _key([m for i, m in enumerate(members) if not _folds(members, i)], kind)
         rule = table.get(key) if lowerable(node, kind) else None
-        if rule is None:
+        layer = recurrent_layer(prepared, node) if _meta.DYNAMIC in node.meta else None
+        if layer is not None:  # lower_recurrent: quantize_dynamic's int8 layer
+            placement = Placement(Runs.KERNEL, dynamic_why(layer), ())
+        elif rule is None:
             placement = _stays_float(kind, decision, key, rule, "")
         elif not _inputs_have_codes(members[0]) or _scales_by_a_computed_number(members, rule):
             placement = _stays_float(kind, decision, key, rule, "lowering declined")  # the rule will find no codes

@@ -1,18 +1,21 @@
-"""restore_modules: turn a functional conv, linear or batch norm of an exported graph back into a
-call of the module it came from, so the graph looks as torch.fx traces it.
+"""restore_modules: turn a functional conv, linear, batch norm or recurrent layer of an exported graph back
+into a call of the module it came from, so the graph looks as torch.fx traces it.
 
 torch.export writes ``nn.Conv2d`` as ``conv2d(x, get_attr 0.weight, get_attr 0.bias, ...)`` on a
 bare ``nn.Module`` holding the parameters. Where such a holder has exactly the call's parameters
 (and buffers) and nothing reads them elsewhere, it is replaced by the ``nn.Conv2d`` /
 ``nn.Linear`` / ``nn.BatchNorm2d`` sharing those tensors and the node becomes ``call_module``: batch
 norms fold into the conv before them at convert (passes/fold_batchnorm.py folds module pairs),
-and a ``QConfigMapping`` set by module type or name applies as it does to a traced model.
+and a ``QConfigMapping`` set by module type or name applies as it does to a traced model. The same for
+``torch.lstm``, ``torch.gru`` and their cells (``torch.lstm_cell``, ``torch.gru_cell``): ``nn.LSTM`` and its
+kin, which convert runs in int8 (passes/lower_recurrent.py), where as calls of those functions they ran float.
 
 Reads and writes no ``node.meta`` key of its own; the new node keeps the old one's meta.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -51,7 +54,7 @@ def _conv(gm, node) -> Optional[tuple]:
     weight = holder.weight
     module = _CONVS[node.target](weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]), stride, padding,
                                  dilation, groups, bias=b is not None)
-    return path, module, x, [w, b]
+    return path, module, (x,), [w, b]
 
 
 def _linear(gm, node) -> Optional[tuple]:
@@ -60,7 +63,7 @@ def _linear(gm, node) -> Optional[tuple]:
     if path is None:
         return None
     weight = gm.get_submodule(path).weight
-    return path, nn.Linear(weight.shape[1], weight.shape[0], bias=b is not None), x, [w, b]
+    return path, nn.Linear(weight.shape[1], weight.shape[0], bias=b is not None), (x,), [w, b]
 
 
 def _batch_norm(gm, node) -> Optional[tuple]:
@@ -73,13 +76,58 @@ def _batch_norm(gm, node) -> Optional[tuple]:
         return None
     holder = gm.get_submodule(path)
     module = cls(holder.running_mean.shape[0], eps=rest.get("eps", 1e-5), momentum=rest.get("momentum", 0.1))
-    return path, module, x, [mean, var, w, b]
+    return path, module, (x,), [mean, var, w, b]
+
+
+def _recurrent(gm, node) -> Optional[tuple]:
+    """torch.lstm / torch.gru (x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    nn.LSTM / nn.GRU on the holder of params. Not a packed sequence's form (data, batch_sizes, hx, params, ...),
+    nor one with proj_size (its weight_hr), nor one read otherwise than by its items."""
+    if len(node.args) != 9 or not isinstance(node.args[2], (list, tuple)) or any(
+            user.target is not operator.getitem for user in node.users):
+        return None
+    x, hx, params, bias, layers, dropout, _, both, batch_first = node.args
+    kind = nn.LSTM if node.target is torch.lstm else nn.GRU
+    per_layer = (4 if bias else 2) * (2 if both else 1)
+    names = [f"{w}_{k}_l{layer}{s}" for layer in range(layers) for s in ("", "_reverse")[:2 if both else 1]
+             for w, k in (("weight", "ih"), ("weight", "hh"), ("bias", "ih"), ("bias", "hh"))[:4 if bias else 2]]
+    path = _holder(gm, node, list(params), names) if len(params) == per_layer * layers else None
+    if path is None:
+        return None
+    holder = gm.get_submodule(path)
+    module = kind(holder.weight_ih_l0.shape[1], holder.weight_hh_l0.shape[1], layers, bias=bias, batch_first=batch_first,
+                  dropout=dropout, bidirectional=both)
+    return path, module, (x, tuple(hx) if kind is nn.LSTM else hx), list(params)
+
+
+def _cell(gm, node) -> Optional[tuple]:
+    """torch.lstm_cell / torch.gru_cell (x, hx, w_ih, w_hh, b_ih, b_hh): nn.LSTMCell / nn.GRUCell."""
+    x, hx, *weights = (list(node.args) + [None] * 6)[:6]
+    path = _holder(gm, node, weights, ["weight_ih", "weight_hh", "bias_ih", "bias_hh"])
+    if path is None or (weights[2] is None) != (weights[3] is None):
+        return None
+    w_ih = gm.get_submodule(path).weight_ih
+    kind = nn.LSTMCell if node.target is torch.lstm_cell else nn.GRUCell
+    module = kind(w_ih.shape[1], w_ih.shape[0] // (4 if kind is nn.LSTMCell else 3), bias=weights[2] is not None)
+    return path, module, (x, tuple(hx) if kind is nn.LSTMCell else hx), weights
+
+
+def _flat_items(gm: fx.Graph, node: fx.Node, call: fx.Node) -> None:
+    """torch.lstm returns (output, h, c), nn.LSTM (output, (h, c)): its items 1 and 2 become call[1][0] and [1][1]."""
+    for user in list(node.users):
+        index = user.args[1]
+        if index in (1, 2):
+            with gm.inserting_before(user):
+                state = gm.call_function(operator.getitem, (call, 1))
+            user.args = (state, index - 1)
 
 
 _RESTORERS: Dict[Any, Callable[..., Optional[tuple]]] = {
     **{fn: _conv for fn in _CONVS},  # conv2d(x, 0.weight, 0.bias) -> call_module 0 (nn.Conv2d)
     F.linear: _linear,  # linear(x, fc.weight, fc.bias) -> call_module fc (nn.Linear)
     F.batch_norm: _batch_norm,  # batch_norm(x, 1.running_mean, ...) -> call_module 1 (nn.BatchNorm2d)
+    torch.lstm: _recurrent, torch.gru: _recurrent,  # lstm(x, hx, [rnn.weight_ih_l0, ...], ...) -> call_module rnn (nn.LSTM)
+    torch.lstm_cell: _cell, torch.gru_cell: _cell,  # gru_cell(x, h, cell.weight_ih, ...) -> call_module cell (nn.GRUCell)
 }
 
 
@@ -90,19 +138,23 @@ def restore_modules(gm: fx.GraphModule) -> fx.GraphModule:
         found = restore(gm, node) if restore is not None else None
         if found is None:
             continue
-        path, module, x, attrs = found
+        path, module, args, attrs = found
         holder = gm.get_submodule(path)
         for name, tensor in list(holder._parameters.items()) + list(holder._buffers.items()):
             if name in module._parameters:
                 module._parameters[name] = tensor
             else:
                 module._buffers[name] = tensor
+        if isinstance(module, nn.RNNBase):
+            module._init_flat_weights()  # its forward reads its weights from this list
         module.eval()
         parent, _, attr = path.rpartition(".")
         setattr(gm.get_submodule(parent) if parent else gm, attr, module)
         with gm.graph.inserting_before(node):
-            call = gm.graph.call_module(path, (x,))
+            call = gm.graph.call_module(path, args)
         call.meta.update(node.meta)
+        if node.target is torch.lstm:
+            _flat_items(gm.graph, node, call)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
         for attr_node in attrs:

@@ -185,12 +185,47 @@ class Recurrent(nn.Module):
 @pytest.mark.parametrize("cell,gates", [(nn.LSTM, 4), (nn.GRU, 3), (nn.RNN, 1)])
 def test_a_recurrent_layer_left_float_is_counted_and_named(cell, gates):
     """nn.LSTM returns a tuple, so its node gets no decision: the report listed no float region and, with
-    oneDNN's LSTM layer uncounted by torch's FLOP counter, said 100% in int8 while it ran in float."""
+    oneDNN's LSTM layer uncounted by torch's FLOP counter, said 100% in int8 while it ran in float. (Convert
+    runs nn.LSTM and nn.GRU in int8 unless their QConfig is None: passes/lower_recurrent.py; nn.RNN stays float.)"""
     torch.manual_seed(0)
     model, ids = Recurrent(cell).eval(), torch.randint(0, 50, (2, 10))
-    prepared = lucid_fx.prepare(model, example_inputs=(ids,))
+    prepared = lucid_fx.prepare(model, example_inputs=(ids,), qconfig_mapping=get_default_qconfig_mapping().set_module_name("rnn", None))
     lucid_fx.calibrate(prepared, [torch.randint(0, 50, (2, 10)) for _ in range(2)], progress=False)
     report = lucid_fx.convert(prepared).lucid_fx_convert_report
     rnn, head = 2 * 2 * 10 * gates * 32 * (16 + 32), 2 * 2 * 4 * 32  # every step's input and state times the gates
     assert report.total_flops == rnn + head
     assert f"float leaf module: rnn (no lowering rule for rnn, {100 * rnn / (rnn + head):.1f}% of FLOPs)" in str(report)
+
+
+class Decoder(nn.Module):
+    """A cell a step, its state made with torch.zeros(x.shape[1], ...), which torch.fx cannot trace: captured
+    by torch.export, whose graph calls torch.gru_cell (torch.lstm_cell) with the cell's weights."""
+
+    def __init__(self, cell: type):
+        super().__init__()
+        self.cell, self.out = cell(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[1], 32)
+        state = h if isinstance(self.cell, nn.GRUCell) else (h, torch.zeros(x.shape[1], 32))
+        steps = []
+        for t in range(3):
+            state = self.cell(x[t], state)
+            steps.append(self.out(state if isinstance(self.cell, nn.GRUCell) else state[0]))
+        return torch.stack(steps)
+
+
+@pytest.mark.parametrize("cell,gates", [(nn.GRUCell, 3), (nn.LSTMCell, 4)])
+def test_recurrent_functions_are_counted_and_named(cell, gates):
+    # torch.export records nn.GRUCell as torch.gru_cell (a traced nn.LSTM subclass as torch.lstm): their
+    # products were no matrix op the report counted, so it said 100% int8 while the cells ran in float.
+    torch.manual_seed(1)
+    model, x = Decoder(cell).eval(), torch.randn(3, 2, 16)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    assert "export" in str(prepared.lucid_fx_report)
+    lucid_fx.calibrate(prepared, [torch.randn(3, 2, 16) for _ in range(2)], progress=False)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    step, out = 2 * 2 * gates * 32 * (16 + 32), 2 * 2 * 16 * 32  # the input and the state times the gates; the head
+    assert report.total_flops == 3 * (step + out) and report.int8_flops == 3 * out
+    floats = {r.name: r.flops for r in report.float_regions if r.flops}
+    assert sorted(floats.values()) == [step] * 3 and all(cell.__name__.replace("Cell", "").lower() in name for name in floats), floats

@@ -17,7 +17,8 @@ def test_the_pipelines_list_their_passes_in_order():
         "remove_noops", "fold_constants", "rewrite_patterns", "fuse_patterns", "analyze_ranges", "choose_observers", "insert_observers",
     ]
     assert [pass_name(p) for p in CONVERT_PASSES] == [
-        "narrow_fixed_grids", "fold_batchnorm", "lower", "fold_dequantize", "record_activation_qparams", "install_programs",
+        "narrow_fixed_grids", "fold_batchnorm", "lower", "fold_dequantize", "lower_recurrent", "record_activation_qparams",
+        "install_programs",
     ]
 
 

@@ -42,3 +42,36 @@ def test_a_parameter_read_elsewhere_keeps_the_functional_call():
     gm = export_model(SharedWeight().eval(), (torch.randn(2, 4),))
     assert ("call_function", "linear") in _calls(gm)
     assert not any(n.op == "call_module" for n in gm.graph.nodes)
+
+
+class Recurrent(nn.Module):
+    """An embedding, a two-layer bi-LSTM whose state is read, a GRU, and a GRUCell and LSTMCell a step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True)
+        self.gru = nn.GRU(32, 12)
+        self.gru_cell, self.lstm_cell = nn.GRUCell(12, 12), nn.LSTMCell(12, 6)
+
+    def forward(self, x):
+        out, (h, c) = self.lstm(x)
+        seq, _ = self.gru(out)
+        step = self.gru_cell(seq[:, -1], h[-1, :, :12])
+        hc = self.lstm_cell(step)
+        return hc[0].sum() + c.sum() + step
+
+
+def test_recurrent_layers_become_modules_with_their_items():
+    # torch.export writes nn.LSTM as torch.lstm(x, [h0, c0], [weights], ...) returning (output, h, c), and the
+    # cells as torch.gru_cell / torch.lstm_cell: each becomes its module again (which convert runs in int8).
+    torch.manual_seed(1)
+    model, x = Recurrent().eval(), torch.randn(3, 5, 8)
+    gm = export_model(model, (x,))
+    modules = {n.target: type(gm.get_submodule(n.target)) for n in gm.graph.nodes if n.op == "call_module"}
+    assert modules == {"lstm": nn.LSTM, "gru": nn.GRU, "gru_cell": nn.GRUCell, "lstm_cell": nn.LSTMCell}
+    functions = {getattr(n.target, "__name__", "") for n in gm.graph.nodes if n.op == "call_function"}
+    assert not functions & {"lstm", "gru", "gru_cell", "lstm_cell"}
+    assert gm.get_submodule("lstm").bidirectional and gm.get_submodule("lstm").batch_first
+    assert gm.get_submodule("lstm").weight_hh_l1_reverse is model.lstm.weight_hh_l1_reverse  # the same tensors
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))  # (h, c) items included

@@ -1,0 +1,37 @@
+"""Recurrent layers in a prepared graph: ``nn.LSTM``, ``nn.GRU`` and their cells, called as modules, run
+after convert as quantize_dynamic's int8 layers (lucid_fx/dynamic_rnn.py: int8 weights per gate row, each
+call's input on its own range, the state on a fixed grid over [-1, 1], float cells), with the layer's
+QConfig: its weight observer sets the weight codes, its activation dtype the input's grid. None keeps a layer
+float. An int8 graph around it reads its float output as it reads any float op's.
+
+>>> from torch import nn
+>>> print(dynamic_why(nn.GRU(4, 8)))
+dynamic int8 GRU: int8 weights and products, the state on [-1, 1], float cells (quantize_dynamic's layer)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import fx, nn
+
+__all__ = ["RECURRENT_LAYERS", "recurrent_layer", "dynamic_why"]
+
+RECURRENT_LAYERS = (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
+
+
+def recurrent_layer(gm: fx.GraphModule, node: fx.Node) -> Optional[nn.Module]:
+    """The float recurrent layer ``node`` calls (exactly one of :data:`RECURRENT_LAYERS`, not a subclass,
+    whose forward may differ; an LSTM with ``proj_size`` has no int8 form here), else None."""
+    if node.op != "call_module":
+        return None
+    module = gm.get_submodule(str(node.target))
+    if type(module) not in RECURRENT_LAYERS or getattr(module, "proj_size", 0):
+        return None
+    return module
+
+
+def dynamic_why(layer: nn.Module) -> str:
+    """The convert report's and explain's reason for a recurrent layer run as quantize_dynamic's."""
+    kind = type(layer).__name__
+    return f"dynamic int8 {kind}: int8 weights and products, the state on [-1, 1], float cells (quantize_dynamic's layer)"
