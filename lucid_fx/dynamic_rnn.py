@@ -44,7 +44,6 @@ class _Recurrent(nn.Module):
                      f"weight_{kind}_scale{where}": torch.ones(rows), f"bias_{kind}{where}": torch.zeros(rows) if bias else None}
             for name, tensor in zeros.items():
                 self.register_buffer(name, weights[name] if weights is not None else tensor)
-        self._kernels = {}  # (kind, where) -> (the buffers it was built from, RecurrentWeight)
 
     @staticmethod
     def _quantized(float_module: nn.Module, qconfig: QConfig, target: Optional[Target], sources) -> Dict[str, Any]:
@@ -63,14 +62,9 @@ class _Recurrent(nn.Module):
         return weights
 
     def _weight(self, where: str, kind: str = "hh") -> recurrent.RecurrentWeight:
-        """W_ih or W_hh as the kernels take it, packed once and again only after a load_state_dict wrote it."""
-        names = (f"weight_{kind}_codes{where}", f"weight_{kind}_scale{where}", f"bias_{kind}{where}")
-        tensors = tuple(getattr(self, name) for name in names)
-        key = tuple(None if t is None else (t.data_ptr(), t._version) for t in tensors)
-        cached = self._kernels.get((kind, where))
-        if cached is None or cached[0] != key:
-            cached = self._kernels[kind, where] = (key, recurrent.recurrent_weight(*tensors))
-        return cached[1]
+        """W_ih or W_hh as the kernels take it (packed once per codes tensor, again after a load_state_dict wrote it)."""
+        return recurrent.recurrent_weight(*(getattr(self, f"{name}{where}") for name in (f"weight_{kind}_codes",
+                                                                                           f"weight_{kind}_scale", f"bias_{kind}")))
 
     def _gates(self, x: torch.Tensor, where: str) -> torch.Tensor:
         """x @ W_ih^T + b_ih of every row (and direction): one per-batch int8 GEMM, float out (rows, D * G * H)."""

@@ -28,6 +28,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from lucid_fx.kernels import linear_native, native, program_ops
+from lucid_fx.kernels.library import WeightCache
 from lucid_fx.kernels.linear_row import small_gemm
 from lucid_fx.kernels.native import _function
 from lucid_fx.quantization.dtypes import QDtype
@@ -52,13 +53,22 @@ class RecurrentWeight:
 
 
 def recurrent_weight(codes: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]) -> RecurrentWeight:
-    """The weight as both routes take it; packed once (the native route's blocks) on the CPU."""
-    packed = offset = None
-    if codes.is_cpu and linear_native.takes_weight(codes):
-        packed = linear_native.packed_weight(codes)
-        offset = packed.row_sums * -STATE_ZP
+    """The weight as both routes take it. The native route's blocks are built once per codes tensor (again after
+    an in-place change: :class:`lucid_fx.kernels.library.WeightCache`), kept with the kernels, not the module."""
+    packed, offset = _PACKED.get(codes, ("recurrent", linear_native.full_grid()), lambda: _packed(codes))
     return RecurrentWeight(codes, scale.float().contiguous(), None if bias is None else bias.float().contiguous(),
                            packed, offset)
+
+
+_PACKED = WeightCache()
+
+
+def _packed(codes: torch.Tensor) -> Tuple[Optional[linear_native.PackedWeight], Optional[torch.Tensor]]:
+    """The native GEMM's blocks and the state's zero-point offsets, or (None, None) where it does not take them."""
+    if not (codes.is_cpu and linear_native.takes_weight(codes)):
+        return None, None
+    packed = linear_native.packed_weight(codes)
+    return packed, packed.row_sums * -STATE_ZP
 
 
 def state_grid(h0: Optional[torch.Tensor]) -> Tuple[float, float]:
