@@ -216,3 +216,16 @@ def test_a_cell_takes_a_state_past_one_and_an_unbatched_input(sqnr_db, kind):
         assert one_h.shape == (16,) and sqnr_db((want[0] if kind == "LSTM" else want)[0], one_h) > 34
     with pytest.raises(ValueError, match=r"expected a hidden state of shape \(4, 16\), got \(3, 16\)"):
         ours(x, (h[:3], h[:3]) if kind == "LSTM" else h[:3])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_on_a_gpu_the_torch_route_runs(sqnr_db, kind):
+    # Off the CPU the steps run as torch ops (torch.ops.lucid_fx.linear: torch._int_mm on CUDA), on the device's grid.
+    model = _rnn(kind, 10, num_layers=2).cuda()
+    layer = Q.quantize_dynamic(model)
+    x = torch.randn(12, 20, 16, device="cuda")  # 20 rows a step: torch._int_mm wants more than 16
+    with torch.no_grad():
+        want, got = model(x)[0], layer(x)[0]
+    assert got.device.type == "cuda" and sqnr_db(want.cpu(), got.cpu()) > 34
