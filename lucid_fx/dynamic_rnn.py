@@ -75,15 +75,16 @@ class _Recurrent(nn.Module):
             raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features (last dim), the layer expects {self.input_size}")
         return x.to(torch.float32).contiguous()
 
-    def _given(self, hx) -> Tuple[torch.Tensor, ...]:
-        """The states the caller gave, finite: (h,) or (h, c)."""
+    def _given(self, hx) -> Tuple[Tuple[torch.Tensor, ...], float]:
+        """The states the caller gave, finite: (h,) or (h, c), and h's largest magnitude (its grid's bound)."""
         lstm = self.mode == "LSTM"
         if lstm != isinstance(hx, (tuple, list)) or (lstm and len(hx) != 2):
             raise ValueError(f"{type(self).__name__}: hx must be {'a pair (h_0, c_0)' if lstm else 'one tensor h_0'}")
         given = tuple(hx) if lstm else (hx,)
-        if not all(state.numel() == 0 or math.isfinite(float(state.detach().abs().amax())) for state in given):
+        largest = [float(state.detach().abs().amax()) if state.numel() else 0.0 for state in given]
+        if not all(map(math.isfinite, largest)):
             raise ValueError(f"{type(self).__name__}: the initial state holds inf or nan")
-        return given
+        return given, largest[0]
 
 
 class _DynamicQuantizedRNN(_Recurrent):
@@ -164,7 +165,7 @@ class _DynamicQuantizedRNN(_Recurrent):
             return None
         shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
         states = []
-        for state in self._given(hx):
+        for state in self._given(hx)[0]:
             state = state.unsqueeze(1) if unbatched and state.dim() == 2 else state
             if tuple(state.shape) != shape:
                 raise ValueError(f"{type(self).__name__}: expected a hidden state of shape {shape}, got {tuple(state.shape)}")
@@ -227,8 +228,9 @@ class _DynamicQuantizedCell(_Recurrent):
             raise ValueError(f"{type(self).__name__}: expects an input of 1 (unbatched) or 2 dims, got shape {tuple(input.shape)}")
         x = self._checked(input.reshape(-1, input.shape[-1]))
         batch, hidden = x.shape[0], self.hidden_size
+        given, largest = self._given(hx) if hx is not None else ((), 0.0)
         states = [torch.zeros(batch, hidden, device=x.device)] * (2 if self.mode == "LSTM" else 1) if hx is None else \
-            [s.reshape(-1, hidden) if s.dim() == input.dim() else s for s in self._given(hx)]
+            [s.reshape(-1, hidden) if s.dim() == input.dim() else s for s in given]
         for state in states:
             if tuple(state.shape) != (batch, hidden):
                 raise ValueError(f"{type(self).__name__}: expected a hidden state of shape {(batch, hidden)}, got {tuple(state.shape)}")
@@ -236,7 +238,7 @@ class _DynamicQuantizedCell(_Recurrent):
             (states[0].to(torch.float32).contiguous().clone(), None)
         out = torch.empty(batch, hidden, device=x.device)
         recurrent.run_layer(self.mode, self._gates(x, ""), self._weight(""), h, c, out, [0, batch], False,
-                            recurrent.state_grid(None if hx is None else states[0]))
+                            recurrent.state_grid(None, largest))
         h, c = (None if s is None else s.to(input.dtype).view(*input.shape[:-1], hidden) for s in (h, c))
         return (h, c) if self.mode == "LSTM" else h
 

@@ -23,8 +23,8 @@ H=128): 0.33 ms a sequence, where a first version calling torch ops a step took 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -52,31 +52,43 @@ class RecurrentWeight:
     bias: Optional[torch.Tensor]
     packed: Optional[linear_native.PackedWeight]
     offset: Optional[torch.Tensor]  # int32: -STATE_ZP * row sums
+    by_zp: Dict[int, torch.Tensor] = field(default_factory=dict)  # an input's offsets, -zp * row sums, by its zero point
+
+    def offsets(self, zp: int) -> torch.Tensor:
+        """-zp * row sums (int32), made once per zero point (a per-batch range has at most 256)."""
+        found = self.by_zp.get(zp)
+        if found is None:
+            found = self.by_zp[zp] = self.packed.row_sums * -zp
+        return found
 
 
 def recurrent_weight(codes: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]) -> RecurrentWeight:
     """The weight as both routes take it. The native route's blocks are built once per codes tensor (again after
     an in-place change: :class:`lucid_fx.kernels.library.WeightCache`), kept with the kernels, not the module."""
-    packed, offset = _PACKED.get(codes, ("recurrent", linear_native.full_grid()), lambda: _packed(codes))
+    packed, offset, by_zp = _PACKED.get(codes, ("recurrent", linear_native.full_grid()), lambda: _packed(codes))
     return RecurrentWeight(codes, scale.float().contiguous(), None if bias is None else bias.float().contiguous(),
-                           packed, offset)
+                           packed, offset, by_zp)
 
 
 _PACKED = WeightCache()
 
 
-def _packed(codes: torch.Tensor) -> Tuple[Optional[linear_native.PackedWeight], Optional[torch.Tensor]]:
-    """The native GEMM's blocks and the state's zero-point offsets, or (None, None) where it does not take them."""
+def _packed(codes: torch.Tensor) -> Tuple[Optional[linear_native.PackedWeight], Optional[torch.Tensor], Dict[int, torch.Tensor]]:
+    """The native GEMM's blocks, the state's zero-point offsets and room for an input's (by zero point), or
+    (None, None, {}) where it does not take them."""
     if not (codes.is_cpu and linear_native.takes_weight(codes)):
-        return None, None
+        return None, None, {}
     packed = linear_native.packed_weight(codes)
-    return packed, packed.row_sums * -STATE_ZP
+    return packed, packed.row_sums * -STATE_ZP, {}
 
 
-def state_grid(h0: Optional[torch.Tensor]) -> Tuple[float, float]:
+def state_grid(h0: Optional[torch.Tensor], largest: Optional[float] = None) -> Tuple[float, float]:
     """(scale, 1 / scale rounded to float32) of the state's codes: a bound of max(1, |h0|) in 127 steps
-    each side, so a state that starts inside [-1, 1] (zeros by default) keeps the grid of [-1, 1]."""
-    bound = 1.0 if h0 is None or h0.numel() == 0 else max(1.0, float(h0.detach().abs().amax()))
+    each side, so a state that starts inside [-1, 1] (zeros by default) keeps the grid of [-1, 1].
+    ``largest``: h0's largest magnitude where the caller has it already."""
+    if largest is None:
+        largest = 0.0 if h0 is None or h0.numel() == 0 else float(h0.detach().abs().amax())
+    bound = max(1.0, largest)
     return _UNIT_GRID if bound == 1.0 else (bound / 127, float(torch.tensor(127 / bound, dtype=torch.float32)))
 
 
@@ -94,7 +106,7 @@ def input_gates(x: torch.Tensor, weight: RecurrentWeight, grid: QDtype, who: str
         codes = native.quantize_codes(x, 1.0 / scale, zp, grid.quant_min, grid.quant_max, torch.uint8)  # ctypes rounds 1 / scale
         out = torch.empty(m, n)
         inf = float("inf")
-        linear_native.gemm_into(codes, out, weight.packed, weight.packed.row_sums * -zp, scale, weight.scale, weight.bias,
+        linear_native.gemm_into(codes, out, weight.packed, weight.offsets(zp), scale, weight.scale, weight.bias,
                                 0.0, 0, -inf, inf, torch.float32)
         return out
     codes = torch.ops.lucid_fx.quantize_per_tensor(x, scale, zp, grid.quant_min, grid.quant_max, grid.storage)

@@ -135,6 +135,7 @@ def test_state_grid_covers_the_initial_state():
     scale, inv = recurrent.state_grid(torch.tensor([[0.5, -3.0]]))
     assert scale == 3.0 / 127 and inv == float(torch.tensor(127 / 3.0, dtype=torch.float32))
     assert recurrent.state_grid(torch.full((2, 3), 0.9)) == (1 / 127, 127.0)  # inside [-1, 1]: the grid of [-1, 1]
+    assert recurrent.state_grid(None, 3.0) == (scale, inv)  # the bound a caller measured already
 
 
 def test_a_weight_the_native_gemm_cannot_sum_exactly_takes_the_torch_route(native_build, monkeypatch):
@@ -143,3 +144,14 @@ def test_a_weight_the_native_gemm_cannot_sum_exactly_takes_the_torch_route(nativ
     codes, scale, bias = _weight("LSTM", 7, bound=127)
     assert recurrent.recurrent_weight(codes, scale, bias).packed is None
     assert recurrent.recurrent_weight(codes.clamp(-64, 64), scale, bias).packed is not None
+
+
+def test_an_inputs_offsets_are_made_once_per_zero_point(native_on):
+    codes, scale, bias = _weight("GRU", 8)
+    weight = recurrent.recurrent_weight(codes, scale, bias)
+    first = weight.offsets(131)
+    assert torch.equal(first, codes.sum(1, dtype=torch.int32) * -131)
+    again = recurrent.recurrent_weight(codes, scale, bias)  # built once per codes tensor: the same blocks and offsets
+    assert again.packed is weight.packed and again.offsets(131) is first
+    codes.add_(1)  # an in-place change (a load_state_dict) builds them again
+    assert recurrent.recurrent_weight(codes, scale, bias).packed is not weight.packed
