@@ -28,7 +28,7 @@ static inline float exp_below_zero(float x) {
 }
 
 /* The logistic sigmoid from one exponential of -|x| (never an overflow): 1 / (1 + e) for x >= 0, e / (1 + e)
- * below. Within a few ulp of torch.sigmoid (tests/kernels/test_recurrent.py measures it). */
+ * below. Within 2e-7 of torch.sigmoid over [-20, 20] (tests/kernels/test_recurrent.py measures it). */
 static inline float sigmoid_exp(float x) {
     const float e = exp_below_zero(x >= 0.0f ? -x : x);
     const float s = 1.0f / (1.0f + e);

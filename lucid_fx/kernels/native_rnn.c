@@ -10,8 +10,8 @@
  *   LSTM (gates i, f, g, o): c' = f * c + i * g,  h' = o * tanh(c')
  *   GRU  (gates r, z, n):    n = tanh(gx_n + r * gh_n),  h' = (h - n) * z + n
  *
- * sigmoid and tanh are native_math.h's, within a few ulp of torch's, so the codes of the next step's
- * state match torch's route (recurrent.py's) except where a value lies within those ulp of a rounding tie.
+ * sigmoid and tanh are native_math.h's, within 2e-7 of torch's, so the codes of the next step's state match
+ * torch's route (recurrent.py's) except where a value lies that close to a rounding tie.
  *
  * g holds steps, batch, hidden, cell (0 LSTM, 1 GRU), reverse, gx's and out's row strides (floats), then
  * steps + 1 row offsets: step t reads rows rows[t] .. rows[t + 1] - 1 of gx and writes those of out, and

@@ -12,7 +12,7 @@ the cell in float32 with torch's formulas (native_rnn.c has them).
 Two routes, the same steps: ``native_rnn.c`` runs the whole sequence in one call where the native
 kernels are loaded and their GEMM takes the weight (:func:`lucid_fx.kernels.linear_native.takes_weight`);
 elsewhere (another device, ``LUCID_FX_NATIVE=0``) torch ops run each step (``torch.ops.lucid_fx.linear``,
-torch.sigmoid and tanh). Their sigmoid and tanh differ by a few ulp, so a state code can differ where a
+torch.sigmoid and tanh). Their sigmoid and tanh differ by up to 2e-7, so a state code can differ where a
 value lies that close to a rounding tie: tests/kernels/test_recurrent.py compares the two routes and
 each with exact integer arithmetic.
 
