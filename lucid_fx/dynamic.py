@@ -109,9 +109,14 @@ def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict
     qconfig = spec.get(type(module), inherited)
     qconfig = spec.get(name, qconfig)
     swap = SWAPS.get(type(module))
+    if swap is not None and qconfig is not None:
+        try:
+            return swap.from_float(module, qconfig, targets(next(module.parameters()).device))
+        except ValueError as err:  # a layer it cannot take (an LSTM with proj_size): named, with the way to keep it float
+            raise ValueError(f"quantize_dynamic: {name or '<root>'} ({type(module).__name__}): {err}; keep it float with "
+                             f"qconfig_spec={{{name!r}: None}}" if name else f"quantize_dynamic: {err}") from None
     if swap is not None:
-        device = next(module.parameters()).device
-        return swap.from_float(module, qconfig, targets(device)) if qconfig is not None else module
+        return module
     for child_name, child in list(module.named_children()):
         new = _swap(child, f"{name}.{child_name}" if name else child_name, qconfig, spec, targets)
         if new is not child:

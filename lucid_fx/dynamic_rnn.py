@@ -111,8 +111,7 @@ class _DynamicQuantizedRNN(_Recurrent):
         """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, an ``nn.GRU`` for
         DynamicQuantizedGRU) per row with ``qconfig.weight``'s observer on ``target``'s weight grid."""
         if getattr(rnn, "proj_size", 0):
-            raise ValueError(f"quantize_dynamic: an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence "
-                             "here; keep it float (qconfig_spec={'<its name>': None})")
+            raise ValueError(f"an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence here")
         suffixes = ("", "_reverse")[:2 if rnn.bidirectional else 1]
         sources = [(kind, f"_l{layer}{s}", f"_l{layer}" if kind == "ih" else f"_l{layer}{s}")
                    for layer in range(rnn.num_layers) for kind in ("ih", "hh") for s in suffixes]

@@ -151,8 +151,12 @@ def test_selection_keeps_what_is_asked_float():
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match=r"an nn.LSTM with proj_size=8 has no int8 recurrence here; keep it float"):
-        Q.quantize_dynamic(nn.Sequential(nn.LSTM(4, 16, proj_size=8)))
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.LSTM(4, 16, proj_size=8)))
+    with pytest.raises(ValueError, match=r"quantize_dynamic: 1.0 \(LSTM\): an nn.LSTM with proj_size=8 has no int8 recurrence here; "
+                                         r"keep it float with qconfig_spec=\{'1.0': None\}"):
+        Q.quantize_dynamic(model)
+    kept = Q.quantize_dynamic(model, {nn.Linear: Q.default_dynamic_qconfig, nn.LSTM: Q.default_dynamic_qconfig, "1.0": None})  # as told
+    assert type(kept[0]) is Q.DynamicQuantizedLinear and type(kept[1][0]) is nn.LSTM
     lstm = Q.quantize_dynamic(nn.LSTM(4, 8))
     with pytest.raises(ValueError, match=r"DynamicQuantizedLSTM: input has 3 features \(last dim\), the layer expects 4"):
         lstm(torch.randn(5, 2, 3))
