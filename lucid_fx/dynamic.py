@@ -110,11 +110,11 @@ def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict
     qconfig = spec.get(name, qconfig)
     swap = SWAPS.get(type(module))
     if swap is not None and qconfig is not None:
-        try:
-            return swap.from_float(module, qconfig, targets(next(module.parameters()).device))
-        except ValueError as err:  # a layer it cannot take (an LSTM with proj_size): named, with the way to keep it float
-            raise ValueError(f"quantize_dynamic: {name or '<root>'} ({type(module).__name__}): {err}; keep it float with "
-                             f"qconfig_spec={{{name!r}: None}}" if name else f"quantize_dynamic: {err}") from None
+        why = getattr(swap, "refuses", lambda layer: None)(module)  # an LSTM with proj_size: named, with the way out
+        if why is not None:
+            raise ValueError(f"quantize_dynamic: {name or '<root>'} ({type(module).__name__}): {why}"
+                             + (f"; keep it float with qconfig_spec={{{name!r}: None}}" if name else ""))
+        return swap.from_float(module, qconfig, targets(next(module.parameters()).device))
     if swap is not None:
         return module
     for child_name, child in list(module.named_children()):

@@ -106,12 +106,18 @@ class _DynamicQuantizedRNN(_Recurrent):
             shapes.update((f"hh_l{layer}{suffix}", (gates, hidden_size)) for suffix in ("", "_reverse")[:directions])
         self._register(shapes, bias, weights)
 
+    @staticmethod
+    def refuses(rnn: nn.Module) -> Optional[str]:
+        """Why this layer cannot take ``rnn``, or None: an LSTM with ``proj_size`` (its projection has no int8 form here)."""
+        return f"an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence here" if getattr(rnn, "proj_size", 0) else None
+
     @classmethod
     def from_float(cls, rnn: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
         """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, an ``nn.GRU`` for
         DynamicQuantizedGRU) per row with ``qconfig.weight``'s observer on ``target``'s weight grid."""
-        if getattr(rnn, "proj_size", 0):
-            raise ValueError(f"an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence here")
+        why = cls.refuses(rnn)
+        if why is not None:
+            raise ValueError(why)
         suffixes = ("", "_reverse")[:2 if rnn.bidirectional else 1]
         sources = [(kind, f"_l{layer}{s}", f"_l{layer}" if kind == "ih" else f"_l{layer}{s}")
                    for layer in range(rnn.num_layers) for kind in ("ih", "hh") for s in suffixes]

@@ -157,6 +157,10 @@ def test_bad_inputs_are_named():
         Q.quantize_dynamic(model)
     kept = Q.quantize_dynamic(model, {nn.Linear: Q.default_dynamic_qconfig, nn.LSTM: Q.default_dynamic_qconfig, "1.0": None})  # as told
     assert type(kept[0]) is Q.DynamicQuantizedLinear and type(kept[1][0]) is nn.LSTM
+    four_bits = Q.QConfig(Q.PlaceholderObserver.with_args(qdtype=Q.QDtype("quint4", 4, False, 0, 15, torch.uint8)),
+                          Q.default_dynamic_qconfig.weight)
+    with pytest.raises(ValueError, match=r"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for"):
+        Q.quantize_dynamic(nn.Sequential(nn.GRU(4, 8)), {nn.GRU: four_bits})
     lstm = Q.quantize_dynamic(nn.LSTM(4, 8))
     with pytest.raises(ValueError, match=r"DynamicQuantizedLSTM: input has 3 features \(last dim\), the layer expects 4"):
         lstm(torch.randn(5, 2, 3))
