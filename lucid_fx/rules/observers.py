@@ -9,12 +9,15 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
+from torch import fx
+
 from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 from lucid_fx.computed_weights import from_parameters, read_only_as_weight
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN, FLOAT_WHERE_IT_PAYS
+from lucid_fx.rules.noops import CASTS
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
@@ -167,6 +170,18 @@ def _tuple_item(node, ctx) -> Optional[Decision]:
     return Decision(DecisionKind.FLOAT, why, keep_float=True)
 
 
+def _integer_cast(node, ctx) -> Optional[Decision]:
+    """``mask.to(x.dtype)``, ``ids.float()``: where a model's integers (or booleans) become floats, as a graph's
+    float input does; the cast runs as written, its values quantized where an int8 op reads them."""
+    source = canonical(node).args.get("input")
+    if not isinstance(source, fx.Node) or ctx.is_float_tensor(source):
+        return None
+    dtype = getattr(source.meta.get(_TENSOR_META), "dtype", None)
+    what = str(dtype).removeprefix("torch.") if dtype is not None else "non-float"
+    why = f"a cast of {source.name}'s {what} values to float: runs as written, quantized where an int8 op reads it"
+    return Decision(DecisionKind.FLOAT, why, keep_float=True)
+
+
 def _shared(node, ctx) -> Optional[Decision]:
     item_of = item_source(node)  # chunk(x)[i]: x's values, on x's grid
     sources = [item_of] if item_of is not None else canonical(node).tensor_inputs()
@@ -253,6 +268,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
     observer_rule("getitem", _tuple_item),  # nn.MultiheadAttention(...)[0] -> float, as the module gives it
+    observer_rule(CASTS, _integer_cast),  # mask.to(x.dtype), ids.float() -> float, quantized where read
     observer_rule(SHARED_OPS, _shared),  # maxpool/flatten/reshape/... -> input's observer
     observer_rule("interpolate", _resample),  # nearest, bilinear, ... upsampling -> input's observer
     observer_rule("pad", _padding),  # F.pad with zeros, reflect, replicate, circular -> input's observer

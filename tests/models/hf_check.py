@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from .families import Family
-from ._common import image_inputs, token_inputs
+from ._common import image_inputs, init_batch_norms, token_inputs
 from .export_ops import aten_ops, quantize_exported
 from .measure import _capture, _error, run_lucid
 
@@ -35,6 +35,27 @@ def hf_families() -> Dict[str, Family]:
 
     example, batches = image_inputs((2, 3, 32, 32))
     pixels = lambda inputs: ((), {"pixel_values": inputs[0][0]})  # noqa: E731 - called as model(pixel_values=...)
+
+    def keywords(cls, config, inputs, trained_norms=False):
+        """A model called with the keyword inputs ``inputs(seed)`` makes; ``trained_norms``: batch norms with
+        trained-looking statistics (a fresh MobileViT's output is all zeros)."""
+        def make():
+            torch.manual_seed(0)
+            model = cls(config)
+            return (init_batch_norms(model) if trained_norms else model).eval()
+        return Family(make, lambda: ((), inputs(0)), lambda n=4: [((), inputs(1000 + i)) for i in range(n)])
+
+    def with_decoder(family: Family) -> Family:
+        """``family``'s text inputs and ``decoder_input_ids`` (8 tokens) for an encoder-decoder model."""
+        def add(inputs):
+            args, kwargs = inputs
+            ids = kwargs["input_ids"]
+            return args, dict(kwargs, decoder_input_ids=ids[:, :8].flip(1).contiguous())
+        return Family(family.make_model, lambda: add(family.example_inputs()),
+                      lambda n=4: [add(b) for b in family.calibration_batches(n)])
+
+    def tensor(shape, name):
+        return lambda seed: {name: torch.randn(shape, generator=torch.Generator().manual_seed(seed))}
 
     def vit():
         torch.manual_seed(0)
@@ -77,6 +98,40 @@ def hf_families() -> Dict[str, Family]:
                                                                              num_labels=10)),  # channels-first LayerNorm, layer scale
         "deit": image(T.DeiTForImageClassification, T.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
                                                                  num_attention_heads=4, intermediate_size=128, num_labels=10)),  # two tokens
+        # encoder-decoders, speech, other attention forms (2026-12-03)
+        "t5": with_decoder(text(T.T5Model, T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB,
+                                                      use_cache=False))),  # relative position bias, RMSNorm without mean
+        "bart": text(T.BartModel, T.BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                               decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                               vocab_size=VOCAB, max_position_embeddings=64, use_cache=False)),  # cross-attention
+        "whisper": keywords(T.WhisperModel, T.WhisperConfig(
+            d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32, max_target_positions=16,
+            vocab_size=VOCAB, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1),
+            lambda seed: dict(tensor((2, 16, 64), "input_features")(seed),
+                              decoder_input_ids=torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(seed)))),  # conv1d stem
+        "wav2vec2": keywords(T.Wav2Vec2Model, T.Wav2Vec2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32),
+            conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+            tensor((2, 1600), "input_values")),  # raw audio: conv1d feature extractor, group norm, weight-normed conv
+        "deberta_v2": text(T.DebertaV2Model, T.DebertaV2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                               intermediate_size=128, vocab_size=VOCAB)),  # disentangled attention
+        "bloom": text(T.BloomForCausalLM, T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB,
+                                                        use_cache=False)),  # ALiBi
+        "falcon": text(T.FalconForCausalLM, T.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                           vocab_size=VOCAB, use_cache=False)),  # multi-query, parallel attention
+        "mamba": text(T.MambaForCausalLM, T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8,
+                                                        use_cache=False)),  # selective scan, causal conv1d
+        "clip_vision": keywords(T.CLIPVisionModel, T.CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                                      num_attention_heads=4, image_size=32, patch_size=8),
+                                tensor((2, 3, 32, 32), "pixel_values")),  # quick GELU, pre-norm
+        "segformer": keywords(T.SegformerForSemanticSegmentation, T.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            decoder_hidden_size=32, num_labels=4, patch_sizes=[7, 3], strides=[4, 2]),
+            tensor((2, 3, 32, 32), "pixel_values"), trained_norms=True),  # reduced keys by a strided conv, upsampling head
+        "mobilevit": keywords(T.MobileViTModel, T.MobileViTConfig(image_size=32, hidden_sizes=[32, 48, 64],
+                                                                  neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64]),
+                              tensor((2, 3, 32, 32), "pixel_values"), trained_norms=True),  # patches unfolded by reshapes
     }
 
 

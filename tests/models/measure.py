@@ -87,8 +87,10 @@ def _error(exc: BaseException) -> str:
 def model_flops(model: nn.Module, args: tuple, kwargs: dict) -> int:
     """Total matrix FLOPs of one float run, by torch's own counter (the report's total should agree)."""
     counter = FlopCounterMode(display=False, custom_mapping=_CPU_KERNELS)
+    # on a copy without gradients: the counter's module hooks fail on a parameter passed to a module call
+    # (transformers' Mamba hands its conv1d weight to a hub kernel layer)
     with counter, torch.no_grad():
-        model(*args, **kwargs)
+        copy.deepcopy(model).requires_grad_(False)(*args, **kwargs)
     return counter.get_total_flops()
 
 

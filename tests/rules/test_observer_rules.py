@@ -169,3 +169,36 @@ def test_an_item_of_a_module_s_output_tuple_is_taken_as_the_module_gives_it():
     assert report.float_ops["getitem"] == f"input of quantized add ({why})"  # was "no lowering rule for getitem"
     assert not [r for r in report.float_regions if r.kind == "op"], report.float_regions
     assert report.int8_flop_share == 1.0
+
+
+class MaskedEmbedding(nn.Module):
+    """DeBERTa's ``output * input_mask.to(output.dtype)``: an integer mask cast to float, then multiplied in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.proj = nn.Embedding(50, 16), nn.Linear(16, 16)
+
+    def forward(self, ids, mask):
+        x = self.embed(ids)
+        return self.proj(x * mask.unsqueeze(-1).to(x.dtype))
+
+
+def test_a_cast_of_integers_to_float_runs_as_written_and_is_quantized_where_read():
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, 50, (2, 6), generator=g), (torch.rand(2, 6, generator=g) > 0.3).long()) for _ in range(6)]
+    torch.manual_seed(0)
+    model = MaskedEmbedding().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=batches[0])
+    cast = next(n for n in prepared.graph.nodes if n.target == "to")
+    decision = cast.meta[_meta.DECISION]  # kept float, observed for the int8 mul that reads it
+    assert decision.kind is DecisionKind.STATISTICS and decision.keep_float
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    report = qmodel.lucid_fx_convert_report
+    why = "a cast of unsqueeze's int64 values to float: runs as written, quantized where an int8 op reads it"
+    assert report.float_ops[cast.name] == f"input of quantized mul ({why})"  # was "no lowering rule for to"
+    assert not [r for r in report.float_regions if r.kind == "op"], report.float_regions
+    ids, mask = batches[0]
+    with torch.no_grad():
+        reference = model(ids, mask)
+    assert 10 * torch.log10(reference.pow(2).mean() / (qmodel(ids, mask) - reference).pow(2).mean()) > 30
