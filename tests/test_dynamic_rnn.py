@@ -229,6 +229,34 @@ def test_a_cell_takes_a_state_past_one_and_an_unbatched_input(sqnr_db, kind):
         ours(x, (h[:3], h[:3]) if kind == "LSTM" else h[:3])
 
 
+@pytest.mark.parametrize("kind", sorted(CELLS))
+def test_a_cell_call_is_one_native_call_with_the_pieces_values(monkeypatch, kind):
+    if not native.available():  # as test_the_native_and_torch_routes_agree
+        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1" and os.environ.get("LUCID_FX_NATIVE", "1") != "0":
+            pytest.fail(f"LUCID_FX_REQUIRE_TOOLS=1 but the native kernels did not build: {native.status()}")
+        pytest.skip(f"native kernels: {native.status()}")
+    torch.manual_seed(10)
+    ours = Q.quantize_dynamic(CELLS[kind][0](12, 20).eval())
+    x, h = torch.randn(3, 12), torch.randn(3, 20) * 2
+    hx = (h, torch.randn(3, 20)) if kind == "LSTM" else h
+    with torch.no_grad():
+        ours(x, hx)  # warm: the weights packed
+        calls = []
+        for name in ("input_gates", "run_layer"):  # the pieces one native call replaces
+            monkeypatch.setattr(recurrent, name, lambda *a, _name=name, _fn=getattr(recurrent, name): calls.append(_name) or _fn(*a))
+        one_call = ours(x, hx)
+        assert calls == []
+        monkeypatch.setattr(recurrent, "run_cell", lambda *a: False)
+        pieces = ours(x, hx)
+        assert calls == ["input_gates", "run_layer"]
+        for a, b in zip(*((one_call, pieces) if kind == "LSTM" else ((one_call,), (pieces,)))):
+            assert torch.equal(a, b)
+        monkeypatch.undo()
+        as_double = ours(x.double(), tuple(s.double() for s in hx) if kind == "LSTM" else h.double())  # the pieces' route
+    got = as_double[0] if kind == "LSTM" else as_double
+    assert got.dtype == torch.float64 and float((got - (one_call[0] if kind == "LSTM" else one_call)).abs().max()) < 1e-5
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -50,22 +50,77 @@ static void gru_cell(const float *restrict gh, const float *restrict gx, float *
     }
 }
 
+/* One step: the state's active rows quantized on the grid (h_scale, h_inv), their gates by the GEMM, the cell. */
+static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const int32_t *offset, const float *w_scale,
+                 const float *bias, float *h, float *c, float *out, int64_t out_stride, uint8_t *hq, float *gh,
+                 int64_t batch, int64_t hidden, int64_t cell, float h_scale, float h_inv) {
+    const int64_t gates = (cell == 0 ? 4 : 3) * hidden;
+    const float zp = 128.0f;
+    for (int64_t i = 0; i < batch * hidden; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * h_inv, -zp, 255.0f - zp, 128);
+    lucid_gemm_float32(hq, packed, gh, batch, gates, hidden, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
+                       INFINITY, 0);
+    for (int64_t r = 0; r < batch; r++) {
+        const float *x = gx + r * gx_stride;
+        float *o = out + r * out_stride;
+        if (cell == 0) lstm_cell(gh + r * gates, x, h + r * hidden, c + r * hidden, o, hidden);
+        else gru_cell(gh + r * gates, x, h + r * hidden, o, hidden);
+    }
+}
+
 void lucid_rnn_float32(const float *gx, const int8_t *packed, const int32_t *offset, const float *w_scale,
                        const float *bias, float *h, float *c, float *out, uint8_t *hq, float *gh,
                        const int64_t *g, float h_scale, float h_inv) {
     const int64_t steps = g[0], hidden = g[2], cell = g[3], reverse = g[4], gx_stride = g[5], out_stride = g[6];
-    const int64_t *rows = g + 7, gates = (cell == 0 ? 4 : 3) * hidden;
-    const float inv = h_inv, zp = 128.0f; /* h_inv: 1 / h_scale rounded as the torch route rounds it */
+    const int64_t *rows = g + 7; /* h_inv: 1 / h_scale rounded as the torch route rounds it */
     for (int64_t s = 0; s < steps; s++) {
         const int64_t t = reverse ? steps - 1 - s : s, first = rows[t], batch = rows[t + 1] - rows[t];
-        for (int64_t i = 0; i < batch * hidden; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * inv, -zp, 255.0f - zp, 128);
-        lucid_gemm_float32(hq, packed, gh, batch, gates, hidden, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
-                           INFINITY, 0);
-        for (int64_t r = 0; r < batch; r++) {
-            const float *x = gx + (first + r) * gx_stride;
-            float *o = out + (first + r) * out_stride;
-            if (cell == 0) lstm_cell(gh + r * gates, x, h + r * hidden, c + r * hidden, o, hidden);
-            else gru_cell(gh + r * gates, x, h + r * hidden, o, hidden);
-        }
+        step(gx + first * gx_stride, gx_stride, packed, offset, w_scale, bias, h, c, out + first * out_stride,
+             out_stride, hq, gh, batch, hidden, cell, h_scale, h_inv);
     }
+}
+
+/* One call of a cell (DynamicQuantizedLSTMCell / GRUCell): what recurrent.input_gates and run_layer do for it
+ * in Python, in one call. x (batch x inputs) is quantized to uint8 codes [qmin, qmax] on its own min and max
+ * with qparams.per_batch_qparams's float32 steps (each computed in double, rounded once to float), its gates
+ * by the GEMM with W_ih (offsets -zp * row sums), then one step on the state's grid, recurrent.state_grid's:
+ * max(1, |h|) in 127 steps a side. h and c (NULL for a GRU) are updated in place. g: batch, inputs, hidden,
+ * cell, qmin, qmax. work: recurrent.CELL_WORK(batch, inputs, hidden, gates) bytes, carved below in blocks
+ * of 64. Returns 0; 1 (nothing written) where x holds inf or NaN, 2 where the state does. */
+#define CELL_BLOCK(bytes) ((((bytes) + 63) / 64) * 64)
+int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_t *ih_row_sums, const float *ih_scale,
+                           const float *ih_bias, const int8_t *hh_packed, const int32_t *hh_offset, const float *hh_scale,
+                           const float *hh_bias, float *h, float *c, uint8_t *work, const int64_t *g) {
+    const int64_t batch = g[0], inputs = g[1], hidden = g[2], cell = g[3], gates = (cell == 0 ? 4 : 3) * hidden;
+    const int32_t qmin = (int32_t)g[4], qmax = (int32_t)g[5];
+    float lo = INFINITY, hi = -INFINITY, largest = 0.0f;
+    uint32_t nonfinite = 0;
+    for (int64_t i = 0; i < batch * inputs; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        nonfinite |= !isfinite(x[i]);
+    }
+    if (nonfinite) return 1;
+    for (int64_t i = 0; i < batch * hidden; i++) {
+        const float a = fabsf(h[i]);
+        largest = a > largest ? a : largest;
+        nonfinite |= !isfinite(h[i]) || (c != NULL && !isfinite(c[i]));
+    }
+    if (nonfinite) return 2;
+    const double min_neg = lo < 0.0f ? lo : 0.0, max_pos = hi > 0.0f ? hi : 0.0;
+    float scale = (float)((double)(float)(max_pos - min_neg) / (double)(qmax - qmin));
+    scale = scale > 1e-8f ? scale : 1e-8f;
+    int32_t zp = qmin - (int32_t)rint((double)(float)(min_neg / (double)scale));
+    zp = zp < qmin ? qmin : zp > qmax ? qmax : zp;
+    const float inv = (float)(1.0 / (double)scale), q_lo = (float)(qmin - zp), q_hi = (float)(qmax - zp);
+    float *gx = (float *)work, *gh = (float *)(work + CELL_BLOCK(4 * batch * gates)), *out = gh + CELL_BLOCK(4 * batch * gates) / 4;
+    int32_t *offset = (int32_t *)(out + CELL_BLOCK(4 * batch * hidden) / 4);
+    uint8_t *xq = (uint8_t *)(offset + CELL_BLOCK(4 * gates) / 4), *hq = xq + CELL_BLOCK(batch * inputs);
+    for (int64_t i = 0; i < batch * inputs; i++) xq[i] = (uint8_t)REQUANTIZE(x[i] * inv, q_lo, q_hi, zp);
+    for (int64_t j = 0; j < gates; j++) offset[j] = ih_row_sums[j] * -zp;
+    lucid_gemm_float32(xq, ih_packed, gx, batch, gates, inputs, offset, ih_scale, ih_bias, scale, 0.0f, 0, -INFINITY,
+                       INFINITY, 0);
+    const double bound = largest > 1.0f ? largest : 1.0;
+    step(gx, gates, hh_packed, hh_offset, hh_scale, hh_bias, h, c, out, hidden, hq, gh, batch, hidden, cell,
+         (float)(bound / 127.0), (float)(127.0 / bound));
+    return 0;
 }

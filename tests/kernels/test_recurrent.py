@@ -155,3 +155,57 @@ def test_an_inputs_offsets_are_made_once_per_zero_point(native_on):
     assert again.packed is weight.packed and again.offsets(131) is first
     codes.add_(1)  # an in-place change (a load_state_dict) builds them again
     assert recurrent.recurrent_weight(codes, scale, bias).packed is not weight.packed
+
+
+def _cell_inputs(cell: str, seed: int, batch: int, state_bound: float):
+    g = torch.Generator().manual_seed(seed)
+    w_ih = _weight(cell, seed + 1)[0][:, :16].contiguous(), *_weight(cell, seed + 1)[1:]  # 16 inputs
+    x = torch.randn(batch, 16, generator=g) * (1 + seed % 5) + (seed % 3 - 1) * 0.7
+    h = (torch.rand(batch, H, generator=g) * 2 - 1) * state_bound
+    c = torch.randn(batch, H, generator=g) if cell == "LSTM" else None
+    return w_ih, _weight(cell, seed + 2), x, h, c
+
+
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("state_bound", [0.0, 0.9, 2.5], ids=["zeros", "inside [-1, 1]", "past 1"])
+def test_a_cell_call_in_one_native_call_is_the_pieces_it_replaces(native_build, build, cell, state_bound):
+    # lucid_cell_float32 computes in C what input_gates (per-batch qparams, quantize, GEMM) and one step of
+    # run_layer (the state's grid from |h|) compute from Python: the same values, bit for bit.
+    from lucid_fx.quantization.dtypes import quint8
+    native_build(build)
+    for batch, seed in [(1, s) for s in range(8)] + [(3, s) for s in range(8)]:  # zero points of every rounding
+        w_ih, w_hh, x, h0, c0 = _cell_inputs(cell, 10 + seed, batch, state_bound)
+        weights = recurrent.recurrent_weight(*w_ih), recurrent.recurrent_weight(*w_hh)
+        h, c = h0.clone(), None if c0 is None else c0.clone()
+        assert recurrent.run_cell(cell, x, *weights, h, c, quint8, "cell")
+        want_h, want_c = h0.clone(), None if c0 is None else c0.clone()
+        largest = float(h0.abs().amax())
+        recurrent.run_layer(cell, recurrent.input_gates(x, weights[0], quint8, "cell"), weights[1], want_h, want_c,
+                            torch.empty(batch, H), [0, batch], False, recurrent.state_grid(None, largest))
+        assert torch.equal(h, want_h) and (c is None or torch.equal(c, want_c))
+        assert not torch.equal(h, h0)  # the step ran
+
+
+@pytest.mark.parametrize("where", ["input", "h", "c"])
+def test_a_cell_call_refuses_inf_or_nan_and_writes_nothing(native_on, where):
+    from lucid_fx.quantization.dtypes import quint8
+    w_ih, w_hh, x, h, c = _cell_inputs("LSTM", 20, 2, 0.5)
+    {"input": x, "h": h, "c": c}[where][1, 3] = float("nan") if where != "c" else float("inf")
+    before = h.clone(), c.clone()
+    message = "the input holds inf or nan; a per-batch range" if where == "input" else "the initial state holds inf or nan"
+    with pytest.raises(ValueError, match=f"^DynamicQuantizedLSTMCell: {message}"):
+        recurrent.run_cell("LSTM", x, recurrent.recurrent_weight(*w_ih), recurrent.recurrent_weight(*w_hh), h, c, quint8,
+                           "DynamicQuantizedLSTMCell")
+    for got, was in zip((h, c), before):  # unchanged (NaN where it was put)
+        torch.testing.assert_close(got, was, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_cell_call_the_native_cell_does_not_take_returns_false(native_on):
+    # an int8 activation grid (torch's route quantizes those), or no native kernels: the caller runs the pieces
+    from lucid_fx.quantization.dtypes import qint8, quint8
+    w_ih, w_hh, x, h, c = _cell_inputs("GRU", 30, 2, 0.5)
+    weights = recurrent.recurrent_weight(*w_ih), recurrent.recurrent_weight(*w_hh)
+    before = h.clone()
+    assert not recurrent.run_cell("GRU", x, *weights, h, None, qint8, "cell") and torch.equal(h, before)
+    assert recurrent.run_cell("GRU", x, *weights, h, None, quint8, "cell") and not torch.equal(h, before)
