@@ -1,5 +1,5 @@
-"""Dynamic int8 LSTM and GRU (and their cells): lucid_fx's quantize_dynamic against fp32 eager and torch.ao's
-quantize_dynamic (fbgemm's quantized LSTM/GRU), same run.
+"""Dynamic int8 LSTM, GRU and RNN (and their cells): lucid_fx's quantize_dynamic against fp32 eager and torch.ao's
+quantize_dynamic (fbgemm's quantized LSTM/GRU/RNNCell; torch.ao leaves nn.RNN float: "-"), same run.
 
     python benchmarks/dynamic_rnn.py [--rounds 7] [--threads 1]
 
@@ -24,7 +24,7 @@ from int8_inference import cpu_line, timed  # noqa: E402
 
 import lucid_fx.quantization as Q  # noqa: E402
 
-# (name, layer type, T, B, I, H, layers, bidirectional)
+# (name, layer type, T, B, I, H, layers, bidirectional[, constructor options])
 ROWS = [
     ("tagger LSTM", nn.LSTM, 32, 8, 256, 256, 1, False),
     ("token-by-token LSTM", nn.LSTM, 64, 1, 128, 128, 1, False),
@@ -34,6 +34,8 @@ ROWS = [
     ("speech GRU", nn.GRU, 100, 4, 80, 512, 3, False),
     ("decoder LSTMCell", nn.LSTMCell, 20, 8, 256, 512, 1, False),
     ("decoder GRUCell", nn.GRUCell, 20, 1, 128, 256, 1, False),
+    ("Elman RNN (tanh)", nn.RNN, 50, 8, 128, 256, 2, False, {"nonlinearity": "tanh"}),
+    ("decoder RNNCell (relu)", nn.RNNCell, 20, 4, 128, 256, 1, False, {"nonlinearity": "relu"}),
 ]
 
 
@@ -66,10 +68,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds")
     print(f"{'model':22} {'T,B,I,H,layers':20} {'fp32 ms':>8} {'ao ms':>8} {'lucid ms':>9} {'x fp32':>7} {'vs ao':>6} "
           f"{'SQNR ao':>8} {'SQNR lucid':>10}")
-    for name, kind, steps, batch, inputs, hidden, layers, both in ROWS:
+    for name, kind, steps, batch, inputs, hidden, layers, both, *extra in ROWS:
         torch.manual_seed(0)
-        cell = kind in (nn.LSTMCell, nn.GRUCell)
-        model = nn.Sequential(kind(inputs, hidden) if cell else kind(inputs, hidden, num_layers=layers, bidirectional=both)).eval()
+        cell, options = kind in (nn.LSTMCell, nn.GRUCell, nn.RNNCell), (extra or [{}])[0]
+        sizes = {} if cell else {"num_layers": layers, "bidirectional": both}
+        model = nn.Sequential(kind(inputs, hidden, **sizes, **options)).eval()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao announces its migration
             ao = torch.ao.quantization.quantize_dynamic(model, {kind}, dtype=torch.qint8)
@@ -81,8 +84,11 @@ def main() -> None:
             reference = fns["fp32"](x)
             quality = {k: _sqnr(reference, fns[k](x)) for k in ("ao", "lucid")}
         shape = f"{steps},{batch},{inputs},{hidden},{layers}{'x2' if both else ''}"
-        print(f"{name:22} {shape:20} {ms['fp32']:8.2f} {ms['ao']:8.2f} {ms['lucid']:9.2f} {ms['fp32'] / ms['lucid']:6.2f}x "
-              f"{ms['ao'] / ms['lucid']:6.2f} {quality['ao']:8.1f} {quality['lucid']:10.1f}")
+        swapped = type(ao[0]) is not kind  # torch.ao left it float: no figures of its own
+        ao_ms, vs_ao, ao_db = (f"{ms['ao']:8.2f}", f"{ms['ao'] / ms['lucid']:6.2f}", f"{quality['ao']:8.1f}") if swapped else \
+            (f"{'-':>8}", f"{'-':>6}", f"{'-':>8}")
+        print(f"{name:22} {shape:20} {ms['fp32']:8.2f} {ao_ms} {ms['lucid']:9.2f} {ms['fp32'] / ms['lucid']:6.2f}x "
+              f"{vs_ao} {ao_db} {quality['lucid']:10.1f}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""quantize_dynamic: int8 Linear, LSTM and GRU layers whose activation qparams are computed per batch.
+"""quantize_dynamic: int8 Linear, LSTM, GRU and RNN layers whose activation qparams are computed per batch.
 
 Weights are quantized once (per-channel symmetric int8 on the kernels' weight grid,
 the Target's ``weight_range``, resolved once per call); each call measures the input's min/max, quantizes
 it to uint8 (or int8) with those qparams, and runs the int8 GEMM ``torch.ops.lucid_fx.linear``
 (oneDNN on CPU with the packed weight cached, ``torch._int_mm`` otherwise) straight to a float
-result. No calibration: suited to layers whose input range varies from batch to batch. LSTM and GRU
-layers become :class:`DynamicQuantizedLSTM` / :class:`DynamicQuantizedGRU` (:mod:`lucid_fx.dynamic_rnn`).
+result. No calibration: suited to layers whose input range varies from batch to batch. LSTM, GRU and RNN
+layers become :class:`DynamicQuantizedLSTM` / :class:`DynamicQuantizedGRU` / :class:`DynamicQuantizedRNN`
+(:mod:`lucid_fx.dynamic_rnn`), their cells the same.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import torch
 from torch import nn
 
 from lucid_fx.dynamic_rnn import (RECURRENT_SWAPS, DynamicQuantizedGRU, DynamicQuantizedGRUCell, DynamicQuantizedLSTM,
-                                  DynamicQuantizedLSTMCell)
+                                  DynamicQuantizedLSTMCell, DynamicQuantizedRNN, DynamicQuantizedRNNCell)
 from lucid_fx.kernels.target import Target, resolve_target
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
 from lucid_fx.quantization.qparams import per_batch_qparams
 
-__all__ = ["quantize_dynamic", "DynamicQuantizedLinear", "DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell",
-           "DynamicQuantizedGRUCell", "SWAPS"]
+__all__ = ["quantize_dynamic", "DynamicQuantizedLinear", "DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedRNN",
+           "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell", "DynamicQuantizedRNNCell", "SWAPS"]
 
 _ops = torch.ops.lucid_fx
 
@@ -131,8 +132,9 @@ def quantize_dynamic(
     inplace: bool = False,
 ) -> nn.Module:
     """Replace ``nn.Linear`` layers with :class:`DynamicQuantizedLinear` (int8 weights, per-batch
-    int8 activations, float outputs), ``nn.LSTM``, ``nn.GRU`` and their cells with :class:`DynamicQuantizedLSTM`,
-    :class:`DynamicQuantizedGRU`, ... (int8 weights and products, float cells). No calibration is needed.
+    int8 activations, float outputs), ``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and their cells with
+    :class:`DynamicQuantizedLSTM`, :class:`DynamicQuantizedGRU`, ... (int8 weights and products, float cells). No
+    calibration is needed.
 
     Args:
         model: the float model.

@@ -1,9 +1,9 @@
-"""DynamicQuantizedLSTM and DynamicQuantizedGRU (and their cells): ``nn.LSTM``, ``nn.GRU``, ``nn.LSTMCell``
-and ``nn.GRUCell`` with int8 weights, for quantize_dynamic.
+"""DynamicQuantizedLSTM, DynamicQuantizedGRU and DynamicQuantizedRNN (and their cells): ``nn.LSTM``, ``nn.GRU``,
+``nn.RNN`` (tanh or relu), ``nn.LSTMCell``, ``nn.GRUCell`` and ``nn.RNNCell`` with int8 weights, for quantize_dynamic.
 
 Per layer, the input-to-hidden products of every step (and both directions) are one int8 GEMM on the
 sequence's own range (``DynamicQuantizedLinear``'s per-batch qparams); the hidden-to-hidden products
-run step by step in int8 on a fixed grid for the state, the cells in float32
+run step by step in int8 on a fixed grid for the state (a relu RNN's: each step's own), the cells in float32
 (:mod:`lucid_fx.kernels.recurrent`: the whole sequence of a layer and direction in one native call).
 Weights are quantized once, per gate row, on the Target's weight grid. Float in, float out; inference
 only (dropout between layers is not applied, as in eval mode). Inputs as torch takes them: (T, B, I),
@@ -13,85 +13,23 @@ step of the same: its state is the caller's, so its grid covers the state it is 
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
+from lucid_fx._dynamic_recurrent import Elman, Recurrent, checked_nonlinearity
 from lucid_fx.kernels import recurrent
-from lucid_fx.kernels.target import Target, resolve_target
+from lucid_fx.kernels.target import Target
 from lucid_fx.quantization.dtypes import QDtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
-from lucid_fx.quantization.weight import quantize_weight
 
-__all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell", "RECURRENT_SWAPS"]
-
-
-class _Recurrent(nn.Module):
-    """What the layers and the cells share: int8 weight buffers named ``weight_{ih,hh}_{codes,scale}<where>``
-    and ``bias_{ih,hh}<where>``, the input products of a batch, and W_hh packed for the recurrence."""
-
-    mode = ""  # "LSTM" or "GRU": recurrent.CELLS's key
-
-    def _register(self, shapes: Dict[str, Tuple[int, int]], bias: bool, weights) -> None:
-        """``shapes``: (rows, columns) by ``ih<where>`` / ``hh<where>``; ``weights`` the buffers by name, or
-        None for zeros of those shapes."""
-        for key, (rows, columns) in shapes.items():
-            kind, where = key[:2], key[2:]
-            zeros = {f"weight_{kind}_codes{where}": torch.zeros(rows, columns, dtype=torch.int8),
-                     f"weight_{kind}_scale{where}": torch.ones(rows), f"bias_{kind}{where}": torch.zeros(rows) if bias else None}
-            for name, tensor in zeros.items():
-                self.register_buffer(name, weights[name] if weights is not None else tensor)
-
-    @staticmethod
-    def _quantized(float_module: nn.Module, qconfig: QConfig, target: Optional[Target], sources) -> Dict[str, Any]:
-        """The buffers of ``float_module``'s weights, ``sources`` as (kind, its suffix, where): per row with
-        ``qconfig.weight``'s observer on the target's weight grid; rows of one ``where`` stacked in order."""
-        if qconfig.activation_qdtype.bits != 8:
-            raise ValueError(f"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for "
-                             f"{qconfig.activation_qdtype}")
-        target = target or resolve_target(device=next(float_module.parameters()).device)
-        weights: Dict[str, Any] = {}
-        for kind, suffix, where in sources:
-            codes, scale = quantize_weight(getattr(float_module, f"weight_{kind}{suffix}"), qconfig.weight(), target.weight_range)
-            bias = getattr(float_module, f"bias_{kind}{suffix}").detach().float().clone() if float_module.bias else None
-            for name, tensor in ((f"weight_{kind}_codes{where}", codes), (f"weight_{kind}_scale{where}", scale), (f"bias_{kind}{where}", bias)):
-                weights[name] = tensor if name not in weights or tensor is None else torch.cat([weights[name], tensor])
-        return weights
-
-    def _weight(self, where: str, kind: str = "hh") -> recurrent.RecurrentWeight:
-        """W_ih or W_hh as the kernels take it (packed once per codes tensor, again after a load_state_dict wrote it)."""
-        buffers = self._buffers  # not getattr: Module.__getattr__ cost 1.5 us a name, a tenth of a small cell's call
-        return recurrent.recurrent_weight(buffers[f"weight_{kind}_codes{where}"], buffers[f"weight_{kind}_scale{where}"],
-                                          buffers[f"bias_{kind}{where}"])
-
-    def _gates(self, x: torch.Tensor, where: str) -> torch.Tensor:
-        """x @ W_ih^T + b_ih of every row (and direction): one per-batch int8 GEMM, float out (rows, D * G * H)."""
-        return recurrent.input_gates(x, self._weight(where, "ih"), self.activation_qdtype, type(self).__name__)
-
-    def _checked(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.input_size:
-            raise ValueError(f"{type(self).__name__}: input has {x.shape[-1]} features (last dim), the layer expects {self.input_size}")
-        return x.to(torch.float32).contiguous()
-
-    def _given(self, hx) -> Tuple[torch.Tensor, ...]:
-        """The states the caller gave: (h,) or (h, c)."""
-        lstm = self.mode == "LSTM"
-        if lstm != isinstance(hx, (tuple, list)) or (lstm and len(hx) != 2):
-            raise ValueError(f"{type(self).__name__}: hx must be {'a pair (h_0, c_0)' if lstm else 'one tensor h_0'}")
-        return tuple(hx) if lstm else (hx,)
-
-    def _largest(self, given: Tuple[torch.Tensor, ...]) -> float:
-        """h's largest magnitude (its grid's bound), every state checked finite."""
-        largest = [float(state.detach().abs().amax()) if state.numel() else 0.0 for state in given]
-        if not all(map(math.isfinite, largest)):
-            raise ValueError(f"{type(self).__name__}: the initial state holds inf or nan")
-        return largest[0] if largest else 0.0
+__all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedRNN", "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell",
+           "DynamicQuantizedRNNCell", "RECURRENT_SWAPS"]
 
 
-class _DynamicQuantizedRNN(_Recurrent):
+class _DynamicQuantizedRNN(Recurrent):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, bidirectional: bool = False, activation_qdtype: Optional[QDtype] = None,
                  weights: Optional[Dict[str, Optional[torch.Tensor]]] = None) -> None:
@@ -127,7 +65,7 @@ class _DynamicQuantizedRNN(_Recurrent):
                    for layer in range(rnn.num_layers) for kind in ("ih", "hh") for s in suffixes]
         weights = cls._quantized(rnn, qconfig, target, sources)
         return cls(rnn.input_size, rnn.hidden_size, rnn.num_layers, rnn.bias, rnn.batch_first, rnn.bidirectional,
-                   qconfig.activation_qdtype, weights)
+                   qconfig.activation_qdtype, weights, **cls._options(rnn))
 
     def forward(self, input, hx=None):
         packed = isinstance(input, PackedSequence)
@@ -144,7 +82,7 @@ class _DynamicQuantizedRNN(_Recurrent):
                 index = layer * directions + direction
                 h0 = None if states is None else states[0][index]
                 h = torch.zeros(batch, hidden, device=x.device) if h0 is None else h0.to(torch.float32).contiguous().clone()
-                c = None if self.mode == "GRU" else torch.zeros_like(h) if h0 is None else \
+                c = None if self.mode != "LSTM" else torch.zeros_like(h) if h0 is None else \
                     states[1][index].to(torch.float32).contiguous().clone()
                 recurrent.run_layer(self.mode, gx[:, direction * gates:(direction + 1) * gates], self._weight(f"_l{layer}{'_reverse' if direction else ''}"),
                                     h, c, out[:, direction * hidden:(direction + 1) * hidden], rows, direction == 1,
@@ -217,7 +155,17 @@ class DynamicQuantizedGRU(_DynamicQuantizedRNN):
     mode = "GRU"
 
 
-class _DynamicQuantizedCell(_Recurrent):
+class DynamicQuantizedRNN(Elman, _DynamicQuantizedRNN):
+    """``nn.RNN`` (tanh or relu) with int8 weights, as :class:`DynamicQuantizedLSTM`."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, bidirectional: bool = False, activation_qdtype: Optional[QDtype] = None,
+                 weights: Optional[Dict[str, Optional[torch.Tensor]]] = None, nonlinearity: str = "tanh") -> None:
+        self.nonlinearity = checked_nonlinearity(nonlinearity)  # the base reads mode
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, bidirectional, activation_qdtype, weights)
+
+
+class _DynamicQuantizedCell(Recurrent):
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, activation_qdtype: Optional[QDtype] = None,
                  weights: Optional[Dict[str, Optional[torch.Tensor]]] = None) -> None:
         """``weights``: ``weight_ih_codes``, ``weight_ih_scale``, ``bias_ih`` and the same for ``hh``."""
@@ -229,9 +177,9 @@ class _DynamicQuantizedCell(_Recurrent):
 
     @classmethod
     def from_float(cls, cell: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
-        """Quantize ``cell``'s weights (an ``nn.LSTMCell`` or ``nn.GRUCell``) as the layers' are."""
+        """Quantize ``cell``'s weights (an ``nn.LSTMCell``, ``nn.GRUCell`` or ``nn.RNNCell``) as the layers' are."""
         weights = cls._quantized(cell, qconfig, target, [("ih", "", ""), ("hh", "", "")])
-        return cls(cell.input_size, cell.hidden_size, cell.bias, qconfig.activation_qdtype, weights)
+        return cls(cell.input_size, cell.hidden_size, cell.bias, qconfig.activation_qdtype, weights, **cls._options(cell))
 
     def forward(self, input: torch.Tensor, hx=None):
         if input.dim() not in (1, 2):
@@ -272,6 +220,15 @@ class DynamicQuantizedGRUCell(_DynamicQuantizedCell):
     mode = "GRU"
 
 
+class DynamicQuantizedRNNCell(Elman, _DynamicQuantizedCell):
+    """``nn.RNNCell`` (tanh or relu) with int8 weights, as :class:`DynamicQuantizedLSTMCell`."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, activation_qdtype: Optional[QDtype] = None,
+                 weights: Optional[Dict[str, Optional[torch.Tensor]]] = None, nonlinearity: str = "tanh") -> None:
+        self.nonlinearity = checked_nonlinearity(nonlinearity)  # the base reads mode
+        super().__init__(input_size, hidden_size, bias, activation_qdtype, weights)
+
+
 # The float layer each of these replaces, by exact type: quantize_dynamic's and convert's (passes/lower_recurrent.py).
-RECURRENT_SWAPS = {nn.LSTM: DynamicQuantizedLSTM, nn.GRU: DynamicQuantizedGRU, nn.LSTMCell: DynamicQuantizedLSTMCell,
-                   nn.GRUCell: DynamicQuantizedGRUCell}
+RECURRENT_SWAPS = {nn.LSTM: DynamicQuantizedLSTM, nn.GRU: DynamicQuantizedGRU, nn.RNN: DynamicQuantizedRNN,
+                   nn.LSTMCell: DynamicQuantizedLSTMCell, nn.GRUCell: DynamicQuantizedGRUCell, nn.RNNCell: DynamicQuantizedRNNCell}

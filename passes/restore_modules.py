@@ -7,8 +7,9 @@ bare ``nn.Module`` holding the parameters. Where such a holder has exactly the c
 ``nn.Linear`` / ``nn.BatchNorm2d`` sharing those tensors and the node becomes ``call_module``: batch
 norms fold into the conv before them at convert (passes/fold_batchnorm.py folds module pairs),
 and a ``QConfigMapping`` set by module type or name applies as it does to a traced model. The same for
-``torch.lstm``, ``torch.gru`` and their cells (``torch.lstm_cell``, ``torch.gru_cell``): ``nn.LSTM`` and its
-kin, which convert runs in int8 (passes/lower_recurrent.py), where as calls of those functions they ran float.
+``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``, ``torch.rnn_relu`` and their cells (``torch.lstm_cell``, ...):
+``nn.LSTM`` and its kin, which convert runs in int8 (passes/lower_recurrent.py), where as calls of those
+functions they ran float.
 
 Reads and writes no ``node.meta`` key of its own; the new node keeps the old one's meta.
 """
@@ -87,7 +88,7 @@ def _recurrent(gm, node) -> Optional[tuple]:
             user.target is not operator.getitem for user in node.users):
         return None
     x, hx, params, bias, layers, dropout, _, both, batch_first = node.args
-    kind = nn.LSTM if node.target is torch.lstm else nn.GRU
+    kind, options = _LAYERS[node.target]
     per_layer = (4 if bias else 2) * (2 if both else 1)
     names = [f"{w}_{k}_l{layer}{s}" for layer in range(layers) for s in ("", "_reverse")[:2 if both else 1]
              for w, k in (("weight", "ih"), ("weight", "hh"), ("bias", "ih"), ("bias", "hh"))[:4 if bias else 2]]
@@ -96,20 +97,28 @@ def _recurrent(gm, node) -> Optional[tuple]:
         return None
     holder = gm.get_submodule(path)
     module = kind(holder.weight_ih_l0.shape[1], holder.weight_hh_l0.shape[1], layers, bias=bias, batch_first=batch_first,
-                  dropout=dropout, bidirectional=both)
+                  dropout=dropout, bidirectional=both, **options)
     return path, module, (x, tuple(hx) if kind is nn.LSTM else hx), list(params)
 
 
 def _cell(gm, node) -> Optional[tuple]:
-    """torch.lstm_cell / torch.gru_cell (x, hx, w_ih, w_hh, b_ih, b_hh): nn.LSTMCell / nn.GRUCell."""
+    """torch.lstm_cell / torch.gru_cell / torch.rnn_tanh_cell / ... (x, hx, w_ih, w_hh, b_ih, b_hh): nn.LSTMCell / ..."""
     x, hx, *weights = (list(node.args) + [None] * 6)[:6]
     path = _holder(gm, node, weights, ["weight_ih", "weight_hh", "bias_ih", "bias_hh"])
     if path is None or (weights[2] is None) != (weights[3] is None):
         return None
     w_ih = gm.get_submodule(path).weight_ih
-    kind = nn.LSTMCell if node.target is torch.lstm_cell else nn.GRUCell
-    module = kind(w_ih.shape[1], w_ih.shape[0] // (4 if kind is nn.LSTMCell else 3), bias=weights[2] is not None)
+    kind, options = _CELLS[node.target]
+    gates = {nn.LSTMCell: 4, nn.GRUCell: 3}.get(kind, 1)
+    module = kind(w_ih.shape[1], w_ih.shape[0] // gates, bias=weights[2] is not None, **options)
     return path, module, (x, tuple(hx) if kind is nn.LSTMCell else hx), weights
+
+
+# The function torch.export records for each layer and cell, and how to build the module back.
+_TANH, _RELU = {"nonlinearity": "tanh"}, {"nonlinearity": "relu"}
+_LAYERS = {torch.lstm: (nn.LSTM, {}), torch.gru: (nn.GRU, {}), torch.rnn_tanh: (nn.RNN, _TANH), torch.rnn_relu: (nn.RNN, _RELU)}
+_CELLS = {torch.lstm_cell: (nn.LSTMCell, {}), torch.gru_cell: (nn.GRUCell, {}), torch.rnn_tanh_cell: (nn.RNNCell, _TANH),
+          torch.rnn_relu_cell: (nn.RNNCell, _RELU)}
 
 
 def _flat_items(gm: fx.Graph, node: fx.Node, call: fx.Node) -> None:
@@ -126,8 +135,8 @@ _RESTORERS: Dict[Any, Callable[..., Optional[tuple]]] = {
     **{fn: _conv for fn in _CONVS},  # conv2d(x, 0.weight, 0.bias) -> call_module 0 (nn.Conv2d)
     F.linear: _linear,  # linear(x, fc.weight, fc.bias) -> call_module fc (nn.Linear)
     F.batch_norm: _batch_norm,  # batch_norm(x, 1.running_mean, ...) -> call_module 1 (nn.BatchNorm2d)
-    torch.lstm: _recurrent, torch.gru: _recurrent,  # lstm(x, hx, [rnn.weight_ih_l0, ...], ...) -> call_module rnn (nn.LSTM)
-    torch.lstm_cell: _cell, torch.gru_cell: _cell,  # gru_cell(x, h, cell.weight_ih, ...) -> call_module cell (nn.GRUCell)
+    **{fn: _recurrent for fn in _LAYERS},  # lstm(x, hx, [rnn.weight_ih_l0, ...], ...) -> call_module rnn (nn.LSTM)
+    **{fn: _cell for fn in _CELLS},  # gru_cell(x, h, cell.weight_ih, ...) -> call_module cell (nn.GRUCell)
 }
 
 

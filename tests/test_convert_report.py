@@ -186,7 +186,7 @@ class Recurrent(nn.Module):
 def test_a_recurrent_layer_left_float_is_counted_and_named(cell, gates):
     """nn.LSTM returns a tuple, so its node gets no decision: the report listed no float region and, with
     oneDNN's LSTM layer uncounted by torch's FLOP counter, said 100% in int8 while it ran in float. (Convert
-    runs nn.LSTM and nn.GRU in int8 unless their QConfig is None: passes/lower_recurrent.py; nn.RNN stays float.)"""
+    runs nn.LSTM, nn.GRU and nn.RNN in int8 unless their QConfig is None: passes/lower_recurrent.py.)"""
     torch.manual_seed(0)
     model, ids = Recurrent(cell).eval(), torch.randint(0, 50, (2, 10))
     prepared = lucid_fx.prepare(model, example_inputs=(ids,), qconfig_mapping=get_default_qconfig_mapping().set_module_name("rnn", None))

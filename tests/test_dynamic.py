@@ -110,8 +110,8 @@ def test_state_dict_round_trip():
     "kwargs, message",
     [
         ({"dtype": torch.float16}, r"weights are quantized to qint8; dtype=torch.float16 is not supported"),
-        ({"qconfig_spec": {nn.Linear, nn.RNNCell}},
-         r"quantizes nn.Linear, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell; RNNCell in qconfig_spec is not supported"),
+        ({"qconfig_spec": {nn.Linear, nn.Conv1d}},
+         r"quantizes nn.Linear, nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell, nn.RNNCell; Conv1d in qconfig_spec is not supported"),
         ({"qconfig_spec": {"fc"}}, r"Sequential has no submodule\(s\) 'fc' named in qconfig_spec"),
         ({"qconfig_spec": {nn.Linear: "int8"}}, r"qconfig_spec\[<class 'torch.nn.modules.linear.Linear'>\] must be a QConfig or None"),
     ],

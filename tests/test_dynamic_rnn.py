@@ -1,4 +1,4 @@
-"""quantize_dynamic's LSTM and GRU (lucid_fx/dynamic_rnn.py): accuracy against fp32 and against
+"""quantize_dynamic's LSTM, GRU and RNN (lucid_fx/dynamic_rnn.py): accuracy against fp32 and against
 torch.ao.quantization.quantize_dynamic (oracle in tests only), every input form torch takes (batch_first,
 unbatched, PackedSequence, given states), the native and torch routes, state_dict and save/load, errors."""
 
@@ -18,12 +18,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torch.ao's eager API announces its migration on import
     from torch.ao.quantization import quantize_dynamic as ao_quantize_dynamic
 
-KINDS = {"LSTM": (nn.LSTM, Q.DynamicQuantizedLSTM), "GRU": (nn.GRU, Q.DynamicQuantizedGRU)}
+TANH, RELU = {"nonlinearity": "tanh"}, {"nonlinearity": "relu"}
+KINDS = {"LSTM": (nn.LSTM, Q.DynamicQuantizedLSTM, {}), "GRU": (nn.GRU, Q.DynamicQuantizedGRU, {}),
+         "RNN_TANH": (nn.RNN, Q.DynamicQuantizedRNN, TANH), "RNN_RELU": (nn.RNN, Q.DynamicQuantizedRNN, RELU)}
 
 
 def _rnn(kind, seed=0, **options):
     torch.manual_seed(seed)
-    return KINDS[kind][0](16, 32, **options).eval()
+    cls, _, extra = KINDS[kind]
+    return cls(16, 32, **extra, **options).eval()
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -37,8 +40,8 @@ def test_accuracy_against_fp32_and_torch_ao(sqnr_db, kind, options):
     with torch.no_grad():
         (fp32, fp32_h), (mine, mine_h) = (_output_and_h(m(x)) for m in (model, ours))
     assert mine.shape == fp32.shape and sqnr_db(fp32_h, mine_h) > 34
-    if not options.get("bias", True):  # torch.ao refuses a layer without bias ("mod.bias must be True")
-        assert sqnr_db(fp32, mine) > 34
+    if not options.get("bias", True) or kind.startswith("RNN"):  # torch.ao refuses a layer without bias ("mod.bias
+        assert sqnr_db(fp32, mine) > 34  # must be True") and has no dynamic nn.RNN
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -70,7 +73,7 @@ def test_input_forms_match_the_float_layer(sqnr_db, kind):
         unbatched = (h0[:, 0], hx[1][:, 0]) if kind == "LSTM" else h0[:, 0]
         one, _ = layer(x[0], unbatched)  # (T, I) with (layers, hidden) states: one sequence
         assert one.shape == (12, 32) and sqnr_db(model(x[0], unbatched)[0], one) > 34
-        double, _ = layer(x.double(), hx if kind == "GRU" else tuple(s.double() for s in hx))
+        double, _ = layer(x.double(), hx if kind != "LSTM" else tuple(s.double() for s in hx))
         assert double.dtype == torch.float64 and sqnr_db(want.double(), double) > 34
 
 
@@ -107,6 +110,23 @@ def test_the_native_and_torch_routes_agree(monkeypatch):
     # Their sigmoid and tanh differ by a few ulp: a state code may round the other way near a tie.
     assert float((torch_route - native_route).abs().max()) < 5e-3
     assert float((torch_route - native_route).abs().mean()) < 1e-4
+
+
+def test_a_relu_rnn_s_state_past_one_keeps_its_grid_step_by_step(sqnr_db):
+    # A relu RNN's state has no bound: here it grows past 2. Each step's grid covers it (max(1, |h|)); the
+    # fixed grid of [-1, 1] the tanh cells use would clip it.
+    torch.manual_seed(11)
+    model = nn.RNN(8, 16, nonlinearity="relu").eval()
+    with torch.no_grad():
+        model.weight_hh_l0.copy_(torch.eye(16) * 0.6 + torch.randn(16, 16) * 0.02)
+        model.bias_ih_l0.fill_(0.5)
+    layer = Q.quantize_dynamic(model)
+    x = torch.rand(30, 2, 8)
+    with torch.no_grad():
+        (want, want_h), (got, got_h) = model(x), layer(x)
+    print(f"relu RNN: state up to {float(want.amax()):.2f}, {sqnr_db(want, got):.1f} dB")
+    assert float(want.amax()) > 2 and sqnr_db(want, got) > 30 and sqnr_db(want_h, got_h) > 30  # 35.5 dB (AVX512-VNNI)
+    assert repr(layer) == "DynamicQuantizedRNN(8, 16, activation=quint8, nonlinearity='relu')"
 
 
 def test_weights_are_per_row_int8_and_the_state_grid_is_fixed():
@@ -182,14 +202,20 @@ def test_bad_inputs_are_named():
         gru(torch.randn(4))
 
 
-CELLS = {"LSTM": (nn.LSTMCell, Q.DynamicQuantizedLSTMCell), "GRU": (nn.GRUCell, Q.DynamicQuantizedGRUCell)}
+CELLS = {"LSTM": (nn.LSTMCell, Q.DynamicQuantizedLSTMCell, {}), "GRU": (nn.GRUCell, Q.DynamicQuantizedGRUCell, {}),
+         "RNN_TANH": (nn.RNNCell, Q.DynamicQuantizedRNNCell, TANH), "RNN_RELU": (nn.RNNCell, Q.DynamicQuantizedRNNCell, RELU)}
+
+
+def _cell(kind, *sizes):
+    cls, _, extra = CELLS[kind]
+    return cls(*sizes, **extra).eval()
 
 
 @pytest.mark.parametrize("kind", sorted(CELLS))
 def test_a_cell_in_a_decoding_loop_follows_the_float_cell(sqnr_db, kind):
     # A seq2seq decoder's loop: the caller carries the state from step to step.
     torch.manual_seed(8)
-    cell = CELLS[kind][0](16, 32).eval()
+    cell = _cell(kind, 16, 32)
     model = nn.Sequential(cell)
     ours = Q.quantize_dynamic(model)[0]
     assert type(ours) is CELLS[kind][1]
@@ -214,7 +240,7 @@ def test_a_cell_in_a_decoding_loop_follows_the_float_cell(sqnr_db, kind):
 @pytest.mark.parametrize("kind", sorted(CELLS))
 def test_a_cell_takes_a_state_past_one_and_an_unbatched_input(sqnr_db, kind):
     torch.manual_seed(9)
-    cell = CELLS[kind][0](8, 16).eval()
+    cell = _cell(kind, 8, 16)
     ours = Q.quantize_dynamic(cell)
     x, h = torch.randn(4, 8), torch.randn(4, 16) * 3  # a state the caller made, past [-1, 1]: the grid covers it
     hx = (h, torch.randn(4, 16)) if kind == "LSTM" else h
@@ -236,7 +262,7 @@ def test_a_cell_call_is_one_native_call_with_the_pieces_values(monkeypatch, kind
             pytest.fail(f"LUCID_FX_REQUIRE_TOOLS=1 but the native kernels did not build: {native.status()}")
         pytest.skip(f"native kernels: {native.status()}")
     torch.manual_seed(10)
-    ours = Q.quantize_dynamic(CELLS[kind][0](12, 20).eval())
+    ours = Q.quantize_dynamic(_cell(kind, 12, 20))
     x, h = torch.randn(3, 12), torch.randn(3, 20) * 2
     hx = (h, torch.randn(3, 20)) if kind == "LSTM" else h
     with torch.no_grad():
@@ -275,4 +301,4 @@ def test_convert_and_quantize_dynamic_know_the_same_recurrent_layers():
     from lucid_fx.dynamic_rnn import RECURRENT_SWAPS
     from lucid_fx.rules.recurrent import RECURRENT_LAYERS
 
-    assert set(RECURRENT_LAYERS) == set(RECURRENT_SWAPS) and len(RECURRENT_LAYERS) == 4
+    assert set(RECURRENT_LAYERS) == set(RECURRENT_SWAPS) and len(RECURRENT_LAYERS) == 6

@@ -2,21 +2,23 @@
  * with native.c (see there): the whole sequence of one layer and direction in one call.
  *
  * Each step quantizes the hidden state's active rows to uint8 on the grid the caller fixed (h_scale,
- * h_zp: an LSTM's and a GRU's state lies in [-1, 1] when it starts there), multiplies them with the packed
+ * h_zp: an LSTM's, a GRU's and a tanh RNN's state lies in [-1, 1] when it starts there; a relu RNN's grid is each
+ * step's own), multiplies them with the packed
  * int8 weight in native_gemm.c's GEMM into float gates (w_scale per output, bias_hh added), adds the
  * input's gates gx (x @ W_ih^T + b_ih, computed for every step at once by the caller) and runs the cell
  * in float32, torch's formulas in torch's order:
  *
  *   LSTM (gates i, f, g, o): c' = f * c + i * g,  h' = o * tanh(c')
  *   GRU  (gates r, z, n):    n = tanh(gx_n + r * gh_n),  h' = (h - n) * z + n
+ *   RNN  (one gate):         h' = tanh(gh + gx) or relu(gh + gx)
  *
  * sigmoid and tanh are native_math.h's, within 2e-7 of torch's, so the codes of the next step's state match
  * torch's route (recurrent.py's) except where a value lies that close to a rounding tie.
  *
- * g holds steps, batch, hidden, cell (0 LSTM, 1 GRU), reverse, gx's and out's row strides (floats), then
+ * g holds steps, batch, hidden, cell (0 LSTM, 1 GRU, 2 RNN_TANH, 3 RNN_RELU), reverse, gx's and out's row strides (floats), then
  * steps + 1 row offsets: step t reads rows rows[t] .. rows[t + 1] - 1 of gx and writes those of out, and
  * its rows are the state's first rows[t + 1] - rows[t] (a packed sequence's batch shrinks with time; the
- * state's other rows keep their values). h and c (NULL for a GRU) are (batch, hidden), updated in place;
+ * state's other rows keep their values). h and c (NULL but for an LSTM) are (batch, hidden), updated in place;
  * hq (batch x hidden codes) and gh (batch x gates x hidden floats) are scratch. */
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +29,8 @@
 void lucid_gemm_float32(const uint8_t *x, const int8_t *packed, float *out, int64_t m, int64_t n, int64_t k,
                         const int32_t *offset, const float *w_scale, const float *bias, float x_scale,
                         float inv_out, int32_t zp, float low, float high, int32_t hardswish);
+
+#define GATES(cell) ((cell) == 0 ? 4 : (cell) == 1 ? 3 : 1) /* cell: 0 LSTM, 1 GRU, 2 RNN_TANH, 3 RNN_RELU */
 
 static void lstm_cell(const float *restrict gh, const float *restrict gx, float *restrict h, float *restrict c,
                       float *restrict out, int64_t hidden) {
@@ -50,12 +54,38 @@ static void gru_cell(const float *restrict gh, const float *restrict gx, float *
     }
 }
 
-/* One step: the state's active rows quantized on the grid (h_scale, h_inv), their gates by the GEMM, the cell. */
+static void rnn_cell(const float *restrict gh, const float *restrict gx, float *restrict h, float *restrict out,
+                     int64_t hidden, int relu) {
+    for (int64_t j = 0; j < hidden; j++) {
+        const float v = gh[j] + gx[j];
+        h[j] = out[j] = relu ? (v > 0.0f ? v : 0.0f) : tanh_exp(v);
+    }
+}
+
+/* The grid of a state whose largest magnitude is `largest`: max(1, largest) in 127 steps a side (recurrent.state_grid). */
+static void state_grid(float largest, float *scale, float *inv) {
+    const double bound = largest > 1.0f ? largest : 1.0;
+    *scale = (float)(bound / 127.0);
+    *inv = (float)(127.0 / bound);
+}
+
+static float largest_of(const float *h, int64_t n) {
+    float largest = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(h[i]);
+        largest = a > largest ? a : largest;
+    }
+    return largest;
+}
+
+/* One step: the state's active rows quantized on the grid (h_scale, h_inv; a relu RNN's state has no bound, so
+ * its grid is each step's own, from its active rows), their gates by the GEMM, the cell. */
 static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const int32_t *offset, const float *w_scale,
                  const float *bias, float *h, float *c, float *out, int64_t out_stride, uint8_t *hq, float *gh,
                  int64_t batch, int64_t hidden, int64_t cell, float h_scale, float h_inv) {
-    const int64_t gates = (cell == 0 ? 4 : 3) * hidden;
+    const int64_t gates = GATES(cell) * hidden;
     const float zp = 128.0f;
+    if (cell == 3) state_grid(largest_of(h, batch * hidden), &h_scale, &h_inv);
     for (int64_t i = 0; i < batch * hidden; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * h_inv, -zp, 255.0f - zp, 128);
     lucid_gemm_float32(hq, packed, gh, batch, gates, hidden, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);
@@ -63,7 +93,8 @@ static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const
         const float *x = gx + r * gx_stride;
         float *o = out + r * out_stride;
         if (cell == 0) lstm_cell(gh + r * gates, x, h + r * hidden, c + r * hidden, o, hidden);
-        else gru_cell(gh + r * gates, x, h + r * hidden, o, hidden);
+        else if (cell == 1) gru_cell(gh + r * gates, x, h + r * hidden, o, hidden);
+        else rnn_cell(gh + r * gates, x, h + r * hidden, o, hidden, cell == 3);
     }
 }
 
@@ -90,9 +121,9 @@ void lucid_rnn_float32(const float *gx, const int8_t *packed, const int32_t *off
 int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_t *ih_row_sums, const float *ih_scale,
                            const float *ih_bias, const int8_t *hh_packed, const int32_t *hh_offset, const float *hh_scale,
                            const float *hh_bias, float *h, float *c, uint8_t *work, const int64_t *g) {
-    const int64_t batch = g[0], inputs = g[1], hidden = g[2], cell = g[3], gates = (cell == 0 ? 4 : 3) * hidden;
+    const int64_t batch = g[0], inputs = g[1], hidden = g[2], cell = g[3], gates = GATES(cell) * hidden;
     const int32_t qmin = (int32_t)g[4], qmax = (int32_t)g[5];
-    float lo = INFINITY, hi = -INFINITY, largest = 0.0f;
+    float lo = INFINITY, hi = -INFINITY, h_scale, h_inv;
     uint32_t nonfinite = 0;
     for (int64_t i = 0; i < batch * inputs; i++) {
         lo = x[i] < lo ? x[i] : lo;
@@ -100,11 +131,7 @@ int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_
         nonfinite |= !isfinite(x[i]);
     }
     if (nonfinite) return 1;
-    for (int64_t i = 0; i < batch * hidden; i++) {
-        const float a = fabsf(h[i]);
-        largest = a > largest ? a : largest;
-        nonfinite |= !isfinite(h[i]) || (c != NULL && !isfinite(c[i]));
-    }
+    for (int64_t i = 0; i < batch * hidden; i++) nonfinite |= !isfinite(h[i]) || (c != NULL && !isfinite(c[i]));
     if (nonfinite) return 2;
     const double min_neg = lo < 0.0f ? lo : 0.0, max_pos = hi > 0.0f ? hi : 0.0;
     float scale = (float)((double)(float)(max_pos - min_neg) / (double)(qmax - qmin));
@@ -119,8 +146,7 @@ int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_
     for (int64_t j = 0; j < gates; j++) offset[j] = ih_row_sums[j] * -zp;
     lucid_gemm_float32(xq, ih_packed, gx, batch, gates, inputs, offset, ih_scale, ih_bias, scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);
-    const double bound = largest > 1.0f ? largest : 1.0;
-    step(gx, gates, hh_packed, hh_offset, hh_scale, hh_bias, h, c, out, hidden, hq, gh, batch, hidden, cell,
-         (float)(bound / 127.0), (float)(127.0 / bound));
+    state_grid(largest_of(h, batch * hidden), &h_scale, &h_inv);
+    step(gx, gates, hh_packed, hh_offset, hh_scale, hh_bias, h, c, out, hidden, hq, gh, batch, hidden, cell, h_scale, h_inv);
     return 0;
 }

@@ -1,12 +1,12 @@
-"""Recurrent layers (LSTM, GRU) whose hidden-to-hidden products run in int8: one layer and direction
-over a whole sequence.
+"""Recurrent layers (LSTM, GRU, RNN with tanh or relu) whose hidden-to-hidden products run in int8: one layer
+and direction over a whole sequence.
 
 The input-to-hidden products of every step are one int8 GEMM the caller runs first (``gx``: x @ W_ih^T +
 b_ih for all steps, float); what is left is a chain of small steps, each reading the state the one before
 wrote. Each step quantizes the state's active rows to uint8 on a grid fixed for the sequence
-(:func:`state_grid`: an LSTM's state is o * tanh(c), a GRU's a mix of tanh and the state before, so both
-stay in [-1, 1] once they start there; no per-step range, which would cost a reduction and a sync a
-step), multiplies them with the int8 weight (per-channel scales, b_hh added) into float gates and runs
+(:func:`state_grid`: an LSTM's state is o * tanh(c), a GRU's a mix of tanh and the state before, a tanh RNN's
+a tanh, so they stay in [-1, 1] once they start there; no per-step range, which would cost a reduction and a
+sync a step; a relu RNN's state has no bound, so its grid is each step's, max(1, |h|)), multiplies them with the int8 weight (per-channel scales, b_hh added) into float gates and runs
 the cell in float32 with torch's formulas (native_rnn.c has them).
 
 Two routes, the same steps: ``native_rnn.c`` runs the whole sequence in one call where the native
@@ -38,7 +38,8 @@ from lucid_fx.quantization.qparams import per_batch_qparams
 
 __all__ = ["CELLS", "RecurrentWeight", "recurrent_weight", "state_grid", "input_gates", "run_layer", "run_cell", "STATE_ZP"]
 
-CELLS = {"LSTM": 4, "GRU": 3}  # gates per hidden unit, torch's order: i, f, g, o and r, z, n
+CELLS = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}  # gates per hidden unit, torch's order: i, f, g, o and r, z, n
+_CELL_CODES = {cell: code for code, cell in enumerate(CELLS)}  # native_rnn.c's
 STATE_ZP = 128  # the state's grid is symmetric: uint8 codes, zero point 128, [-128, 127] steps
 
 
@@ -131,6 +132,8 @@ def run_layer(cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Ten
     scale, inv = grid
     for t in steps:
         first, batch = rows[t], rows[t + 1] - rows[t]
+        if cell == "RNN_RELU":  # no bound: each step's grid covers its state
+            scale, inv = state_grid(h[:batch])
         codes = program_ops.quantize_codes(h[:batch], inv, STATE_ZP, 0, 255, torch.uint8)
         gh = torch.ops.lucid_fx.linear(codes, scale, STATE_ZP, weight.codes, weight.scale, weight.bias, 1.0, 0,
                                        "none", torch.float32)
@@ -172,11 +175,15 @@ def _cell_work(batch: int, inputs: int, hidden: int, gates: int) -> int:
 @functools.lru_cache(maxsize=256)
 def _cell_geometry(batch: int, inputs: int, hidden: int, cell: str, qmin: int, qmax: int) -> torch.Tensor:
     """The call's geometry (int64), made once per shape (read only: torch.tensor costs 6 us a call)."""
-    return torch.tensor([batch, inputs, hidden, 0 if cell == "LSTM" else 1, qmin, qmax], dtype=torch.int64)
+    return torch.tensor([batch, inputs, hidden, _CELL_CODES[cell], qmin, qmax], dtype=torch.int64)
 
 
 def _cell_step(cell: str, gh: torch.Tensor, gx: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor]) -> None:
     """One step of torch's cell formulas on the step's gates, in place on the state's rows."""
+    if cell in ("RNN_TANH", "RNN_RELU"):
+        v = gh.add_(gx)
+        h.copy_(v.tanh_() if cell == "RNN_TANH" else v.relu_())
+        return
     if cell == "LSTM":
         i, f, g, o = gh.add_(gx).chunk(4, 1)
         cy = torch.addcmul(f.sigmoid_() * c, i.sigmoid_(), g.tanh_())
@@ -198,7 +205,7 @@ def _native_layout(gx: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor],
 def _run_native(fn, cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
                 out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float]) -> None:
     batch, hidden = h.shape
-    geometry = torch.tensor([len(rows) - 1, batch, hidden, 0 if cell == "LSTM" else 1, int(reverse), gx.stride(0),
+    geometry = torch.tensor([len(rows) - 1, batch, hidden, _CELL_CODES[cell], int(reverse), gx.stride(0),
                              out.stride(0), *rows], dtype=torch.int64)
     codes = torch.empty(batch * hidden, dtype=torch.uint8)
     gh = torch.empty(batch * CELLS[cell] * hidden, dtype=torch.float32)

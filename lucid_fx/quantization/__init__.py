@@ -121,8 +121,10 @@ __all__ = [
     "DynamicQuantizedLinear",
     "DynamicQuantizedLSTM",
     "DynamicQuantizedGRU",
+    "DynamicQuantizedRNN",
     "DynamicQuantizedLSTMCell",
     "DynamicQuantizedGRUCell",
+    "DynamicQuantizedRNNCell",
 ]
 
 
@@ -139,8 +141,10 @@ _FACADE = {
     "DynamicQuantizedLinear": "dynamic",
     "DynamicQuantizedLSTM": "dynamic",
     "DynamicQuantizedGRU": "dynamic",
+    "DynamicQuantizedRNN": "dynamic",
     "DynamicQuantizedLSTMCell": "dynamic",
     "DynamicQuantizedGRUCell": "dynamic",
+    "DynamicQuantizedRNNCell": "dynamic",
 }
 
 

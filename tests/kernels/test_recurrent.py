@@ -24,10 +24,14 @@ def _exact(cell: str, gx, codes, scale, bias, h, c, rows, reverse, grid):
     steps = range(len(rows) - 2, -1, -1) if reverse else range(len(rows) - 1)
     for t in steps:
         first, batch = rows[t], rows[t + 1] - rows[t]
+        if cell == "RNN_RELU":  # each step's own grid
+            grid = recurrent.state_grid(h[:batch].float())
         q = torch.clamp(torch.round(h[:batch] * grid[1]), -128, 127)  # codes less the zero point 128
         gh = (q.long() @ codes.long().T).double() * grid[0] * scale.double() + bias.double()
         x = gx[first:first + batch].double()
-        if cell == "LSTM":
+        if cell.startswith("RNN"):
+            h[:batch] = torch.tanh(gh + x) if cell == "RNN_TANH" else torch.relu(gh + x)
+        elif cell == "LSTM":
             i, f, g_, o = (gh + x).chunk(4, 1)
             c[:batch] = torch.sigmoid(f) * c[:batch] + torch.sigmoid(i) * torch.tanh(g_)
             h[:batch] = torch.sigmoid(o) * torch.tanh(c[:batch])
@@ -49,7 +53,7 @@ def _run(cell, gx, weight, h0, c0, rows, reverse):
 
 
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable", "torch"])
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", list(recurrent.CELLS))
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_one_step_is_exact_integer_products_and_the_cells(native_build, native_env, forbid_route, build, cell, reverse):
     # One step: the state's codes, the int8 products and the cell, no feedback, so any difference is the
@@ -73,13 +77,15 @@ def test_one_step_is_exact_integer_products_and_the_cells(native_build, native_e
 
 
 @pytest.mark.parametrize("build", ["this CPU", "torch"])
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", list(recurrent.CELLS))
 def test_a_sequence_follows_the_exact_steps(native_build, native_env, build, cell):
     # 30 steps feed each state back: a code may round the other way where the float steps differ near a
     # tie, a difference of one step of the state's grid, which later steps damp.
     native_env(LUCID_FX_NATIVE="0") if build == "torch" else native_build(build)
     g = torch.Generator().manual_seed(3)
     weight = _weight(cell, 4, bound=weight_quant_range("cpu")[1])  # the full grid where this CPU kind has it
+    if cell == "RNN_RELU":  # a gain below one: a relu state that grows past 1 (each step's grid) and stays finite
+        weight = (weight[0], weight[1] * 0.1, weight[2])
     gx = torch.randn(30 * 5, recurrent.CELLS[cell] * H, generator=g)
     h0 = torch.zeros(5, H)
     c0 = torch.zeros(5, H) if cell == "LSTM" else None
@@ -88,7 +94,7 @@ def test_a_sequence_follows_the_exact_steps(native_build, native_env, build, cel
     want, _, _ = _exact(cell, gx, *weight, h0, c0, rows, False, recurrent.state_grid(h0))
     error = (out.double() - want).abs()
     assert float(error.max()) < 1 / 127 and float(error.mean()) < 1e-4, (float(error.max()), float(error.mean()))
-    assert float(out.abs().max()) > 0.5  # the states move: not a run of zeros
+    assert float(out.abs().max()) > (1.5 if cell == "RNN_RELU" else 0.5)  # the states move: not a run of zeros
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
@@ -167,7 +173,7 @@ def _cell_inputs(cell: str, seed: int, batch: int, state_bound: float):
 
 
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", list(recurrent.CELLS))
 @pytest.mark.parametrize("state_bound", [0.0, 0.9, 2.5], ids=["zeros", "inside [-1, 1]", "past 1"])
 def test_a_cell_call_in_one_native_call_is_the_pieces_it_replaces(native_build, build, cell, state_bound):
     # lucid_cell_float32 computes in C what input_gates (per-batch qparams, quantize, GEMM) and one step of

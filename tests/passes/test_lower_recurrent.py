@@ -163,6 +163,37 @@ class ExportedTagger(nn.Module):
         return self.head(seq[:, -1]) + bias + h.mean()
 
 
+class ElmanTagger(nn.Module):
+    """An embedding, a relu nn.RNN, then a tanh nn.RNNCell over its last step (torch.ao quantizes neither statically)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(200, 32)
+        self.rnn = nn.RNN(32, 48, batch_first=True, nonlinearity="relu")
+        self.cell, self.head = nn.RNNCell(48, 24), nn.Linear(24, 4)
+
+    def forward(self, tokens):
+        out, h = self.rnn(self.embed(tokens))
+        return self.head(self.cell(out[:, -1], h[0, :, :24]))
+
+
+def test_an_elman_rnn_and_its_cell_run_int8(sqnr_db):
+    from lucid_fx.dynamic_rnn import DynamicQuantizedRNN, DynamicQuantizedRNNCell
+
+    torch.manual_seed(7)
+    model = ElmanTagger().eval()
+    calibration = [_tokens(i) for i in range(3)]
+    prepared, qmodel = _convert(model, calibration[0], calibration)
+    assert type(qmodel.rnn) is DynamicQuantizedRNN and qmodel.rnn.nonlinearity == "relu"
+    assert type(qmodel.cell) is DynamicQuantizedRNNCell and qmodel.cell.nonlinearity == "tanh"
+    report = qmodel.lucid_fx_convert_report
+    assert report.int8_flop_share == 1.0, str(report)
+    assert report.placements["rnn"].why.startswith("dynamic int8 RNN: int8 weights and products, each step's grid")
+    held_out = _tokens(97)
+    with torch.no_grad():
+        assert sqnr_db(model(held_out), qmodel(held_out)) > 35
+
+
 def test_an_exported_model_runs_its_recurrent_layers_int8(sqnr_db):
     torch.manual_seed(6)
     model = ExportedTagger().eval()

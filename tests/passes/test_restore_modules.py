@@ -61,6 +61,32 @@ class Recurrent(nn.Module):
         return hc[0].sum() + c.sum() + step
 
 
+class Elman(nn.Module):
+    """nn.RNN with relu and with tanh, and an nn.RNNCell: torch.rnn_relu / torch.rnn_tanh / torch.rnn_tanh_cell."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu_rnn, self.tanh_rnn = nn.RNN(8, 16, nonlinearity="relu"), nn.RNN(16, 8, batch_first=True)
+        self.cell = nn.RNNCell(8, 8, nonlinearity="tanh")
+
+    def forward(self, x):
+        out, h = self.relu_rnn(x)
+        seq, _ = self.tanh_rnn(out)
+        return self.cell(seq[-1]) + h.sum()
+
+
+def test_elman_rnns_become_modules_with_their_nonlinearity():
+    torch.manual_seed(2)
+    model, x = Elman().eval(), torch.randn(4, 3, 8)
+    gm = export_model(model, (x,))
+    modules = {n.target: gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    assert {name: (type(m), m.nonlinearity) for name, m in modules.items()} == {
+        "relu_rnn": (nn.RNN, "relu"), "tanh_rnn": (nn.RNN, "tanh"), "cell": (nn.RNNCell, "tanh")}
+    assert modules["tanh_rnn"].batch_first and modules["cell"].weight_ih is model.cell.weight_ih
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))
+
+
 def test_recurrent_layers_become_modules_with_their_items():
     # torch.export writes nn.LSTM as torch.lstm(x, [h0, c0], [weights], ...) returning (output, h, c), and the
     # cells as torch.gru_cell / torch.lstm_cell: each becomes its module again (which convert runs in int8).
