@@ -30,12 +30,14 @@ class Recurrent(nn.Module):
         return {}
 
     def _register(self, shapes: Dict[str, Tuple[int, int]], bias: bool, weights) -> None:
-        """``shapes``: (rows, columns) by ``ih<where>`` / ``hh<where>``; ``weights`` the buffers by name, or
-        None for zeros of those shapes."""
+        """``shapes``: (rows, columns) by ``ih<where>`` / ``hh<where>`` (and an LSTM's projection, ``hr<where>``, which
+        has no bias); ``weights`` the buffers by name, or None for zeros of those shapes."""
         for key, (rows, columns) in shapes.items():
             kind, where = key[:2], key[2:]
             zeros = {f"weight_{kind}_codes{where}": torch.zeros(rows, columns, dtype=torch.int8),
-                     f"weight_{kind}_scale{where}": torch.ones(rows), f"bias_{kind}{where}": torch.zeros(rows) if bias else None}
+                     f"weight_{kind}_scale{where}": torch.ones(rows)}
+            if kind != "hr":
+                zeros[f"bias_{kind}{where}"] = torch.zeros(rows) if bias else None
             for name, tensor in zeros.items():
                 self.register_buffer(name, weights[name] if weights is not None else tensor)
 
@@ -50,16 +52,16 @@ class Recurrent(nn.Module):
         weights: Dict[str, Any] = {}
         for kind, suffix, where in sources:
             codes, scale = quantize_weight(getattr(float_module, f"weight_{kind}{suffix}"), qconfig.weight(), target.weight_range)
-            bias = getattr(float_module, f"bias_{kind}{suffix}").detach().float().clone() if float_module.bias else None
+            bias = getattr(float_module, f"bias_{kind}{suffix}").detach().float().clone() if float_module.bias and kind != "hr" else None
             for name, tensor in ((f"weight_{kind}_codes{where}", codes), (f"weight_{kind}_scale{where}", scale), (f"bias_{kind}{where}", bias)):
                 weights[name] = tensor if name not in weights or tensor is None else torch.cat([weights[name], tensor])
         return weights
 
     def _weight(self, where: str, kind: str = "hh") -> recurrent.RecurrentWeight:
-        """W_ih or W_hh as the kernels take it (packed once per codes tensor, again after a load_state_dict wrote it)."""
+        """W_ih, W_hh or W_hr as the kernels take it (packed once per codes tensor, again after a load_state_dict wrote it)."""
         buffers = self._buffers  # not getattr: Module.__getattr__ cost 1.5 us a name, a tenth of a small cell's call
         return recurrent.recurrent_weight(buffers[f"weight_{kind}_codes{where}"], buffers[f"weight_{kind}_scale{where}"],
-                                          buffers[f"bias_{kind}{where}"])
+                                          buffers.get(f"bias_{kind}{where}"))
 
     def _gates(self, x: torch.Tensor, where: str) -> torch.Tensor:
         """x @ W_ih^T + b_ih of every row (and direction): one per-batch int8 GEMM, float out (rows, D * G * H)."""

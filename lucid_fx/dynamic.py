@@ -111,10 +111,6 @@ def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict
     qconfig = spec.get(name, qconfig)
     swap = SWAPS.get(type(module))
     if swap is not None and qconfig is not None:
-        why = getattr(swap, "refuses", lambda layer: None)(module)  # an LSTM with proj_size: named, with the way out
-        if why is not None:
-            raise ValueError(f"quantize_dynamic: {name or '<root>'} ({type(module).__name__}): {why}"
-                             + (f"; keep it float with qconfig_spec={{{name!r}: None}}" if name else ""))
         return swap.from_float(module, qconfig, targets(next(module.parameters()).device))
     if swap is not None:
         return module

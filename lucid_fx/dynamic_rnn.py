@@ -13,7 +13,7 @@ step of the same: its state is the caller's, so its grid covers the state it is 
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
@@ -36,33 +36,36 @@ class _DynamicQuantizedRNN(Recurrent):
         """``weights``: the buffers by name (:meth:`from_float` builds them), zeros of their shapes if None. Per
         layer, ``weight_ih_codes_l0`` (int8), ``weight_ih_scale_l0`` (float32, per row) and ``bias_ih_l0`` hold
         both directions' input weights, one after the other; ``weight_hh_codes_l0``, ``weight_hh_scale_l0``,
-        ``bias_hh_l0`` the hidden weights of the forward direction, the same names ending ``_reverse`` the other's."""
+        ``bias_hh_l0`` the hidden weights of the forward direction, the same names ending ``_reverse`` the other's (an
+        LSTM's projection: ``weight_hr_codes_l0``, ``weight_hr_scale_l0``, no bias)."""
         super().__init__()
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.bidirectional = bias, batch_first, bidirectional
         self.activation_qdtype = activation_qdtype or default_dynamic_qconfig.activation_qdtype
-        directions, gates = 2 if bidirectional else 1, recurrent.CELLS[self.mode] * hidden_size
+        directions, gates, state = 2 if bidirectional else 1, recurrent.CELLS[self.mode] * hidden_size, self._state_size()
         shapes = {}
         for layer in range(num_layers):
-            shapes[f"ih_l{layer}"] = (directions * gates, input_size if layer == 0 else hidden_size * directions)
-            shapes.update((f"hh_l{layer}{suffix}", (gates, hidden_size)) for suffix in ("", "_reverse")[:directions])
+            shapes[f"ih_l{layer}"] = (directions * gates, input_size if layer == 0 else state * directions)
+            for suffix in ("", "_reverse")[:directions]:
+                shapes[f"hh_l{layer}{suffix}"] = (gates, state)
+                if self.proj_size:
+                    shapes[f"hr_l{layer}{suffix}"] = (self.proj_size, hidden_size)
         self._register(shapes, bias, weights)
 
-    @staticmethod
-    def refuses(rnn: nn.Module) -> Optional[str]:
-        """Why this layer cannot take ``rnn``, or None: an LSTM with ``proj_size`` (its projection has no int8 form here)."""
-        return f"an nn.LSTM with proj_size={rnn.proj_size} has no int8 recurrence here" if getattr(rnn, "proj_size", 0) else None
+    proj_size = 0  # an LSTM's projection (DynamicQuantizedLSTM sets it)
+
+    def _state_size(self) -> int:
+        """The size of h (and of each direction's output): the projection's, else hidden_size."""
+        return self.proj_size or self.hidden_size
 
     @classmethod
     def from_float(cls, rnn: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
         """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, an ``nn.GRU`` for
         DynamicQuantizedGRU) per row with ``qconfig.weight``'s observer on ``target``'s weight grid."""
-        why = cls.refuses(rnn)
-        if why is not None:
-            raise ValueError(why)
         suffixes = ("", "_reverse")[:2 if rnn.bidirectional else 1]
+        kinds = ("ih", "hh", "hr") if getattr(rnn, "proj_size", 0) else ("ih", "hh")
         sources = [(kind, f"_l{layer}{s}", f"_l{layer}" if kind == "ih" else f"_l{layer}{s}")
-                   for layer in range(rnn.num_layers) for kind in ("ih", "hh") for s in suffixes]
+                   for layer in range(rnn.num_layers) for kind in kinds for s in suffixes]
         weights = cls._quantized(rnn, qconfig, target, sources)
         return cls(rnn.input_size, rnn.hidden_size, rnn.num_layers, rnn.bias, rnn.batch_first, rnn.bidirectional,
                    qconfig.activation_qdtype, weights, **cls._options(rnn))
@@ -72,21 +75,21 @@ class _DynamicQuantizedRNN(Recurrent):
         x, rows, batch, sequence = self._steps(input)
         unbatched = not packed and input.dim() == 2
         states = self._states(hx, batch, input.sorted_indices if packed else None, unbatched)
-        directions, hidden = 2 if self.bidirectional else 1, self.hidden_size
+        directions, hidden, size = 2 if self.bidirectional else 1, self.hidden_size, self._state_size()
         gates = recurrent.CELLS[self.mode] * hidden
         finals = []
         for layer in range(self.num_layers):
             gx = self._gates(x, f"_l{layer}")
-            out = torch.empty(x.shape[0], directions * hidden, dtype=torch.float32, device=x.device)
+            out = torch.empty(x.shape[0], directions * size, dtype=torch.float32, device=x.device)
             for direction in range(directions):
-                index = layer * directions + direction
+                index, where = layer * directions + direction, f"_l{layer}{'_reverse' if direction else ''}"
                 h0 = None if states is None else states[0][index]
-                h = torch.zeros(batch, hidden, device=x.device) if h0 is None else h0.to(torch.float32).contiguous().clone()
-                c = None if self.mode != "LSTM" else torch.zeros_like(h) if h0 is None else \
+                h = torch.zeros(batch, size, device=x.device) if h0 is None else h0.to(torch.float32).contiguous().clone()
+                c = None if self.mode != "LSTM" else torch.zeros(batch, hidden, device=x.device) if h0 is None else \
                     states[1][index].to(torch.float32).contiguous().clone()
-                recurrent.run_layer(self.mode, gx[:, direction * gates:(direction + 1) * gates], self._weight(f"_l{layer}{'_reverse' if direction else ''}"),
-                                    h, c, out[:, direction * hidden:(direction + 1) * hidden], rows, direction == 1,
-                                    recurrent.state_grid(h0))
+                recurrent.run_layer(self.mode, gx[:, direction * gates:(direction + 1) * gates], self._weight(where),
+                                    h, c, out[:, direction * size:(direction + 1) * size], rows, direction == 1,
+                                    recurrent.state_grid(h0), self._weight(where, "hr") if self.proj_size else None)
                 finals.append((h, c))
             x = out
         return self._outputs(input, x, finals, sequence, unbatched)
@@ -106,14 +109,14 @@ class _DynamicQuantizedRNN(Recurrent):
         return self._checked(x.reshape(steps * batch, x.shape[-1])), [t * batch for t in range(steps + 1)], batch, (steps, batch)
 
     def _states(self, hx, batch: int, sorted_indices, unbatched: bool):
-        """(h0,) or (h0, c0), each (layers * directions, batch, hidden) in the steps' order of rows; None
-        for zeros."""
+        """(h0,) or (h0, c0), each (layers * directions, batch, hidden: h0's the projection's if any) in the steps'
+        order of rows; None for zeros."""
         if hx is None:
             return None
-        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
         states, given = [], self._given(hx)
         self._largest(given)
-        for state in given:
+        for state, size in zip(given, (self._state_size(), self.hidden_size)):
+            shape = (self.num_layers * (2 if self.bidirectional else 1), batch, size)
             state = state.unsqueeze(1) if unbatched and state.dim() == 2 else state
             if tuple(state.shape) != shape:
                 raise ValueError(f"{type(self).__name__}: expected a hidden state of shape {shape}, got {tuple(state.shape)}")
@@ -137,16 +140,29 @@ class _DynamicQuantizedRNN(Recurrent):
         return (output, (h_n, c_n)) if self.mode == "LSTM" else (output, h_n)
 
     def extra_repr(self) -> str:
-        extras = "".join(f", {name}={getattr(self, name)}" for name in ("num_layers", "bias", "batch_first", "bidirectional")
-                         if getattr(self, name) != {"num_layers": 1, "bias": True}.get(name, False))
+        extras = "".join(f", {name}={getattr(self, name)}" for name in ("num_layers", "bias", "batch_first", "bidirectional", "proj_size")
+                         if getattr(self, name) != {"num_layers": 1, "bias": True, "proj_size": 0}.get(name, False))
         return f"{self.input_size}, {self.hidden_size}{extras}, activation={self.activation_qdtype.name}"
 
 
 class DynamicQuantizedLSTM(_DynamicQuantizedRNN):
     """``nn.LSTM`` with int8 weights: per-batch int8 inputs, an int8 state on [-1, 1], float cells; float
-    in, float out (:mod:`lucid_fx.dynamic_rnn`). Build one with :meth:`from_float`."""
+    in, float out (:mod:`lucid_fx.dynamic_rnn`). Build one with :meth:`from_float`. With ``proj_size``, h = W_hr
+    (o * tanh(c)) in int8 too (o * tanh(c) on the grid of [-1, 1]), h on each step's own grid: no fixed bound."""
 
     mode = "LSTM"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, bidirectional: bool = False, activation_qdtype: Optional[QDtype] = None,
+                 weights: Optional[Dict[str, Optional[torch.Tensor]]] = None, proj_size: int = 0) -> None:
+        if not 0 <= proj_size < hidden_size:
+            raise ValueError(f"proj_size must be in [0, hidden_size), got {proj_size} with hidden_size {hidden_size}")
+        self.proj_size = proj_size  # the base reads it
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, bidirectional, activation_qdtype, weights)
+
+    @staticmethod
+    def _options(layer: nn.Module) -> Dict[str, Any]:
+        return {"proj_size": layer.proj_size}
 
 
 class DynamicQuantizedGRU(_DynamicQuantizedRNN):

@@ -82,22 +82,25 @@ def _batch_norm(gm, node) -> Optional[tuple]:
 
 def _recurrent(gm, node) -> Optional[tuple]:
     """torch.lstm / torch.gru (x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    nn.LSTM / nn.GRU on the holder of params. Not a packed sequence's form (data, batch_sizes, hx, params, ...),
-    nor one with proj_size (its weight_hr), nor one read otherwise than by its items."""
+    nn.LSTM / nn.GRU / nn.RNN on the holder of params (an LSTM's weight_hr_l0, ...: its proj_size). Not a packed
+    sequence's form (data, batch_sizes, hx, params, ...), nor one read otherwise than by its items."""
     if len(node.args) != 9 or not isinstance(node.args[2], (list, tuple)) or any(
             user.target is not operator.getitem for user in node.users):
         return None
     x, hx, params, bias, layers, dropout, _, both, batch_first = node.args
     kind, options = _LAYERS[node.target]
-    per_layer = (4 if bias else 2) * (2 if both else 1)
-    names = [f"{w}_{k}_l{layer}{s}" for layer in range(layers) for s in ("", "_reverse")[:2 if both else 1]
-             for w, k in (("weight", "ih"), ("weight", "hh"), ("bias", "ih"), ("bias", "hh"))[:4 if bias else 2]]
-    path = _holder(gm, node, list(params), names) if len(params) == per_layer * layers else None
+    each, directions = (4 if bias else 2), (2 if both else 1)
+    projected = kind is nn.LSTM and len(params) == (each + 1) * directions * layers  # weight_hr last, torch's order
+    pieces = (("weight", "ih"), ("weight", "hh"), ("bias", "ih"), ("bias", "hh"))[:each] + ((("weight", "hr"),) if projected else ())
+    names = [f"{w}_{k}_l{layer}{s}" for layer in range(layers) for s in ("", "_reverse")[:directions] for w, k in pieces]
+    path = _holder(gm, node, list(params), names) if len(params) == len(pieces) * directions * layers else None
     if path is None:
         return None
     holder = gm.get_submodule(path)
-    module = kind(holder.weight_ih_l0.shape[1], holder.weight_hh_l0.shape[1], layers, bias=bias, batch_first=batch_first,
-                  dropout=dropout, bidirectional=both, **options)
+    size = dict(hidden_size=holder.weight_hr_l0.shape[1], proj_size=holder.weight_hr_l0.shape[0]) if projected else \
+        dict(hidden_size=holder.weight_hh_l0.shape[1])
+    module = kind(holder.weight_ih_l0.shape[1], num_layers=layers, bias=bias, batch_first=batch_first, dropout=dropout,
+                  bidirectional=both, **size, **options)
     return path, module, (x, tuple(hx) if kind is nn.LSTM else hx), list(params)
 
 

@@ -77,7 +77,7 @@ SIGNATURES = {
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
     "group_norm": ((_P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32, _P), _I32, (*_CODES, torch.float32)),
     "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
-    "rnn": ((_P,) * 11 + (_F, _F), None, (torch.float32,)), "cell": ((_P,) * 13, _I32, (torch.float32,)),  # native_rnn.c
+    "rnn": ((_P,) * 11 + (_F, _F) + (_P,) * 4, None, (torch.float32,)), "cell": ((_P,) * 13, _I32, (torch.float32,)),  # native_rnn.c
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

@@ -15,8 +15,8 @@
  * sigmoid and tanh are native_math.h's, within 2e-7 of torch's, so the codes of the next step's state match
  * torch's route (recurrent.py's) except where a value lies that close to a rounding tie.
  *
- * g holds steps, batch, hidden, cell (0 LSTM, 1 GRU, 2 RNN_TANH, 3 RNN_RELU), reverse, gx's and out's row strides (floats), then
- * steps + 1 row offsets: step t reads rows rows[t] .. rows[t + 1] - 1 of gx and writes those of out, and
+ * g holds steps, batch, hidden, cell (0 LSTM, 1 GRU, 2 RNN_TANH, 3 RNN_RELU), reverse, gx's and out's row strides (floats), an
+ * LSTM's projection size (0: none), then steps + 1 row offsets: step t reads rows rows[t] .. rows[t + 1] - 1 of gx and writes those of out, and
  * its rows are the state's first rows[t + 1] - rows[t] (a packed sequence's batch shrinks with time; the
  * state's other rows keep their values). h and c (NULL but for an LSTM) are (batch, hidden), updated in place;
  * hq (batch x hidden codes) and gh (batch x gates x hidden floats) are scratch. */
@@ -62,9 +62,10 @@ static void rnn_cell(const float *restrict gh, const float *restrict gx, float *
     }
 }
 
-/* The grid of a state whose largest magnitude is `largest`: max(1, largest) in 127 steps a side (recurrent.state_grid). */
-static void state_grid(float largest, float *scale, float *inv) {
-    const double bound = largest > 1.0f ? largest : 1.0;
+/* The grid of a state whose largest magnitude is `largest`: max(floor, largest) in 127 steps a side
+ * (recurrent.state_grid: floor 1; recurrent.tight_grid: a projection's values, floor 0, 1 for all zeros). */
+static void grid_of(float largest, float floor, float *scale, float *inv) {
+    const double bound = largest > floor ? largest : floor > 0.0f ? floor : 1.0;
     *scale = (float)(bound / 127.0);
     *inv = (float)(127.0 / bound);
 }
@@ -78,17 +79,43 @@ static float largest_of(const float *h, int64_t n) {
     return largest;
 }
 
-/* One step: the state's active rows quantized on the grid (h_scale, h_inv; a relu RNN's state has no bound, so
- * its grid is each step's own, from its active rows), their gates by the GEMM, the cell. */
+/* An LSTM's projection (proj_size): h = W_hr (o * tanh(c)), W_hr's packed int8 blocks, its offsets for codes with
+ * zero point 128 and per-row scales; hf: scratch for 2 x batch x hidden floats. o * tanh(c) and h are quantized on
+ * each step's own tight grid (their largest magnitude in 127 steps a side): h has no fixed bound, and both are
+ * often far inside [-1, 1] (W_hr's rows are small), where the grid of [-1, 1] measured 6-10 dB less. */
+typedef struct {
+    const int8_t *packed;
+    const int32_t *offset;
+    const float *scale;
+    float *hf;
+} Projection;
+
+/* One step: the state's active rows (`state` values each: hidden, or an LSTM's projection size) quantized on the
+ * grid (h_scale, h_inv; a relu RNN's and a projected LSTM's state has no fixed bound, so its grid is each step's
+ * own, from its active rows), their gates by the GEMM, the cell, then the projection where there is one. */
 static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const int32_t *offset, const float *w_scale,
                  const float *bias, float *h, float *c, float *out, int64_t out_stride, uint8_t *hq, float *gh,
-                 int64_t batch, int64_t hidden, int64_t cell, float h_scale, float h_inv) {
+                 int64_t batch, int64_t hidden, int64_t state, int64_t cell, float h_scale, float h_inv,
+                 const Projection *proj) {
     const int64_t gates = GATES(cell) * hidden;
     const float zp = 128.0f;
-    if (cell == 3) state_grid(largest_of(h, batch * hidden), &h_scale, &h_inv);
-    for (int64_t i = 0; i < batch * hidden; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * h_inv, -zp, 255.0f - zp, 128);
-    lucid_gemm_float32(hq, packed, gh, batch, gates, hidden, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
+    if (cell == 3 || proj != NULL) grid_of(largest_of(h, batch * state), proj != NULL ? 0.0f : 1.0f, &h_scale, &h_inv);
+    for (int64_t i = 0; i < batch * state; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * h_inv, -zp, 255.0f - zp, 128);
+    lucid_gemm_float32(hq, packed, gh, batch, gates, state, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);
+    if (proj != NULL) { /* the cell's o * tanh(c) in hf, on [-1, 1]: its codes times W_hr are the new state */
+        for (int64_t r = 0; r < batch; r++)
+            lstm_cell(gh + r * gates, gx + r * gx_stride, proj->hf + r * hidden, c + r * hidden,
+                      proj->hf + (batch + r) * hidden, hidden);
+        float f_scale, f_inv;
+        grid_of(largest_of(proj->hf, batch * hidden), 0.0f, &f_scale, &f_inv);
+        for (int64_t i = 0; i < batch * hidden; i++) hq[i] = (uint8_t)REQUANTIZE(proj->hf[i] * f_inv, -zp, 255.0f - zp, 128);
+        lucid_gemm_float32(hq, proj->packed, h, batch, state, hidden, proj->offset, proj->scale, NULL, f_scale, 0.0f, 0,
+                           -INFINITY, INFINITY, 0);
+        for (int64_t r = 0; r < batch; r++)
+            for (int64_t j = 0; j < state; j++) out[r * out_stride + j] = h[r * state + j];
+        return;
+    }
     for (int64_t r = 0; r < batch; r++) {
         const float *x = gx + r * gx_stride;
         float *o = out + r * out_stride;
@@ -98,15 +125,20 @@ static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const
     }
 }
 
+/* g: steps, batch, hidden, cell, reverse, gx's and out's row strides, the projection's size (0: none), then the
+ * row offsets. hr_packed, hr_offset, hr_scale and hf (2 x batch x hidden floats): the projection's, NULL without. */
 void lucid_rnn_float32(const float *gx, const int8_t *packed, const int32_t *offset, const float *w_scale,
                        const float *bias, float *h, float *c, float *out, uint8_t *hq, float *gh,
-                       const int64_t *g, float h_scale, float h_inv) {
+                       const int64_t *g, float h_scale, float h_inv, const int8_t *hr_packed, const int32_t *hr_offset,
+                       const float *hr_scale, float *hf) {
     const int64_t steps = g[0], hidden = g[2], cell = g[3], reverse = g[4], gx_stride = g[5], out_stride = g[6];
-    const int64_t *rows = g + 7; /* h_inv: 1 / h_scale rounded as the torch route rounds it */
+    const int64_t projected = g[7], *rows = g + 8; /* h_inv: 1 / h_scale rounded as the torch route rounds it */
+    const Projection projection = {hr_packed, hr_offset, hr_scale, hf};
     for (int64_t s = 0; s < steps; s++) {
         const int64_t t = reverse ? steps - 1 - s : s, first = rows[t], batch = rows[t + 1] - rows[t];
         step(gx + first * gx_stride, gx_stride, packed, offset, w_scale, bias, h, c, out + first * out_stride,
-             out_stride, hq, gh, batch, hidden, cell, h_scale, h_inv);
+             out_stride, hq, gh, batch, hidden, projected ? projected : hidden, cell, h_scale, h_inv,
+             projected ? &projection : NULL);
     }
 }
 
@@ -146,7 +178,8 @@ int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_
     for (int64_t j = 0; j < gates; j++) offset[j] = ih_row_sums[j] * -zp;
     lucid_gemm_float32(xq, ih_packed, gx, batch, gates, inputs, offset, ih_scale, ih_bias, scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);
-    state_grid(largest_of(h, batch * hidden), &h_scale, &h_inv);
-    step(gx, gates, hh_packed, hh_offset, hh_scale, hh_bias, h, c, out, hidden, hq, gh, batch, hidden, cell, h_scale, h_inv);
+    grid_of(largest_of(h, batch * hidden), 1.0f, &h_scale, &h_inv);
+    step(gx, gates, hh_packed, hh_offset, hh_scale, hh_bias, h, c, out, hidden, hq, gh, batch, hidden, hidden, cell, h_scale,
+         h_inv, NULL);
     return 0;
 }

@@ -100,6 +100,14 @@ def state_grid(h0: Optional[torch.Tensor], largest: Optional[float] = None) -> T
 _UNIT_GRID = (1 / 127, 127.0)  # the grid of [-1, 1] (127 is a float32)
 
 
+def tight_grid(t: torch.Tensor) -> Tuple[float, float]:
+    """``state_grid`` without its floor of 1: ``t``'s largest magnitude in 127 steps a side (1 for all zeros), for
+    a projected LSTM's values (o * tanh(c) and h), which have no fixed bound and often lie far inside [-1, 1]."""
+    largest = float(t.abs().amax()) if t.numel() else 0.0
+    bound = largest if largest > 0 else 1.0
+    return bound / 127, float(torch.tensor(127 / bound, dtype=torch.float32))
+
+
 def input_gates(x: torch.Tensor, weight: RecurrentWeight, grid: QDtype, who: str) -> torch.Tensor:
     """``x @ W^T + b`` of float32 rows ``x``, float out, ``x`` quantized on its own range (its min and max:
     ``per_batch_qparams``). A small product of uint8 codes runs in the native GEMM, quantize and GEMM called
@@ -119,25 +127,35 @@ def input_gates(x: torch.Tensor, weight: RecurrentWeight, grid: QDtype, who: str
 
 
 def run_layer(cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
-              out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float]) -> None:
+              out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float],
+              proj: Optional[RecurrentWeight] = None) -> None:
     """Run ``cell`` over the steps of ``gx`` (rows of gates, float32, a row stride of its own), writing each
     step's state into ``out``'s rows and updating ``h`` (and an LSTM's ``c``), (batch, hidden), in place.
     Step t owns rows ``rows[t]`` to ``rows[t + 1]`` of gx and out and the state's first rows (a packed
-    sequence's batch shrinks with time); ``reverse`` runs the steps last to first."""
+    sequence's batch shrinks with time); ``reverse`` runs the steps last to first. ``proj``: an LSTM's W_hr
+    (proj_size): h = W_hr (o * tanh(c)), (batch, proj_size); h and o * tanh(c) each on the step's
+    :func:`tight_grid`."""
     fn = _function("rnn", torch.float32)
-    if fn is not None and weight.packed is not None and _native_layout(gx, h, c, out):
-        _run_native(fn, cell, gx, weight, h, c, out, rows, reverse, grid)
+    if fn is not None and weight.packed is not None and (proj is None or proj.packed is not None) \
+            and _native_layout(gx, h, c, out):
+        _run_native(fn, cell, gx, weight, h, c, out, rows, reverse, grid, proj)
         return
     steps = range(len(rows) - 2, -1, -1) if reverse else range(len(rows) - 1)
     scale, inv = grid
     for t in steps:
         first, batch = rows[t], rows[t + 1] - rows[t]
-        if cell == "RNN_RELU":  # no bound: each step's grid covers its state
-            scale, inv = state_grid(h[:batch])
+        if cell == "RNN_RELU" or proj is not None:  # no bound: each step's grid covers its state
+            scale, inv = state_grid(h[:batch]) if proj is None else tight_grid(h[:batch])
         codes = program_ops.quantize_codes(h[:batch], inv, STATE_ZP, 0, 255, torch.uint8)
         gh = torch.ops.lucid_fx.linear(codes, scale, STATE_ZP, weight.codes, weight.scale, weight.bias, 1.0, 0,
                                        "none", torch.float32)
-        _cell_step(cell, gh, gx[first:first + batch], h[:batch], None if c is None else c[:batch])
+        full = h[:batch] if proj is None else torch.empty(batch, c.shape[1], device=h.device)  # o * tanh(c)
+        _cell_step(cell, gh, gx[first:first + batch], full, None if c is None else c[:batch])
+        if proj is not None:
+            full_scale, full_inv = tight_grid(full)
+            codes = program_ops.quantize_codes(full, full_inv, STATE_ZP, 0, 255, torch.uint8)
+            h[:batch] = torch.ops.lucid_fx.linear(codes, full_scale, STATE_ZP, proj.codes, proj.scale, None, 1.0, 0,
+                                                  "none", torch.float32)
         out[first:first + batch] = h[:batch]
 
 
@@ -203,13 +221,18 @@ def _native_layout(gx: torch.Tensor, h: torch.Tensor, c: Optional[torch.Tensor],
 
 
 def _run_native(fn, cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
-                out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float]) -> None:
-    batch, hidden = h.shape
+                out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float],
+                proj: Optional[RecurrentWeight]) -> None:
+    batch, state = h.shape
+    hidden = state if c is None else c.shape[1]  # a projected LSTM's state is smaller than its cell
     geometry = torch.tensor([len(rows) - 1, batch, hidden, _CELL_CODES[cell], int(reverse), gx.stride(0),
-                             out.stride(0), *rows], dtype=torch.int64)
-    codes = torch.empty(batch * hidden, dtype=torch.uint8)
+                             out.stride(0), 0 if proj is None else state, *rows], dtype=torch.int64)
+    codes = torch.empty(batch * max(state, hidden), dtype=torch.uint8)
     gh = torch.empty(batch * CELLS[cell] * hidden, dtype=torch.float32)
     bias = None if weight.bias is None else weight.bias.data_ptr()
+    scratch = None if proj is None else torch.empty(2 * batch * hidden)  # o * tanh(c), kept alive through the call
+    projection = (None,) * 4 if proj is None else (proj.packed.packed.data_ptr(), proj.offset.data_ptr(), proj.scale.data_ptr(),
+                                                   scratch.data_ptr())
     fn(gx.data_ptr(), weight.packed.packed.data_ptr(), weight.offset.data_ptr(), weight.scale.data_ptr(), bias,
        h.data_ptr(), None if c is None else c.data_ptr(), out.data_ptr(), codes.data_ptr(), gh.data_ptr(),
-       geometry.data_ptr(), grid[0], grid[1])
+       geometry.data_ptr(), grid[0], grid[1], *projection)

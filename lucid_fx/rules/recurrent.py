@@ -23,11 +23,11 @@ RECURRENT_LAYERS = (nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell, nn.RNNCell
 
 def recurrent_layer(gm: fx.GraphModule, node: fx.Node) -> Optional[nn.Module]:
     """The float recurrent layer ``node`` calls (exactly one of :data:`RECURRENT_LAYERS`, not a subclass,
-    whose forward may differ; an LSTM with ``proj_size`` has no int8 form here), else None."""
+    whose forward may differ), else None."""
     if node.op != "call_module":
         return None
     module = gm.get_submodule(str(node.target))
-    if type(module) not in RECURRENT_LAYERS or getattr(module, "proj_size", 0):
+    if type(module) not in RECURRENT_LAYERS:
         return None
     return module
 

@@ -215,3 +215,43 @@ def test_a_cell_call_the_native_cell_does_not_take_returns_false(native_on):
     before = h.clone()
     assert not recurrent.run_cell("GRU", x, *weights, h, None, qint8, "cell") and torch.equal(h, before)
     assert recurrent.run_cell("GRU", x, *weights, h, None, quint8, "cell") and not torch.equal(h, before)
+
+
+def _tight(t):
+    bound = float(t.abs().amax()) or 1.0
+    return bound / 127, float(torch.tensor(127 / bound, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "portable", "torch"])
+def test_a_projected_lstm_follows_the_exact_steps(native_build, native_env, build):
+    # proj_size P: the state h (P) on each step's tight grid, times W_hh; the cell's o * tanh(c) (H) on its own
+    # tight grid, times W_hr (P x H), is the next h. Exact integer products and float64 cells for reference.
+    native_env(LUCID_FX_NATIVE="0") if build == "torch" else native_build(build)
+    g = torch.Generator().manual_seed(7)
+    P, steps, batch = 10, 12, 3
+    w_hh = torch.randint(-63, 64, (4 * H, P), generator=g, dtype=torch.int8), torch.rand(4 * H, generator=g) * 0.03 + 0.01, \
+        torch.randn(4 * H, generator=g) * 0.3
+    w_hr = torch.randint(-63, 64, (P, H), generator=g, dtype=torch.int8), torch.rand(P, generator=g) * 0.004 + 0.002
+    gx = torch.randn(steps * batch, 4 * H, generator=g)
+    h0, c0 = torch.rand(batch, P, generator=g) - 0.5, torch.randn(batch, H, generator=g)
+    rows = [batch * t for t in range(steps + 1)]
+    h, c, out = h0.clone(), c0.clone(), torch.full((steps * batch, P), float("nan"))
+    recurrent.run_layer("LSTM", gx, recurrent.recurrent_weight(*w_hh), h, c, out, rows, False, recurrent.state_grid(h0),
+                        recurrent.recurrent_weight(*w_hr, None))
+    want_h, want_c, want = h0.double(), c0.double(), torch.zeros(steps * batch, P, dtype=torch.float64)
+    for t in range(steps):
+        scale, inv = _tight(want_h.float())
+        q = torch.clamp(torch.round(want_h * inv), -128, 127)
+        gates = (q.long() @ w_hh[0].long().T).double() * scale * w_hh[1].double() + w_hh[2].double() + gx[t * batch:(t + 1) * batch].double()
+        i, f, g_, o = gates.chunk(4, 1)
+        want_c = torch.sigmoid(f) * want_c + torch.sigmoid(i) * torch.tanh(g_)
+        full = torch.sigmoid(o) * torch.tanh(want_c)
+        f_scale, f_inv = _tight(full.float())
+        fq = torch.clamp(torch.round(full * f_inv), -128, 127)
+        want_h = (fq.long() @ w_hr[0].long().T).double() * f_scale * w_hr[1].double()
+        want[t * batch:(t + 1) * batch] = want_h
+    error = (out.double() - want).abs()
+    # measured 1e-7 at most; a code that rounds the other way at a tie would move h by ~2e-3
+    assert float(error.max()) < 2e-3 and float(error.mean()) < 1e-5, (float(error.max()), float(error.mean()))
+    torch.testing.assert_close(c.double(), want_c, atol=2e-3, rtol=0)
+    assert float(out.abs().max()) > 0.05 and torch.equal(h, out[-batch:])

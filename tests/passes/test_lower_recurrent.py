@@ -1,9 +1,10 @@
-"""lower_recurrent (passes/lower_recurrent.py): convert runs a model's nn.LSTM, nn.GRU and cells as
+"""lower_recurrent (passes/lower_recurrent.py): convert runs a model's nn.LSTM (with proj_size too), nn.GRU, nn.RNN and cells as
 quantize_dynamic's int8 layers, with the QConfig prepare recorded (None keeps one float); the report counts
 their FLOPs in int8, explain predicts it, and the converted model saves and loads."""
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -175,6 +176,21 @@ class ElmanTagger(nn.Module):
     def forward(self, tokens):
         out, h = self.rnn(self.embed(tokens))
         return self.head(self.cell(out[:, -1], h[0, :, :24]))
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")  # the float model's
+def test_a_projected_lstm_runs_int8(sqnr_db):
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Embedding(200, 32), nn.LSTM(32, 64, proj_size=16, batch_first=True)).eval()
+    calibration = [_tokens(i) for i in range(3)]
+    _, qmodel = _convert(model, calibration[0], calibration)
+    layer = qmodel.get_submodule("1")
+    assert type(layer) is DynamicQuantizedLSTM and layer.proj_size == 16
+    assert qmodel.lucid_fx_convert_report.int8_flop_share == 1.0
+    held_out = _tokens(96)
+    with torch.no_grad():
+        want, got = model(held_out)[0], qmodel(held_out)[0]
+    assert got.shape == want.shape == (8, 20, 16) and sqnr_db(want, got) > 35
 
 
 def test_an_elman_rnn_and_its_cell_run_int8(sqnr_db):

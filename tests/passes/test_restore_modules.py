@@ -1,9 +1,10 @@
 """restore_modules: an exported graph's functional layers on their own parameters become module
 calls again, sharing the tensors; anything else is left as it is."""
 
+import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import nn
 
 from lucid_fx.passes.export_model import export_model
 
@@ -83,6 +84,29 @@ def test_elman_rnns_become_modules_with_their_nonlinearity():
     assert {name: (type(m), m.nonlinearity) for name, m in modules.items()} == {
         "relu_rnn": (nn.RNN, "relu"), "tanh_rnn": (nn.RNN, "tanh"), "cell": (nn.RNNCell, "tanh")}
     assert modules["tanh_rnn"].batch_first and modules["cell"].weight_ih is model.cell.weight_ih
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))
+
+
+class Projected(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16, proj_size=6, num_layers=2, bidirectional=True)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return out.sum(0) + h.sum(0).repeat(1, 2) + c.mean()
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+def test_a_projected_lstm_becomes_its_module_with_its_proj_size():
+    # torch.lstm's params hold weight_hr_l0 after each layer and direction's biases: its proj_size and hidden size
+    torch.manual_seed(3)
+    model, x = Projected().eval(), torch.randn(5, 2, 8)
+    gm = export_model(model, (x,))
+    (rnn,) = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    assert type(rnn) is nn.LSTM and (rnn.hidden_size, rnn.proj_size, rnn.num_layers) == (16, 6, 2) and rnn.bidirectional
+    assert rnn.weight_hr_l1_reverse is model.rnn.weight_hr_l1_reverse
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x))
 
