@@ -30,6 +30,8 @@ __all__ = ["DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedRNN",
 
 
 class _DynamicQuantizedRNN(Recurrent):
+    proj_size = 0  # an LSTM's projection (DynamicQuantizedLSTM sets it)
+
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, bidirectional: bool = False, activation_qdtype: Optional[QDtype] = None,
                  weights: Optional[Dict[str, Optional[torch.Tensor]]] = None) -> None:
@@ -52,16 +54,15 @@ class _DynamicQuantizedRNN(Recurrent):
                     shapes[f"hr_l{layer}{suffix}"] = (self.proj_size, hidden_size)
         self._register(shapes, bias, weights)
 
-    proj_size = 0  # an LSTM's projection (DynamicQuantizedLSTM sets it)
-
     def _state_size(self) -> int:
         """The size of h (and of each direction's output): the projection's, else hidden_size."""
         return self.proj_size or self.hidden_size
 
     @classmethod
     def from_float(cls, rnn: nn.Module, qconfig: QConfig = default_dynamic_qconfig, target: Optional[Target] = None):
-        """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, an ``nn.GRU`` for
-        DynamicQuantizedGRU) per row with ``qconfig.weight``'s observer on ``target``'s weight grid."""
+        """Quantize ``rnn``'s weights (an ``nn.LSTM`` for DynamicQuantizedLSTM, its ``proj_size`` kept, an ``nn.GRU``
+        for DynamicQuantizedGRU, an ``nn.RNN`` for DynamicQuantizedRNN) per row with ``qconfig.weight``'s observer on
+        ``target``'s weight grid."""
         suffixes = ("", "_reverse")[:2 if rnn.bidirectional else 1]
         kinds = ("ih", "hh", "hr") if getattr(rnn, "proj_size", 0) else ("ih", "hh")
         sources = [(kind, f"_l{layer}{s}", f"_l{layer}" if kind == "ih" else f"_l{layer}{s}")

@@ -188,6 +188,34 @@ def test_save_and_load(tmp_path):
         assert type(loaded[1]) is Q.DynamicQuantizedGRU and torch.equal(loaded(tokens)[0], before)
 
 
+class Stack(nn.Module):
+    """A projected LSTM, a relu RNN and a relu RNNCell: what each keeps beyond its buffers (proj_size, nonlinearity)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.rnn = nn.LSTM(8, 16, proj_size=4, num_layers=2), nn.RNN(4, 8, nonlinearity="relu")
+        self.cell = nn.RNNCell(8, 8, nonlinearity="relu")
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        z, h = self.rnn(y)
+        return self.cell(z[-1], h[0])
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+def test_save_and_load_keep_proj_size_and_nonlinearity(tmp_path):
+    torch.manual_seed(13)
+    qmodel = Q.quantize_dynamic(Stack().eval())
+    x = torch.randn(5, 2, 8)
+    with torch.no_grad():
+        before = qmodel(x)
+    lucid_fx.save(qmodel, tmp_path / "stack.pt", allow=[Stack])
+    loaded = lucid_fx.load(tmp_path / "stack.pt", allow=[Stack])
+    assert (loaded.lstm.proj_size, loaded.rnn.nonlinearity, loaded.cell.nonlinearity) == (4, "relu", "relu")
+    with torch.no_grad():
+        assert torch.equal(loaded(x), before)
+
+
 def test_selection_keeps_what_is_asked_float():
     model = nn.Sequential(_rnn("LSTM"), _rnn("GRU"))
     names = lambda m: [type(c).__name__ for c in m]  # noqa: E731

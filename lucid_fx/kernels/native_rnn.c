@@ -82,7 +82,7 @@ static float largest_of(const float *h, int64_t n) {
 /* An LSTM's projection (proj_size): h = W_hr (o * tanh(c)), W_hr's packed int8 blocks, its offsets for codes with
  * zero point 128 and per-row scales; hf: scratch for 2 x batch x hidden floats. o * tanh(c) and h are quantized on
  * each step's own tight grid (their largest magnitude in 127 steps a side): h has no fixed bound, and both are
- * often far inside [-1, 1] (W_hr's rows are small), where the grid of [-1, 1] measured 6-10 dB less. */
+ * often far inside [-1, 1] (W_hr's rows are small), where the grid of [-1, 1] measured 6-14 dB less. */
 typedef struct {
     const int8_t *packed;
     const int32_t *offset;
@@ -103,7 +103,7 @@ static void step(const float *gx, int64_t gx_stride, const int8_t *packed, const
     for (int64_t i = 0; i < batch * state; i++) hq[i] = (uint8_t)REQUANTIZE(h[i] * h_inv, -zp, 255.0f - zp, 128);
     lucid_gemm_float32(hq, packed, gh, batch, gates, state, offset, w_scale, bias, h_scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);
-    if (proj != NULL) { /* the cell's o * tanh(c) in hf, on [-1, 1]: its codes times W_hr are the new state */
+    if (proj != NULL) { /* the cell's o * tanh(c) in hf: its codes on its own tight grid times W_hr are the new state */
         for (int64_t r = 0; r < batch; r++)
             lstm_cell(gh + r * gates, gx + r * gx_stride, proj->hf + r * hidden, c + r * hidden,
                       proj->hf + (batch + r) * hidden, hidden);
@@ -147,7 +147,7 @@ void lucid_rnn_float32(const float *gx, const int8_t *packed, const int32_t *off
  * with qparams.per_batch_qparams's float32 steps (each computed in double, rounded once to float), its gates
  * by the GEMM with W_ih (offsets -zp * row sums), then one step on the state's grid, recurrent.state_grid's:
  * max(1, |h|) in 127 steps a side. h and c (NULL for a GRU) are updated in place. g: batch, inputs, hidden,
- * cell, qmin, qmax. work: recurrent.CELL_WORK(batch, inputs, hidden, gates) bytes, carved below in blocks
+ * cell, qmin, qmax. work: recurrent._cell_work(batch, inputs, hidden, gates) bytes, carved below in blocks
  * of 64. Returns 0; 1 (nothing written) where x holds inf or NaN, 2 where the state does. */
 #define CELL_BLOCK(bytes) ((((bytes) + 63) / 64) * 64)
 int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_t *ih_row_sums, const float *ih_scale,

@@ -6,8 +6,9 @@ b_ih for all steps, float); what is left is a chain of small steps, each reading
 wrote. Each step quantizes the state's active rows to uint8 on a grid fixed for the sequence
 (:func:`state_grid`: an LSTM's state is o * tanh(c), a GRU's a mix of tanh and the state before, a tanh RNN's
 a tanh, so they stay in [-1, 1] once they start there; no per-step range, which would cost a reduction and a
-sync a step; a relu RNN's state has no bound, so its grid is each step's, max(1, |h|)), multiplies them with the int8 weight (per-channel scales, b_hh added) into float gates and runs
-the cell in float32 with torch's formulas (native_rnn.c has them).
+sync a step; a relu RNN's state has no bound, so its grid is each step's, max(1, |h|), and a projected LSTM's
+h each step's :func:`tight_grid`), multiplies them with the int8 weight (per-channel scales, b_hh added) into
+float gates and runs the cell in float32 with torch's formulas (native_rnn.c has them).
 
 Two routes, the same steps: ``native_rnn.c`` runs the whole sequence in one call where the native
 kernels are loaded and their GEMM takes the weight (:func:`lucid_fx.kernels.linear_native.takes_weight`);

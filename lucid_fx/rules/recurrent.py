@@ -35,5 +35,6 @@ def recurrent_layer(gm: fx.GraphModule, node: fx.Node) -> Optional[nn.Module]:
 def dynamic_why(layer: nn.Module) -> str:
     """The convert report's and explain's reason for a recurrent layer run as quantize_dynamic's."""
     kind = type(layer).__name__
-    grid = "each step's grid for the state" if getattr(layer, "nonlinearity", "tanh") == "relu" else "the state on [-1, 1]"
+    unbounded = getattr(layer, "nonlinearity", "tanh") == "relu" or getattr(layer, "proj_size", 0)  # no fixed bound
+    grid = "each step's grid for the state" if unbounded else "the state on [-1, 1]"
     return f"dynamic int8 {kind}: int8 weights and products, {grid}, float cells (quantize_dynamic's layer)"
