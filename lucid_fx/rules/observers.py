@@ -245,6 +245,16 @@ def _standalone_batch_norm(node, ctx) -> Optional[Decision]:
     return _calibrated(node, ctx) if ctx.lowers(("batch_norm",)) else None
 
 
+def _no_float_input(node, ctx) -> Optional[Decision]:
+    """``torch.zeros(x.shape[1], 16)`` (a GRU's first state), ``torch.where(mask, 0.0, 1.0)``: a float tensor computed
+    from no float input (sizes, numbers, integers, masks), which no other rule took: nothing to quantize where it is
+    made; it runs as written, quantized where an int8 op reads it. (Before: "no observer rule quantizes this op".)"""
+    if node.op not in ("call_function", "call_method") or any(ctx.is_float_tensor(n) for n in node.all_input_nodes):
+        return None
+    why = "a tensor made from no float input (sizes, numbers, masks): runs as written, quantized where an int8 op reads it"
+    return Decision(DecisionKind.FLOAT, why, keep_float=True)
+
+
 def _leave_float(node, ctx) -> Optional[Decision]:
     if node.op in ("placeholder", "get_attr"):
         return Decision(DecisionKind.NONE, "graph input (observed only if a quantized op reads it)")
@@ -276,6 +286,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _statistics),  # an op or fused group with a lowering rule (linear/conv/add/...) -> QConfig activation observer
     observer_rule("batch_norm", _folded_group_end),  # end of conv+bn / linear+bn (2-D) -> observer; folded at convert
     observer_rule("batch_norm", _standalone_batch_norm),  # after a cat, an input, ... -> observer; a table per channel
+    observer_rule(ANY, _no_float_input),  # torch.zeros(x.shape[1], 16), where(mask, 0., 1.) -> float, quantized where read
 ]
 FALLBACK_RULE = observer_rule(ANY, _leave_float)  # anything else -> float
 

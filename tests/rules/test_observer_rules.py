@@ -202,3 +202,28 @@ def test_a_cast_of_integers_to_float_runs_as_written_and_is_quantized_where_read
     with torch.no_grad():
         reference = model(ids, mask)
     assert 10 * torch.log10(reference.pow(2).mean() / (qmodel(ids, mask) - reference).pow(2).mean()) > 30
+
+
+class FirstState(nn.Module):
+    """A GRU whose first state is torch.zeros(x.shape[1], ...): a float tensor made from a size alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        y, _ = self.rnn(x, torch.zeros(1, x.shape[1], 16))
+        return self.fc(y[-1])
+
+
+def test_a_tensor_made_from_no_float_input_is_kept_not_a_float_op():
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randn(5, 2, 8, generator=g) for _ in range(4)]
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(FirstState().eval(), example_inputs=(batches[0],))
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    report = lucid_fx.convert(prepared).lucid_fx_convert_report
+    why = "a tensor made from no float input (sizes, numbers, masks): runs as written, quantized where an int8 op reads it"
+    assert report.float_ops["zeros"] == why  # was "float op: zeros (no observer rule quantizes this op)"
+    assert not [r for r in report.float_regions if r.kind == "op"], report.float_regions
+    assert report.int8_flop_share == 1.0
