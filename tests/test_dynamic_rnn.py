@@ -95,11 +95,17 @@ def test_a_packed_sequence_returns_states_in_the_callers_order(sqnr_db, kind):
         assert sqnr_db(want_h[:, b], got_h[:, b]) > 30
 
 
-def test_the_native_and_torch_routes_agree(monkeypatch):
-    if not native.available():  # .ci/run (LUCID_FX_REQUIRE_TOOLS=1) fails here instead: the routes must both run
-        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1" and os.environ.get("LUCID_FX_NATIVE", "1") != "0":  # not turned off
+def _require_native() -> None:
+    """Skip without the native kernels, but fail under .ci/run (LUCID_FX_REQUIRE_TOOLS=1) unless they were turned
+    off on purpose (LUCID_FX_NATIVE=0, as the every-CPU-kind run does): both routes must run there."""
+    if not native.available():
+        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1" and os.environ.get("LUCID_FX_NATIVE", "1") != "0":
             pytest.fail(f"LUCID_FX_REQUIRE_TOOLS=1 but the native kernels did not build: {native.status()}")
         pytest.skip(f"native kernels: {native.status()}")
+
+
+def test_the_native_and_torch_routes_agree(monkeypatch):
+    _require_native()
     model = _rnn("LSTM", 3, num_layers=2)
     layer = Q.quantize_dynamic(model)
     x = torch.randn(20, 2, 16)
@@ -308,10 +314,7 @@ def test_a_cell_takes_a_state_past_one_and_an_unbatched_input(sqnr_db, kind):
 
 @pytest.mark.parametrize("kind", sorted(CELLS))
 def test_a_cell_call_is_one_native_call_with_the_pieces_values(monkeypatch, kind):
-    if not native.available():  # as test_the_native_and_torch_routes_agree
-        if os.environ.get("LUCID_FX_REQUIRE_TOOLS") == "1" and os.environ.get("LUCID_FX_NATIVE", "1") != "0":
-            pytest.fail(f"LUCID_FX_REQUIRE_TOOLS=1 but the native kernels did not build: {native.status()}")
-        pytest.skip(f"native kernels: {native.status()}")
+    _require_native()
     torch.manual_seed(10)
     ours = Q.quantize_dynamic(_cell(kind, 12, 20))
     x, h = torch.randn(3, 12), torch.randn(3, 20) * 2
