@@ -94,7 +94,8 @@ def _dequantize(graph: fx.Graph, codes: fx.Node, scale, zp) -> fx.Node:
     with graph.inserting_after(codes):
         dq = graph.call_function(_ops.dequantize_per_tensor, (codes, scale, zp))
     dq.meta[_meta.SOURCE] = codes.meta.get(_meta.SOURCE)
-    dq.meta[_meta.VALUE_TYPE] = codes.meta.get(_meta.VALUE_TYPE)
+    if codes.meta.get(_meta.VALUE_TYPE) is not None:  # a view of codes (x[:, t].unsqueeze(1)) has none: no None either,
+        dq.meta[_meta.VALUE_TYPE] = codes.meta[_meta.VALUE_TYPE]  # which load refuses (such a model saved, then failed to load)
     _to_float_meta([dq])
     return dq
 

@@ -7,6 +7,7 @@ import lucid_fx
 import importlib
 from lucid_fx import _meta
 from lucid_fx.kernels import use_onednn
+from lucid_fx.kernels.library import op_name
 from lucid_fx.passes.fold_dequantize import fold_dequantize
 from lucid_fx.pipeline import CONVERT_PASSES
 from lucid_fx.placement import Runs, placements
@@ -243,3 +244,30 @@ def test_a_cat_only_dequantized_runs_in_float_on_each_inputs_grid(monkeypatch):
     x = torch.randn(8, 10, 16) * 3
     # the token keeps its own fine grid: measured 36.4 against -0.9 dB (on the tokens' shared grid)
     assert _sqnr(model(x), q(x)) > 30 > 10 > _sqnr(model(x), unfolded(x))
+
+
+class Stacked(nn.Module):
+    """Two int8 outputs stacked at the model's end: the stack's cat runs in float on views of codes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return torch.stack([torch.tanh(y), torch.sigmoid(y)], 1)
+
+
+def test_a_float_cat_of_views_of_codes_saves_and_loads(tmp_path):
+    # the dequantize of a view (codes.unsqueeze(1)) got a VALUE_TYPE of None, which save wrote and
+    # load refused: "meta 'lucid_fx.value_type' ...: NoneType where a tuple belongs"
+    torch.manual_seed(0)
+    model, data = Stacked().eval(), _data(8, 16)
+    q = _quantize(model, data[0], data)
+    assert torch.cat in _targets(q) and _ops.cat not in _targets(q)
+    views = [n for n in q.graph.nodes if op_name(n) == "dequantize_per_tensor" and n.args[0].target == "unsqueeze"]
+    assert len(views) == 2 and all(_meta.VALUE_TYPE not in n.meta for n in views)
+    lucid_fx.save(q, tmp_path / "m.pt")
+    loaded, x = lucid_fx.load(tmp_path / "m.pt"), torch.randn(4, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), q(x)) and _sqnr(model(x), q(x)) > 30
