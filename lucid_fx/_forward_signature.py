@@ -32,6 +32,7 @@ import inspect
 import math
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
+import torch
 import torch.fx._pytree as fx_pytree
 from torch import fx
 
@@ -114,9 +115,18 @@ def _parameters(model: Any, info: Any, captured: Optional[Dict[str, Any]]) -> Op
 
 def _static_shape(placeholder: fx.Node) -> Optional[List[Optional[int]]]:
     """The shape torch.export recorded for an input (None for a dynamic dim: an ExportedProgram
-    exported with ``dynamic_shapes``); None for an input that is not a tensor."""
+    exported with ``dynamic_shapes``); None for an input that is not a tensor. A dim asked to be
+    dynamic that the model's code fixed (``Dim.AUTO`` over Mamba's ``for i in range(seq_len)``)
+    is a symbol whose value is known: it is static (unchecked, another length failed deep inside
+    the graph with an IndexError)."""
     shape = getattr(placeholder.meta.get("val"), "shape", None)
-    return None if shape is None else [d if type(d) is int else None for d in shape]
+    return None if shape is None else [_known_size(d) for d in shape]
+
+
+def _known_size(d: Any) -> Optional[int]:
+    if type(d) is int:
+        return d
+    return d.node.maybe_as_int() if isinstance(d, torch.SymInt) else None
 
 
 def _shape_text(shape: Sequence[Optional[int]]) -> str:
@@ -165,12 +175,17 @@ def _rule(p: Dict[str, Any]) -> tuple:
             f"needs it; pass {name}")
 
 
-def _shape_message(name: str, shape: Sequence[int]) -> str:
+def _shape_message(name: str, shape: Sequence[Optional[int]]) -> str:
     """The error for input ``name`` of another shape than ``shape`` ("{}" stands for the shape given)."""
-    return (f"forward: {name} has shape {{}}, but prepare captured the model with torch.export on shape "
-            f"{_shape_text(shape)}, which fixes the graph to it (its reshapes and masks are of that size); call with "
-            "that shape (pad or split the batch), or prepare again with dynamic_shapes=\"auto\" (or on the shape "
-            "you need)")
+    start = f"forward: {name} has shape {{}}, but prepare captured the model with torch.export on shape {_shape_text(shape)}"
+    if None not in shape or len(shape) == 0:
+        return (f"{start}, which fixes the graph to it (its reshapes and masks are of that size); call with "
+                "that shape (pad or split the batch), or prepare again with dynamic_shapes=\"auto\" (or on the shape "
+                "you need)")
+    fixed = ", ".join(str(i) for i, d in enumerate(shape) if d is not None)
+    return (f"{start}: the graph is dynamic in the dims shown as 'any' and fixed to the example's size in dim {fixed} "
+            "(not marked dynamic, or fixed by the model's code: a Python loop or branch over a size fixes it); call "
+            "with those sizes (pad or split), or prepare again on the sizes you need")
 
 
 _REFUSE = "_lucid_fx_refuse"  # the generated forward's name for refuse
