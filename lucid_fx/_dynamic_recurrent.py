@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from lucid_fx.kernels import recurrent
+from lucid_fx.kernels.dynamic_linear import dynamic_linear
 from lucid_fx.kernels.target import Target, resolve_target
 from lucid_fx.quantization.qconfig import QConfig
 from lucid_fx.quantization.weight import quantize_weight
@@ -65,7 +66,7 @@ class Recurrent(nn.Module):
 
     def _gates(self, x: torch.Tensor, where: str) -> torch.Tensor:
         """x @ W_ih^T + b_ih of every row (and direction): one per-batch int8 GEMM, float out (rows, D * G * H)."""
-        return recurrent.input_gates(x, self._weight(where, "ih"), self.activation_qdtype, type(self).__name__)
+        return dynamic_linear(x, self._weight(where, "ih"), self.activation_qdtype, type(self).__name__)
 
     def _checked(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.input_size:

@@ -20,11 +20,12 @@ from torch import nn
 
 from lucid_fx.dynamic_rnn import (RECURRENT_SWAPS, DynamicQuantizedGRU, DynamicQuantizedGRUCell, DynamicQuantizedLSTM,
                                   DynamicQuantizedLSTMCell, DynamicQuantizedRNN, DynamicQuantizedRNNCell)
+from lucid_fx.kernels.dynamic_linear import dynamic_linear
+from lucid_fx.kernels.recurrent import recurrent_weight
 from lucid_fx.kernels.target import Target, resolve_target
 from lucid_fx.quantization.weight import quantize_weight
 from lucid_fx.quantization.dtypes import QDtype, qint8, to_qdtype
 from lucid_fx.quantization.qconfig import QConfig, default_dynamic_qconfig
-from lucid_fx.quantization.qparams import per_batch_qparams
 
 __all__ = ["quantize_dynamic", "DynamicQuantizedLinear", "DynamicQuantizedLSTM", "DynamicQuantizedGRU", "DynamicQuantizedRNN",
            "DynamicQuantizedLSTMCell", "DynamicQuantizedGRUCell", "DynamicQuantizedRNNCell", "SWAPS"]
@@ -67,10 +68,12 @@ class DynamicQuantizedLinear(nn.Module):
             raise ValueError(f"DynamicQuantizedLinear: input has {x.shape[-1]} features (last dim), the layer expects {self.in_features}")
         if x.numel() == 0:
             return x.new_zeros((*x.shape[:-1], self.out_features))
-        grid = self.activation_qdtype
-        scale, zero_point = per_batch_qparams(x, grid, "DynamicQuantizedLinear")
-        q = _ops.quantize_per_tensor(x, scale, zero_point, grid.quant_min, grid.quant_max, grid.storage)
-        out = _ops.linear(q, scale, zero_point, self.weight_codes, self.weight_scale, self.bias, 1.0, 0, "none", torch.float32)
+        rows = x.reshape(-1, self.in_features)
+        rows = rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
+        buffers = self._buffers  # read straight: Module.__getattr__ costs 1.5 us a name
+        weight = recurrent_weight(buffers["weight_codes"], buffers["weight_scale"], buffers["bias"])
+        out = dynamic_linear(rows, weight, self.activation_qdtype, "DynamicQuantizedLinear")
+        out = out.reshape(*x.shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def extra_repr(self) -> str:

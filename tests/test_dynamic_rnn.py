@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import lucid_fx
 import lucid_fx.quantization as Q
+from lucid_fx import _dynamic_recurrent
 from lucid_fx.kernels import native, recurrent
 
 with warnings.catch_warnings():
@@ -322,13 +323,13 @@ def test_a_cell_call_is_one_native_call_with_the_pieces_values(monkeypatch, kind
     with torch.no_grad():
         ours(x, hx)  # warm: the weights packed
         calls = []
-        for name in ("input_gates", "run_layer"):  # the pieces one native call replaces
-            monkeypatch.setattr(recurrent, name, lambda *a, _name=name, _fn=getattr(recurrent, name): calls.append(_name) or _fn(*a))
+        for module, name in ((_dynamic_recurrent, "dynamic_linear"), (recurrent, "run_layer")):  # the pieces one native call replaces
+            monkeypatch.setattr(module, name, lambda *a, _name=name, _fn=getattr(module, name): calls.append(_name) or _fn(*a))
         one_call = ours(x, hx)
         assert calls == []
         monkeypatch.setattr(recurrent, "run_cell", lambda *a: False)
         pieces = ours(x, hx)
-        assert calls == ["input_gates", "run_layer"]
+        assert calls == ["dynamic_linear", "run_layer"]
         for a, b in zip(*((one_call, pieces) if kind == "LSTM" else ((one_call,), (pieces,)))):
             assert torch.equal(a, b)
         monkeypatch.undo()

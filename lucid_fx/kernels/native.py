@@ -10,13 +10,12 @@ table lookups and requantizations are one pass each too; docs/benchmarks.md has 
 
 Choices:
 
-- **Compiled once per machine** (:mod:`lucid_fx.kernels.native_build`): 7.4 s of compiling that every
-  new process paid at its first convert or load, now kept in a private cache, keyed by the sources,
-  the compiler, the flags and the CPU's features; ``LUCID_FX_NATIVE_CACHE=0`` compiles per process.
+- **Compiled once per machine** (:mod:`lucid_fx.kernels.native_build`: 7.4 s that every new process paid at its first
+  convert or load) into a private cache keyed by the sources, compiler, flags and CPU features (``LUCID_FX_NATIVE_CACHE=0``: per process).
 - **Optional.** Without a compiler (or with ``LUCID_FX_NATIVE=0``) the torch path runs, with the
   same codes; :func:`status` says which and why. ``LUCID_FX_CC`` (else ``CC``, else ``cc``) names it.
-- **Float input on the CPU:** a dense float32 input is read in place and its codes keep its layout;
-  other float inputs are converted first, as the torch kernels convert them.
+- **Float input on the CPU:** a dense float32 input is read in place and its codes keep its layout; other float
+  inputs are converted first, as the torch kernels convert them.
 
 >>> x = torch.tensor([-1.0, 0.0, 0.5, 0.25, 9.0])
 >>> quantize_codes(x, 1 / 0.1, 3, 0, 255, torch.uint8)
@@ -77,7 +76,8 @@ SIGNATURES = {
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
     "group_norm": ((_P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32, _P), _I32, (*_CODES, torch.float32)),
     "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
-    "rnn": ((_P,) * 11 + (_F, _F) + (_P,) * 4, None, (torch.float32,)), "cell": ((_P,) * 13, _I32, (torch.float32,)),  # native_rnn.c
+    "rnn": ((_P,) * 11 + (_F, _F) + (_P,) * 4, None, (torch.float32,)),  # native_rnn.c: a layer, a cell, a dynamic linear
+    "cell": ((_P,) * 13, _I32, (torch.float32,)), "linear_dynamic": ((_P,) * 8, _I32, (torch.float32,)),
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
 

@@ -142,39 +142,67 @@ void lucid_rnn_float32(const float *gx, const int8_t *packed, const int32_t *off
     }
 }
 
-/* One call of a cell (DynamicQuantizedLSTMCell / GRUCell): what recurrent.input_gates and run_layer do for it
- * in Python, in one call. x (batch x inputs) is quantized to uint8 codes [qmin, qmax] on its own min and max
- * with qparams.per_batch_qparams's float32 steps (each computed in double, rounded once to float), its gates
- * by the GEMM with W_ih (offsets -zp * row sums), then one step on the state's grid, recurrent.state_grid's:
- * max(1, |h|) in 127 steps a side. h and c (NULL for a GRU) are updated in place. g: batch, inputs, hidden,
- * cell, qmin, qmax. work: recurrent._cell_work(batch, inputs, hidden, gates) bytes, carved below in blocks
- * of 64. Returns 0; 1 (nothing written) where x holds inf or NaN, 2 where the state does. */
 #define CELL_BLOCK(bytes) ((((bytes) + 63) / 64) * 64)
-int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_t *ih_row_sums, const float *ih_scale,
-                           const float *ih_bias, const int8_t *hh_packed, const int32_t *hh_offset, const float *hh_scale,
-                           const float *hh_bias, float *h, float *c, uint8_t *work, const int64_t *g) {
-    const int64_t batch = g[0], inputs = g[1], hidden = g[2], cell = g[3], gates = GATES(cell) * hidden;
-    const int32_t qmin = (int32_t)g[4], qmax = (int32_t)g[5];
-    float lo = INFINITY, hi = -INFINITY, h_scale, h_inv;
+/* x's codes (count floats) on the grid of its own min and max, per_batch_qparams's values (its float32 steps): the
+ * codes into xq, the scale and zero point out. Returns 1 (nothing written) where x holds inf or NaN. */
+static int32_t quantize_own_range(const float *x, int64_t count, int32_t qmin, int32_t qmax, uint8_t *xq, float *scale_out,
+                                  int32_t *zp_out) {
+    float lo = INFINITY, hi = -INFINITY;
     uint32_t nonfinite = 0;
-    for (int64_t i = 0; i < batch * inputs; i++) {
+    for (int64_t i = 0; i < count; i++) {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
         nonfinite |= !isfinite(x[i]);
     }
     if (nonfinite) return 1;
-    for (int64_t i = 0; i < batch * hidden; i++) nonfinite |= !isfinite(h[i]) || (c != NULL && !isfinite(c[i]));
-    if (nonfinite) return 2;
     const double min_neg = lo < 0.0f ? lo : 0.0, max_pos = hi > 0.0f ? hi : 0.0;
     float scale = (float)((double)(float)(max_pos - min_neg) / (double)(qmax - qmin));
     scale = scale > 1e-8f ? scale : 1e-8f;
     int32_t zp = qmin - (int32_t)rint((double)(float)(min_neg / (double)scale));
     zp = zp < qmin ? qmin : zp > qmax ? qmax : zp;
     const float inv = (float)(1.0 / (double)scale), q_lo = (float)(qmin - zp), q_hi = (float)(qmax - zp);
+    for (int64_t i = 0; i < count; i++) xq[i] = (uint8_t)REQUANTIZE(x[i] * inv, q_lo, q_hi, zp);
+    *scale_out = scale;
+    *zp_out = zp;
+    return 0;
+}
+
+/* A dynamic linear (lucid_fx/kernels/dynamic_linear.py): out = x @ W^T + bias of float32 rows x (m x k), x quantized
+ * to uint8 on its own range, W's packed int8 codes (n x k, row_sums its per-row code sums) with per-row w_scale, float32
+ * out (m x n). g: m, k, n, qmin, qmax. work: m * k codes, then 4 * n bytes of offsets (64-byte aligned). Returns 0, or 1
+ * (nothing written) where x holds inf or NaN. */
+int32_t lucid_linear_dynamic_float32(const float *x, const int8_t *packed, const int32_t *row_sums, const float *w_scale,
+                                     const float *bias, float *out, uint8_t *work, const int64_t *g) {
+    const int64_t m = g[0], k = g[1], n = g[2];
+    int32_t *offset = (int32_t *)(work + CELL_BLOCK(m * k)), zp;
+    float scale;
+    if (quantize_own_range(x, m * k, (int32_t)g[3], (int32_t)g[4], work, &scale, &zp)) return 1;
+    for (int64_t j = 0; j < n; j++) offset[j] = row_sums[j] * -zp;
+    lucid_gemm_float32(work, packed, out, m, n, k, offset, w_scale, bias, scale, 0.0f, 0, -INFINITY, INFINITY, 0);
+    return 0;
+}
+
+/* One call of a cell (DynamicQuantizedLSTMCell / GRUCell): what recurrent.input_gates and run_layer do for it
+ * in Python, in one call. x (batch x inputs) is quantized to uint8 codes [qmin, qmax] on its own min and max
+ * with qparams.per_batch_qparams's float32 steps (each computed in double, rounded once to float), its gates
+ * by the GEMM with W_ih (offsets -zp * row sums), then one step on the state's grid, recurrent.state_grid's:
+ * max(1, |h|) in 127 steps a side. h and c (NULL for a GRU) are updated in place. g: batch, inputs, hidden,
+ * cell, qmin, qmax. work: recurrent._cell_work(batch, inputs, hidden, gates) bytes, carved below in blocks
+ * of 64. Returns 0; 2 (nothing written) where the state holds inf or NaN, else 1 where x does. */
+int32_t lucid_cell_float32(const float *x, const int8_t *ih_packed, const int32_t *ih_row_sums, const float *ih_scale,
+                           const float *ih_bias, const int8_t *hh_packed, const int32_t *hh_offset, const float *hh_scale,
+                           const float *hh_bias, float *h, float *c, uint8_t *work, const int64_t *g) {
+    const int64_t batch = g[0], inputs = g[1], hidden = g[2], cell = g[3], gates = GATES(cell) * hidden;
+    const int32_t qmin = (int32_t)g[4], qmax = (int32_t)g[5];
+    float h_scale, h_inv, scale;
+    int32_t zp;
+    uint32_t nonfinite = 0;
+    for (int64_t i = 0; i < batch * hidden; i++) nonfinite |= !isfinite(h[i]) || (c != NULL && !isfinite(c[i]));
+    if (nonfinite) return 2;
     float *gx = (float *)work, *gh = (float *)(work + CELL_BLOCK(4 * batch * gates)), *out = gh + CELL_BLOCK(4 * batch * gates) / 4;
     int32_t *offset = (int32_t *)(out + CELL_BLOCK(4 * batch * hidden) / 4);
     uint8_t *xq = (uint8_t *)(offset + CELL_BLOCK(4 * gates) / 4), *hq = xq + CELL_BLOCK(batch * inputs);
-    for (int64_t i = 0; i < batch * inputs; i++) xq[i] = (uint8_t)REQUANTIZE(x[i] * inv, q_lo, q_hi, zp);
+    if (quantize_own_range(x, batch * inputs, qmin, qmax, xq, &scale, &zp)) return 1;
     for (int64_t j = 0; j < gates; j++) offset[j] = ih_row_sums[j] * -zp;
     lucid_gemm_float32(xq, ih_packed, gx, batch, gates, inputs, offset, ih_scale, ih_bias, scale, 0.0f, 0, -INFINITY,
                        INFINITY, 0);

@@ -30,14 +30,13 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from lucid_fx.kernels import linear_native, native, program_ops
+from lucid_fx.kernels import linear_native, program_ops
 from lucid_fx.kernels.library import WeightCache
 from lucid_fx.kernels.linear_row import small_gemm
 from lucid_fx.kernels.native import _function
 from lucid_fx.quantization.dtypes import QDtype
-from lucid_fx.quantization.qparams import per_batch_qparams
 
-__all__ = ["CELLS", "RecurrentWeight", "recurrent_weight", "state_grid", "input_gates", "run_layer", "run_cell", "STATE_ZP"]
+__all__ = ["CELLS", "RecurrentWeight", "recurrent_weight", "state_grid", "run_layer", "run_cell", "STATE_ZP"]
 
 CELLS = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}  # gates per hidden unit, torch's order: i, f, g, o and r, z, n
 _CELL_CODES = {cell: code for code, cell in enumerate(CELLS)}  # native_rnn.c's
@@ -48,7 +47,7 @@ STATE_ZP = 128  # the state's grid is symmetric: uint8 codes, zero point 128, [-
 class RecurrentWeight:
     """W_hh (or W_ih) of one layer and direction: int8 codes (gates * hidden, inputs), per-row scales, the bias,
     and for the native route its packed blocks with the state's zero-point offsets (None where it does not take
-    them; a W_ih's offsets follow each call's zero point: :func:`input_gates`)."""
+    them; a W_ih's offsets follow each call's zero point: :func:`lucid_fx.kernels.dynamic_linear.dynamic_linear`)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -109,24 +108,6 @@ def tight_grid(t: torch.Tensor) -> Tuple[float, float]:
     return bound / 127, float(torch.tensor(127 / bound, dtype=torch.float32))
 
 
-def input_gates(x: torch.Tensor, weight: RecurrentWeight, grid: QDtype, who: str) -> torch.Tensor:
-    """``x @ W^T + b`` of float32 rows ``x``, float out, ``x`` quantized on its own range (its min and max:
-    ``per_batch_qparams``). A small product of uint8 codes runs in the native GEMM, quantize and GEMM called
-    straight (a cell's one row: 94 -> 40 us, AVX512-VNNI EPYC), a larger one in ``torch.ops.lucid_fx.linear``."""
-    scale, zp = per_batch_qparams(x, grid, who)
-    (m, k), n = x.shape, weight.codes.shape[0]
-    if (weight.packed is not None and grid.storage == torch.uint8 and native.takes(x, torch.uint8)
-            and _function("gemm", torch.float32) is not None and small_gemm(m, n, k, "native")):
-        codes = native.quantize_codes(x, 1.0 / scale, zp, grid.quant_min, grid.quant_max, torch.uint8)  # ctypes rounds 1 / scale
-        out = torch.empty(m, n)
-        inf = float("inf")
-        linear_native.gemm_into(codes, out, weight.packed, weight.offsets(zp), scale, weight.scale, weight.bias,
-                                0.0, 0, -inf, inf, torch.float32)
-        return out
-    codes = torch.ops.lucid_fx.quantize_per_tensor(x, scale, zp, grid.quant_min, grid.quant_max, grid.storage)
-    return torch.ops.lucid_fx.linear(codes, scale, zp, weight.codes, weight.scale, weight.bias, 1.0, 0, "none", torch.float32)
-
-
 def run_layer(cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Tensor, c: Optional[torch.Tensor],
               out: torch.Tensor, rows: Sequence[int], reverse: bool, grid: Tuple[float, float],
               proj: Optional[RecurrentWeight] = None) -> None:
@@ -162,7 +143,7 @@ def run_layer(cell: str, gx: torch.Tensor, weight: RecurrentWeight, h: torch.Ten
 
 def run_cell(cell: str, x: torch.Tensor, w_ih: RecurrentWeight, w_hh: RecurrentWeight, h: torch.Tensor,
              c: Optional[torch.Tensor], grid: QDtype, who: str) -> bool:
-    """One call of a cell in one native call (native_rnn.c's ``lucid_cell_float32``): :func:`input_gates` of ``x``
+    """One call of a cell in one native call (native_rnn.c's ``lucid_cell_float32``): :func:`~lucid_fx.kernels.dynamic_linear.dynamic_linear` of ``x``
     and one step of :func:`run_layer` on ``state_grid``'s grid of ``h``, the same values, updating ``h`` and ``c``
     in place (float32, dense, (batch, hidden)); ``x`` float32, dense rows. False (nothing done) where the native
     route does not take them: the caller runs those two then. benchmarks/dynamic_rnn.py's decoder loops (AVX512-VNNI

@@ -5,7 +5,7 @@ route against the same; the native sigmoid and tanh against torch's; a packed se
 import pytest
 import torch
 
-from lucid_fx.kernels import recurrent, weight_quant_range
+from lucid_fx.kernels import dynamic_linear, recurrent, weight_quant_range
 
 H = 24
 
@@ -175,11 +175,12 @@ def _cell_inputs(cell: str, seed: int, batch: int, state_bound: float):
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
 @pytest.mark.parametrize("cell", list(recurrent.CELLS))
 @pytest.mark.parametrize("state_bound", [0.0, 0.9, 2.5], ids=["zeros", "inside [-1, 1]", "past 1"])
-def test_a_cell_call_in_one_native_call_is_the_pieces_it_replaces(native_build, build, cell, state_bound):
-    # lucid_cell_float32 computes in C what input_gates (per-batch qparams, quantize, GEMM) and one step of
-    # run_layer (the state's grid from |h|) compute from Python: the same values, bit for bit.
+def test_a_cell_call_in_one_native_call_is_the_pieces_it_replaces(native_build, monkeypatch, build, cell, state_bound):
+    # lucid_cell_float32 computes in C what dynamic_linear's pieces (per-batch qparams, quantize, GEMM) and one
+    # step of run_layer (the state's grid from |h|) compute from Python: the same values, bit for bit.
     from lucid_fx.quantization.dtypes import quint8
     native_build(build)
+    monkeypatch.setattr(dynamic_linear, "one_call", lambda *args: None)  # the pieces, not the linear's one C call
     for batch, seed in [(1, s) for s in range(8)] + [(3, s) for s in range(8)]:  # zero points of every rounding
         w_ih, w_hh, x, h0, c0 = _cell_inputs(cell, 10 + seed, batch, state_bound)
         weights = recurrent.recurrent_weight(*w_ih), recurrent.recurrent_weight(*w_hh)
@@ -187,7 +188,7 @@ def test_a_cell_call_in_one_native_call_is_the_pieces_it_replaces(native_build, 
         assert recurrent.run_cell(cell, x, *weights, h, c, quint8, "cell")
         want_h, want_c = h0.clone(), None if c0 is None else c0.clone()
         largest = float(h0.abs().amax())
-        recurrent.run_layer(cell, recurrent.input_gates(x, weights[0], quint8, "cell"), weights[1], want_h, want_c,
+        recurrent.run_layer(cell, dynamic_linear.dynamic_linear(x, weights[0], quint8, "cell"), weights[1], want_h, want_c,
                             torch.empty(batch, H), [0, batch], False, recurrent.state_grid(None, largest))
         assert torch.equal(h, want_h) and (c is None or torch.equal(c, want_c))
         assert not torch.equal(h, h0)  # the step ran
