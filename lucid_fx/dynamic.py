@@ -59,7 +59,8 @@ class DynamicQuantizedLinear(nn.Module):
         if activation.bits != 8:
             raise ValueError(f"quantize_dynamic: activations are quantized to quint8 or qint8, the QConfig asks for {activation}")
         target = target or resolve_target(device=linear.weight.device)
-        codes, scale = quantize_weight(linear.weight, qconfig.weight(), target.weight_range)
+        weight = linear.weight.t() if is_foreign_linear(type(linear)) else linear.weight  # Conv1D's is (in, out)
+        codes, scale = quantize_weight(weight, qconfig.weight(), target.weight_range)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         return cls(codes, scale, bias, activation)
 
@@ -83,7 +84,15 @@ class DynamicQuantizedLinear(nn.Module):
 # The layers quantize_dynamic swaps, by exact type (a subclass, such as attention's out_proj, is read by its
 # parent), and how each is built from the float one.
 SWAPS = {nn.Linear: DynamicQuantizedLinear, **RECURRENT_SWAPS}
-_SWAPPED = ", ".join(f"nn.{kind.__name__}" for kind in SWAPS)
+# Other libraries' layers that are linears, by (module, class name), so that lucid_fx imports none of them:
+# transformers' Conv1D (GPT-2's projections: ``addmm(bias, x, weight)``, its weight stored (in, out)). They
+# count as nn.Linear in qconfig_spec, and become a DynamicQuantizedLinear.
+FOREIGN_LINEARS = frozenset({("transformers.pytorch_utils", "Conv1D")})
+_SWAPPED = ", ".join(f"nn.{kind.__name__}" for kind in SWAPS) + " (and transformers' Conv1D)"
+
+
+def is_foreign_linear(kind: type) -> bool:
+    return (kind.__module__, kind.__qualname__) in FOREIGN_LINEARS
 
 
 def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
@@ -96,7 +105,7 @@ def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
     else:
         raise ValueError(f"quantize_dynamic: qconfig_spec must be None, a set of types/names or a dict, got {type(qconfig_spec).__name__}")
     for key, qconfig in spec.items():
-        if isinstance(key, type) and key not in SWAPS:
+        if isinstance(key, type) and key not in SWAPS and not is_foreign_linear(key):
             raise ValueError(
                 f"quantize_dynamic quantizes {_SWAPPED}; {key.__name__} in qconfig_spec is not supported "
                 "(to quantize the layers inside a module, give its qualified name)"
@@ -110,9 +119,10 @@ def _spec(qconfig_spec) -> Dict[Any, Optional[QConfig]]:
 
 def _swap(module: nn.Module, name: str, inherited: Optional[QConfig], spec: Dict[Any, Optional[QConfig]], targets) -> nn.Module:
     # Lookup order of the reference framework: the parent's qconfig, then the exact type, then the name.
-    qconfig = spec.get(type(module), inherited)
+    foreign = is_foreign_linear(type(module))
+    qconfig = spec.get(type(module), spec.get(nn.Linear, inherited) if foreign else inherited)
     qconfig = spec.get(name, qconfig)
-    swap = SWAPS.get(type(module))
+    swap = DynamicQuantizedLinear if foreign else SWAPS.get(type(module))
     if swap is not None and qconfig is not None:
         return swap.from_float(module, qconfig, targets(next(module.parameters()).device))
     if swap is not None:
@@ -130,8 +140,8 @@ def quantize_dynamic(
     dtype: Union[torch.dtype, QDtype, str] = qint8,
     inplace: bool = False,
 ) -> nn.Module:
-    """Replace ``nn.Linear`` layers with :class:`DynamicQuantizedLinear` (int8 weights, per-batch
-    int8 activations, float outputs), ``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and their cells with
+    """Replace ``nn.Linear`` layers (and transformers' ``Conv1D``: :data:`FOREIGN_LINEARS`) with
+    :class:`DynamicQuantizedLinear` (int8 weights, per-batch int8 activations, float outputs), ``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and their cells with
     :class:`DynamicQuantizedLSTM`, :class:`DynamicQuantizedGRU`, ... (int8 weights and products, float cells). No
     calibration is needed.
 

@@ -111,7 +111,8 @@ def test_state_dict_round_trip():
     [
         ({"dtype": torch.float16}, r"weights are quantized to qint8; dtype=torch.float16 is not supported"),
         ({"qconfig_spec": {nn.Linear, nn.Conv1d}},
-         r"quantizes nn.Linear, nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell, nn.RNNCell; Conv1d in qconfig_spec is not supported"),
+         r"quantizes nn.Linear, nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell, nn.RNNCell \(and transformers' Conv1D\); "
+         r"Conv1d in qconfig_spec is not supported"),
         ({"qconfig_spec": {"fc"}}, r"Sequential has no submodule\(s\) 'fc' named in qconfig_spec"),
         ({"qconfig_spec": {nn.Linear: "int8"}}, r"qconfig_spec\[<class 'torch.nn.modules.linear.Linear'>\] must be a QConfig or None"),
     ],
@@ -130,3 +131,31 @@ def test_bad_inputs_are_named():
         layer(torch.tensor([[1.0, float("nan"), 0.0, 0.0]]))
     assert layer(torch.randn(0, 4)).shape == (0, 2)
     assert layer(torch.randn(2, 3, 4)).shape == (2, 3, 2)
+
+
+def test_transformers_conv1d_is_a_linear_and_gpt2_generates_with_it(sqnr_db):
+    # GPT-2's projections are transformers' Conv1D (addmm with the weight stored (in, out)): torch.ao's
+    # quantize_dynamic leaves them float (only lm_head is an nn.Linear); here they count as nn.Linear
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install -e '.[test]'")
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    qmodel = Q.quantize_dynamic(model)
+    kinds = [type(m) for m in qmodel.modules()]
+    assert Conv1D not in kinds and kinds.count(Q.DynamicQuantizedLinear) == 2 * 4 + 1  # c_attn, c_proj, c_fc, mlp c_proj; lm_head
+    block = qmodel.transformer.h[0]
+    assert (block.attn.c_attn.in_features, block.attn.c_attn.out_features) == (64, 192)  # Conv1D(nf=192, nx=64)
+    ids = torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert sqnr_db(model(ids).logits, qmodel(ids).logits) > 30
+        generated = qmodel.generate(ids[:1], max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert generated.shape == (1, 20) and torch.equal(generated[:, :12], ids[:1])
+    # as an nn.Linear in qconfig_spec: {nn.Linear: None} keeps them float, its type and a name select them
+    assert Conv1D in [type(m) for m in Q.quantize_dynamic(model, {nn.Linear: None, "lm_head": Q.default_dynamic_qconfig}).modules()]
+    only = Q.quantize_dynamic(model, {Conv1D})
+    assert type(only.transformer.h[1].mlp.c_fc) is Q.DynamicQuantizedLinear and type(only.lm_head) is nn.Linear
+    named = Q.quantize_dynamic(model, {"transformer.h.1.attn"})
+    assert [type(m).__name__ for m in (named.transformer.h[1].attn.c_attn, named.transformer.h[0].attn.c_attn)] == [
+        "DynamicQuantizedLinear", "Conv1D"]
