@@ -1,26 +1,22 @@
 """Small linears (batch 1, or few small rows) off oneDNN, with oneDNN's values bit for bit.
 
-Two engines (``Target.linear_row``): ``"int_mm"`` with VNNI, described below, and without VNNI
-lucid_fx's own GEMM (:mod:`lucid_fx.kernels.linear_native`), followed by the float steps of oneDNN's
-AVX2 kernels, which multiply the two scales first. Where the native kernels are built with VNNI
-(``linear_native.full_grid``), the ``"int_mm"`` engine takes its int32 sums from that same GEMM, whose
-VNNI steps are exact for every weight, and fuses oneDNN's VNNI float steps in: the values of the
-``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_GEMM_ROWS`).
+Two engines (``Target.linear_row``): ``"int_mm"`` with VNNI, described below, and without VNNI lucid_fx's own GEMM
+(:mod:`lucid_fx.kernels.linear_native`), followed by the float steps of oneDNN's AVX2 kernels, which multiply the two
+scales first. Where the native kernels are built with VNNI (``linear_native.full_grid``), the ``"int_mm"`` engine
+takes its int32 sums from that same GEMM, exact for every weight, and fuses oneDNN's VNNI float steps in: the values
+of the ``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_GEMM_ROWS`).
 
-At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product,
-faster than oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC,
-1024 x 1024: 40 against 46 us at one row, 119 against 49 at two, 155 against 76 at eight). Inside a
-model the gain is larger, where oneDNN's call meets a colder cache: the batch-1 MLP of
-``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same
-codes). After the integer product come oneDNN's own float32 steps, one rounding at a time, so the
-values are oneDNN's, bit for bit, and a row's result does not depend on the batch around it.
+At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product, faster than
+oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC, 1024 x 1024: 40 against 46 us
+at one row, 119 against 49 at two, 155 against 76 at eight). Inside a model the gain is larger, where oneDNN's call
+meets a colder cache: the batch-1 MLP of ``benchmarks/models.py`` ran in 165 us with this route and 233 us without
+it (same process, same codes). After the integer product come oneDNN's own float32 steps, one rounding at a time,
+so the values are oneDNN's, bit for bit, and a row's result does not depend on the batch around it.
 
-A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (the
-MobileNetV3-like model: 4.88 against 5.10 ms with and without the route, measured the same way).
-
-Small linears of several rows take the route too (:func:`small_gemm`): oneDNN's linear costs
-22-24 us per call however small, where this route costs 10-12 us at 32 x 64 x 64 (the transformer
-family models of tests/models, whose hidden sizes are 64).
+A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (the MobileNetV3-like model:
+4.88 against 5.10 ms with and without the route, measured the same way). Small linears of several rows take the
+route too (:func:`small_gemm`): oneDNN's linear costs 22-24 us per call however small, where this route costs
+10-12 us at 32 x 64 x 64 (the transformer family models of tests/models, whose hidden sizes are 64).
 
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
 >>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None)  # codes - 128 are the values
@@ -49,7 +45,7 @@ from lucid_fx.kernels.zero_point import _folded_zero_point
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
            "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds",
            "row_out_scale", "conv_is_row", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
-           "VNNI_GEMM_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
+           "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
 # The post-ops of each engine: lucid_fx's GEMM also computes oneDNN's hardswish (linear_native.hardswish),
@@ -75,14 +71,16 @@ FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",), "every route": ("sig
 # M*N*K = 2^22, 0.92-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20) oneDNN's is 2.4x faster.
 SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
-# Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums
-# as _int_mm, then oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us
-# native / _int_mm / oneDNN: 4.8 / 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256,
-# 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024, 55.8 / 180 / 80.0 at 8 x 1024 x 1024, 189 / 2000 / 212 at
-# 8 x 4096 x 1024, 234 / 331 / 219 at 32 x 1024 x 1024, 228 / 204 / 195 at 1024 x 64 x 256: it takes
-# any linear of up to this many rows (at one thread: oneDNN's threads win past one row), and any of
-# up to SMALL_GEMM_MNK multiply-adds.
-VNNI_GEMM_ROWS = 16
+# Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums as _int_mm, then
+# oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us native / _int_mm / oneDNN: 4.8 /
+# 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256, 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024, 189 / 2000
+# / 212 at 8 x 4096 x 1024; with the 8-row AVX-512 kernel (native_gemm.c), the GEMM alone / oneDNN's call: 45 / 72 at
+# 8 x 1024 x 1024, 171 / 207 at 32 rows, 332 / 367 at 64, 1434 / 1426 at 64 x 1024 -> 4096, 1376 / 1343 at 256 rows. It
+# takes any linear of up to this many rows (at one thread: oneDNN's threads win past one row) and of up to
+# SMALL_GEMM_MNK multiply-adds; one whose gelu or tanh runs as a float pass after the GEMM (float_post_op) up to
+# VNNI_FLOAT_TAIL_ROWS (the gated MLP's two 64 x 1024 x 1024 tanh linears: 1.40 against 1.20 ms with oneDNN's).
+VNNI_GEMM_ROWS = 64
+VNNI_FLOAT_TAIL_ROWS = 16
 # A 1x1 convolution (a GEMM over the pixels) on the native VNNI GEMM against oneDNN's 1x1
 # convolution, its route otherwise, us, 1 thread, AVX512-VNNI EPYC, the same codes: 68 / 214 at 49
 # pixels x 1152 -> 192 channels, 80 / 287 at 49 x 192 -> 1152, 138 / 231 at 196 x 112 -> 672, 68 / 119
@@ -231,17 +229,18 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
     return None if dtype == torch.float32 else out_scale
 
 
-def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwise: bool = False) -> bool:
+def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwise: bool = False,
+               rows: Optional[int] = None) -> bool:
     """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
     row always, several while the weight and the product are small (SMALL_GEMM_*); on its native
     VNNI GEMM up to VNNI_GEMM_ROWS rows or SMALL_GEMM_MNK multiply-adds, and a 1x1 convolution's
-    (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread; on the native engine up to
-    NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
+    (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread (``rows``: another row limit than VNNI_GEMM_ROWS); on the
+    native engine up to NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
     if engine == "native":
         return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 else NATIVE_GEMM_MNK >> 2)
     if engine == "int_mm" and linear_native.full_grid():
         one_thread = torch.get_num_threads() == 1
-        return (m <= (VNNI_GEMM_ROWS if one_thread else 1) or m * n * k <= SMALL_GEMM_MNK
+        return (m <= ((rows or VNNI_GEMM_ROWS) if one_thread else 1) or m * n * k <= SMALL_GEMM_MNK
                 or (pointwise and one_thread and m <= VNNI_POINTWISE_ROWS))
     return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
@@ -276,7 +275,8 @@ def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dt
     row engine takes the (m, n, k) linear ``mnk``: oneDNN's call costs more than the linear there (its gelu
     equals torch's on every value measured, its tanh within a code)."""
     everywhere = post_op in FLOAT_POST_OPS["every route"] or (
-        post_op in ("gelu", "gelu_tanh", "tanh") and mnk is not None and takes_row(target, onednn_on, "none", torch.float32, *mnk))
+        post_op in ("gelu", "gelu_tanh", "tanh") and mnk is not None
+        and takes_row(target, onednn_on, "none", torch.float32, *mnk, rows=VNNI_FLOAT_TAIL_ROWS))
     return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())))
 
 
@@ -291,10 +291,10 @@ def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtyp
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,
-              k: int, pointwise: bool = False) -> Optional[str]:
+              k: int, pointwise: bool = False, rows: Optional[int] = None) -> Optional[str]:
     """The engine an (m, k) by (k, n) linear (a 1x1 convolution's: ``pointwise``) with this post-op and
     result runs on (:func:`row_engine`, where :func:`small_gemm` says it is faster there), while
     oneDNN serves the others (``onednn_on``); None for oneDNN."""
     engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
-    takes = engine is not None and post_op in engine_post_ops(engine) and small_gemm(m, n, k, engine, pointwise)
+    takes = engine is not None and post_op in engine_post_ops(engine) and small_gemm(m, n, k, engine, pointwise, rows)
     return engine if takes else None

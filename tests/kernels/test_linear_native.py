@@ -26,7 +26,8 @@ def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
 
 
 SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64),
-          (7, 20, 24), (2, 9, 41)]  # a block of 8 and 9 outputs past the full ones: a vector of 8 and a tail
+          (7, 20, 24), (2, 9, 41),  # a block of 8 and 9 outputs past the full ones: a vector of 8 and a tail
+          (12, 13, 40), (24, 37, 33), (8, 4, 16)]  # AVX-512's 8 rows by 2 blocks: an odd last block, k % 4, rows left
 FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (torch.int8, -2, -128.0, 127.0),
             (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
 
@@ -38,7 +39,7 @@ def _cpu_flags() -> set:
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, k, n):
-    # "this CPU": -march=native (4 rows by 16 outputs per block, tails in every dimension; VNNI's steps
+    # "this CPU": -march=native (4 rows by 16 outputs per block, with AVX-512's VNNI 8 rows by 32; tails in every dimension; VNNI's steps
     # where the CPU has them, exact for every int8 weight; float steps 16 at a time with AVX-512);
     # "no VNNI": the AVX2 steps, exact for 7-bit weights; "no AVX-512": those with the float steps 8
     # at a time; "portable": the plain loop alone.
@@ -142,7 +143,7 @@ def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypat
         monkeypatch.setattr(ln, "full_grid", lambda: False)
         assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(8, 1024, 1024) and lr.small_gemm(64, 64, 64)
         monkeypatch.setattr(ln, "full_grid", lambda: True)
-        assert lr.small_gemm(16, 4096, 1024) and not lr.small_gemm(17, 1024, 1024)
+        assert lr.small_gemm(64, 4096, 1024) and not lr.small_gemm(65, 1024, 1024)
         assert lr.small_gemm(1024, 64, 64) and not lr.small_gemm(1024, 64, 256)  # 2^22, then 2^24 multiply-adds
         # a 1x1 convolution's GEMM: any size up to VNNI_POINTWISE_ROWS pixels (oneDNN's convolution was slower)
         assert lr.small_gemm(196, 672, 112, pointwise=True) and not lr.small_gemm(196, 672, 112)

@@ -128,13 +128,13 @@ def test_a_silu_linear_applies_torch_s_silu_after_the_float_result_at_every_size
 
 
 @pytest.mark.parametrize("post_op", ["gelu", "gelu_tanh", "tanh"])
-@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512)])  # the row engine's size, and oneDNN's
+@pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512), (64, 1024, 1024)])  # the row engine's size, and oneDNN's
 def test_a_gelu_or_tanh_linear_runs_on_the_row_engine_where_it_takes_the_size(post_op, m, n, k):
     # oneDNN's call costs more than a small linear: there the row engine's float result, then torch's op;
     # past it, oneDNN's fused post-op (its gelu equal to torch's, its tanh within a code)
     target = resolve_target("cpu")
     engine = lr.row_engine(target)
-    small = engine is not None and lr.small_gemm(m, n, k, engine)
+    small = engine is not None and lr.small_gemm(m, n, k, engine, rows=lr.VNNI_FLOAT_TAIL_ROWS)
     assert lr.float_post_op(target, True, post_op, torch.uint8, (m, n, k)) == small
     assert not lr.float_post_op(target, True, post_op, torch.uint8)  # no size given: oneDNN's post-op
     g = torch.Generator().manual_seed(m)
@@ -331,3 +331,20 @@ def test_a_residual_call_on_inputs_its_program_was_not_built_for_says_so():
             continue  # what the program builds: covered by the tests above
         with pytest.raises(RuntimeError, match="1x1 convolution with a residual met inputs other than those"):
             lr.pointwise_rows_sum(codes, row, other, 0.05, 120, 117, 0, 255)
+
+
+def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(monkeypatch):
+    # the 8-row AVX-512 GEMM beat oneDNN up to 64 x 1024 x 1024; a tanh or gelu run as a float pass after it did not
+    monkeypatch.setattr(ln, "full_grid", lambda: True)
+    monkeypatch.setattr(lr, "row_engine", lambda target: "int_mm")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target = resolve_target("cpu")
+        assert lr.takes_row(target, True, "relu", torch.uint8, 64, 1024, 1024) == "int_mm"
+        assert lr.takes_row(target, True, "relu", torch.uint8, 65, 1024, 1024) is None
+        for post_op in ("gelu", "gelu_tanh", "tanh"):
+            assert lr.float_post_op(target, True, post_op, torch.uint8, (16, 1024, 1024))
+            assert not lr.float_post_op(target, True, post_op, torch.uint8, (64, 1024, 1024))
+    finally:
+        torch.set_num_threads(before)
