@@ -1,6 +1,7 @@
 """Dynamic int8 linears: lucid_fx's quantize_dynamic against fp32 eager and torch.ao's quantize_dynamic (fbgemm),
 same run, on the shapes a language model's linears meet: one token a call (decoding), a prompt's rows, a batch;
-and, where transformers is installed, a small Llama's greedy ``generate`` (random weights, nothing downloaded).
+and, where transformers is installed, a small Llama's and GPT-2's greedy ``generate`` (random weights, nothing
+downloaded).
 
     python benchmarks/dynamic_linear.py [--rounds 7] [--threads 1]
 
@@ -12,7 +13,6 @@ output against fp32; the generate row's SQNR column is the share of generated to
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import warnings
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dynamic_rnn import _sqnr  # noqa: E402
-from int8_inference import cpu_line, timed  # noqa: E402
+from dynamic_rnn import _sqnr, start  # noqa: E402
+from int8_inference import timed  # noqa: E402
 
 import lucid_fx.quantization as Q  # noqa: E402
 
@@ -45,16 +45,20 @@ def _variants(model: nn.Module) -> dict:
     return {"fp32": model, "ao": ao, "lucid": Q.quantize_dynamic(model)}
 
 
-def _generate_row(rounds: int):
-    """(ms by variant, share of tokens equal to fp32's by variant) of a small Llama's 32-token greedy generate."""
+def _generate_row(kind: str, rounds: int):
+    """(ms by variant, share of tokens equal to fp32's by variant) of a small Llama's or GPT-2's 32-token greedy
+    generate (GPT-2's projections are transformers' Conv1D: torch.ao leaves them float)."""
     try:
         import transformers as T
     except ImportError:
         return None
     torch.manual_seed(0)
-    config = T.LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=2000)
-    models = _variants(T.LlamaForCausalLM(config).eval())
+    if kind == "llama":
+        model = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=2000))
+    else:
+        model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=2000))
+    models = _variants(model.eval())
     prompt = torch.randint(0, 2000, (1, 12), generator=torch.Generator().manual_seed(1))
 
     def run(model):
@@ -67,13 +71,7 @@ def _generate_row(rounds: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(cpu_line())
-    print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds")
+    args = start(__doc__)
     print(f"{'linear':22} {'M,K,N':16} {'fp32 us':>8} {'ao us':>8} {'lucid us':>9} {'x fp32':>7} {'vs ao':>6} "
           f"{'SQNR ao':>8} {'SQNR lucid':>10}")
     for name, m, k, n in ROWS:
@@ -86,13 +84,14 @@ def main() -> None:
             quality = {key: _sqnr(reference, fn(x)) for key, fn in fns.items() if key != "fp32"}
         print(f"{name:22} {f'{m},{k},{n}':16} {us['fp32']:8.1f} {us['ao']:8.1f} {us['lucid']:9.1f} "
               f"{us['fp32'] / us['lucid']:6.2f}x {us['ao'] / us['lucid']:6.2f} {quality['ao']:8.1f} {quality['lucid']:10.1f}")
-    row = _generate_row(args.rounds)
-    if row is None:
-        print("Llama generate: transformers is not installed")
-        return
-    ms, same = row
-    print(f"{'Llama generate (ms)':22} {'4x256, 32 tok':16} {ms['fp32']:8.1f} {ms['ao']:8.1f} {ms['lucid']:9.1f} "
-          f"{ms['fp32'] / ms['lucid']:6.2f}x {ms['ao'] / ms['lucid']:6.2f} {same['ao']:8.0%} {same['lucid']:10.0%}")
+    for kind in ("llama", "gpt2"):
+        row = _generate_row(kind, args.rounds)
+        if row is None:
+            print("generate rows: transformers is not installed")
+            return
+        ms, same = row
+        print(f"{kind + ' generate (ms)':22} {'4x256, 32 tok':16} {ms['fp32']:8.1f} {ms['ao']:8.1f} {ms['lucid']:9.1f} "
+              f"{ms['fp32'] / ms['lucid']:6.2f}x {ms['ao'] / ms['lucid']:6.2f} {same['ao']:8.0%} {same['lucid']:10.0%}")
 
 
 if __name__ == "__main__":

@@ -60,14 +60,20 @@ def _sqnr(reference: torch.Tensor, test: torch.Tensor) -> float:
     return float(10 * torch.log10(reference.pow(2).sum() / noise)) if noise > 0 else float("inf")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def start(doc: str) -> argparse.Namespace:
+    """``--rounds`` and ``--threads`` parsed (the threads set), and the CPU's and torch's lines printed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(cpu_line())
     print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds")
+    return args
+
+
+def main() -> None:
+    args = start(__doc__)
     print(f"{'model':22} {'T,B,I,H,layers':20} {'fp32 ms':>8} {'ao ms':>8} {'lucid ms':>9} {'x fp32':>7} {'vs ao':>6} "
           f"{'SQNR ao':>8} {'SQNR lucid':>10}")
     for name, kind, steps, batch, inputs, hidden, layers, both, *extra in ROWS:
