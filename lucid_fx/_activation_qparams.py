@@ -47,7 +47,8 @@ def record_activation_qparams(gm: fx.GraphModule) -> fx.GraphModule:
     rows = torch.zeros(len(qparams), 4, dtype=torch.int64)
     rows[:, 0] = torch.tensor([scale for scale, _, _ in qparams], dtype=torch.float64).view(torch.int64)
     rows[:, 1:] = torch.tensor([(zp, *_grid(grid)) for _, zp, grid in qparams], dtype=torch.int64).reshape(-1, 3)
-    gm.register_buffer(BUFFER, rows)
+    device = next((t.device for t in gm.parameters()), None) or next((t.device for t in gm.buffers()), None)
+    gm.register_buffer(BUFFER, rows if device is None else rows.to(device))  # beside the rest of the state
     attach_guard(gm)
     return gm
 

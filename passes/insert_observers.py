@@ -96,11 +96,11 @@ def _observe_weight(gm: fx.GraphModule, node: fx.Node, qat: bool, target: Option
         if qat:
             # Train against fake-quantized weights: the module's weight is seen through the fake quant,
             # which convert finds again (with its trained qparams) in the weight-observer container.
-            fake_quant = _narrow_to(qconfig.weight(), target, module.weight, layer_groups(gm, node))
+            fake_quant = _narrow_to(qconfig.weight().to(module.weight.device), target, module.weight, layer_groups(gm, node))
             torch.nn.utils.parametrize.register_parametrization(module, "weight", fake_quant, unsafe=True)
             _container(gm, WEIGHT_OBSERVERS)[key] = fake_quant
         else:
-            observer = qconfig.weight()
+            observer = qconfig.weight().to(module.weight.device)
             with torch.no_grad():
                 observer(module.weight)
             _container(gm, WEIGHT_OBSERVERS)[key] = observer
@@ -123,7 +123,7 @@ def _observe_experts(gm: fx.GraphModule, node: fx.Node) -> None:
     if weight is None:
         return  # a weight computed in the graph: the product stays float
     qconfig: QConfig = node.meta[_meta.DECISION].qconfig or default_qconfig
-    observer = qconfig.weight()
+    observer = qconfig.weight().to(weight.device)
     with torch.no_grad():
         observer(weight.flatten(0, 1))
     container = _container(gm, WEIGHT_OBSERVERS)
@@ -159,6 +159,9 @@ def insert_observers(
             _observe_weight(gm, node, qat, target)
         elif decision.kind is DecisionKind.STATISTICS and canonical(node).op in _EXPERT_PRODUCTS:
             _observe_experts(gm, node)
+    device = next((t.device for t in gm.parameters()), None)
+    if device is not None:  # a model on the GPU calibrates there: its observers' state lives beside its values
+        observers.to(device)
     gm.graph.lint()
     gm.recompile()
     return gm

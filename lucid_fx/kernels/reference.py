@@ -282,7 +282,9 @@ def max_pool2d(
     """``F.max_pool2d`` of codes (order-preserving, so the qparams carry over unchanged).
 
     Runs in int16, keeping the input's layout: torch 2.13's uint8 max-pool is slow on NCHW
-    (4.6 ms for 64x112x112, 3x3/2) and rejects channels-last; int16 channels-last takes 0.35 ms."""
+    (4.6 ms for 64x112x112, 3x3/2) and rejects channels-last; int16 channels-last takes 0.35 ms.
+    CUDA's max-pool takes floating types alone: there the codes pool as float32, which holds them exactly."""
     fmt = _pool_format(q)
-    y = F.max_pool2d(q.to(torch.int16), kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+    work = torch.int16 if q.device.type == "cpu" else torch.float32
+    y = F.max_pool2d(q.to(work), kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
     return to_layout(y.to(q.dtype), fmt)

@@ -48,5 +48,6 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     else:
         flat = weight.reshape(weight.shape[0], -1)
         lo, hi = flat.amin(1), flat.amax(1)
-    scale, zero_point = calculate_qparams(lo, hi, "per_channel_symmetric", grid)
+    # (a copy of an observer made on the CPU holds its state there, whatever the weight's device)
+    scale, zero_point = calculate_qparams(lo.to(weight.device), hi.to(weight.device), "per_channel_symmetric", grid)
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()

@@ -7,6 +7,7 @@ int8 forms.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -72,6 +73,8 @@ class LoweringContext:
     def __init__(self, prepared: fx.GraphModule, root: nn.Module, target: Target) -> None:
         self.prepared, self.root, self.target = prepared, root, target  # target: the hardware convert lowers for
         self.backend = target.backend
+        # where the model's values are, so its int8 constants live there too
+        self.device = next((t.device for t in itertools.chain(prepared.parameters(), prepared.buffers())), None)
         self.graph = fx.Graph()
         self.observers = getattr(prepared, OBSERVERS, nn.ModuleDict())
         self.weight_observers = getattr(prepared, WEIGHT_OBSERVERS, nn.ModuleDict())
@@ -183,7 +186,7 @@ class LoweringContext:
         while hasattr(self.root, attr):
             self._constants += 1
             attr = f"_lucid_{name}_{self._constants}"
-        self.root.register_buffer(attr, value)
+        self.root.register_buffer(attr, value.to(self.device) if self.device is not None else value)
         return self.graph.get_attr(attr)
 
     def output_qvalue(self, node: fx.Node, out: fx.Node, channels_last: bool = False) -> QValue:
