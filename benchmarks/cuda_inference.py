@@ -1,0 +1,135 @@
+"""CUDA int8 inference benchmark: fp32 and bf16 eager vs lucid_fx ``backend="cuda"`` on a GPU.
+
+    python benchmarks/cuda_inference.py [--rounds 7] [--models mlp_b64,resnet_1x,...]
+
+The models are int8_inference.py's (benchmarks/models.py). Each call is followed by
+``torch.cuda.synchronize()``, so a figure is what a caller waits for, launches included; every
+figure is a same-run median of ``--rounds`` rounds with the variants taking turns (int8_inference's
+``timed``). The "graph" rows replay the model from one CUDA graph captured on the example (one
+launch per call; a model whose kernels synchronize cannot be captured, and the row says so).
+Speedups are ratios to fp32 eager in the same run; "vs float" is the fastest float variant's time
+(bf16 eager or fp32 graph) over lucid_fx's (> 1: lucid_fx is faster). SQNR is against the fp32
+output on a held-out batch.
+
+torch.ao's quantized engines have no CUDA int8 path, so the peers here are the float ones. The
+CUDA kernels (lucid_fx/kernels/cuda.py) are ``torch._int_mm`` GEMMs with the rest of each op in
+torch: a model of many small layers pays a launch for every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int8_inference import size_mb, sqnr, timed  # noqa: E402
+from models import MODELS  # noqa: E402
+
+import lucid_fx  # noqa: E402
+
+
+def synchronized(fn, dtype=None):
+    """``fn`` as a caller waits for it: the input cast to ``dtype`` if given, the GPU synchronized."""
+    def call(x):
+        out = fn(x if dtype is None else x.to(dtype))
+        torch.cuda.synchronize()
+        return out.float()
+    return call
+
+
+def graphed(model, example):
+    """``model`` replayed from one CUDA graph captured on ``example`` (one launch for the whole call),
+    synchronized like the rest; None, with the reason printed, where capture fails."""
+    static_x = example.clone()
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(3):  # warm-up off the default stream, as capture wants
+                model(static_x)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            static_y = model(static_x)
+    except Exception as exc:  # noqa: BLE001 (a kernel that synchronizes cannot be captured: say which)
+        print(f"  CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+    def call(x):
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        return static_y.float()
+    return call
+
+
+def gpu_line() -> str:
+    props = torch.cuda.get_device_properties(0)
+    return (f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
+            f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+
+
+def _model_rows(name: str, args) -> list:
+    model, example, make_batch = MODELS[name]()
+    model, example = model.cuda(), example.cuda()
+    batches = [make_batch(s).cuda() for s in range(args.calib)]
+    held_out = make_batch(1000).cuda()
+    with torch.no_grad():
+        reference = model(held_out)
+    ours = lucid_fx.quantize(model, (example,), batches, backend="cuda")
+    report = ours.lucid_fx_convert_report
+    fns = {"fp32 eager": synchronized(model),
+           "bf16 eager": synchronized(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16),
+           "lucid_fx int8": synchronized(ours)}
+    sizes = {"fp32 eager": size_mb(model), "bf16 eager": size_mb(model) / 2, "lucid_fx int8": size_mb(ours)}
+    for variant, m, same in (("fp32 graph", model, "fp32 eager"), ("lucid_fx graph", ours, "lucid_fx int8")):
+        fn = graphed(m, example)
+        if fn is not None:
+            fns[variant], sizes[variant] = fn, sizes[same]
+    seconds = timed(fns, example, args.rounds)
+    rows = []
+    for variant, fn in fns.items():
+        with torch.no_grad():
+            out = fn(held_out)
+        # lucid_fx against the fastest float variant: bf16 eager, or fp32 replayed from a CUDA graph
+        best_float = min(t for v, t in seconds.items() if not v.startswith("lucid_fx") and v != "fp32 eager")
+        versus = best_float / seconds[variant] if variant.startswith("lucid_fx") else None
+        share = f"  {report.int8_flop_share or 0:.1%} ({report.backend}: {len(report.float_ops)} float ops)" if versus else ""
+        row = (name, variant, seconds[variant] * 1e3, seconds["fp32 eager"] / seconds[variant],
+               sqnr(reference, out), sizes[variant], versus)
+        rows.append(row)
+        print(f"{row[0]:<12} {row[1]:<14} {row[2]:>8.3f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>6.1f}"
+              + (f" {versus:>7.2f}x" if versus else "") + share)
+    return rows
+
+
+def main(argv=None) -> list:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--calib", type=int, default=8, help="calibration batches")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("cuda_inference.py needs a CUDA device (torch.cuda.is_available() is False)")
+    print(gpu_line())
+    print(f"medians of {args.rounds} rounds, each call synchronized")
+    header = f"{'model':<12} {'variant':<14} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for name in args.models.split(","):
+        try:
+            rows += _model_rows(name, args)
+        except Exception:  # noqa: BLE001 (the table goes on; the failure is the row, its traceback on stderr)
+            print(f"{name:<12} failed: {traceback.format_exc().strip().splitlines()[-1][:300]}")
+            traceback.print_exc()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

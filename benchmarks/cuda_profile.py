@@ -1,0 +1,47 @@
+"""Where one converted model's call spends its time on a GPU: host time and kernel launches per op.
+
+    python benchmarks/cuda_profile.py [--model mlp_b1] [--top 12]
+
+Prints the torch profiler's table (ops by host time, with their CUDA time and calls) for one
+synchronized call after warm-up, and the call's kernel launches in all: on a GPU, a model of small
+layers is bound by launches and host time, not by the int8 GEMMs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import MODELS  # noqa: E402
+
+import lucid_fx  # noqa: E402
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp_b1")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args(argv)
+    model, example, make_batch = MODELS[args.model]()
+    model, example = model.cuda(), example.cuda()
+    ours = lucid_fx.quantize(model, (example,), [make_batch(s).cuda() for s in range(4)], backend="cuda")
+    with torch.no_grad():
+        for _ in range(5):
+            ours(example)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            ours(example)
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    print(f"{args.model}: {launches} kernel launches in one call")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+
+
+if __name__ == "__main__":
+    main()
