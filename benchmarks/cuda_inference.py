@@ -5,11 +5,12 @@
 The models are int8_inference.py's (benchmarks/models.py). Each call is followed by
 ``torch.cuda.synchronize()``, so a figure is what a caller waits for, launches included; every
 figure is a same-run median of ``--rounds`` rounds with the variants taking turns (int8_inference's
-``timed``). The "graph" rows replay the model from one CUDA graph captured on the example (one
-launch per call; a model whose kernels synchronize cannot be captured, and the row says so).
-Speedups are ratios to fp32 eager in the same run; "vs float" is the fastest float variant's time
-(bf16 eager or fp32 graph) over lucid_fx's (> 1: lucid_fx is faster). SQNR is against the fp32
-output on a held-out batch.
+``timed``). "fp32 graph" replays the float model from one CUDA graph captured on the example (one
+launch per call); "lucid_fx int8" is the converted model as it runs, replaying its own CUDA graph
+per input signature (lucid_fx/cuda_graph.py), and "lucid_fx launches" the same model with
+``CUDA_GRAPHS`` off, its kernels launched one at a time. Speedups are ratios to fp32 eager in the
+same run; "vs float" is the fastest float variant's time over lucid_fx's (> 1: lucid_fx is
+faster). SQNR is against the fp32 output on a held-out batch.
 
 torch.ao's quantized engines have no CUDA int8 path, so the peers here are the float ones. The
 CUDA kernels (lucid_fx/kernels/cuda.py) are ``torch._int_mm`` GEMMs with the rest of each op in
@@ -31,6 +32,7 @@ from int8_inference import size_mb, sqnr, timed  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
+import lucid_fx.cuda_graph as cuda_graph  # noqa: E402
 
 
 def synchronized(fn, dtype=None):
@@ -43,8 +45,8 @@ def synchronized(fn, dtype=None):
 
 
 def graphed(model, example):
-    """``model`` replayed from one CUDA graph captured on ``example`` (one launch for the whole call),
-    synchronized like the rest; None, with the reason printed, where capture fails."""
+    """Float ``model`` replayed from one CUDA graph captured on ``example`` (one launch for the whole
+    call), synchronized like the rest; None, with the reason printed, where capture fails."""
     static_x = example.clone()
     try:
         stream = torch.cuda.Stream()
@@ -68,6 +70,17 @@ def graphed(model, example):
     return call
 
 
+def without_cuda_graphs(model):
+    """``model`` with every call through the portable graph's kernels, one launch at a time."""
+    def call(x):
+        cuda_graph.CUDA_GRAPHS = False
+        try:
+            return model(x)
+        finally:
+            cuda_graph.CUDA_GRAPHS = True
+    return call
+
+
 def gpu_line() -> str:
     props = torch.cuda.get_device_properties(0)
     return (f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
@@ -84,26 +97,25 @@ def _model_rows(name: str, args) -> list:
     ours = lucid_fx.quantize(model, (example,), batches, backend="cuda")
     report = ours.lucid_fx_convert_report
     fns = {"fp32 eager": synchronized(model),
-           "bf16 eager": synchronized(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16),
-           "lucid_fx int8": synchronized(ours)}
-    sizes = {"fp32 eager": size_mb(model), "bf16 eager": size_mb(model) / 2, "lucid_fx int8": size_mb(ours)}
-    for variant, m, same in (("fp32 graph", model, "fp32 eager"), ("lucid_fx graph", ours, "lucid_fx int8")):
-        fn = graphed(m, example)
-        if fn is not None:
-            fns[variant], sizes[variant] = fn, sizes[same]
+           "bf16 eager": synchronized(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16)}
+    sizes = {"fp32 eager": size_mb(model), "bf16 eager": size_mb(model) / 2}
+    fp32_graph = graphed(model, example)
+    if fp32_graph is not None:
+        fns["fp32 graph"], sizes["fp32 graph"] = fp32_graph, sizes["fp32 eager"]
+    fns["lucid_fx int8"], fns["lucid_fx launches"] = synchronized(ours), synchronized(without_cuda_graphs(ours))
+    sizes["lucid_fx int8"] = sizes["lucid_fx launches"] = size_mb(ours)
     seconds = timed(fns, example, args.rounds)
     rows = []
     for variant, fn in fns.items():
         with torch.no_grad():
             out = fn(held_out)
-        # lucid_fx against the fastest float variant: bf16 eager, or fp32 replayed from a CUDA graph
-        best_float = min(t for v, t in seconds.items() if not v.startswith("lucid_fx") and v != "fp32 eager")
+        best_float = min(t for v, t in seconds.items() if not v.startswith("lucid_fx"))
         versus = best_float / seconds[variant] if variant.startswith("lucid_fx") else None
         share = f"  {report.int8_flop_share or 0:.1%} ({report.backend}: {len(report.float_ops)} float ops)" if versus else ""
         row = (name, variant, seconds[variant] * 1e3, seconds["fp32 eager"] / seconds[variant],
                sqnr(reference, out), sizes[variant], versus)
         rows.append(row)
-        print(f"{row[0]:<12} {row[1]:<14} {row[2]:>8.3f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>6.1f}"
+        print(f"{row[0]:<12} {row[1]:<17} {row[2]:>8.3f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>6.1f}"
               + (f" {versus:>7.2f}x" if versus else "") + share)
     return rows
 
@@ -118,7 +130,7 @@ def main(argv=None) -> list:
         raise SystemExit("cuda_inference.py needs a CUDA device (torch.cuda.is_available() is False)")
     print(gpu_line())
     print(f"medians of {args.rounds} rounds, each call synchronized")
-    header = f"{'model':<12} {'variant':<14} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share"
+    header = f"{'model':<12} {'variant':<17} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share"
     print(header)
     print("-" * len(header))
     rows = []

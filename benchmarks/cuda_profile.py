@@ -3,8 +3,9 @@
     python benchmarks/cuda_profile.py [--model mlp_b1] [--top 12]
 
 Prints the torch profiler's table (ops by host time, with their CUDA time and calls) for one
-synchronized call after warm-up, and the call's kernel launches in all: on a GPU, a model of small
-layers is bound by launches and host time, not by the int8 GEMMs.
+synchronized call after warm-up, with the kernels launched one at a time (``CUDA_GRAPHS`` off, so
+each op shows), and the call's kernel launches in all: on a GPU, a model of small layers is bound
+by launches and host time, not by the int8 GEMMs, which is why converted models replay CUDA graphs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
+import lucid_fx.cuda_graph as cuda_graph  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -27,6 +29,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default="mlp_b1")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args(argv)
+    cuda_graph.CUDA_GRAPHS = False
     model, example, make_batch = MODELS[args.model]()
     model, example = model.cuda(), example.cuda()
     ours = lucid_fx.quantize(model, (example,), [make_batch(s).cuda() for s in range(4)], backend="cuda")

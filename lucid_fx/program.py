@@ -12,7 +12,8 @@ Everything else sees the portable graph: ``model.graph``, ``print(model.code)``,
 copied or pickled, so they are never state: a deep copy, ``.to()``/``.half()``, ``load_state_dict``
 and ``recompile`` drop them, and the next call builds again. Keyword arguments are bound to the
 graph's placeholders (``model(input_ids=..., attention_mask=...)`` runs the same program as the
-positional call, defaults filled in). Calls with hooks on the model, or on other devices, run the
+positional call, defaults filled in). Calls on CUDA tensors replay a CUDA graph captured per
+signature (:mod:`lucid_fx.cuda_graph`). Calls with hooks on the model, or on other devices, run the
 portable graph. A weight changed in place after
 convert is not seen by a program already built: call ``model.recompile()`` after such an edit.
 
@@ -34,6 +35,7 @@ import torch
 from torch import fx
 
 from lucid_fx._pytree_spec import export_call, restore_signature
+from lucid_fx.cuda_graph import capture, replayable
 from lucid_fx.kernels.library import op_name
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
@@ -65,17 +67,27 @@ class _Programs(dict):
 
 
 def _signature(args: Tuple[Any, ...]) -> Optional[tuple]:
-    key = [resolve_target("cpu").cpu.name]  # the CPU kind: forced kinds get programs of their own
+    """The program key of a call: the CPU kind (forced kinds get programs of their own), each
+    argument's shape, stride and dtype or value, and last, for CUDA tensors, their device."""
+    key: list = [resolve_target("cpu").cpu.name]
+    device = None
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.device.type != "cpu" or a.requires_grad:
+            if a.requires_grad or a.device.type not in ("cpu", "cuda") or device not in (None, a.device):
                 return None
+            device = a.device
             key.append((a.shape, a.stride(), a.dtype))
         elif isinstance(a, (int, float, bool, str, type(None))):
             key.append(a)
         else:
             return None
+    if device is not None and device.type == "cuda":
+        key.append(device)
     return tuple(key)
+
+
+def _on_cuda(key: Optional[tuple]) -> bool:
+    return key is not None and isinstance(key[-1], torch.device)
 
 
 def _parameters(forward) -> Optional[Tuple[Tuple[str, Any], ...]]:
@@ -104,7 +116,7 @@ class ProgramRunner:
     """Mixed into a converted GraphModule's class: calls run the program for their input signature."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        programs: Dict[tuple, Optional[fx.GraphModule]] = self.__dict__.get(_PROGRAMS)
+        programs: Dict[tuple, Any] = self.__dict__.get(_PROGRAMS)
         if programs is None:
             programs = self.__dict__[_PROGRAMS] = _Programs()
         if self._forward_hooks or self._forward_pre_hooks:
@@ -117,6 +129,8 @@ class ProgramRunner:
                 return torch.nn.Module.__call__(self, *args, **kwargs)
             args, kwargs = bound, {}
         key = _signature(args)
+        if _on_cuda(key) and not replayable(self):
+            key = None  # replays off, or autograd or a caller's capture records this call: the portable graph
         program = programs.get(key) if key is not None else None
         if program is not None:
             return program.forward(*args)  # a program has no hooks: skip Module.__call__'s own checks
@@ -132,6 +146,10 @@ class ProgramRunner:
             return torch.nn.Module.__call__(self, *args, **kwargs)
         # A new signature: the portable graph runs (its kernels check the input and name the node),
         # recording each value's shape and layout, and the program is built for the next calls.
+        if _on_cuda(key):
+            out = torch.nn.Module.__call__(self, *args)
+            programs[key] = capture(self, args, lambda *inputs: torch.nn.Module.__call__(self, *inputs))
+            return out
         try:
             out, values = record_values(self, args)
         except Exception:  # noqa: BLE001 - the plain call raises the same error, without the recorder's notes
@@ -197,6 +215,8 @@ def runs_int8_kernels(model: fx.GraphModule) -> bool:
     return False
 
 
-def programs_of(model: fx.GraphModule) -> Dict[tuple, Optional[fx.GraphModule]]:
-    """The programs ``model`` holds now, by input signature (None: building failed; the portable graph runs)."""
+def programs_of(model: fx.GraphModule) -> Dict[tuple, Any]:
+    """The programs ``model`` holds now, by input signature: a program GraphModule for CPU inputs, a
+    :class:`~lucid_fx.cuda_graph.CudaGraphProgram` for CUDA ones, None where building or capture
+    failed (the portable graph runs)."""
     return dict(model.__dict__.get(_PROGRAMS, {}))
