@@ -7,7 +7,7 @@ from torch import nn
 
 import lucid_fx
 import lucid_fx.cuda_graph as cuda_graph
-from lucid_fx.cuda_graph import CudaGraphProgram, replayable
+from lucid_fx.cuda_graph import CudaGraphProgram, capture, replayable
 from lucid_fx.program import _signature, programs_of
 
 
@@ -61,6 +61,33 @@ def test_a_call_may_replay_only_where_autograd_records_nothing():
         assert not replayable(model)
     finally:
         cuda_graph.CUDA_GRAPHS = True
+
+
+class _Replays:
+    """What a captured graph does when replayed: its outputs recomputed in place from its inputs."""
+
+    def __init__(self, fn, inputs, outputs):
+        self.fn, self.inputs, self.outputs = fn, inputs, outputs
+
+    def replay(self):
+        for name, value in self.fn(*self.inputs).items():
+            self.outputs[name].copy_(value)
+
+
+def test_a_replay_copies_the_inputs_in_and_returns_copies_of_the_outputs():
+    inputs, outputs = (torch.zeros(2, 3), 5), {"y": torch.zeros(2, 3), "steps": 7}
+    tensors = {"y": outputs["y"]}
+    program = CudaGraphProgram(_Replays(lambda x, n: {"y": x * n}, inputs, tensors), inputs, outputs)
+    first = program.forward(torch.ones(2, 3), 5)
+    second = program.forward(torch.full((2, 3), 3.0), 5)
+    assert torch.equal(first["y"], torch.full((2, 3), 5.0)), "the next replay wrote over an earlier result"
+    assert torch.equal(second["y"], torch.full((2, 3), 15.0)) and second["steps"] == 7
+    assert first["y"].data_ptr() != outputs["y"].data_ptr()
+
+
+def test_a_capture_that_fails_warns_and_leaves_the_portable_graph():
+    with pytest.warns(RuntimeWarning, match="cannot be replayed from a CUDA graph .*runs the portable graph"):
+        assert capture(nn.Identity(), (torch.zeros(2),), lambda x: x) is None  # (no CUDA device here, or a CPU tensor)
 
 
 @pytest.mark.cuda
