@@ -34,7 +34,7 @@ import torch
 from lucid_fx.kernels.native import _function
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "finish",
-           "available", "full_grid", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
+           "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
@@ -60,6 +60,12 @@ def full_grid() -> bool:
     """Whether this build's sums are exact for every int8 weight: its GEMM steps are VNNI's
     ``vpdpbusd`` (AVX512-VNNI or AVX-VNNI), which sum four products in int32 at once."""
     return bool(_function("gemm", "full_grid"))
+
+
+def threaded() -> bool:
+    """Whether this build's GEMM runs on torch's threads (built with OpenMP; each output element one
+    thread's, so the result is the same at any thread count)."""
+    return bool(_function("gemm", "threaded"))
 
 
 def takes_weight(qw: torch.Tensor) -> bool:

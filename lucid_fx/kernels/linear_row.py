@@ -7,16 +7,14 @@ takes its int32 sums from that same GEMM, exact for every weight, and fuses oneD
 of the ``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_GEMM_ROWS`).
 
 At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product, faster than
-oneDNN's linear; from two rows up it is slower (measured, 1 thread, AVX512-VNNI EPYC, 1024 x 1024: 40 against 46 us
-at one row, 119 against 49 at two, 155 against 76 at eight). Inside a model the gain is larger, where oneDNN's call
-meets a colder cache: the batch-1 MLP of ``benchmarks/models.py`` ran in 165 us with this route and 233 us without
-it (same process, same codes). After the integer product come oneDNN's own float32 steps, one rounding at a time,
+oneDNN's linear; from two rows up slower (1 thread, AVX512-VNNI EPYC, 1024 x 1024: 40 against 46 us at one row, 119
+against 49 at two, 155 against 76 at eight). In a model, where oneDNN's call meets a colder cache, the batch-1 MLP of
+``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same codes). After the integer product come oneDNN's own float32 steps, one rounding at a time,
 so the values are oneDNN's, bit for bit, and a row's result does not depend on the batch around it.
 
-A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (the MobileNetV3-like model:
-4.88 against 5.10 ms with and without the route, measured the same way). Small linears of several rows take the
-route too (:func:`small_gemm`): oneDNN's linear costs 22-24 us per call however small, where this route costs
-10-12 us at 32 x 64 x 64 (the transformer family models of tests/models, whose hidden sizes are 64).
+A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (MobileNetV3-like: 4.88
+against 5.10 ms). Small linears of several rows take it too (:func:`small_gemm`): oneDNN's linear costs 22-24 us
+a call however small, this route 10-12 us at 32 x 64 x 64 (the family models of tests/models, hidden size 64).
 
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
 >>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None)  # codes - 128 are the values
@@ -45,7 +43,7 @@ from lucid_fx.kernels.zero_point import _folded_zero_point
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
            "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds",
            "row_out_scale", "conv_is_row", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
-           "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
+           "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
 # The post-ops of each engine: lucid_fx's GEMM also computes oneDNN's hardswish (linear_native.hardswish),
@@ -73,14 +71,16 @@ SMALL_GEMM_MNK = 1 << 22
 SMALL_GEMM_NK = 1 << 18
 # Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums as _int_mm, then
 # oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us native / _int_mm / oneDNN: 4.8 /
-# 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256, 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024, 189 / 2000
-# / 212 at 8 x 4096 x 1024; with the 8-row AVX-512 kernel (native_gemm.c), the GEMM alone / oneDNN's call: 45 / 72 at
-# 8 x 1024 x 1024, 171 / 207 at 32 rows, 332 / 367 at 64, 1434 / 1426 at 64 x 1024 -> 4096, 1376 / 1343 at 256 rows. It
-# takes any linear of up to this many rows (at one thread: oneDNN's threads win past one row) and of up to
-# SMALL_GEMM_MNK multiply-adds; one whose gelu or tanh runs as a float pass after the GEMM (float_post_op) up to
-# VNNI_FLOAT_TAIL_ROWS (the gated MLP's two 64 x 1024 x 1024 tanh linears: 1.40 against 1.20 ms with oneDNN's).
+# 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256, 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024; the 8-row
+# AVX-512 kernel's GEMM / oneDNN's call: 45 / 72 at 8 x 1024 x 1024, 171 / 207 at 32 rows, 332 / 367 at 64, 1434 / 1426
+# at 64 x 1024 -> 4096, 1376 / 1343 at 256. It takes any linear of up to this many rows (VNNI_THREADED_ROWS at more
+# threads: 2 threads, x 1024 x 1024: 34 / 64 at 8 rows, 123 / 169 at 32, 206-228 / 208-213 at 64; one row where the
+# build's GEMM has no threads, linear_native.threaded) and of up to SMALL_GEMM_MNK multiply-adds; one whose gelu or tanh
+# runs as a float pass after it (float_post_op) up to VNNI_FLOAT_TAIL_ROWS (the gated MLP's 64-row tanh linears: 1.40
+# against 1.20 ms with oneDNN's).
 VNNI_GEMM_ROWS = 64
 VNNI_FLOAT_TAIL_ROWS = 16
+VNNI_THREADED_ROWS = 32
 # A 1x1 convolution (a GEMM over the pixels) on the native VNNI GEMM against oneDNN's 1x1
 # convolution, its route otherwise, us, 1 thread, AVX512-VNNI EPYC, the same codes: 68 / 214 at 49
 # pixels x 1152 -> 192 channels, 80 / 287 at 49 x 192 -> 1152, 138 / 231 at 196 x 112 -> 672, 68 / 119
@@ -90,8 +90,8 @@ VNNI_POINTWISE_ROWS = 1024
 # The native engine against oneDNN's 1x1 convolution on a prepacked weight (its route for a linear
 # there), measured on an AVX2 EPYC at one thread: 0.41 of its time at 1 x 1024 x 1024, 0.60-0.76 at
 # 2^21-2^23 multiply-adds, 0.82-0.96 at 2^24-2^25, 0.89-1.06 at 2^26 (64 x 1024 x 1024), 1.0-1.4
-# past it. It takes linears up to this many multiply-adds at one thread, a quarter of it at more
-# (oneDNN's threads), where it was measured 2 threads against 1: 0.2 of the fixed cost or less.
+# past it. It takes linears up to this many multiply-adds at one thread or on the GEMM's threads, a quarter of it
+# at more without them (oneDNN's threads; measured 2 threads against 1: 0.2 of the fixed cost or less).
 NATIVE_GEMM_MNK = 1 << 26
 
 
@@ -233,15 +233,15 @@ def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwi
                rows: Optional[int] = None) -> bool:
     """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
     row always, several while the weight and the product are small (SMALL_GEMM_*); on its native
-    VNNI GEMM up to VNNI_GEMM_ROWS rows or SMALL_GEMM_MNK multiply-adds, and a 1x1 convolution's
-    (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread (``rows``: another row limit than VNNI_GEMM_ROWS); on the
-    native engine up to NATIVE_GEMM_MNK multiply-adds at one thread, a quarter of it at more."""
+    VNNI GEMM up to VNNI_GEMM_ROWS rows (VNNI_THREADED_ROWS at more threads) or SMALL_GEMM_MNK multiply-adds, and a 1x1
+    convolution's (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread (``rows``: another row limit); on the
+    native engine up to NATIVE_GEMM_MNK multiply-adds (a quarter at more threads where its GEMM has none)."""
     if engine == "native":
-        return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 else NATIVE_GEMM_MNK >> 2)
+        return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 or linear_native.threaded() else NATIVE_GEMM_MNK >> 2)
     if engine == "int_mm" and linear_native.full_grid():
-        one_thread = torch.get_num_threads() == 1
-        return (m <= ((rows or VNNI_GEMM_ROWS) if one_thread else 1) or m * n * k <= SMALL_GEMM_MNK
-                or (pointwise and one_thread and m <= VNNI_POINTWISE_ROWS))
+        one_thread, most = torch.get_num_threads() == 1, rows or VNNI_GEMM_ROWS
+        most = most if one_thread else min(most, VNNI_THREADED_ROWS) if linear_native.threaded() else 1
+        return m <= most or m * n * k <= SMALL_GEMM_MNK or (pointwise and one_thread and m <= VNNI_POINTWISE_ROWS)
     return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
 
 

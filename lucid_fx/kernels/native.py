@@ -44,8 +44,8 @@ SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
-# which round once where the torch kernels round twice.
-FLAGS = (("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"), ("-O3", "-fno-math-errno", "-ffp-contract=off"))
+# which round once where the torch kernels round twice; -fopenmp: the GEMM's threads (each set also without).
+FLAGS = tuple((*march, "-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp") for march in (("-march=native",), ()))
 check_finite = True  # count NaN/±inf in the quantize pass (benchmarks/nonfinite_check.py turns it off to measure it)
 
 _P, _I64, _I32, _F, _D, _CODES = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_double, (torch.uint8, torch.int8)
@@ -97,7 +97,7 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found (set LUCID_FX_CC or CC): the torch kernels run"
-    with native_build.built(cc, native_build.capped(FLAGS), SOURCES, HEADERS) as (so, how):
+    with native_build.built(cc, native_build.with_fallbacks(native_build.capped(FLAGS)), SOURCES, HEADERS) as (so, how):
         if so is None:
             return None, how
         try:
@@ -115,7 +115,7 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
             fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}")
             fn.argtypes, fn.restype = argtypes, restype
             functions[kernel, dtype] = fn
-    facts = (("lut", "vectorized"), ("gemm", "vectorized"), ("gemm", "full_grid"), ("matmul", "vectorized"))
+    facts = (("lut", "vectorized"), ("gemm", "vectorized"), ("gemm", "full_grid"), ("gemm", "threaded"), ("matmul", "vectorized"))
     for kernel, fact in facts:  # facts of this build, kept with its functions
         query = getattr(lib, f"lucid_{kernel}_{fact}")
         query.argtypes, query.restype = (), ctypes.c_int32

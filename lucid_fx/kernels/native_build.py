@@ -20,6 +20,7 @@ directory of its own and nothing is kept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["cache_dir", "is_private", "library_key", "built", "capped", "AVX2_CAP", "KEEP"]
+__all__ = ["cache_dir", "is_private", "library_key", "built", "capped", "with_fallbacks", "AVX2_CAP", "KEEP"]
 
 
 def is_private(path: Path) -> bool:
@@ -90,14 +91,25 @@ def capped(flag_sets: Sequence[Sequence[str]]) -> Tuple[Tuple[str, ...], ...]:
     return sets
 
 
+def with_fallbacks(flag_sets: Sequence[Sequence[str]]) -> Tuple[Tuple[str, ...], ...]:
+    """``flag_sets``, then each again without ``-fopenmp``, for a compiler without OpenMP (the GEMM then
+    runs on one thread)."""
+    sets = tuple(tuple(f) for f in flag_sets)
+    return sets + tuple(tuple(f for f in s if f != "-fopenmp") for s in sets if "-fopenmp" in s)
+
+
+@functools.lru_cache(maxsize=None)
+def _version(cc: str) -> bytes:
+    try:
+        return subprocess.run([*shlex.split(cc), "--version"], capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+
+
 def library_key(cc: str, flags: Sequence[str], files: Sequence[Path]) -> str:
     """The name of what ``cc flags files`` builds on this machine."""
     digest = hashlib.sha256(b"lucid_fx native library\0")
-    try:
-        version = subprocess.run([*shlex.split(cc), "--version"], capture_output=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        version = b""
-    for part in (cc.encode(), version, *(f.encode() for f in flags), *(m.encode() for m in _machine())):
+    for part in (cc.encode(), _version(cc), *(f.encode() for f in flags), *(m.encode() for m in _machine())):
         digest.update(part + b"\0")
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -156,13 +168,17 @@ def _prune(cache: Path) -> None:
 def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
     cache = cache_dir()
     errors = []
-    for flags in flag_sets:
-        described = f"compiled with {cc} {' '.join(flags)}"
-        kept = cache / f"native-{library_key(cc, flags, [*sources, *headers])}.so" if cache is not None else None
+    kept_by_set = [cache / f"native-{library_key(cc, flags, [*sources, *headers])}.so" if cache is not None else None
+                   for flags in flag_sets]
+    # A library kept for any flag set first: an earlier set this compiler refuses (-fopenmp without OpenMP)
+    # is not compiled again in every process.
+    for flags, kept in zip(flag_sets, kept_by_set):
         if kept is not None and kept.exists() and is_private(kept):
             with contextlib.suppress(OSError):
                 os.utime(kept)  # recently used: a prune keeps it
-            return kept, f"{described} (loaded from {kept})", None
+            return kept, f"compiled with {cc} {' '.join(flags)} (loaded from {kept})", None
+    for flags, kept in zip(flag_sets, kept_by_set):
+        described = f"compiled with {cc} {' '.join(flags)}"
         if cache is not None:
             _drop_abandoned(cache)
         tmp = tempfile.TemporaryDirectory(prefix="lucid_fx_native_", dir=cache)  # beside the cache: an atomic rename

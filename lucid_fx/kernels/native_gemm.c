@@ -16,6 +16,9 @@
  * replaces the two multiplies and the add, exact for any weight (native_gemm.h's GEMM_STEP). Without
  * AVX2 a plain loop computes the same values. */
 #include "native_gemm.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if GEMM_AVX2
 #define GEMM_LOAD(r) (memcpy(&v, x + (r) * k + g * GEMM_KB, GEMM_KB), v) /* one 4-byte load */
@@ -111,44 +114,73 @@ static void gemm_zmm1(const uint8_t *x, int64_t k, const int8_t *wa, int64_t j0,
 int32_t lucid_gemm_vectorized(void) { return GEMM_AVX2; }
 /* Whether this build's sums are exact for every int8 weight (VNNI), not only |w| <= 64. */
 int32_t lucid_gemm_full_grid(void) { return GEMM_VNNI; }
+/* Whether this build's GEMM splits its output columns among the caller's OpenMP threads (-fopenmp). */
+#ifdef _OPENMP
+int32_t lucid_gemm_threaded(void) { return 1; }
+#else
+int32_t lucid_gemm_threaded(void) { return 0; }
+#endif
 
+/* Rows [i0, end) with blocks b and b + 1 (the pair the AVX-512 kernel takes together; a lone last block alone). */
+static void gemm_pair(const uint8_t *x, const int8_t *packed, char *out, int64_t n, int64_t k, const gemm_finish_t *f,
+                      int64_t i0, int64_t end, int64_t b, int64_t nb, int64_t kg, size_t size) {
+    const int8_t *w = packed + b * kg * GEMM_NB * GEMM_KB;
+    const int two = b + 1 < nb;
+#if GEMM_AVX2
+    int64_t i = i0;
+#if GEMM_ZMM
+    for (; k >= GEMM_ZMM_K && i + GEMM_ZMM_ROWS <= end; i += GEMM_ZMM_ROWS) { /* eight rows at a time (from 256 inputs) */
+        if (two) gemm_zmm2(x + i * k, k, w, w + kg * GEMM_NB * GEMM_KB, b * GEMM_NB, n, f, out + i * n * size);
+        else gemm_zmm1(x + i * k, k, w, b * GEMM_NB, n, f, out + i * n * size);
+    }
+#endif
+    const int64_t done = i; /* the rows left take the 256-bit kernel, for both blocks */
+    for (int64_t c = 0; c <= two; c++) {
+        const int8_t *wc = w + c * kg * GEMM_NB * GEMM_KB;
+        for (i = done; i + 4 <= end; i += 4) gemm_block4(x + i * k, k, wc, (b + c) * GEMM_NB, n, f, out + i * n * size);
+        for (; i < end; i++) gemm_block1(x + i * k, k, wc, (b + c) * GEMM_NB, n, f, out + i * n * size);
+    }
+#else
+    for (int64_t c = 0; c <= two; c++)
+        for (int64_t i = i0; i < end; i++)
+            for (int64_t j = (b + c) * GEMM_NB; j < n && j < (b + c + 1) * GEMM_NB; j++) {
+                const int8_t *wc = w + c * kg * GEMM_NB * GEMM_KB;
+                int32_t s = 0;
+                for (int64_t kk = 0; kk < k; kk++)
+                    s += (int32_t)x[i * k + kk] * wc[(kk / GEMM_KB) * 64 + (j % GEMM_NB) * GEMM_KB + kk % GEMM_KB];
+                gemm_finish1(s, j, f, out + (i * n + j) * size);
+            }
+#endif
+}
+
+/* Threads of the caller's OpenMP pool (torch's: torch.set_num_threads) for an m x n x k product: one below
+ * GEMM_PARALLEL_MNK multiply-adds, where waking the pool costs more than the split saves. */
+#define GEMM_PARALLEL_MNK 1048576
+static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) {
+#ifdef _OPENMP
+    if (m * n * k < GEMM_PARALLEL_MNK) return 1;
+    const int most = omp_get_max_threads();
+    return (int)(pairs < most ? pairs : most);
+#else
+    (void)m; (void)n; (void)k; (void)pairs;
+    return 1;
+#endif
+}
+
+/* Each output element is one thread's, computed as with one thread: the result never depends on the count. */
 static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                  const gemm_finish_t *f) {
     const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = (k + GEMM_KB - 1) / GEMM_KB, tile = gemm_tile(m, k);
+    const int64_t pairs = (nb + 1) / 2;
     const size_t size = gemm_size(f->kind);
-    for (int64_t i0 = 0; i0 < m; i0 += tile) /* a tile of rows meets every block while it is in cache */
-        for (int64_t b = 0; b < nb; b++) {
-            const int8_t *w = packed + b * kg * GEMM_NB * GEMM_KB;
-            const int64_t end = i0 + tile < m ? i0 + tile : m;
-#if GEMM_AVX2
-            int64_t i = i0;
-#if GEMM_ZMM
-            const int two = b + 1 < nb; /* this block and the next, eight rows at a time (from 256 inputs) */
-            for (; k >= GEMM_ZMM_K && i + GEMM_ZMM_ROWS <= end; i += GEMM_ZMM_ROWS) {
-                if (two) gemm_zmm2(x + i * k, k, w, w + kg * GEMM_NB * GEMM_KB, b * GEMM_NB, n, f, (char *)out + i * n * size);
-                else gemm_zmm1(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
-            }
-            const int64_t done = i; /* the rows left take the 256-bit kernel, for both blocks */
-            for (int64_t c = 0; c <= two; c++) {
-                const int8_t *wc = w + c * kg * GEMM_NB * GEMM_KB;
-                for (i = done; i + 4 <= end; i += 4) gemm_block4(x + i * k, k, wc, (b + c) * GEMM_NB, n, f, (char *)out + i * n * size);
-                for (; i < end; i++) gemm_block1(x + i * k, k, wc, (b + c) * GEMM_NB, n, f, (char *)out + i * n * size);
-            }
-            b += two;
-#else
-            for (; i + 4 <= end; i += 4) gemm_block4(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
-            for (; i < end; i++) gemm_block1(x + i * k, k, w, b * GEMM_NB, n, f, (char *)out + i * n * size);
+    const int threads = gemm_threads(m, n, k, pairs);
+    for (int64_t i0 = 0; i0 < m; i0 += tile) { /* a tile of rows meets every block while it is in cache */
+        const int64_t end = i0 + tile < m ? i0 + tile : m;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #endif
-#else
-            for (int64_t i = i0; i < end; i++)
-                for (int64_t j = b * GEMM_NB; j < n && j < (b + 1) * GEMM_NB; j++) {
-                    int32_t s = 0;
-                    for (int64_t kk = 0; kk < k; kk++)
-                        s += (int32_t)x[i * k + kk] * w[(kk / GEMM_KB) * 64 + (j % GEMM_NB) * GEMM_KB + kk % GEMM_KB];
-                    gemm_finish1(s, j, f, (char *)out + (i * n + j) * size);
-                }
-#endif
-        }
+        for (int64_t p = 0; p < pairs; p++) gemm_pair(x, packed, (char *)out, n, k, f, i0, end, 2 * p, nb, kg, size);
+    }
 }
 
 #define GEMM_EXPORT(NAME, CODE, KIND)                                                                 \

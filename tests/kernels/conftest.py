@@ -60,10 +60,13 @@ def native_build(native_env, monkeypatch):
     """Load the native kernels as one build: "this CPU" (-march=native: the vector paths this CPU has),
     "no VNNI" (the same without VNNI's instructions: the AVX2 steps a CPU without VNNI runs, on any
     CPU that has AVX2), "no AVX-512" (the same without any AVX-512 instruction: an AVX2 CPU's paths)
-    or "portable" (no -march: the plain C loops alone, as on a CPU without them)."""
+    or "portable" (no -march: the plain C loops alone, as on a CPU without them); "no OpenMP" (this CPU's
+    build without -fopenmp: the GEMM's columns on one thread)."""
     def load(build: str) -> None:
         if build == "portable":
             monkeypatch.setattr(native, "FLAGS", native.FLAGS[1:])
+        elif build == "no OpenMP":  # a compiler without it: the GEMM on one thread
+            monkeypatch.setattr(native, "FLAGS", tuple(tuple(f for f in s if f != "-fopenmp") for s in native.FLAGS))
         elif build in ("no VNNI", "no AVX-512"):
             off = ("-mno-avx512vnni", "-mno-avxvnni") if build == "no VNNI" else ("-mno-avx512f", "-mno-avxvnni")
             monkeypatch.setattr(native, "FLAGS", (native.FLAGS[0] + off, *native.FLAGS[1:]))

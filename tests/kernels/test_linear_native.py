@@ -27,7 +27,8 @@ def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
 
 SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64),
           (7, 20, 24), (2, 9, 41),  # a block of 8 and 9 outputs past the full ones: a vector of 8 and a tail
-          (12, 13, 40), (24, 37, 33), (8, 4, 16)]  # AVX-512's 8 rows by 2 blocks: an odd last block, k % 4, rows left
+          (12, 13, 40), (24, 37, 33), (8, 4, 16),  # AVX-512's 8 rows by 2 blocks: an odd last block, k % 4, rows left
+          (9, 1024, 520), (64, 300, 260)]  # past GEMM_PARALLEL_MNK: the block pairs split among 2 threads, an odd last one
 FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (torch.int8, -2, -128.0, 127.0),
             (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
 
@@ -36,22 +37,33 @@ def _cpu_flags() -> set:
     return set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
 
 
-@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable", "no OpenMP"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_the_gemm_equals_exact_sums_and_the_float_steps(native_build, build, m, k, n):
     # "this CPU": -march=native (4 rows by 16 outputs per block, with AVX-512's VNNI 8 rows by 32; tails in every dimension; VNNI's steps
     # where the CPU has them, exact for every int8 weight; float steps 16 at a time with AVX-512);
     # "no VNNI": the AVX2 steps, exact for 7-bit weights; "no AVX-512": those with the float steps 8
-    # at a time; "portable": the plain loop alone.
+    # at a time; "portable": the plain loop alone; "no OpenMP": this CPU's, the columns on one thread. The test
+    # runs at 2 threads: with OpenMP, products past GEMM_PARALLEL_MNK split their columns between them.
     native_build(build)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _gemm_case(build, m, k, n)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _gemm_case(build, m, k, n):
     flags = _cpu_flags()
+    assert ln.threaded() == ("-fopenmp" in native.status())
     if build == "portable":
         assert not ln.available() and not ln.full_grid()
     elif flags and "-march=native" in native.status():
         assert ln.available() == ("avx2" in flags)
         vnni = "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
         capped = " ".join(AVX2_CAP) in native.status()  # ONEDNN_MAX_CPU_ISA=AVX2: an AVX2 CPU's build
-        assert ln.full_grid() == (build == "this CPU" and vnni and not capped)
+        assert ln.full_grid() == (build in ("this CPU", "no OpenMP") and vnni and not capped)
     g = torch.Generator().manual_seed(m * 1000 + k + n)
     q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
     bound = 128 if ln.full_grid() else ln.PAIR_SAFE  # the grid this build's sums are exact on
@@ -135,8 +147,8 @@ def test_a_weight_past_the_exact_pair_sums_is_left_to_onednn_without_vnni(native
 
 def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypatch):
     # With _int_mm, several rows only while the weight is small; the VNNI GEMM serves any of up to
-    # VNNI_GEMM_ROWS rows at one thread, any of up to SMALL_GEMM_MNK multiply-adds, and a 1x1
-    # convolution's of up to VNNI_POINTWISE_ROWS pixels at one thread.
+    # VNNI_GEMM_ROWS rows at one thread (VNNI_THREADED_ROWS at more, where its GEMM runs on them), any of up
+    # to SMALL_GEMM_MNK multiply-adds, and a 1x1 convolution's of up to VNNI_POINTWISE_ROWS pixels at one thread.
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -148,20 +160,26 @@ def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypat
         # a 1x1 convolution's GEMM: any size up to VNNI_POINTWISE_ROWS pixels (oneDNN's convolution was slower)
         assert lr.small_gemm(196, 672, 112, pointwise=True) and not lr.small_gemm(196, 672, 112)
         assert lr.small_gemm(1024, 1024, 1024, pointwise=True) and not lr.small_gemm(1025, 64, 256, pointwise=True)
-        torch.set_num_threads(2)
-        assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(2, 4096, 4096)  # oneDNN's threads past a row
+        torch.set_num_threads(2)  # the GEMM on torch's threads: up to VNNI_THREADED_ROWS rows
+        monkeypatch.setattr(ln, "threaded", lambda: True)
+        assert lr.small_gemm(32, 4096, 4096) and not lr.small_gemm(33, 4096, 4096)
+        assert lr.small_gemm(16, 1024, 1024, rows=lr.VNNI_FLOAT_TAIL_ROWS) and not lr.small_gemm(17, 1024, 1024, rows=16)
         assert not lr.small_gemm(196, 672, 112, pointwise=True)
+        monkeypatch.setattr(ln, "threaded", lambda: False)  # a build without OpenMP: oneDNN's threads past a row
+        assert lr.small_gemm(1, 4096, 4096) and not lr.small_gemm(2, 4096, 4096)
     finally:
         torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_native_engine_takes_the_linears_it_was_measured_faster_on(threads):
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_native_engine_takes_the_linears_it_was_measured_faster_on(monkeypatch, threads, threaded):
+    monkeypatch.setattr(ln, "threaded", lambda: threaded)  # the GEMM on torch's threads, or (no OpenMP) one
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         assert lr.small_gemm(16, 64, 64, "native") and lr.small_gemm(1, 4096, 4096, "native")
-        assert lr.small_gemm(64, 1024, 1024, "native") == (threads == 1)  # 2^26 multiply-adds
+        assert lr.small_gemm(64, 1024, 1024, "native") == (threads == 1 or threaded)  # 2^26 multiply-adds
         assert not lr.small_gemm(1024, 1024, 1024, "native")  # 2^30: oneDNN was faster
         assert not lr.small_gemm(1, 64, 64, None)
     finally:

@@ -137,6 +137,18 @@ def test_a_compiler_error_falls_back_to_the_next_flags_and_then_says_why(setup):
         assert so is None and how.startswith(f"{cc} failed (") and how.endswith("the torch kernels run")
 
 
+def test_a_library_kept_for_later_flags_is_loaded_without_compiling_the_earlier_flags_again(setup):
+    # (-fopenmp on a compiler without OpenMP: not a failed compile in every process)
+    cache, source, log, cc = setup
+    flags = [["-O1"], ["-O1", "-DANSWER=7"]]
+    with native_build.built(cc, flags, [source]) as (so, how):
+        assert "-DANSWER=7" in how and "(kept in " in how
+    compiled = len(_calls(log))
+    with native_build.built(cc, flags, [source]) as (again, how):
+        assert again == so and "-DANSWER=7" in how and "(loaded from " in how
+    assert len(_calls(log)) == compiled
+
+
 def test_a_kept_library_that_does_not_load_is_dropped_and_said(setup, monkeypatch):
     cache, _, _, cc = setup
     monkeypatch.setenv("LUCID_FX_CC", "cc")
@@ -168,3 +180,10 @@ def test_onednn_s_older_variable_caps_the_library_too(monkeypatch):
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
     monkeypatch.setattr(native_build.platform, "machine", lambda: "x86_64")
     assert native_build.capped(native.FLAGS)[0][-2:] == ("-mno-avx512f", "-mno-avxvnni")
+
+
+def test_each_flag_set_is_tried_again_without_openmp_after_all_of_them():
+    # a compiler without OpenMP builds the library whose GEMM runs on one thread, before none at all
+    sets = (("-march=native", "-O3", "-fopenmp"), ("-O3", "-fopenmp"))
+    assert native_build.with_fallbacks(sets) == (*sets, ("-march=native", "-O3"), ("-O3",))
+    assert native_build.with_fallbacks((("-O3",),)) == (("-O3",),)
