@@ -32,6 +32,7 @@ ROWS = [
     ("decode, small model", 1, 256, 256),
     ("decode, MLP up", 1, 1024, 2816),
     ("decode, projection", 1, 1024, 1024),
+    ("decode, 3 sequences", 3, 1024, 1024),
     ("decode, 8 sequences", 8, 1024, 1024),
     ("prompt of 64 tokens", 64, 1024, 1024),
     ("batch of 256 rows", 256, 1024, 1024),

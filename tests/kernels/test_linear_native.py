@@ -28,6 +28,7 @@ def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
 SHAPES = [(1, 1, 1), (1, 1024, 1024), (3, 13, 17), (4, 64, 16), (5, 7, 33), (9, 260, 48), (16, 64, 64),
           (7, 20, 24), (2, 9, 41),  # a block of 8 and 9 outputs past the full ones: a vector of 8 and a tail
           (12, 13, 40), (24, 37, 33), (8, 4, 16),  # AVX-512's 8 rows by 2 blocks: an odd last block, k % 4, rows left
+          (10, 300, 40), (11, 257, 33),  # 8 rows on AVX-512, then 2 or 3 (one pass, two sets of sums), k % 4
           (9, 1024, 520), (64, 300, 260)]  # past GEMM_PARALLEL_MNK: the block pairs split among 2 threads, an odd last one
 FINISHES = [(torch.uint8, 3, 0.0, 255.0), (torch.uint8, 128, 128.0, 255.0), (torch.int8, -2, -128.0, 127.0),
             (torch.float32, 0, -math.inf, math.inf), (torch.float32, 0, 0.0, math.inf)]
