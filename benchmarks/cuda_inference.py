@@ -19,7 +19,6 @@ torch: a model of many small layers pays a launch for every step.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import traceback
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int8_inference import size_mb, sqnr, timed  # noqa: E402
+from int8_inference import model_arguments, print_header, size_mb, sqnr, timed  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
@@ -121,18 +120,12 @@ def _model_rows(name: str, args) -> list:
 
 
 def main(argv=None) -> list:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--calib", type=int, default=8, help="calibration batches")
-    args = parser.parse_args(argv)
+    args = model_arguments(__doc__).parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("cuda_inference.py needs a CUDA device (torch.cuda.is_available() is False)")
     print(gpu_line())
     print(f"medians of {args.rounds} rounds, each call synchronized")
-    header = f"{'model':<12} {'variant':<17} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share"
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'model':<12} {'variant':<17} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share")
     rows = []
     for name in args.models.split(","):
         try:

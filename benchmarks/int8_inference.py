@@ -158,11 +158,22 @@ def _peers(model, example, batches, pt2e: bool) -> dict:
     return peers
 
 
-def main(argv=None) -> list:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def print_header(header: str) -> None:
+    print(header)
+    print("-" * len(header))
+
+
+def model_arguments(doc: str) -> argparse.ArgumentParser:
+    """A parser for a benchmark over MODELS: ``--rounds``, ``--models``, ``--calib``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--calib", type=int, default=8, help="calibration batches")
+    return parser
+
+
+def main(argv=None) -> list:
+    parser = model_arguments(__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-pt2e", action="store_true", help="leave out PT2E + inductor (compiling is slow)")
     parser.add_argument("--no-measured", action="store_true",
@@ -171,9 +182,7 @@ def main(argv=None) -> list:
     torch.set_num_threads(args.threads)
     print(cpu_line())
     print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} rounds")
-    header = f"{'model':<12} {'variant':<16} {'ms':>9} {'speedup':>8} {'SQNR dB':>8} {'MB':>7} {'vs best':>8}"
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'model':<12} {'variant':<16} {'ms':>9} {'speedup':>8} {'SQNR dB':>8} {'MB':>7} {'vs best':>8}")
     rows = []
     for name in args.models.split(","):
         model, example, make_batch = MODELS[name]()

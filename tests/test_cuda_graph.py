@@ -11,6 +11,17 @@ from lucid_fx.cuda_graph import CudaGraphProgram, capture, replayable
 from lucid_fx.program import _signature, programs_of
 
 
+def on_gpu(test):
+    """The cuda marker, and a skip without a GPU."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
+@pytest.fixture
+def mlp_on_gpu():
+    """A converted MLP on the GPU and an input for it."""
+    return _quantized(_mlp()), torch.randn(8, 32, device="cuda")
+
+
 class Kept(nn.Module):
     """A leaf the tracer keeps whole: it stays float, with a parameter that requires grad."""
 
@@ -90,11 +101,10 @@ def test_a_capture_that_fails_warns_and_leaves_the_portable_graph():
         assert capture(nn.Identity(), (torch.zeros(2),), lambda x: x) is None  # (no CUDA device here, or a CPU tensor)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_later_calls_replay_the_graph_and_give_the_portable_graphs_codes():
-    qmodel = _quantized(_mlp())
-    x, other = torch.randn(8, 32, device="cuda"), torch.randn(8, 32, device="cuda")
+@on_gpu
+def test_later_calls_replay_the_graph_and_give_the_portable_graphs_codes(mlp_on_gpu):
+    qmodel, x = mlp_on_gpu
+    other = torch.randn(8, 32, device="cuda")
     with torch.no_grad():
         first = qmodel(x)  # the portable graph, then the capture
         (program,) = programs_of(qmodel).values()
@@ -107,8 +117,7 @@ def test_later_calls_replay_the_graph_and_give_the_portable_graphs_codes():
     assert again.data_ptr() != program.outputs.data_ptr()
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_a_model_that_reads_the_gpu_on_the_host_warns_once_and_runs_the_portable_graph():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), Syncs(), nn.Linear(64, 16)).eval()
@@ -122,8 +131,7 @@ def test_a_model_that_reads_the_gpu_on_the_host_warns_once_and_runs_the_portable
         assert torch.equal(qmodel(x * 2), nn.Module.__call__(qmodel, x * 2))
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_with_grad_on_and_a_float_layer_that_trains_calls_run_the_portable_graph():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), Kept(64)).eval()  # the float layer last: its output records autograd
@@ -136,11 +144,9 @@ def test_with_grad_on_and_a_float_layer_that_trains_calls_run_the_portable_graph
     assert [type(p) for p in programs_of(qmodel).values()] == [CudaGraphProgram]
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_graph_captured_in_inference_mode_replays_outside_it():
-    qmodel = _quantized(_mlp())
-    x = torch.randn(8, 32, device="cuda")
+@on_gpu
+def test_a_graph_captured_in_inference_mode_replays_outside_it(mlp_on_gpu):
+    qmodel, x = mlp_on_gpu
     with torch.inference_mode():
         first = qmodel(x)
     with torch.no_grad():
@@ -150,11 +156,9 @@ def test_a_graph_captured_in_inference_mode_replays_outside_it():
     assert torch.equal(again, first) and torch.equal(third, first)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_caller_may_capture_the_model_into_a_graph_of_its_own():
-    qmodel = _quantized(_mlp())
-    x = torch.randn(8, 32, device="cuda")
+@on_gpu
+def test_a_caller_may_capture_the_model_into_a_graph_of_its_own(mlp_on_gpu):
+    qmodel, x = mlp_on_gpu
     with torch.no_grad():
         expected = qmodel(x)
         stream = torch.cuda.Stream()
