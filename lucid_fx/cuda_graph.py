@@ -72,7 +72,7 @@ def capture(model: torch.nn.Module, args: Tuple[Any, ...], call) -> Optional[Cud
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outputs = call(*inputs)
-    except Exception as exc:  # noqa: BLE001 - the portable graph keeps serving; say why once
+    except Exception as exc:  # noqa: BLE001 - the portable graph keeps serving this signature; say why
         warnings.warn(f"lucid_fx: this model's CUDA calls cannot be replayed from a CUDA graph ({type(exc).__name__}: "
                       f"{str(exc)[:200]}); each call runs the portable graph's kernels one launch at a time "
                       "(correct, slower on small layers)", RuntimeWarning, stacklevel=4)
