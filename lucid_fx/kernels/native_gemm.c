@@ -181,7 +181,9 @@ static void gemm_pair(const uint8_t *x, const int8_t *packed, char *out, int64_t
 }
 
 /* Threads of the caller's OpenMP pool (torch's: torch.set_num_threads) for an m x n x k product: one below
- * GEMM_PARALLEL_MNK multiply-adds, where waking the pool costs more than the split saves. */
+ * GEMM_PARALLEL_MNK multiply-adds, where waking the pool costs more than the split saves. The library links
+ * libgomp.so.1, the runtime PyPI's torch loads (its own copy, by that name: the process keeps one); a torch built
+ * on another OpenMP runtime (Intel's, LLVM's) leaves this one its own pool and thread count (OMP_NUM_THREADS). */
 #define GEMM_PARALLEL_MNK 1048576
 static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) {
 #ifdef _OPENMP
