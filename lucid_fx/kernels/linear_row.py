@@ -9,8 +9,8 @@ of the ``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_
 At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product, faster than
 oneDNN's linear; from two rows up slower (1 thread, AVX512-VNNI EPYC, 1024 x 1024: 40 against 46 us at one row, 119
 against 49 at two, 155 against 76 at eight). In a model, where oneDNN's call meets a colder cache, the batch-1 MLP of
-``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same codes). After the integer product come oneDNN's own float32 steps, one rounding at a time,
-so the values are oneDNN's, bit for bit, and a row's result does not depend on the batch around it.
+``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same codes). Then
+come oneDNN's own float32 steps, one rounding at a time: oneDNN's values bit for bit, whatever the batch around a row.
 
 A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (MobileNetV3-like: 4.88
 against 5.10 ms). Small linears of several rows take it too (:func:`small_gemm`): oneDNN's linear costs 22-24 us
