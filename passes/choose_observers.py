@@ -27,6 +27,7 @@ from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.choices import choice_only_nodes
 from lucid_fx.rules.float_policies import MEASURED_OPS
 from lucid_fx.rules.observers import ANY, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
+from lucid_fx.rules.recurrences import recurrence_nodes
 from lucid_fx.rules.recurrent import recurrent_layer
 from lucid_fx.rules.tails import TAILS_WHY, keep_tails, reads_tail, tail_sources
 
@@ -73,6 +74,7 @@ class RuleContext:
         self._groups: Optional[Dict[str, List[fx.Node]]] = None
         self._mask_only: Optional[Set[fx.Node]] = None
         self._choice_only: Optional[FrozenSet[fx.Node]] = None
+        self._recurrences: Optional[FrozenSet[fx.Node]] = None
         # propagate_shapes ran (example inputs were given): every tensor value has its tensor_meta
         self._shapes_known = any(_meta.TENSOR_META in n.meta for n in gm.graph.nodes)
 
@@ -145,6 +147,12 @@ class RuleContext:
         if self._choice_only is None:
             self._choice_only = choice_only_nodes(self.gm.graph)
         return node in self._choice_only
+
+    def in_recurrence(self, node: fx.Node) -> bool:
+        """Whether ``node`` is part of an unrolled linear recurrence (rules/recurrences.py), so it stays float."""
+        if self._recurrences is None:
+            self._recurrences = recurrence_nodes(self.gm.graph)
+        return node in self._recurrences
 
     def reads_kernel_codes(self, node: fx.Node) -> bool:
         """Whether ``node``'s input is the output of an int8 product (a convolution, linear or matmul that

@@ -18,6 +18,7 @@ from lucid_fx.computed_weights import from_parameters, read_only_as_weight
 from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN, FLOAT_WHERE_IT_PAYS
 from lucid_fx.rules.noops import CASTS
+from lucid_fx.rules.recurrences import RECURRENCE_WHY
 
 __all__ = [
     "Decision", "DecisionKind", "ObserverRule", "OBSERVER_RULES", "GUARD_RULES", "OP_RULES", "FALLBACK_RULE",
@@ -132,6 +133,12 @@ def _decides_a_choice(node, ctx) -> Optional[Decision]:
     # A mixture of experts, top 2 of 8 (examples/mixture_of_experts.py): 14.4 dB with the router in int8, 25.9 in float.
     why = "decides a top-k/sort choice (a router picking experts): int8 rounding would flip which rows it picks"
     return Decision(DecisionKind.FLOAT, why, keep_float=True)
+
+
+def _recurrence(node, ctx) -> Optional[Decision]:
+    if node.op in ("placeholder", "get_attr") or ctx.qconfig_is_explicit(node) or not ctx.in_recurrence(node):
+        return None
+    return Decision(DecisionKind.FLOAT, RECURRENCE_WHY, keep_float=True)
 
 
 def _float_where_it_pays(node, ctx) -> Optional[Decision]:
@@ -275,6 +282,7 @@ OP_RULES: List[ObserverRule] = [
     observer_rule(ANY, _computed_weight),  # F.normalize(W), W.t(), W * g read as a weight -> none (the layer quantizes it)
     observer_rule(ANY, _decides_a_choice),  # router -> softmax -> topk -> float (the choice exact)
     observer_rule(ANY, _attention_mask),  # (1.0 - keep) * -1e4, read only as a mask -> float (exact)
+    observer_rule(ANY, _recurrence),  # s = a_t * s + b_t unrolled (Mamba's scan), its coefficients and read-out -> float
     observer_rule(FLOAT_WHERE_IT_PAYS.keys(), _float_where_it_pays),  # layer_norm, rms_norm -> float unless a QConfig names them
     # before the interval: a proven flatten/max_pool would be a FIXED op with no lowering of its own
     observer_rule("getitem", _tuple_item),  # nn.MultiheadAttention(...)[0] -> float, as the module gives it
