@@ -7,6 +7,7 @@ verb; it lives in ``lucid_fx/placement.py``, which re-exports these names.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -60,6 +61,8 @@ class FloatRegion(NamedTuple):
 
 _LABELS = {"module": "float module", "leaf module": "float leaf module", "function": "float function", "op": "float op", "kept": "kept float"}
 _NO_RULE = ("no lowering rule", "no observer rule", "no observer decision")
+#: Float regions of one kind and reason this many or more are one line of the report, naming the first few.
+GROUPED = 6
 
 
 @dataclass
@@ -138,7 +141,20 @@ class ConvertReport:
         if self.backend != "reference":  # the simulated model runs every op in float
             lines.append(self._share_line())
         total = self.total_flops
-        for r in self.float_regions:
+        regions = self.float_regions
+        many = {key for key, n in Counter((r.kind, r.why) for r in regions if r.kind != "module").items() if n >= GROUPED}
+        written = set()
+        for r in regions:
+            key = (r.kind, r.why)
+            if key in many:  # one line for a policy's hundreds of nodes (an unrolled scan's)
+                if key not in written:
+                    written.add(key)
+                    group = [g for g in regions if (g.kind, g.why) == key]
+                    flops = sum(g.flops for g in group)
+                    names = ", ".join(g.name for g in group[:GROUPED - 1]) + f", ... ({len(group)} nodes)"
+                    share = f", {100.0 * flops / total:.1f}% of FLOPs" if flops and total else ""
+                    lines.append(f"  {_LABELS[r.kind]}: {names} ({r.why}{share})")
+                continue
             share = f"{100.0 * r.flops / total:.1f}% of FLOPs" if r.flops and total else ""
             if r.kind == "module":  # "path (Class) at file:line `source`: error", as prepare's report says it
                 cls, _, rest = r.why.partition(" at ")

@@ -59,7 +59,7 @@ def _qdq_functional_weight(gm: fx.GraphModule, node: fx.Node, observer, target: 
     # The grid of the layers reading the weight (a convolution or linear); the device's where they differ.
     grids = {target.layer_weight_range(weight.shape, layer_groups(gm, layer)) for layer in node.users}
     weight_range = grids.pop() if len(grids) == 1 else target.weight_range
-    _, scales = quantize_weight(weight, observer, weight_range)
+    _, scales = quantize_weight(weight, observer, weight_range, least_error=True)
     key = node.target.split(".", 1)[1]
     for name, value in (("wscale", scales), ("wzp", torch.zeros_like(scales, dtype=torch.int64))):
         gm.register_buffer(f"_lucid_{key}_{name}", value)
@@ -210,7 +210,7 @@ def insert_qdq(
             if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
                 observer = observer.activation_post_process  # folding changed the weight: observe it afresh
             weight_range = target.layer_weight_range(module.weight.shape, getattr(module, "groups", 1))
-            codes, scales = quantize_weight(module.weight, observer, weight_range)
+            codes, scales = quantize_weight(module.weight, observer, weight_range, least_error=True)
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
         elif _meta.OP in node.meta and canonical(node).op == "grouped_mm" and not _reads_float(node, kernels):

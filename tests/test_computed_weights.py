@@ -73,7 +73,7 @@ def test_a_computed_weight_is_quantized_once_per_channel(sqnr_db):
     predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items() if row["runs"]}
     assert predicted == {name: (p.runs.value, p.why) for name, p in report.placements.items()}  # explain agrees
     weight = F.normalize(model.v, dim=1) * model.g
-    codes, _ = quantize_weight(weight, None, resolve_target("cpu").layer_weight_range(weight.shape, 1))
+    codes, _ = quantize_weight(weight, None, resolve_target("cpu").layer_weight_range(weight.shape, 1), least_error=True)
     assert torch.equal(qmodel._lucid_linear_qweight, codes)
     x = _batches(1)[0]
     with torch.no_grad():

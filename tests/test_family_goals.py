@@ -28,9 +28,7 @@ MISSING = {}  # family -> what issue 14 still has to build for it, on every kind
 # On a CPU without VNNI lucid_fx keeps the weights of dense layers on [-64, 63] (docs/convert.md#weights),
 # torch.ao takes the bit from the activations instead. (MobileNetV2-like, 5.6 dB against torch.ao's 6.4
 # here while its depthwise weights were narrowed too, now 6.9: Target.layer_weight_range.)
-MISSING_ON_AVX2 = {
-    "shufflenet": "issue 14: on AVX2 CPUs 41.4 dB < torch.ao's 41.7 dB (dense weights on [-64, 63])",
-}
+MISSING_ON_AVX2 = {}  # family -> what issue 14 still has to build for it on AVX2 CPUs (none since 2026-12-04: quantization/weight.py)
 
 
 def _case(name):

@@ -248,7 +248,8 @@ class LoweringContext:
                 return None
             observer = self.observers[key] if key in self.observers else None
             base = node.name
-        codes, scale = quantize_weight(weight, observer, self.target.layer_weight_range(weight.shape, layer_groups(self.prepared, node)))
+        grid = self.target.layer_weight_range(weight.shape, layer_groups(self.prepared, node))
+        codes, scale = quantize_weight(weight, observer, grid, least_error=True)
         if self._may_overflow(node, codes):
             return None
         w = self.constant(f"{base}_qweight", codes)

@@ -89,7 +89,7 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     cin, per, kh, kw = weight.shape  # per group: cin / groups inputs, per outputs
     taps = weight.reshape(groups, cin // groups, per, kh // s, s, kw // s, s).flip(3, 5)
     rows = taps.permute(0, 2, 4, 6, 1, 3, 5).reshape(groups * per * s * s, cin // groups, kh // s, kw // s)
-    codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, groups))
+    codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, groups), least_error=True)
     if ctx._may_overflow(node, codes):
         return None
     base = node.name

@@ -38,7 +38,7 @@ _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 def int8_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range) -> torch.Tensor:
     """``weight`` rounded as ``convert`` rounds it (:func:`~lucid_fx.quantization.weight.quantize_weight`:
     per-channel symmetric on the grid ``weight_range``), back in float."""
-    codes, scale = quantize_weight(weight.detach(), observer, weight_range)
+    codes, scale = quantize_weight(weight.detach(), observer, weight_range, least_error=True)
     return dequantize(codes, scale, torch.zeros_like(scale, dtype=torch.int64), ch_axis=0).to(weight.dtype)
 
 

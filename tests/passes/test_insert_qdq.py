@@ -42,9 +42,16 @@ def test_functional_weight_is_quantized_per_channel_on_the_kernel_grid():
     spy = _WeightSpy(reference)
     spy.run(batches[0])
     qmin, qmax = weight_quant_range("cpu")
-    scale = model.w.detach().abs().amax(1, keepdim=True) / ((qmax - qmin) / 2)
-    expected = torch.clamp(torch.round(model.w.detach() * (1 / scale)), qmin, qmax) * scale  # the spec's rounding
+    w = model.w.detach()
+    plain = w.abs().amax(1, keepdim=True) / ((qmax - qmin) / 2)
+    scale = next(b for n, b in reference.named_buffers() if n.endswith("_wscale")).reshape(-1, 1)
+    # min/max on the full grid; on [-64, 63] the fraction of it in [0.8, 1] with the least rounding error
+    low = 1.0 if qmax == 127 else 0.8
+    assert ((scale >= low * plain - 1e-9) & (scale <= plain + 1e-9)).all(), (scale / plain).flatten()
+    expected = torch.clamp(torch.round(w * (1 / scale)), qmin, qmax) * scale  # the spec's rounding
     torch.testing.assert_close(spy.weight, expected, rtol=0, atol=1e-6)
+    plain_error = ((torch.clamp(torch.round(w / plain), qmin, qmax) * plain - w) ** 2).sum(1)
+    assert (((expected - w) ** 2).sum(1) <= plain_error + 1e-9).all()
     assert not torch.allclose(spy.weight, model.w, rtol=0, atol=1e-4)  # really quantized
     # The int8 model multiplies by the same codes: they agree to one output step.
     qmodel = lucid_fx.convert(prepared)

@@ -72,6 +72,10 @@ def test_a_selective_scan_runs_float_between_int8_linears(sqnr_db, monkeypatch):
     # the linears stay int8; out_proj reads the float tail quantized once
     report = qmodel.lucid_fx_convert_report
     assert report.int8_flop_share > 0.9, report.int8_flop_share
+    # the report gives the scan one line (GROUPED or more regions of one reason), not one per node
+    scan = [r for r in report.float_regions if r.why == RECURRENCE_WHY]
+    lines = [line for line in str(report).splitlines() if f" ({RECURRENCE_WHY}, " in line]  # not "input of quantized x (...)"
+    assert len(scan) >= 30 and lines == [lines[0]] and f", ... ({len(scan)} nodes) (" in lines[0], str(report)
     linears = [n for n in qmodel.graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
     assert len(linears) == 4, [str(n.target) for n in qmodel.graph.nodes]
     x = _batches(4, seed=100)

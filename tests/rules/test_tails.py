@@ -54,8 +54,9 @@ def test_the_values_a_global_max_reads_keep_their_tails(sqnr_db, monkeypatch):
     _, _, clipped = _quantized()
     with torch.no_grad():
         clipped_db = sqnr_db(model(x), clipped(x))
-    # 43.2 against 38.5 dB with VNNI; without, the 7-bit weight grid's rounding dominates: 36.0 against 35.0
-    assert kept_db > clipped_db + (4 if resolve_target("cpu").weight_range == (-128, 127) else 0.75), (kept_db, clipped_db)
+    # 43.2 against 38.5 dB with VNNI; without, the 7-bit weight grid's rounding dominates: 38.5 against 38.0
+    # (36.0 against 35.0 before its scales took the least rounding error, quantization/weight.py)
+    assert kept_db > clipped_db + (4 if resolve_target("cpu").weight_range == (-128, 127) else 0.3), (kept_db, clipped_db)
 
 
 def test_a_qconfig_that_names_the_value_is_kept():
