@@ -14,7 +14,7 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize
 from lucid_fx.quantization.qparams import calculate_qparams
 
-__all__ = ["quantize_weight", "CLIP_SEARCH"]
+__all__ = ["quantize_weight", "CLIP_SEARCH", "CLIP_REFINE"]
 
 #: On a grid narrower than 8 bits ([-64, 63]: CPUs without VNNI), each channel's scale is the fraction of its
 #: min/max scale, in [0.8, 1], that rounds its weights with the least squared error (clipping the largest few
@@ -86,7 +86,7 @@ def _least_error_scale(weight: torch.Tensor, scale: torch.Tensor, qmin: int, qma
     for fractions in (CLIP_SEARCH[1:], CLIP_REFINE):
         centre = best
         for f in fractions:
-            candidate = (centre + f).clamp(max=1.0) if fractions is CLIP_REFINE else torch.full_like(base, f)
+            candidate = (centre + f).clamp(CLIP_SEARCH[-1], 1.0) if fractions is CLIP_REFINE else torch.full_like(base, f)
             e = error(candidate)
             better = e < best_error
             best_error, best = torch.where(better, e, best_error), torch.where(better, candidate, best)
