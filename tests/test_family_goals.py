@@ -26,9 +26,9 @@ MISSING = {}  # family -> what issue 14 still has to build for it, on every kind
 
 
 # On a CPU without VNNI lucid_fx keeps the weights of dense layers on [-64, 63] (docs/convert.md#weights),
-# torch.ao takes the bit from the activations instead. (MobileNetV2-like, 5.6 dB against torch.ao's 6.4
-# here while its depthwise weights were narrowed too, now 6.9: Target.layer_weight_range.)
-MISSING_ON_AVX2 = {}  # family -> what issue 14 still has to build for it on AVX2 CPUs (none since 2026-12-04: quantization/weight.py)
+# torch.ao takes the bit from the activations instead. ShuffleNet-like missed torch.ao's 41.7 dB there (41.4)
+# until each channel took the scale with the least rounding error (42.4, quantization/weight.py, 2026-12-04).
+MISSING_ON_AVX2 = {}  # family -> what issue 14 still has to build for it on AVX2 CPUs
 
 
 def _case(name):
