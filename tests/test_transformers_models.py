@@ -95,12 +95,13 @@ def test_dynamic_shapes_auto_runs_another_batch_and_length(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "roberta", "llama", "swin", "mixtral"])
+@pytest.mark.parametrize("name", ["bert", "roberta", "llama", "swin", "mixtral", "mamba"])
 def test_the_converted_model_saves_and_loads(name):
     # eleven of the fifteen could not be saved: aten new_ones, type_as, index and __and__ stayed
     # in the graph, off save's allowlist; all fifteen round-trip now (measured), and these four
     # hold each op that stopped them (BERT: new_ones, index, &; RoBERTa: type_as; Swin: index;
-    # Llama: new_ones); Mixtral's routing (topk, sort, histc, cumsum) and its int8 grouped products
+    # Llama: new_ones); Mixtral's routing (topk, sort, histc, cumsum) and its int8 grouped products;
+    # Mamba's scan, float since 2026-12-04 (exp, softplus, stack, its read-out matmuls, tensor_split)
     import io
 
     import lucid_fx
