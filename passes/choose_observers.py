@@ -26,7 +26,8 @@ from lucid_fx.registry import Registry
 from lucid_fx.rules.masks import mask_input, mask_only_nodes
 from lucid_fx.rules.choices import choice_only_nodes
 from lucid_fx.rules.float_policies import MEASURED_OPS
-from lucid_fx.rules.observers import ANY, SHARED_OPS, TUPLE_MOVERS, Decision, DecisionKind
+from lucid_fx.rules.movers import SHARED_OPS, TUPLE_MOVERS
+from lucid_fx.rules.observers import ANY, Decision, DecisionKind
 from lucid_fx.rules.recurrences import recurrence_nodes
 from lucid_fx.rules.recurrent import recurrent_layer
 from lucid_fx.rules.tails import TAILS_WHY, keep_tails, reads_tail, tail_sources

@@ -27,7 +27,8 @@ from lucid_fx.ops import Tag, canonical, ops_tagged
 from lucid_fx.rules.lowering_grouped import expert_weights
 from lucid_fx.computed_weights import from_parameters, parameter_value
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
-from lucid_fx.rules.observers import DecisionKind, item_source
+from lucid_fx.rules.movers import item_source
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["insert_observers"]
 

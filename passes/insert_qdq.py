@@ -34,7 +34,7 @@ from lucid_fx.passes.lower_to_int8 import _group, _keeps_effect, lower_to_int8
 from lucid_fx.rules.lowering_context import _tag_type
 from lucid_fx.rules.lowering_grouped import expert_weights, quantized_experts
 from lucid_fx.rules.lowering_attention import softmax_read_only_by
-from lucid_fx.quantization.weight import quantize_weight
+from lucid_fx.quantization.weight import quantize_layer_weight, quantize_weight
 from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import dequantize
 from lucid_fx.rules.observers import DecisionKind
@@ -209,8 +209,7 @@ def insert_qdq(
             observer = weight_observers[key] if key in weight_observers else None
             if isinstance(observer, FakeQuantize) and node.meta.get(_meta.BN_FOLDED):
                 observer = observer.activation_post_process  # folding changed the weight: observe it afresh
-            weight_range = target.layer_weight_range(module.weight.shape, getattr(module, "groups", 1))
-            codes, scales = quantize_weight(module.weight, observer, weight_range, least_error=True)
+            codes, scales = quantize_layer_weight(module.weight, observer, target, getattr(module, "groups", 1))
             with torch.no_grad():
                 module.weight.copy_(dequantize(codes, scales, torch.zeros_like(scales, dtype=torch.int64), ch_axis=0))
         elif _meta.OP in node.meta and canonical(node).op == "grouped_mm" and not _reads_float(node, kernels):

@@ -12,7 +12,7 @@ from lucid_fx.computed_weights import PER_CALL_WHY, from_parameters, parameter_v
 from lucid_fx.explain import explain
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.node_refs import unstable_name
-from lucid_fx.quantization.weight import quantize_weight
+from lucid_fx.quantization.weight import quantize_layer_weight
 from lucid_fx.rules.observers import DecisionKind
 
 
@@ -73,7 +73,7 @@ def test_a_computed_weight_is_quantized_once_per_channel(sqnr_db):
     predicted = {name: (row["runs"], row["runs_why"]) for name, row in explain(prepared).by_node().items() if row["runs"]}
     assert predicted == {name: (p.runs.value, p.why) for name, p in report.placements.items()}  # explain agrees
     weight = F.normalize(model.v, dim=1) * model.g
-    codes, _ = quantize_weight(weight, None, resolve_target("cpu").layer_weight_range(weight.shape, 1), least_error=True)
+    codes, _ = quantize_layer_weight(weight, None, resolve_target("cpu"))
     assert torch.equal(qmodel._lucid_linear_qweight, codes)
     x = _batches(1)[0]
     with torch.no_grad():

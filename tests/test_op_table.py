@@ -14,7 +14,7 @@ from lucid_fx.rules import fusions, lowering, masks, observers
 from lucid_fx.rules.fusions import FUSION_RULES
 from lucid_fx.rules.lowering import LOWERINGS
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN
-from lucid_fx.rules.observers import SHARED_OPS
+from lucid_fx.rules.movers import SHARED_OPS
 from lucid_fx.rules.ranges import RANGE_RULES
 
 CANONICAL = {op.name for op in OP_DEFS}

@@ -14,7 +14,7 @@ from lucid_fx.quantization.fake_quantize import FakeQuantize
 from lucid_fx.quantization.functional import quantize
 from lucid_fx.quantization.qparams import calculate_qparams
 
-__all__ = ["quantize_weight", "CLIP_SEARCH", "CLIP_REFINE"]
+__all__ = ["quantize_weight", "quantize_layer_weight", "CLIP_SEARCH", "CLIP_REFINE"]
 
 #: On a grid narrower than 8 bits ([-64, 63]: CPUs without VNNI), each channel's scale is the fraction of its
 #: min/max scale, in [0.8, 1], that rounds its weights with the least squared error (clipping the largest few
@@ -45,9 +45,9 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     The weight is observed afresh (batch-norm folding may have changed it since prepare) by a copy
     of the observer the QConfig chose; a per-tensor observer's range is used for every channel.
     A QAT weight keeps the qparams it was trained with, so the int8 weight is the one training saw.
-    ``least_error`` (a convolution's or linear's weight, as convert, the reference model and
-    ``correct_bias`` quantize it): on a grid narrower than 8 bits, each channel of a per-channel
-    observer takes the scale of :data:`CLIP_SEARCH`'s with the least rounding error."""
+    ``least_error`` (a convolution's or linear's weight: :func:`quantize_layer_weight`): on a grid
+    narrower than 8 bits, each channel of a per-channel observer takes the scale of :data:`CLIP_SEARCH`'s
+    with the least rounding error."""
     weight = weight.detach()
     qmin, qmax = weight_range
     grid = QDtype(f"qint[{qmin},{qmax}]", 8, True, qmin, qmax, torch.int8)
@@ -69,6 +69,13 @@ def quantize_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_
     if least_error and qmax - qmin < 255:
         scale = _least_error_scale(weight, scale, qmin, qmax)
     return quantize(weight, scale, zero_point, grid, ch_axis=0), scale.float()
+
+
+def quantize_layer_weight(weight: torch.Tensor, observer: Optional[nn.Module], target, groups: int = 1):
+    """:func:`quantize_weight` of a convolution's or linear's weight in ``groups`` groups, as convert, the
+    reference model and ``correct_bias`` quantize it: on the grid ``target`` (a
+    :class:`~lucid_fx.kernels.target.Target`) gives that layer, with the least-error scales."""
+    return quantize_weight(weight, observer, target.layer_weight_range(weight.shape, groups), least_error=True)
 
 
 def _least_error_scale(weight: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ from lucid_fx.node_refs import layer_groups
 from lucid_fx.ops import canonical
 from lucid_fx.quantization.dtypes import QDtype, to_qdtype
 from lucid_fx.quantization.fake_quantize import FakeQuantize
-from lucid_fx.quantization.weight import quantize_weight
+from lucid_fx.quantization.weight import quantize_layer_weight
 
 __all__ = ["QValue", "LoweringContext", "float_memory_format", "readers", "watched"]
 _ops = torch.ops.lucid_fx
@@ -248,8 +248,7 @@ class LoweringContext:
                 return None
             observer = self.observers[key] if key in self.observers else None
             base = node.name
-        grid = self.target.layer_weight_range(weight.shape, layer_groups(self.prepared, node))
-        codes, scale = quantize_weight(weight, observer, grid, least_error=True)
+        codes, scale = quantize_layer_weight(weight, observer, self.target, layer_groups(self.prepared, node))
         if self._may_overflow(node, codes):
             return None
         w = self.constant(f"{base}_qweight", codes)

@@ -27,7 +27,7 @@ from torch import fx
 from lucid_fx import _meta
 from lucid_fx.node_refs import attr_value
 from lucid_fx.ops import canonical
-from lucid_fx.quantization.weight import quantize_weight
+from lucid_fx.quantization.weight import quantize_layer_weight
 from lucid_fx.rules.lowering_context import QValue
 from lucid_fx.rules.lowering_pool import _ints
 
@@ -89,7 +89,7 @@ def lower_conv_transpose2d(ctx, members, resolve) -> Optional[QValue]:
     cin, per, kh, kw = weight.shape  # per group: cin / groups inputs, per outputs
     taps = weight.reshape(groups, cin // groups, per, kh // s, s, kw // s, s).flip(3, 5)
     rows = taps.permute(0, 2, 4, 6, 1, 3, 5).reshape(groups * per * s * s, cin // groups, kh // s, kw // s)
-    codes, scales = quantize_weight(rows, None, ctx.target.layer_weight_range(rows.shape, groups), least_error=True)
+    codes, scales = quantize_layer_weight(rows, None, ctx.target, groups)
     if ctx._may_overflow(node, codes):
         return None
     base = node.name

@@ -18,7 +18,8 @@ from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx.rules.lowering_attention import unfused_mask
 from lucid_fx.rules.lowering_context import QValue, watched
-from lucid_fx.rules.observers import DecisionKind, item_source
+from lucid_fx.rules.movers import item_source
+from lucid_fx.rules.observers import DecisionKind
 
 __all__ = ["lower_shared", "takes", "global_max", "MOVERS", "KEEPS_LAYOUT"]
 

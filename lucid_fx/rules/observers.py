@@ -15,8 +15,9 @@ from lucid_fx._meta import MUTATION as _MUTATION
 from lucid_fx._meta import TENSOR_META as _TENSOR_META
 from lucid_fx._where import caller_location
 from lucid_fx.computed_weights import from_parameters, read_only_as_weight
-from lucid_fx.ops import Tag, canonical, ops_tagged
+from lucid_fx.ops import canonical
 from lucid_fx.rules.float_policies import FLOAT_BY_DESIGN, FLOAT_WHERE_IT_PAYS
+from lucid_fx.rules.movers import SHARED_OPS, TUPLE_MOVERS, item_source
 from lucid_fx.rules.noops import CASTS
 from lucid_fx.rules.recurrences import RECURRENCE_WHY
 
@@ -77,24 +78,6 @@ def observer_rule(ops, action) -> ObserverRule:
     return ObserverRule(ops, action, caller_location())
 
 
-# Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
-SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
-# Of those, the ones that return a tuple of tensors: their items (``getitem``) share the input's qparams.
-TUPLE_MOVERS = frozenset({"chunk", "split", "unbind", "max", "min"})  # max/min over a dim: (values, indices)
-
-
-def item_source(node) -> Optional[Any]:
-    """``x`` for ``node`` = ``chunk(x, ...)[i]``, ``split(x, ...)[i]`` or ``unbind(x)[i]`` (an item of a
-    tuple that moves ``x``'s values), else None."""
-    call = canonical(node)
-    if call is None or call.op != "getitem":
-        return None
-    inputs = call.tensor_inputs()
-    mover = canonical(inputs[0]) if len(inputs) == 1 else None
-    if mover is None or mover.op not in TUPLE_MOVERS:
-        return None
-    sources = mover.tensor_inputs()
-    return sources[0] if len(sources) == 1 else None
 def _not_float_tensor(node, ctx) -> Optional[Decision]:
     if not ctx.is_float_tensor(node):
         return Decision(DecisionKind.NONE, "not a float tensor")

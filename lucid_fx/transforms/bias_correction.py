@@ -26,7 +26,7 @@ from torch import nn
 
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.quantization import QConfigMapping, dequantize, get_default_qconfig_mapping
-from lucid_fx.quantization.weight import quantize_weight
+from lucid_fx.quantization.weight import quantize_layer_weight
 from lucid_fx.transforms._dataflow import call_model
 from lucid_fx.transforms.report import TransformReport, attach, require_eval, output_sqnr_db
 
@@ -35,10 +35,10 @@ __all__ = ["correct_bias", "int8_weight"]
 _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
-def int8_weight(weight: torch.Tensor, observer: Optional[nn.Module], weight_range) -> torch.Tensor:
-    """``weight`` rounded as ``convert`` rounds it (:func:`~lucid_fx.quantization.weight.quantize_weight`:
-    per-channel symmetric on the grid ``weight_range``), back in float."""
-    codes, scale = quantize_weight(weight.detach(), observer, weight_range, least_error=True)
+def int8_weight(weight: torch.Tensor, observer: Optional[nn.Module], target, groups: int = 1) -> torch.Tensor:
+    """``weight`` rounded as ``convert`` rounds it for ``target`` (a :class:`~lucid_fx.kernels.target.Target`;
+    :func:`~lucid_fx.quantization.weight.quantize_layer_weight`), back in float."""
+    codes, scale = quantize_layer_weight(weight.detach(), observer, target, groups)
     return dequantize(codes, scale, torch.zeros_like(scale, dtype=torch.int64), ch_axis=0).to(weight.dtype)
 
 
@@ -97,7 +97,7 @@ def correct_bias(
     for name, layer in work.named_modules():
         qconfig = mapping.qconfig_for(name, type(layer)) if isinstance(layer, _LAYERS) else None
         if qconfig is not None:
-            errors[name] = int8_weight(layer.weight, qconfig.weight(), target.layer_weight_range(layer.weight.shape, getattr(layer, "groups", 1))) - layer.weight.detach()
+            errors[name] = int8_weight(layer.weight, qconfig.weight(), target, getattr(layer, "groups", 1)) - layer.weight.detach()
     sums: Dict[str, torch.Tensor] = {}
     counts: Dict[str, int] = {}
 
