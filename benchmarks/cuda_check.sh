@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one run, for a machine with a CUDA device and torch already installed (it
-# needs no network): the cuda-marked tests, then benchmarks/cuda_inference.py, on this checkout.
+# needs no network): the cuda-marked tests and the fused Triton kernels' tests (compiled there, where
+# a CPU runs them interpreted), a NaN into the fused quantize (a device-side assert naming the node),
+# then benchmarks/cuda_inference.py and a profile of one call with and without the fused kernels.
 # Logs go to $OUT (default /tmp/lucid_fx_cuda).
 #     bash benchmarks/cuda_check.sh
 set -uo pipefail
@@ -14,7 +16,11 @@ if ! python3 -c "import lucid_fx.passes" 2>/dev/null; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # (a script's own folder leads sys.path)
 nvidia-smi -L
-python3 -c "import torch, lucid_fx; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.is_available(), lucid_fx.__file__)"
-timeout 150 python3 -m pytest -m cuda -q -rs --tb=short --continue-on-collection-errors tests 2>&1 | tee "$out/cuda_tests.txt" | tail -60
-timeout 180 python3 benchmarks/cuda_inference.py --rounds 5 2>&1 | tee "$out/cuda_bench.txt"
-timeout 60 python3 benchmarks/cuda_profile.py --model mlp_b1 2>&1 | tee "$out/cuda_profile.txt"
+python3 -c "import torch, triton, lucid_fx; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
+torch.cuda.is_available(), 'triton', triton.__version__, lucid_fx.__file__)"
+timeout 170 python3 -m pytest -q -rs --tb=short --continue-on-collection-errors -m cuda tests \
+    tests/kernels/test_cuda_fused.py 2>&1 | tee "$out/cuda_tests.txt" | tail -60
+timeout 40 python3 benchmarks/cuda_nan_check.py 2>&1 | tee "$out/cuda_nan.txt" | tail -8
+timeout 240 python3 benchmarks/cuda_inference.py --rounds 5 2>&1 | tee "$out/cuda_bench.txt"
+timeout 40 python3 benchmarks/cuda_profile.py --model mlp_b1 2>&1 | tee "$out/cuda_profile.txt"
+timeout 40 python3 benchmarks/cuda_profile.py --model mlp_b1 --torch-ops 2>&1 | tee "$out/cuda_profile_torch_ops.txt"

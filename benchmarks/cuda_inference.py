@@ -7,14 +7,16 @@ The models are int8_inference.py's (benchmarks/models.py). Each call is followed
 figure is a same-run median of ``--rounds`` rounds with the variants taking turns (int8_inference's
 ``timed``). "fp32 graph" replays the float model from one CUDA graph captured on the example (one
 launch per call); "lucid_fx int8" is the converted model as it runs, replaying its own CUDA graph
-per input signature (lucid_fx/cuda_graph.py), and "lucid_fx launches" the same model with
-``CUDA_GRAPHS`` off, its kernels launched one at a time. Speedups are ratios to fp32 eager in the
+per input signature (lucid_fx/cuda_graph.py), "lucid_fx launches" the same model with
+``CUDA_GRAPHS`` off, its kernels launched one at a time, and "lucid_fx torch ops" a second
+conversion replaying its CUDA graph with the fused Triton kernels off (``cuda_fused.FUSED``), each
+GEMM's epilogue and each quantization as torch ops: what the fusion gains. Speedups are ratios to fp32 eager in the
 same run; "vs float" is the fastest float variant's time over lucid_fx's (> 1: lucid_fx is
 faster). SQNR is against the fp32 output on a held-out batch.
 
 torch.ao's quantized engines have no CUDA int8 path, so the peers here are the float ones. The
-CUDA kernels (lucid_fx/kernels/cuda.py) are ``torch._int_mm`` GEMMs with the rest of each op in
-torch: a model of many small layers pays a launch for every step.
+CUDA kernels (lucid_fx/kernels/cuda.py) are ``torch._int_mm`` GEMMs, each with one fused Triton
+epilogue (lucid_fx/kernels/cuda_fused.py) where Triton is installed; the other ops run as torch ops.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
 import lucid_fx.cuda_graph as cuda_graph  # noqa: E402
+from lucid_fx.kernels import cuda_fused  # noqa: E402
 
 
 def synchronized(fn, dtype=None):
@@ -80,10 +83,23 @@ def without_cuda_graphs(model):
     return call
 
 
+def with_torch_ops(model):
+    """``model`` with its CUDA kernels' epilogues and quantizations as torch ops (the fused Triton kernels off);
+    its CUDA graph is captured that way on its first call."""
+    def call(x):
+        cuda_fused.FUSED = False
+        try:
+            return model(x)
+        finally:
+            cuda_fused.FUSED = True
+    return call
+
+
 def gpu_line() -> str:
     props = torch.cuda.get_device_properties(0)
     return (f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
-            f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+            f"torch {torch.__version__}, CUDA {torch.version.cuda}, fused Triton kernels: "
+            f"{cuda_fused.available(torch.empty(0, device='cuda'))}")
 
 
 def _model_rows(name: str, args) -> list:
@@ -102,7 +118,9 @@ def _model_rows(name: str, args) -> list:
     if fp32_graph is not None:
         fns["fp32 graph"], sizes["fp32 graph"] = fp32_graph, sizes["fp32 eager"]
     fns["lucid_fx int8"], fns["lucid_fx launches"] = synchronized(ours), synchronized(without_cuda_graphs(ours))
-    sizes["lucid_fx int8"] = sizes["lucid_fx launches"] = size_mb(ours)
+    plain = lucid_fx.quantize(model, (example,), batches, backend="cuda")
+    fns["lucid_fx torch ops"] = synchronized(with_torch_ops(plain))
+    sizes["lucid_fx int8"] = sizes["lucid_fx launches"] = sizes["lucid_fx torch ops"] = size_mb(ours)
     seconds = timed(fns, example, args.rounds)
     rows = []
     for variant, fn in fns.items():
@@ -114,7 +132,7 @@ def _model_rows(name: str, args) -> list:
         row = (name, variant, seconds[variant] * 1e3, seconds["fp32 eager"] / seconds[variant],
                sqnr(reference, out), sizes[variant], versus)
         rows.append(row)
-        print(f"{row[0]:<12} {row[1]:<17} {row[2]:>8.3f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>6.1f}"
+        print(f"{row[0]:<12} {row[1]:<18} {row[2]:>8.3f} {row[3]:>7.2f}x {row[4]:>8.1f} {row[5]:>6.1f}"
               + (f" {versus:>7.2f}x" if versus else "") + share)
     return rows
 
@@ -125,7 +143,7 @@ def main(argv=None) -> list:
         raise SystemExit("cuda_inference.py needs a CUDA device (torch.cuda.is_available() is False)")
     print(gpu_line())
     print(f"medians of {args.rounds} rounds, each call synchronized")
-    print_header(f"{'model':<12} {'variant':<17} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share")
+    print_header(f"{'model':<12} {'variant':<18} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share")
     rows = []
     for name in args.models.split(","):
         try:

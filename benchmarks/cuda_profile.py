@@ -22,14 +22,17 @@ from models import MODELS  # noqa: E402
 
 import lucid_fx  # noqa: E402
 import lucid_fx.cuda_graph as cuda_graph  # noqa: E402
+from lucid_fx.kernels import cuda_fused  # noqa: E402
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp_b1")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--torch-ops", action="store_true", help="the fused Triton kernels off (cuda_fused.FUSED)")
     args = parser.parse_args(argv)
     cuda_graph.CUDA_GRAPHS = False
+    cuda_fused.FUSED = not args.torch_ops
     model, example, make_batch = MODELS[args.model]()
     model, example = model.cuda(), example.cuda()
     ours = lucid_fx.quantize(model, (example,), [make_batch(s).cuda() for s in range(4)], backend="cuda")
@@ -42,7 +45,8 @@ def main(argv=None) -> None:
             torch.cuda.synchronize()
     events = prof.key_averages()
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    print(f"{args.model}: {launches} kernel launches in one call")
+    print(f"{args.model}: {launches} kernel launches in one call"
+          + (" (torch ops, the fused Triton kernels off)" if args.torch_ops else " (the fused Triton kernels on)"))
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 

@@ -29,7 +29,9 @@ from torch import fx
 
 from lucid_fx import _meta
 
-__all__ = ["KernelInputError", "calling_node", "require_finite", "refuse_nonfinite", "is_async", "CHECKS"]
+__all__ = [
+    "KernelInputError", "calling_node", "require_finite", "assert_finite_flag", "refuse_nonfinite", "is_async", "CHECKS",
+]
 
 _CODES = (torch.uint8, torch.int8)
 _FEED_FLOAT = (
@@ -133,6 +135,15 @@ def require_finite(op: str, x: torch.Tensor) -> None:
     if is_async(x):
         torch._assert_async(torch.isfinite(lo) & torch.isfinite(hi), _async_message(op, x))
     elif not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+        refuse_nonfinite(op, x)
+
+
+def assert_finite_flag(op: str, x: torch.Tensor, ok: torch.Tensor) -> None:
+    """Raise unless ``ok``, a kernel's own finiteness test of ``x`` (one element, zero where it met NaN or
+    ±inf), is nonzero; on CUDA through ``torch._assert_async``, as :func:`require_finite`."""
+    if is_async(x):
+        torch._assert_async(ok, _async_message(op, x))
+    elif not ok.item():
         refuse_nonfinite(op, x)
 
 

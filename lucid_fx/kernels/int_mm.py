@@ -36,6 +36,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from lucid_fx.kernels import cuda_fused
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.library import WeightCache
@@ -43,7 +44,7 @@ from lucid_fx.kernels.target import resolve_target
 
 __all__ = [
     "int_mm_padding", "pad_for_int_mm", "int_mm_padded", "split_for_int16_pairs", "int8_linear", "int8_conv",
-    "PREPARED",
+    "PREPARED", "raw_gemm", "conv_gemm", "conv_fused",
 ]
 # The widest right operand oneDNN's int16 pair sums hold on CPUs without VNNI: 2 * 255 * 64 <= 32767.
 PAIR_SAFE = 64
@@ -154,10 +155,14 @@ def _as_int8(q: torch.Tensor, zp: int) -> Tuple[torch.Tensor, int]:
     raise ValueError(f"int8 kernels read uint8 or int8 codes, got {q.dtype}")
 
 
-def _gemm(a: torch.Tensor, correction: int, weight: _GemmWeight, pad: bool) -> torch.Tensor:
+def raw_gemm(a: torch.Tensor, weight: _GemmWeight, pad: bool) -> torch.Tensor:
+    """``a @ weight`` in int32 (M, N), maybe a view of a padded result."""
     acc = int_mm_padded(a, weight.b) if pad else _int_mm(a, weight.b, weight.halves)
-    acc = acc[:, : weight.n] if acc.shape[1] != weight.n else acc
-    return acc + correction * weight.row_sums
+    return acc[:, : weight.n] if acc.shape[1] != weight.n else acc
+
+
+def _gemm(a: torch.Tensor, correction: int, weight: _GemmWeight, pad: bool) -> torch.Tensor:
+    return raw_gemm(a, weight, pad) + correction * weight.row_sums
 
 
 def _rescale(acc: torch.Tensor, x_scale: float, w_scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -173,6 +178,10 @@ def int8_linear(
     ref.check_post_op(post_op)
     weight = PREPARED.get(qw, ("linear", pad), lambda: _gemm_weight(qw, pad))
     a, correction = _as_int8(qx.reshape(-1, qx.shape[-1]), x_zp)
+    if cuda_fused.available(a):
+        y = cuda_fused.gemm_epilogue(raw_gemm(a.contiguous(), weight, pad), correction, weight.row_sums, x_scale,
+                                     w_scale, bias, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
+        return y.reshape(*qx.shape[:-1], weight.n)
     y = _rescale(_gemm(a.contiguous(), correction, weight, pad), x_scale, w_scale, bias)
     y = y.reshape(*qx.shape[:-1], weight.n)
     return ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
@@ -200,9 +209,32 @@ def int8_conv(
 ) -> torch.Tensor:
     """``lucid_fx::conv1d`` / ``conv2d``: im2col + ``_int_mm`` (groups 1) or float conv on integer values."""
     ref.check_post_op(post_op)
-    y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
-    out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
+    if groups == 1 and cuda_fused.available(qx):
+        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, post_op, out_scale, out_zp,
+                         ref.out_storage(qx, out_dtype), pad)
+    else:
+        y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
+        out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
     return ref.to_layout(out, ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format)
+
+
+def conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, post_op, out_scale, out_zp, dtype, pad,
+               other=None) -> torch.Tensor:
+    """A groups-1 convolution's codes (or float32 result) through :func:`conv_gemm` and the fused epilogue
+    (:mod:`lucid_fx.kernels.cuda_fused`), channels-last in memory; ``other`` ``(codes, scale, zero_point)``, of
+    the result's shape, is a residual added before the post-op."""
+    one_d = qx.dim() == 3
+    if one_d:
+        qx, stride, padding, dilation = qx.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
+    kernel = (1, qw.shape[2]) if one_d else qw.shape[2:]
+    acc, correction, weight, (n, ho, wo) = conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad)
+    if other is not None:
+        codes, other_scale, other_zp = other
+        other = (codes.permute(0, 2, 3, 1).reshape(-1, weight.n), other_scale, other_zp)
+    y = cuda_fused.gemm_epilogue(acc, correction, weight.row_sums, x_scale, w_scale, bias, post_op, out_scale, out_zp,
+                                 dtype, other)
+    y = y.reshape(n, ho, wo, weight.n).permute(0, 3, 1, 2)
+    return y.squeeze(2) if one_d else y
 
 
 def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad) -> torch.Tensor:
@@ -212,14 +244,8 @@ def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilati
         qx, stride, padding, dilation = qx.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
     kernel = (1, qw.shape[2]) if one_d else qw.shape[2:]
     if groups == 1:
-        a, correction = _as_int8(qx, x_zp)
-        fill = x_zp - 128 if qx.dtype == torch.uint8 else x_zp
-        cols, (n, ho, wo) = _im2col_nhwc(a, fill, kernel, stride, padding, dilation)
-        # Keyed by the caller's weight tensor (not a view of it), so the entry lives as long as it.
-        weight = PREPARED.get(
-            qw, ("conv_nhwc", pad), lambda: _gemm_weight(qw.movedim(1, -1).reshape(qw.shape[0], -1), pad)
-        )
-        y = _rescale(_gemm(cols, correction, weight, pad), x_scale, w_scale, bias)
+        acc, correction, weight, (n, ho, wo) = conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad)
+        y = _rescale(acc + correction * weight.row_sums, x_scale, w_scale, bias)
         y = y.reshape(n, ho, wo, weight.n).permute(0, 3, 1, 2)
     else:
         w = qw.to(torch.float32)
@@ -229,3 +255,16 @@ def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilati
         y = y.mul_(scale.view(-1, 1, 1))
         y = y if bias is None else y.add_(bias.to(torch.float32).view(-1, 1, 1))
     return y.squeeze(2) if one_d else y
+
+
+def conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad) -> tuple:
+    """A groups-1 convolution's GEMM on 4-d ``qx``: int32 sums with one row per output pixel in (N, Ho, Wo)
+    order (maybe a view of a padded result), the zero-point correction, the weight, and ``(n, ho, wo)``."""
+    a, correction = _as_int8(qx, x_zp)
+    fill = x_zp - 128 if qx.dtype == torch.uint8 else x_zp
+    cols, shape = _im2col_nhwc(a, fill, kernel, stride, padding, dilation)
+    # Keyed by the caller's weight tensor (not a view of it), so the entry lives as long as it.
+    weight = PREPARED.get(
+        qw, ("conv_nhwc", pad), lambda: _gemm_weight(qw.movedim(1, -1).reshape(qw.shape[0], -1), pad)
+    )
+    return raw_gemm(cols, weight, pad), correction, weight, shape

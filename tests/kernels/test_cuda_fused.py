@@ -1,0 +1,150 @@
+"""lucid_fx/kernels/cuda_fused.py: the Triton kernels (GEMM epilogue, quantize) against the torch ops they
+replace. On a GPU they run compiled on CUDA tensors; without one, in Triton's interpreter on CPU tensors
+(TRITON_INTERPRET=1, set for each test alone). Triton ships with torch's CUDA builds; where it is not
+installed (CPU-only torch, as in CI) this module is skipped, and the CUDA kernels run as torch ops."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="needs Triton (it ships with torch's CUDA builds)")
+
+from lucid_fx.kernels import KernelInputError, checks, cuda, cuda_fused, int_mm  # noqa: E402
+from lucid_fx.kernels import reference as ref  # noqa: E402
+from lucid_fx.kernels.codes import POST_OPS  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def triton_kernels(monkeypatch):
+    """Compiled kernels on a GPU; interpreted ones on the CPU, for this test only (the interpreter
+    would otherwise serve every CPU quantization after it)."""
+    if DEV.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cuda_fused._triton.cache_clear()
+    yield
+    cuda_fused._triton.cache_clear()
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _torch_epilogue(acc, correction, rows, x_scale, w_scale, bias, post_op, out_scale, out_zp, dtype, other=None):
+    y = int_mm._rescale(acc + correction * rows, x_scale, w_scale, bias)
+    if other is not None:
+        y = y + ref.dequantize_per_tensor(*other)
+    return ref.finish(y, post_op, out_scale, out_zp, dtype)
+
+
+def _codes_within_one(out, expected, exact):
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    diff = (out.cpu().int() - expected.cpu().int()).abs()
+    assert int(diff.max()) <= (0 if exact else 1), f"{int((diff > 0).sum())} codes differ, by up to {int(diff.max())}"
+    return int((diff > 0).sum())
+
+
+@pytest.mark.parametrize("post_op", POST_OPS)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.float32])
+def test_the_epilogue_computes_what_the_torch_ops_compute(post_op, dtype):
+    wide = torch.randint(-40000, 40000, (37, 24), dtype=torch.int32, generator=_gen(0))
+    acc = wide[:, :19]  # a view of a padded product: strided rows
+    rows = torch.randint(-3000, 3000, (19,), dtype=torch.int32, generator=_gen(1))
+    w_scale = torch.rand(19, generator=_gen(2)) * 1e-3 + 1e-4
+    bias = torch.randn(19, generator=_gen(3))
+    args = (acc, 11, rows, 0.0173, w_scale, bias, post_op, 0.0391, 3 if dtype == torch.int8 else 128, dtype)
+    expected = _torch_epilogue(*args)
+    out = cuda_fused.gemm_epilogue(*(a.to(DEV) if torch.is_tensor(a) else a for a in args))
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.cpu(), expected, rtol=2e-6, atol=2e-6)
+    else:
+        # none, relu and hardswish take the torch ops' steps exactly (in the interpreter; a GPU may fuse a
+        # multiply-add); the transcendental post-ops' formulas may land a tie one code off
+        exact = post_op in ("none", "relu", "hardswish") and DEV.type == "cpu"
+        _codes_within_one(out, expected, exact)
+        assert len(torch.unique(expected)) > 20, "the test's values spread over the grid"
+
+
+def test_the_epilogue_adds_a_residual_of_any_strides_and_may_have_no_bias():
+    acc = torch.randint(-40000, 40000, (50, 16), dtype=torch.int32, generator=_gen(4))
+    rows = torch.randint(-3000, 3000, (16,), dtype=torch.int32, generator=_gen(5))
+    w_scale = torch.rand(16, generator=_gen(6)) * 1e-3
+    codes = torch.randint(0, 256, (16, 50), dtype=torch.uint8, generator=_gen(7)).t()  # column-major
+    other = (codes, 0.0519, 120)
+    expected = _torch_epilogue(acc, -5, rows, 0.02, w_scale, None, "relu", 0.0811, 100, torch.uint8, other)
+    out = cuda_fused.gemm_epilogue(acc.to(DEV), -5, rows.to(DEV), 0.02, w_scale.to(DEV), None, "relu", 0.0811, 100,
+                                   torch.uint8, (codes.to(DEV), 0.0519, 120))
+    _codes_within_one(out, expected, exact=DEV.type == "cpu")
+    assert int((expected == 100).sum()) > 50, "relu clipped some outputs at the zero point"
+
+
+def test_quantize_rounds_half_to_even_and_keeps_the_memory_format():
+    ties = torch.arange(-300, 300, dtype=torch.float32) * 0.5 * 0.25  # every k + 0.5 code, beyond the grid too
+    x = torch.cat([ties, torch.randn(4000, generator=_gen(8)) * 20]).reshape(2, 4, 23, -1)
+    x = x.contiguous(memory_format=torch.channels_last)
+    for zp, (qmin, qmax), dtype in [(128, (0, 255), torch.uint8), (-3, (-128, 127), torch.int8), (0, (-64, 63), torch.int8)]:
+        expected = ref.quantize_per_tensor(x, 0.25, zp, qmin, qmax, dtype)
+        out = cuda_fused.quantize(x.to(DEV), 0.25, zp, qmin, qmax, dtype)
+        assert torch.equal(out.cpu(), expected) and out.is_contiguous(memory_format=torch.channels_last)
+    strided = x.to(DEV)[:, :, ::2]
+    assert torch.equal(cuda_fused.quantize(strided, 0.1, 7, 0, 255, torch.uint8).cpu(),
+                       ref.quantize_per_tensor(x[:, :, ::2], 0.1, 7, 0, 255, torch.uint8))
+
+
+@pytest.mark.skipif(DEV.type == "cuda", reason="on CUDA the refusal is a device-side assert, which ends the process")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_quantize_refuses_nan_and_inf_naming_the_count(bad):
+    x = torch.randn(3000, generator=_gen(9))
+    x[2999] = bad
+    with pytest.raises(KernelInputError, match="1 of the 3000 values is (NaN|±inf|[+-]inf)|NaN or ±inf"):
+        cuda_fused.quantize(x, 0.05, 128, 0, 255, torch.uint8)
+    ok = torch.ones((), dtype=torch.int32)
+    checks.assert_finite_flag("quantize_per_tensor", x[:10], ok)  # a set flag passes
+
+
+def _act(shape, seed):
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=_gen(seed))
+
+
+def _both(fn, *args):
+    """``fn(*args)`` through the fused kernels (asserting it took them) and through torch ops (FUSED off), on DEV."""
+    args = [a.to(DEV) if torch.is_tensor(a) else a for a in args]
+    calls, epilogue = [], cuda_fused.gemm_epilogue
+    cuda_fused.gemm_epilogue = lambda *a: calls.append(a) or epilogue(*a)
+    try:
+        fused = fn(*args)
+    finally:
+        cuda_fused.gemm_epilogue = epilogue
+    assert len(calls) == 1, "the op took the fused epilogue"
+    cuda_fused.FUSED = False
+    try:
+        plain = fn(*args)
+    finally:
+        cuda_fused.FUSED = True
+    return fused, plain
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_a_linear_takes_the_fused_epilogue(rows):
+    qw = torch.randint(-127, 128, (24, 40), dtype=torch.int8, generator=_gen(10))
+    w_scale, bias = torch.rand(24, generator=_gen(11)) * 0.01, torch.randn(24, generator=_gen(12))
+    fused, plain = _both(int_mm.int8_linear, _act((rows, 40), 13), 0.02, 117, qw, w_scale, bias, 0.05, 90, "relu",
+                         None, True)
+    assert fused.shape == (rows, 24) and fused.dtype == torch.uint8
+    _codes_within_one(fused, plain, exact=DEV.type == "cpu")
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
+def test_convolutions_take_the_fused_epilogue_with_their_residual(stride, padding):
+    qx, qw = _act((2, 8, 9, 10), 14), torch.randint(-127, 128, (16, 8, 3, 3), dtype=torch.int8, generator=_gen(15))
+    w_scale, bias = torch.rand(16, generator=_gen(16)) * 0.01, torch.randn(16, generator=_gen(17))
+    conv = (0.03, 120, qw, w_scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
+    fused, plain = _both(int_mm.int8_conv, qx, *conv, 0.1, 100, "hardswish", None, True)
+    _codes_within_one(fused, plain, exact=DEV.type == "cpu")
+    other = _act(tuple(plain.shape), 18)
+    fused, plain = _both(cuda._conv2d_add, qx, *conv, other, 0.05, 128, 0.1, 100, "relu", None)
+    _codes_within_one(fused, plain, exact=DEV.type == "cpu")
+    assert fused.shape == plain.shape and len(torch.unique(plain)) > 20
+    fused, plain = _both(int_mm.int8_conv, qx[:, :, 0], 0.03, 120, qw[:, :, 1], w_scale, None, [stride], [padding],
+                         [1], 1, 0.1, 100, "none", torch.float32, True)  # conv1d, float out
+    torch.testing.assert_close(fused, plain, rtol=2e-6, atol=2e-6)
