@@ -21,6 +21,6 @@ torch.cuda.is_available(), 'triton', triton.__version__, lucid_fx.__file__)"
 timeout 170 python3 -m pytest -q -rs --tb=short --continue-on-collection-errors -m cuda tests \
     tests/kernels/test_cuda_fused.py 2>&1 | tee "$out/cuda_tests.txt" | tail -60
 timeout 40 python3 benchmarks/cuda_nan_check.py 2>&1 | tee "$out/cuda_nan.txt" | tail -8
-timeout 240 python3 benchmarks/cuda_inference.py --rounds 5 2>&1 | tee "$out/cuda_bench.txt"
-timeout 40 python3 benchmarks/cuda_profile.py --model mlp_b1 2>&1 | tee "$out/cuda_profile.txt"
-timeout 40 python3 benchmarks/cuda_profile.py --model mlp_b1 --torch-ops 2>&1 | tee "$out/cuda_profile_torch_ops.txt"
+timeout 200 python3 benchmarks/cuda_inference.py --rounds 3 2>&1 | tee "$out/cuda_bench.txt"
+timeout 35 python3 benchmarks/cuda_profile.py --model mlp_b1 2>&1 | tee "$out/cuda_profile.txt"
+timeout 35 python3 benchmarks/cuda_profile.py --model mlp_b1 --torch-ops 2>&1 | tee "$out/cuda_profile_torch_ops.txt"
