@@ -1,7 +1,11 @@
-"""The CUDA registrations of the int8 GEMM kernels: :mod:`lucid_fx.kernels.int_mm` with operands
-padded to the shapes cuBLASLt's ``torch._int_mm`` accepts."""
+"""The CUDA kernels: :mod:`lucid_fx.kernels.int_mm`'s GEMMs with operands padded to the shapes
+cuBLASLt's ``torch._int_mm`` accepts, and, where Triton is installed, each GEMM's epilogue, each
+quantization, dequantization, table lookup and elementwise add or mul as one fused kernel
+(:mod:`lucid_fx.kernels.cuda_fused`); without Triton, the same steps as torch ops."""
 
-from lucid_fx.kernels import cuda_fused
+import torch
+
+from lucid_fx.kernels import cuda_fused, quantize
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.int_mm import conv_float_out, conv_fused, int8_conv, int8_linear
 from lucid_fx.kernels.library import conv_output_shape, register_kernel
@@ -12,15 +16,15 @@ __all__: list = []
 def _conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, qother, other_scale,
                 other_zp, out_scale, out_zp, post_op, out_dtype, pad=True):
     ref.check_post_op(post_op)
-    if groups == 1 and cuda_fused.available(qx) and list(qother.shape) == conv_output_shape(qx, qw, stride, padding,
-                                                                                             dilation):
-        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, post_op, out_scale, out_zp,
-                         ref.out_storage(qx, out_dtype), pad, (qother, other_scale, other_zp))
-        return ref.to_layout(out, ref.conv2d_memory_format(qx))
+    layout = ref.conv2d_memory_format(qx)
+    if cuda_fused.available(qx) and list(qother.shape) == conv_output_shape(qx, qw, stride, padding, dilation):
+        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale,
+                         out_zp, ref.out_storage(qx, out_dtype), pad, (qother, other_scale, other_zp), layout)
+        return ref.to_layout(out, layout)
     y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
     y = y + ref.dequantize_per_tensor(qother, other_scale, other_zp)
     out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
-    return ref.to_layout(out, ref.conv2d_memory_format(qx))
+    return ref.to_layout(out, layout)
 
 
 def _cuda_linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out_dtype):
@@ -33,7 +37,46 @@ def _cuda_conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
                      post_op, out_dtype, pad=True)
 
 
+def _quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype):
+    if x.is_floating_point() and cuda_fused.available(x):
+        ref._check_range(quant_min, quant_max, dtype)
+        return cuda_fused.quantize(x, scale, zero_point, quant_min, quant_max, dtype)
+    return quantize.quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype)
+
+
+def _dequantize_per_tensor(q, scale, zero_point):
+    if q.dtype in (torch.uint8, torch.int8) and cuda_fused.available(q):
+        return cuda_fused.dequantize(q, scale, zero_point)
+    return ref.dequantize_per_tensor(q, scale, zero_point)
+
+
+def _lut(q, table):
+    if q.dtype in (torch.uint8, torch.int8) and table.numel() == 256 and cuda_fused.available(q):
+        return cuda_fused.lut(q, table)
+    return ref.lut(q, table)
+
+
+def _elementwise(mul: bool):
+    fallback = ref.mul if mul else ref.add
+
+    def kernel(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op):
+        ref.check_post_op(post_op)
+        if qa.dtype in (torch.uint8, torch.int8) and qb.dtype == qa.dtype and cuda_fused.available(qa):
+            out = cuda_fused.binary(mul, qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op)
+            if out is not None:
+                return out
+        return fallback(qa, a_scale, a_zp, qb, b_scale, b_zp, out_scale, out_zp, post_op)
+
+    kernel.__name__ = kernel.__qualname__ = fallback.__name__
+    return kernel
+
+
 register_kernel("linear", "cuda", _cuda_linear)
 register_kernel("conv1d", "cuda", _cuda_conv)
 register_kernel("conv2d", "cuda", _cuda_conv)
 register_kernel("conv2d_add", "cuda", _conv2d_add)
+register_kernel("quantize_per_tensor", "cuda", _quantize_per_tensor)
+register_kernel("dequantize_per_tensor", "cuda", _dequantize_per_tensor)
+register_kernel("lut", "cuda", _lut)
+register_kernel("add", "cuda", _elementwise(mul=False))
+register_kernel("mul", "cuda", _elementwise(mul=True))

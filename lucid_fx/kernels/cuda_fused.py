@@ -27,7 +27,7 @@ import torch
 from lucid_fx.kernels import checks
 from lucid_fx.kernels.codes import POST_OPS, f32, f32_reciprocal
 
-__all__ = ["FUSED", "available", "gemm_epilogue", "quantize"]
+__all__ = ["FUSED", "available", "gemm_epilogue", "quantize", "dequantize", "lut", "binary"]
 
 #: Whether the CUDA kernels use the fused Triton kernels where Triton is installed (False: torch ops).
 FUSED = True
@@ -50,30 +50,38 @@ def available(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be walked in memory order (``empty_like`` then has its strides)."""
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def _blocks(numel: int) -> Tuple[int]:
+    return (-(-numel // _BLOCK),)
+
+
 def gemm_epilogue(
-    acc: torch.Tensor, correction: int, row_sums: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
+    acc: torch.Tensor, correction: int, row_sums: Optional[torch.Tensor], x_scale: float, w_scale: torch.Tensor,
     bias: Optional[torch.Tensor], post_op: str, out_scale: float, out_zp: int, dtype: torch.dtype,
-    other: Optional[Tuple[torch.Tensor, float, int]] = None,
+    other: Optional[Tuple[torch.Tensor, float, int]] = None, out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``finish((acc + correction * row_sums) * x_scale * w_scale + bias [+ dequantized other], post_op, ...)``
-    for int32 ``acc`` (M, N) of any strides, as a contiguous (M, N) tensor of ``dtype`` (float32: no requantization).
+    for ``acc`` (M, N) of any strides (int32 sums, or float32 ones with ``row_sums`` None), into ``out``
+    (M, N) of ``dtype`` and any strides, a new contiguous tensor if None (float32: no requantization).
 
     ``other`` is ``(codes, scale, zero_point)`` with codes (M, N) of any strides: a residual added before the post-op."""
-    epilogue = _triton().epilogue
     m, n = acc.shape
     w_scale = w_scale.to(acc.device, torch.float32)
     bias = bias.to(acc.device, torch.float32) if bias is not None else None
-    out = torch.empty((m, n), dtype=dtype, device=acc.device)
+    out = torch.empty((m, n), dtype=dtype, device=acc.device) if out is None else out
     quant = dtype != torch.float32
     info = torch.iinfo(dtype) if quant else None
     o_codes, o_scale, o_zp = other if other is not None else (acc, 1.0, 0)
-    grid = (-(-m // _BLOCK_M), -(-n // _BLOCK_N))
-    epilogue[grid](
-        acc, acc.stride(0), acc.stride(1), row_sums, correction, f32(x_scale), w_scale,
-        bias if bias is not None else w_scale, o_codes, o_codes.stride(0), o_codes.stride(1), f32(o_scale), o_zp,
-        out, m, n, f32_reciprocal(out_scale) if quant else 1.0, out_zp, info.min if quant else 0,
-        info.max if quant else 0, HAS_BIAS=bias is not None, HAS_OTHER=other is not None, POST=_POST[post_op],
-        QUANT=quant, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N,
+    _triton().epilogue[(-(-m // _BLOCK_M), -(-n // _BLOCK_N))](
+        acc, acc.stride(0), acc.stride(1), row_sums if row_sums is not None else w_scale, correction, f32(x_scale),
+        w_scale, bias if bias is not None else w_scale, o_codes, o_codes.stride(0), o_codes.stride(1), f32(o_scale),
+        o_zp, out, out.stride(0), out.stride(1), m, n, f32_reciprocal(out_scale) if quant else 1.0, out_zp,
+        info.min if quant else 0, info.max if quant else 0, HAS_ROWS=row_sums is not None, HAS_BIAS=bias is not None,
+        HAS_OTHER=other is not None, POST=_POST[post_op], QUANT=quant, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N,
     )
     return out
 
@@ -82,13 +90,62 @@ def quantize(x: torch.Tensor, scale: float, zero_point: int, quant_min: int, qua
              dtype: torch.dtype) -> torch.Tensor:
     """``quantize_per_tensor`` in one pass that also refuses NaN and ±inf (asynchronously: on CUDA
     the error surfaces as a device-side assert, as :func:`lucid_fx.kernels.checks.require_finite`'s)."""
-    quantize_codes = _triton().quantize_codes
-    dense = x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
-    x = x if dense else x.contiguous()
+    x = x if _dense(x) else x.contiguous()
     out = torch.empty_like(x, dtype=dtype)  # the same strides: both are walked in memory order
     ok = torch.ones((), dtype=torch.int32, device=x.device)
     if x.numel():
-        quantize_codes[(-(-x.numel() // _BLOCK),)](x, out, ok, x.numel(), f32_reciprocal(scale), zero_point,
-                                                    quant_min, quant_max, BLOCK=_BLOCK)
+        _triton().quantize_codes[_blocks(x.numel())](x, out, ok, x.numel(), f32_reciprocal(scale), zero_point,
+                                                     quant_min, quant_max, BLOCK=_BLOCK)
     checks.assert_finite_flag("quantize_per_tensor", x, ok)
+    return out
+
+
+def dequantize(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """Float32 ``(q - zero_point) * scale`` of 8-bit codes in one pass, in ``q``'s layout."""
+    q = q if _dense(q) else q.contiguous()
+    out = torch.empty_like(q, dtype=torch.float32)
+    if q.numel():
+        _triton().dequantize_codes[_blocks(q.numel())](q, out, q.numel(), f32(scale), zero_point, BLOCK=_BLOCK)
+    return out
+
+
+def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[code]`` for each code (int8 codes from -128), in ``q``'s layout."""
+    q = q if _dense(q) else q.contiguous()
+    out = torch.empty_like(q, dtype=table.dtype)
+    if q.numel():
+        _triton().lookup[_blocks(q.numel())](q, table.to(q.device), out, q.numel(), SIGNED=q.dtype == torch.int8,
+                                             BLOCK=_BLOCK)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _binary_layout(a: tuple, b: tuple) -> Tuple[tuple, tuple]:
+    """The shape and strides torch gives ``a + b`` for ``(shape, strides)`` operands (the fake kernel's)."""
+    meta = [torch.empty_strided(shape, strides, device="meta") for shape, strides in (a, b)]
+    out = meta[0] + meta[1]
+    return tuple(out.shape), out.stride()
+
+
+def binary(mul: bool, qa: torch.Tensor, a_scale: float, a_zp: int, qb: torch.Tensor, b_scale: float, b_zp: int,
+           out_scale: float, out_zp: int, post_op: str) -> Optional[torch.Tensor]:
+    """``post_op(a + b)`` (``a * b`` where ``mul``) of per-tensor codes, broadcasting, in one pass; None for
+    operands of more than 4 dims (the torch ops serve them)."""
+    shape, strides = _binary_layout((tuple(qa.shape), qa.stride()), (tuple(qb.shape), qb.stride()))
+    if len(shape) > 4:
+        return None
+    out = torch.empty_strided(shape, strides, dtype=qa.dtype, device=qa.device)
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])  # out's dims in memory order
+    views = [t.expand(shape).permute(order) for t in (out, qa, qb)]
+    if not views[0].is_contiguous():
+        return None
+    pad = 4 - len(shape)
+    sizes = [1] * pad + list(views[0].shape)
+    sa, sb = ([0] * pad + list(v.stride()) for v in views[1:])
+    info = torch.iinfo(qa.dtype)
+    if out.numel():
+        _triton().binary[_blocks(out.numel())](
+            qa, f32(a_scale), a_zp, *sa, qb, f32(b_scale), b_zp, *sb, out, out.numel(), sizes[1], sizes[2], sizes[3],
+            f32_reciprocal(out_scale), out_zp, info.min, info.max, MUL=mul, POST=_POST[post_op], BLOCK=_BLOCK,
+        )
     return out

@@ -209,32 +209,54 @@ def int8_conv(
 ) -> torch.Tensor:
     """``lucid_fx::conv1d`` / ``conv2d``: im2col + ``_int_mm`` (groups 1) or float conv on integer values."""
     ref.check_post_op(post_op)
-    if groups == 1 and cuda_fused.available(qx):
-        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, post_op, out_scale, out_zp,
-                         ref.out_storage(qx, out_dtype), pad)
+    layout = ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format
+    if cuda_fused.available(qx):
+        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale,
+                         out_zp, ref.out_storage(qx, out_dtype), pad, memory_format=layout)
     else:
         y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
         out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
-    return ref.to_layout(out, ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format)
+    return ref.to_layout(out, layout)
 
 
-def conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, post_op, out_scale, out_zp, dtype, pad,
-               other=None) -> torch.Tensor:
-    """A groups-1 convolution's codes (or float32 result) through :func:`conv_gemm` and the fused epilogue
-    (:mod:`lucid_fx.kernels.cuda_fused`), channels-last in memory; ``other`` ``(codes, scale, zero_point)``, of
-    the result's shape, is a residual added before the post-op."""
+def conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale, out_zp,
+               dtype, pad, other=None, memory_format=torch.contiguous_format) -> torch.Tensor:
+    """A convolution's codes (or float32 result) with the fused epilogue (:mod:`lucid_fx.kernels.cuda_fused`)
+    after :func:`conv_gemm` (groups 1) or a float convolution on integer values (grouped), written in
+    ``memory_format``; ``other`` ``(codes, scale, zero_point)``, of the result's shape, is a residual added
+    before the post-op."""
     one_d = qx.dim() == 3
     if one_d:
         qx, stride, padding, dilation = qx.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
-    kernel = (1, qw.shape[2]) if one_d else qw.shape[2:]
-    acc, correction, weight, (n, ho, wo) = conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad)
+    if groups == 1:
+        kernel = (1, qw.shape[2]) if one_d else qw.shape[2:]
+        acc, correction, weight, (n, ho, wo) = conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad)
+        rows, c_out = weight.row_sums, weight.n
+    else:
+        w = PREPARED.get(qw, ("conv_float",), lambda: qw.to(torch.float32))
+        y = F.conv2d(qx.to(torch.float32).sub_(x_zp), w.unsqueeze(2) if one_d else w, None, stride, padding,
+                     dilation, groups)
+        (n, c_out, ho, wo), correction, rows = y.shape, 0, None
+        acc = y.permute(0, 2, 3, 1).reshape(-1, c_out)  # a view where y is channels-last or one image
+    out = torch.empty((n, c_out, ho, wo), dtype=dtype, device=qx.device,
+                      memory_format=torch.contiguous_format if one_d else memory_format)
+    if not _rows_viewable(out):
+        out = torch.empty((n, ho, wo, c_out), dtype=dtype, device=qx.device).permute(0, 3, 1, 2)
     if other is not None:
         codes, other_scale, other_zp = other
-        other = (codes.permute(0, 2, 3, 1).reshape(-1, weight.n), other_scale, other_zp)
-    y = cuda_fused.gemm_epilogue(acc, correction, weight.row_sums, x_scale, w_scale, bias, post_op, out_scale, out_zp,
-                                 dtype, other)
-    y = y.reshape(n, ho, wo, weight.n).permute(0, 3, 1, 2)
-    return y.squeeze(2) if one_d else y
+        other = (codes.permute(0, 2, 3, 1).reshape(-1, c_out), other_scale, other_zp)
+    cuda_fused.gemm_epilogue(acc, correction, rows, x_scale, w_scale, bias, post_op, out_scale, out_zp, dtype, other,
+                             out=out.permute(0, 2, 3, 1).view(-1, c_out))
+    return out.squeeze(2) if one_d else out
+
+
+def _rows_viewable(out: torch.Tensor) -> bool:
+    """Whether (N, C, H, W) ``out`` has a (N*H*W, C) view: channels-last, or one image."""
+    try:
+        out.permute(0, 2, 3, 1).view(-1, out.shape[1])
+    except RuntimeError:
+        return False
+    return True
 
 
 def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad) -> torch.Tensor:

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from lucid_fx.kernels import checks, cuda_fused, native
+from lucid_fx.kernels import checks, native
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["quantize_per_tensor"]
@@ -39,9 +39,6 @@ def quantize_per_tensor(
     x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """:func:`lucid_fx.kernels.reference.quantize_per_tensor`, refusing NaN and ±inf in ``x``."""
-    if x.is_floating_point() and cuda_fused.available(x):  # one Triton pass, the finite check included
-        ref._check_range(quant_min, quant_max, dtype)
-        return cuda_fused.quantize(x, scale, zero_point, quant_min, quant_max, dtype)
     if checks.is_async(x) or not x.is_floating_point() or x.numel() == 0:
         checks.require_finite("quantize_per_tensor", x)
         return ref.quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype)

@@ -6,7 +6,7 @@ silu, gelu, gelu_tanh, tanh, sigmoid."""
 import triton
 import triton.language as tl
 
-__all__ = ["epilogue", "quantize_codes"]
+__all__ = ["epilogue", "quantize_codes", "dequantize_codes", "lookup", "binary"]
 
 
 @triton.jit
@@ -42,14 +42,16 @@ def _post_op(y, POST: tl.constexpr):
 
 @triton.jit
 def epilogue(acc_ptr, stride_am, stride_an, rows_ptr, correction, x_scale, ws_ptr, bias_ptr, other_ptr,
-             stride_om, stride_on, other_scale, other_zp, out_ptr, M, N, inv_out, out_zp, qmin, qmax,
-             HAS_BIAS: tl.constexpr, HAS_OTHER: tl.constexpr, POST: tl.constexpr, QUANT: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             stride_om, stride_on, other_scale, other_zp, out_ptr, stride_ym, stride_yn, M, N, inv_out, out_zp,
+             qmin, qmax, HAS_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_OTHER: tl.constexpr,
+             POST: tl.constexpr, QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[m, n] = finish((acc[m, n] + correction * rows[n]) * x_scale * ws[n] + bias[n] + deq(other[m, n]))."""
     rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]
     rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
     cols, mask = rn < N, (rm < M) & (rn < N)
     acc = tl.load(acc_ptr + rm * stride_am + rn * stride_an, mask=mask, other=0)
-    acc = acc + correction * tl.load(rows_ptr + rn, mask=cols, other=0)
+    if HAS_ROWS:
+        acc = acc + correction * tl.load(rows_ptr + rn, mask=cols, other=0)
     y = acc.to(tl.float32) * (x_scale * tl.load(ws_ptr + rn, mask=cols, other=0.0))
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + rn, mask=cols, other=0.0)
@@ -59,14 +61,56 @@ def epilogue(acc_ptr, stride_am, stride_an, rows_ptr, correction, x_scale, ws_pt
     y = _post_op(y, POST)
     if QUANT:
         y = _round_clamp(y * inv_out, out_zp, qmin, qmax)
-    tl.store(out_ptr + rm * N + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rm * stride_ym + rn * stride_yn, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def quantize_codes(x_ptr, out_ptr, ok_ptr, numel, inv_scale, zp, qmin, qmax, BLOCK: tl.constexpr):
+    """Codes of float x (both walked in memory order); ok cleared where x holds NaN or +-inf."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     bad = (x != x) | (tl.abs(x) == float("inf"))
     tl.atomic_min(ok_ptr + offs * 0, 0, mask=mask & bad)
     tl.store(out_ptr + offs, _round_clamp(x * inv_scale, zp, qmin, qmax).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def dequantize_codes(q_ptr, out_ptr, numel, scale, zp, BLOCK: tl.constexpr):
+    """Float32 (q - zp) * scale, in memory order."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    q = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.float32)
+    tl.store(out_ptr + offs, (q - zp) * scale, mask=mask)
+
+
+@triton.jit
+def lookup(q_ptr, table_ptr, out_ptr, numel, SIGNED: tl.constexpr, BLOCK: tl.constexpr):
+    """table[code] (int8 codes index from -128), in memory order."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    index = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.int32)
+    if SIGNED:
+        index = index + 128
+    tl.store(out_ptr + offs, tl.load(table_ptr + index, mask=mask, other=0), mask=mask)
+
+
+@triton.jit
+def binary(a_ptr, a_scale, a_zp, sa0, sa1, sa2, sa3, b_ptr, b_scale, b_zp, sb0, sb1, sb2, sb3, out_ptr, numel,
+           size1, size2, size3, inv_out, out_zp, qmin, qmax, MUL: tl.constexpr, POST: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """Codes of post(deq(a) + deq(b)) (or *) over 4-d broadcast views; out is contiguous in their dim order."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    i3 = offs % size3
+    rest = offs // size3
+    i2 = rest % size2
+    rest = rest // size2
+    i1 = rest % size1
+    i0 = rest // size1
+    a = tl.load(a_ptr + i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3, mask=mask, other=0).to(tl.float32)
+    b = tl.load(b_ptr + i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3, mask=mask, other=0).to(tl.float32)
+    a = (a - a_zp) * a_scale
+    b = (b - b_zp) * b_scale
+    y = _post_op(a * b if MUL else a + b, POST)
+    tl.store(out_ptr + offs, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty), mask=mask)

@@ -110,7 +110,7 @@ def _both(fn, *args):
     """``fn(*args)`` through the fused kernels (asserting it took them) and through torch ops (FUSED off), on DEV."""
     args = [a.to(DEV) if torch.is_tensor(a) else a for a in args]
     calls, epilogue = [], cuda_fused.gemm_epilogue
-    cuda_fused.gemm_epilogue = lambda *a: calls.append(a) or epilogue(*a)
+    cuda_fused.gemm_epilogue = lambda *a, **k: calls.append(a) or epilogue(*a, **k)
     try:
         fused = fn(*args)
     finally:
@@ -148,3 +148,78 @@ def test_convolutions_take_the_fused_epilogue_with_their_residual(stride, paddin
     fused, plain = _both(int_mm.int8_conv, qx[:, :, 0], 0.03, 120, qw[:, :, 1], w_scale, None, [stride], [padding],
                          [1], 1, 0.1, 100, "none", torch.float32, True)  # conv1d, float out
     torch.testing.assert_close(fused, plain, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("groups", [2, 8])
+@pytest.mark.parametrize("images,channels_last", [(1, False), (2, False), (2, True)])
+def test_grouped_convolutions_take_the_fused_epilogue_in_the_input_s_layout(groups, images, channels_last):
+    qx = _act((images, 8, 9, 10), 19)
+    qx = qx.contiguous(memory_format=torch.channels_last) if channels_last else qx
+    qw = torch.randint(-127, 128, (8, 8 // groups, 3, 3), dtype=torch.int8, generator=_gen(20))
+    w_scale, bias = torch.rand(8, generator=_gen(21)) * 0.01, torch.randn(8, generator=_gen(22))
+    fused, plain = _both(int_mm.int8_conv, qx, 0.03, 120, qw, w_scale, bias, [1, 1], [1, 1], [1, 1], groups, 0.08,
+                         110, "relu", None, True)
+    _codes_within_one(fused, plain, exact=DEV.type == "cpu")
+    assert fused.stride() == plain.stride() and len(torch.unique(plain)) > 20
+
+
+def _codes(shape, seed, dtype=torch.uint8):
+    low, high = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    return torch.randint(low, high, shape, dtype=dtype, generator=_gen(seed))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_dequantize_and_lookup_keep_the_codes_layout(dtype):
+    q = _codes((2, 5, 6, 7), 23, dtype).contiguous(memory_format=torch.channels_last)
+    out = cuda_fused.dequantize(q.to(DEV), 0.0371, 9 if dtype == torch.uint8 else -2)
+    expected = ref.dequantize_per_tensor(q, 0.0371, 9 if dtype == torch.uint8 else -2)
+    assert torch.equal(out.cpu(), expected) and out.stride() == expected.stride()
+    for table in (_codes((256,), 24), torch.randn(256, generator=_gen(25))):
+        out = cuda_fused.lut(q.to(DEV), table.to(DEV))
+        expected = ref.lut(q, table)
+        assert torch.equal(out.cpu(), expected) and out.stride() == expected.stride() and out.dtype == table.dtype
+    transposed = q.to(DEV).transpose(1, 3)  # neither layout: a contiguous copy first
+    assert torch.equal(cuda_fused.dequantize(transposed, 0.5, 1).cpu(), ref.dequantize_per_tensor(q.transpose(1, 3), 0.5, 1))
+
+
+BROADCASTS = [
+    ((2, 16, 5, 5), (2, 16, 5, 5), True, True),  # a residual, channels-last
+    ((2, 16, 5, 5), (2, 16, 1, 1), True, False),  # squeeze-excite's gate
+    ((4, 33), (33,), False, False),  # a bias-like row
+    ((3, 1, 7), (1, 5, 1), False, False),  # both broadcast
+    ((6,), (6,), False, False),
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,a_cl,b_cl", BROADCASTS)
+@pytest.mark.parametrize("mul", [False, True])
+def test_add_and_mul_broadcast_as_the_torch_ops_do(a_shape, b_shape, a_cl, b_cl, mul):
+    qa, qb = _codes(a_shape, 26), _codes(b_shape, 27)
+    qa = qa.contiguous(memory_format=torch.channels_last) if a_cl else qa
+    qb = qb.contiguous(memory_format=torch.channels_last) if b_cl else qb
+    args = (qa, 0.043, 120, qb, 0.031, 131, 0.07 if mul else 0.05, 128, "relu")
+    expected = (ref.mul if mul else ref.add)(*args)
+    out = cuda_fused.binary(mul, *(a.to(DEV) if torch.is_tensor(a) else a for a in args))
+    _codes_within_one(out, expected, exact=DEV.type == "cpu")
+    assert out.stride() == expected.stride(), "the fake kernel's strides"
+    assert len(torch.unique(expected)) > min(20, expected.numel() // 4)
+
+
+def test_more_than_four_dims_are_left_to_the_torch_ops():
+    q = _codes((2, 1, 2, 1, 2), 28).to(DEV)
+    assert cuda_fused.binary(False, q, 0.1, 0, q, 0.1, 0, 0.2, 0, "none") is None
+
+
+def test_the_cuda_registrations_take_the_fused_kernels(monkeypatch):
+    from lucid_fx.kernels.library import KERNELS
+    q = _codes((3, 64), 29).to(DEV)
+    kernels = {name: KERNELS[name]["cuda"] for name in ("add", "mul", "lut", "dequantize_per_tensor", "quantize_per_tensor")}
+    taken = []
+    for name in ("binary", "lut", "dequantize", "quantize"):
+        monkeypatch.setattr(cuda_fused, name, lambda *a, _f=getattr(cuda_fused, name), _n=name: taken.append(_n) or _f(*a))
+    kernels["add"](q, 0.1, 3, q, 0.1, 3, 0.2, 0, "none")
+    kernels["mul"](q, 0.1, 3, q, 0.1, 3, 0.2, 0, "none")
+    kernels["lut"](q, _codes((256,), 30).to(DEV))
+    x = kernels["dequantize_per_tensor"](q, 0.1, 3)
+    assert torch.equal(kernels["quantize_per_tensor"](x, 0.1, 3, 0, 255, torch.uint8), q)
+    assert taken == ["binary", "binary", "lut", "dequantize", "quantize"]
