@@ -18,8 +18,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # (a scr
 nvidia-smi -L
 python3 -c "import torch, triton, lucid_fx; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
 torch.cuda.is_available(), 'triton', triton.__version__, lucid_fx.__file__)"
-timeout 170 python3 -m pytest -q -rs --tb=short --continue-on-collection-errors -m cuda tests \
-    tests/kernels/test_cuda_fused.py 2>&1 | tee "$out/cuda_tests.txt" | tail -60
+timeout 120 python3 -m pytest -q -rs --tb=short --continue-on-collection-errors -m cuda tests 2>&1 \
+    | tee "$out/cuda_tests.txt" | tail -60
+timeout 60 python3 -m pytest -q -rs --tb=short tests/kernels/test_cuda_fused.py 2>&1 | tee "$out/cuda_fused_tests.txt" | tail -30
 timeout 40 python3 benchmarks/cuda_nan_check.py 2>&1 | tee "$out/cuda_nan.txt" | tail -8
 timeout 200 python3 benchmarks/cuda_inference.py --rounds 3 2>&1 | tee "$out/cuda_bench.txt"
 timeout 35 python3 benchmarks/cuda_profile.py --model mlp_b1 2>&1 | tee "$out/cuda_profile.txt"

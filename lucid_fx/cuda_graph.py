@@ -73,8 +73,21 @@ def capture(model: torch.nn.Module, args: Tuple[Any, ...], call) -> Optional[Cud
             with torch.cuda.graph(graph):
                 outputs = call(*inputs)
     except Exception as exc:  # noqa: BLE001 - the portable graph keeps serving this signature; say why
+        _release_generator(device)
         warnings.warn(f"lucid_fx: this model's CUDA calls cannot be replayed from a CUDA graph ({type(exc).__name__}: "
                       f"{str(exc)[:200]}); each call runs the portable graph's kernels one launch at a time "
                       "(correct, slower on small layers)", RuntimeWarning, stacklevel=4)
         return None
     return CudaGraphProgram(graph, inputs, outputs)
+
+
+def _release_generator(device: torch.device) -> None:
+    """After a failed capture, give the device's default generator a fresh state with the same seed and
+    offset: the failed capture never ended the state's capture, and every later random op on the device
+    would raise "Offset increment outside graph capture encountered unexpectedly" (torch 2.11, H200)."""
+    if device.type != "cuda":
+        return
+    generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    fresh = torch.Generator(device=generator.device)
+    fresh.set_state(generator.get_state())
+    generator.graphsafe_set_state(fresh)

@@ -129,6 +129,21 @@ def test_a_model_that_reads_the_gpu_on_the_host_warns_once_and_runs_the_portable
         assert list(programs_of(qmodel).values()) == [None]
         assert torch.equal(qmodel(x), first)
         assert torch.equal(qmodel(x * 2), nn.Module.__call__(qmodel, x * 2))
+    assert torch.randn(3, device="cuda").shape == (3,), "random ops still run after the failed capture"
+
+
+@on_gpu
+def test_a_capture_invalidated_by_a_host_read_leaves_random_ops_working():
+    def call(x):  # runs in the warm-up; inside the capture it reads the GPU on the host, which ends the capture
+        y = torch.rand_like(x) + x
+        return y.sum().item() if torch.cuda.is_current_stream_capturing() else y
+
+    with pytest.warns(RuntimeWarning, match="cannot be replayed from a CUDA graph"):
+        assert capture(nn.Identity(), (torch.zeros(4, device="cuda"),), call) is None
+    torch.manual_seed(3)
+    first = torch.rand(5, device="cuda")
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(5, device="cuda"), first), "the generator's seed still rules"
 
 
 @on_gpu
