@@ -1,6 +1,6 @@
 """The CUDA kernels: :mod:`lucid_fx.kernels.int_mm`'s GEMMs with operands padded to the shapes
 cuBLASLt's ``torch._int_mm`` accepts, and, where Triton is installed, each GEMM's epilogue, each
-quantization, dequantization, table lookup and elementwise add or mul as one fused kernel
+quantization, dequantization, table lookup, elementwise add or mul and global average as one fused kernel
 (:mod:`lucid_fx.kernels.cuda_fused`); without Triton, the same steps as torch ops."""
 
 import torch
@@ -56,6 +56,23 @@ def _lut(q, table):
     return ref.lut(q, table)
 
 
+def _spatial_mean(q) -> bool:
+    return q.dim() == 4 and q.dtype in (torch.uint8, torch.int8) and q.numel() > 0 and cuda_fused.available(q)
+
+
+def _adaptive_avg_pool2d(q, scale, zp, output_size, out_scale, out_zp):
+    if _spatial_mean(q) and all(size == 1 for size in output_size):
+        return ref.to_layout(cuda_fused.global_average(q, scale, zp, out_scale, out_zp), ref.conv2d_memory_format(q))
+    return ref.adaptive_avg_pool2d(q, scale, zp, output_size, out_scale, out_zp)
+
+
+def _mean(q, scale, zp, dim, keepdim, out_scale, out_zp):
+    if _spatial_mean(q) and sorted(d % 4 for d in dim) == [2, 3]:
+        out = cuda_fused.global_average(q, scale, zp, out_scale, out_zp)
+        return out if keepdim else out.view(out.shape[:2])
+    return ref.mean(q, scale, zp, dim, keepdim, out_scale, out_zp)
+
+
 def _elementwise(mul: bool):
     fallback = ref.mul if mul else ref.add
 
@@ -80,3 +97,5 @@ register_kernel("dequantize_per_tensor", "cuda", _dequantize_per_tensor)
 register_kernel("lut", "cuda", _lut)
 register_kernel("add", "cuda", _elementwise(mul=False))
 register_kernel("mul", "cuda", _elementwise(mul=True))
+register_kernel("adaptive_avg_pool2d", "cuda", _adaptive_avg_pool2d)
+register_kernel("mean", "cuda", _mean)

@@ -27,7 +27,9 @@ import torch
 from lucid_fx.kernels import checks
 from lucid_fx.kernels.codes import POST_OPS, f32, f32_reciprocal
 
-__all__ = ["FUSED", "available", "gemm_epilogue", "quantize", "dequantize", "lut", "binary"]
+__all__ = [
+    "FUSED", "available", "gemm_epilogue", "gemm_operand", "quantize", "dequantize", "lut", "binary", "global_average",
+]
 
 #: Whether the CUDA kernels use the fused Triton kernels where Triton is installed (False: torch ops).
 FUSED = True
@@ -45,9 +47,8 @@ def _triton():
 
 def available(t: torch.Tensor) -> bool:
     """Whether the fused kernels serve ``t``'s device: CUDA (or Triton's interpreter on the CPU) with Triton."""
-    if not FUSED or _triton() is None:
-        return False
-    return t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    on_device = t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return FUSED and on_device and _triton() is not None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -148,4 +149,43 @@ def binary(mul: bool, qa: torch.Tensor, a_scale: float, a_zp: int, qb: torch.Ten
             qa, f32(a_scale), a_zp, *sa, qb, f32(b_scale), b_zp, *sb, out, out.numel(), sizes[1], sizes[2], sizes[3],
             f32_reciprocal(out_scale), out_zp, info.min, info.max, MUL=mul, POST=_POST[post_op], BLOCK=_BLOCK,
         )
+    return out
+
+
+def gemm_operand(q: torch.Tensor, zero_point: int, kernel=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                 pad: bool = True) -> Tuple[torch.Tensor, int, Tuple[int, int, int]]:
+    """The int8 left operand of an int8 GEMM in one pass: for 4-d codes (N, C, H, W) of any strides a
+    convolution's im2col rows (one per output pixel in (N, Ho, Wo) order, taps and channels with channels
+    fastest, the zero point's code outside the image), for 2-d codes (M, K) the rows themselves; uint8 codes
+    shifted into int8. ``pad``: zero rows and columns up to the shape CUDA's ``torch._int_mm`` takes (more than
+    16 rows, columns a multiple of 8). Returns the operand, the zero-point correction (``int_mm``'s), and
+    ``(n, ho, wo)``."""
+    if q.dim() == 2:
+        (n, c), (h, w), (sn, sc), (sh, sw) = q.shape, (1, 1), q.stride(), (0, 0)
+    else:
+        (n, c, h, w), (sn, sc, sh, sw) = q.shape, q.stride()
+    (kh, kw), (st_h, st_w), (p_h, p_w), (d_h, d_w) = kernel, stride, padding, dilation
+    ho, wo = (h + 2 * p_h - d_h * (kh - 1) - 1) // st_h + 1, (w + 2 * p_w - d_w * (kw - 1) - 1) // st_w + 1
+    m, k = n * ho * wo, kh * kw * c
+    mp, kp = (max(m, 17), -(-k // 8) * 8) if pad else (m, k)
+    flip = q.dtype == torch.uint8
+    cols = torch.empty((mp, kp), dtype=torch.int8, device=q.device)
+    _triton().im2col[(-(-mp // _BLOCK_M), -(-kp // _BLOCK_N))](
+        q, sn, sc, sh, sw, cols, m, k, mp, kp, c, h, w, ho, wo, st_h, st_w, p_h, p_w, d_h, d_w, kw,
+        zero_point - 128 if flip else zero_point, FLIP=flip, BLOCK_M=_BLOCK_M, BLOCK_K=_BLOCK_N,
+    )
+    return cols, (128 - zero_point) if flip else -zero_point, (n, ho, wo)
+
+
+def global_average(q: torch.Tensor, scale: float, zero_point: int, out_scale: float, out_zp: int) -> torch.Tensor:
+    """Codes of the mean over H and W of 4-d codes (N, C, H, W) of any strides, as (N, C, 1, 1) contiguous:
+    the codes summed exactly, then rescaled once (``adaptive_avg_pool2d`` to 1 x 1)."""
+    n, c, h, w = q.shape
+    out = torch.empty((n, c, 1, 1), dtype=q.dtype, device=q.device)
+    info = torch.iinfo(q.dtype)
+    block_c = 64
+    _triton().global_average[(n, -(-c // block_c))](
+        q, *q.stride(), out, c, h * w, w, f32(scale) / (h * w), zero_point * h * w, f32_reciprocal(out_scale), out_zp,
+        info.min, info.max, BLOCK_C=block_c, BLOCK_HW=32,
+    )
     return out

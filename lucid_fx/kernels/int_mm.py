@@ -177,11 +177,14 @@ def int8_linear(
     """``lucid_fx::linear`` through ``torch._int_mm``; ``pad`` for CUDA's shape limits."""
     ref.check_post_op(post_op)
     weight = PREPARED.get(qw, ("linear", pad), lambda: _gemm_weight(qw, pad))
-    a, correction = _as_int8(qx.reshape(-1, qx.shape[-1]), x_zp)
-    if cuda_fused.available(a):
-        y = cuda_fused.gemm_epilogue(raw_gemm(a.contiguous(), weight, pad), correction, weight.row_sums, x_scale,
-                                     w_scale, bias, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
+    if cuda_fused.available(qx):
+        rows = qx.reshape(-1, qx.shape[-1])
+        cols, correction, _ = cuda_fused.gemm_operand(rows, x_zp, pad=pad)
+        acc = raw_gemm(cols, weight, pad)[: rows.shape[0]]
+        y = cuda_fused.gemm_epilogue(acc, correction, weight.row_sums, x_scale, w_scale, bias, post_op, out_scale,
+                                     out_zp, ref.out_storage(qx, out_dtype))
         return y.reshape(*qx.shape[:-1], weight.n)
+    a, correction = _as_int8(qx.reshape(-1, qx.shape[-1]), x_zp)
     y = _rescale(_gemm(a.contiguous(), correction, weight, pad), x_scale, w_scale, bias)
     y = y.reshape(*qx.shape[:-1], weight.n)
     return ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
@@ -234,8 +237,8 @@ def conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
         rows, c_out = weight.row_sums, weight.n
     else:
         w = PREPARED.get(qw, ("conv_float",), lambda: qw.to(torch.float32))
-        y = F.conv2d(qx.to(torch.float32).sub_(x_zp), w.unsqueeze(2) if one_d else w, None, stride, padding,
-                     dilation, groups)
+        values = cuda_fused.dequantize(qx, 1.0, x_zp)  # the integers q - zp, exact in float32, in one pass
+        y = F.conv2d(values, w.unsqueeze(2) if one_d else w, None, stride, padding, dilation, groups)
         (n, c_out, ho, wo), correction, rows = y.shape, 0, None
         acc = y.permute(0, 2, 3, 1).reshape(-1, c_out)  # a view where y is channels-last or one image
     out = torch.empty((n, c_out, ho, wo), dtype=dtype, device=qx.device,
@@ -282,11 +285,14 @@ def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilati
 def conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad) -> tuple:
     """A groups-1 convolution's GEMM on 4-d ``qx``: int32 sums with one row per output pixel in (N, Ho, Wo)
     order (maybe a view of a padded result), the zero-point correction, the weight, and ``(n, ho, wo)``."""
-    a, correction = _as_int8(qx, x_zp)
-    fill = x_zp - 128 if qx.dtype == torch.uint8 else x_zp
-    cols, shape = _im2col_nhwc(a, fill, kernel, stride, padding, dilation)
+    if cuda_fused.available(qx):  # one pass, padded for _int_mm; its extra rows are dropped below
+        cols, correction, shape = cuda_fused.gemm_operand(qx, x_zp, kernel, stride, padding, dilation, pad)
+    else:
+        a, correction = _as_int8(qx, x_zp)
+        fill = x_zp - 128 if qx.dtype == torch.uint8 else x_zp
+        cols, shape = _im2col_nhwc(a, fill, kernel, stride, padding, dilation)
     # Keyed by the caller's weight tensor (not a view of it), so the entry lives as long as it.
     weight = PREPARED.get(
         qw, ("conv_nhwc", pad), lambda: _gemm_weight(qw.movedim(1, -1).reshape(qw.shape[0], -1), pad)
     )
-    return raw_gemm(cols, weight, pad), correction, weight, shape
+    return raw_gemm(cols, weight, pad)[: shape[0] * shape[1] * shape[2]], correction, weight, shape

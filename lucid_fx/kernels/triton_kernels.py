@@ -6,7 +6,7 @@ silu, gelu, gelu_tanh, tanh, sigmoid."""
 import triton
 import triton.language as tl
 
-__all__ = ["epilogue", "quantize_codes", "dequantize_codes", "lookup", "binary"]
+__all__ = ["epilogue", "quantize_codes", "dequantize_codes", "lookup", "binary", "im2col", "global_average"]
 
 
 @triton.jit
@@ -114,3 +114,52 @@ def binary(a_ptr, a_scale, a_zp, sa0, sa1, sa2, sa3, b_ptr, b_scale, b_zp, sb0, 
     b = (b - b_zp) * b_scale
     y = _post_op(a * b if MUL else a + b, POST)
     tl.store(out_ptr + offs, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def im2col(x_ptr, sn, sc, sh, sw, cols_ptr, M, K, MP, KP, C, H, W, HO, WO, stride_h, stride_w, pad_h, pad_w,
+           dil_h, dil_w, KW, fill, FLIP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The GEMM operand of a convolution (a linear: 1x1 over a 1x1 image), int8, (MP, KP) contiguous: row m an
+    output pixel (n, oh, ow), column k a tap and channel (i, j, c), c fastest; codes of uint8 x shifted into int8
+    (FLIP: x ^ 128), outside the image the zero point's code ``fill``, and zeros past (M, K)."""
+    rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]
+    rk = (tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
+    ow = rm % WO
+    oh = (rm // WO) % HO
+    n = rm // (WO * HO)
+    c = rk % C
+    j = (rk // C) % KW
+    i = rk // (C * KW)
+    h = oh * stride_h - pad_h + i * dil_h
+    w = ow * stride_w - pad_w + j * dil_w
+    real = (rm < M) & (rk < K)
+    inside = real & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+    v = tl.load(x_ptr + n * sn + c * sc + h * sh + w * sw, mask=inside, other=0).to(tl.int32)
+    if FLIP:
+        v = v - 128
+    v = tl.where(inside, v, tl.where(real, fill, 0))
+    tl.store(cols_ptr + rm * KP + rk, v.to(tl.int8), mask=(rm < MP) & (rk < KP))
+
+
+@triton.jit
+def _add(a, b):
+    # tl.reduce's combine function; tl.sum and tl.zeros are Triton's own jit functions, which its interpreter
+    # runs only when Triton was imported in interpreter mode (torch.utils.flop_counter imports it first)
+    return a + b
+
+
+@triton.jit
+def global_average(q_ptr, sn, sc, sh, sw, out_ptr, C, HW, W, scale_over_hw, zp_hw, inv_out, out_zp, qmin, qmax,
+                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Codes of the mean over H and W of each (n, c): the codes summed exactly in int32, then one rescale."""
+    n = tl.program_id(0)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    total = rc * 0  # int32 zeros
+    for start in range(0, HW, BLOCK_HW):
+        p = (start + tl.arange(0, BLOCK_HW))[:, None]
+        mask = (p < HW) & (rc[None, :] < C)
+        v = tl.load(q_ptr + n * sn + rc[None, :] * sc + (p // W) * sh + (p % W) * sw, mask=mask, other=0)
+        total += tl.reduce(v.to(tl.int32), 0, _add)
+    y = (total - zp_hw).to(tl.float32) * scale_over_hw
+    tl.store(out_ptr + n * C + rc, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty),
+             mask=rc < C)

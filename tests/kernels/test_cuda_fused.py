@@ -1,5 +1,5 @@
-"""lucid_fx/kernels/cuda_fused.py: the Triton kernels (GEMM epilogue, quantize) against the torch ops they
-replace. On a GPU they run compiled on CUDA tensors; without one, in Triton's interpreter on CPU tensors
+"""lucid_fx/kernels/cuda_fused.py: the Triton kernels (a GEMM's operand and epilogue, quantize, dequantize,
+table lookups, elementwise add and mul, global average) against the torch ops they replace. On a GPU they run compiled on CUDA tensors; without one, in Triton's interpreter on CPU tensors
 (TRITON_INTERPRET=1, set for each test alone). Triton ships with torch's CUDA builds; where it is not
 installed (CPU-only torch, as in CI) this module is skipped, and the CUDA kernels run as torch ops."""
 
@@ -17,8 +17,8 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 @pytest.fixture(autouse=True)
 def triton_kernels(monkeypatch):
-    """Compiled kernels on a GPU; interpreted ones on the CPU, for this test only (the interpreter
-    would otherwise serve every CPU quantization after it)."""
+    """Compiled kernels on a GPU; interpreted ones on the CPU, for this test only (the CPU's int_mm
+    kernels would otherwise take the interpreted ones after it)."""
     if DEV.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     cuda_fused._triton.cache_clear()
@@ -223,3 +223,69 @@ def test_the_cuda_registrations_take_the_fused_kernels(monkeypatch):
     x = kernels["dequantize_per_tensor"](q, 0.1, 3)
     assert torch.equal(kernels["quantize_per_tensor"](x, 0.1, 3, 0, 255, torch.uint8), q)
     assert taken == ["binary", "binary", "lut", "dequantize", "quantize"]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_global_pooling_and_spatial_means_take_the_fused_kernel_with_the_fake_kernels_strides(channels_last, monkeypatch):
+    from lucid_fx.kernels.library import KERNELS
+    q = _codes((2, 6, 5, 4), 34)
+    q = q.contiguous(memory_format=torch.channels_last) if channels_last else q
+    taken = []
+    monkeypatch.setattr(cuda_fused, "global_average",
+                        lambda *a, _f=cuda_fused.global_average: taken.append(a) or _f(*a))
+    pooled = KERNELS["adaptive_avg_pool2d"]["cuda"](q.to(DEV), 0.05, 10, [1, 1], 0.02, 7)
+    expected = ref.adaptive_avg_pool2d(q, 0.05, 10, [1, 1], 0.02, 7)
+    assert pooled.stride() == expected.stride()
+    _codes_within_one(pooled, expected, exact=False)
+    for dim, keepdim in (([2, 3], True), ([-1, -2], False)):
+        mean = KERNELS["mean"]["cuda"](q.to(DEV), 0.05, 10, dim, keepdim, 0.02, 7)
+        expected = ref.mean(q, 0.05, 10, dim, keepdim, 0.02, 7)
+        assert mean.shape == expected.shape and mean.stride() == expected.stride()
+        _codes_within_one(mean, expected, exact=False)
+    assert len(taken) == 3
+    KERNELS["mean"]["cuda"](q.to(DEV), 0.05, 10, [1], True, 0.02, 7)  # over channels: the torch ops
+    KERNELS["adaptive_avg_pool2d"]["cuda"](q.to(DEV), 0.05, 10, [2, 2], 0.02, 7)
+    assert len(taken) == 3
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation", [
+    ((2, 5, 7, 6), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1)),  # K = 27: padded to 32
+    ((2, 16, 5, 5), (1, 1), (1, 1), (0, 0), (1, 1)),
+    ((1, 4, 8, 8), (3, 2), (1, 2), (2, 0), (2, 1)),
+])
+@pytest.mark.parametrize("dtype,channels_last", [(torch.uint8, False), (torch.uint8, True), (torch.int8, False)])
+def test_the_gemm_operand_is_the_padded_shifted_im2col(shape, kernel, stride, padding, dilation, dtype, channels_last):
+    q = _codes(shape, 31, dtype)
+    q = q.contiguous(memory_format=torch.channels_last) if channels_last else q
+    zp = 117 if dtype == torch.uint8 else -3
+    cols, correction, (n, ho, wo) = cuda_fused.gemm_operand(q.to(DEV), zp, kernel, stride, padding, dilation)
+    a, expected_correction = int_mm._as_int8(q, zp)
+    expected, expected_shape = int_mm._im2col_nhwc(a, zp - 128 if dtype == torch.uint8 else zp, kernel, stride,
+                                                   padding, dilation)
+    m, k = expected.shape
+    assert (n, ho, wo) == tuple(expected_shape) and correction == expected_correction
+    assert cols.shape == (max(m, 17), -(-k // 8) * 8) and cols.dtype == torch.int8
+    assert torch.equal(cols[:m, :k].cpu(), expected)
+    assert not cols[m:].any() and not cols[:, k:].any(), "the padding is zeros"
+
+
+def test_a_linear_s_operand_is_its_rows_shifted_and_padded():
+    q = _codes((40, 24), 32)[:, 3:16]  # strided rows, K = 13
+    cols, correction, _ = cuda_fused.gemm_operand(q.to(DEV), 100)
+    assert cols.shape == (40, 16) and correction == 28
+    assert torch.equal(cols[:, :13].cpu(), (q ^ 128).view(torch.int8)) and not cols[:, 13:].any()
+
+
+@pytest.mark.parametrize("shape", [(2, 70, 7, 9), (1, 8, 1, 1), (3, 5, 12, 11)])
+@pytest.mark.parametrize("dtype,channels_last", [(torch.uint8, False), (torch.uint8, True), (torch.int8, False)])
+def test_global_average_is_adaptive_average_pooling_to_one_pixel(shape, dtype, channels_last):
+    q = _codes(shape, 33, dtype)
+    q = q.contiguous(memory_format=torch.channels_last) if channels_last else q
+    zp = 120 if dtype == torch.uint8 else 4
+    expected = ref.adaptive_avg_pool2d(q, 0.0413, zp, [1, 1], 0.0077, zp)
+    out = cuda_fused.global_average(q.to(DEV), 0.0413, zp, 0.0077, zp)
+    assert out.shape == expected.shape
+    # the codes are summed exactly and rescaled once, where torch's mean sums rounded floats: a tie may move
+    _codes_within_one(out, expected, exact=False)
+    assert len(torch.unique(expected)) > min(10, expected.numel() // 3)
