@@ -198,6 +198,7 @@ OP_DEFS: List[OpDef] = [
     OpDef("stack", ("tensors", "dim")),
     OpDef("chunk", ("input", "chunks", "dim"), tags=_MOVES_VIEW),
     OpDef("split", ("input", "split_size_or_sections", "dim"), tags=_MOVES_VIEW),  # GPT-2's q, k, v = qkv.split(n, 2)
+    OpDef("tensor_split", ("input", "indices_or_sections", "dim"), tags=_MOVES_VIEW),  # transformers' Mamba (its CPU path)
     OpDef("unbind", ("input", "dim"), tags=_MOVES_VIEW),  # ModernBERT's q, k, v = qkv.unbind(dim=2)
     OpDef("repeat_interleave", ("input", "repeats", "dim"), tags=frozenset({Tag.MOVES_CODES})),  # GPT-J's rotary sin/cos
     OpDef("roll", ("input", "shifts", "dims"), tags=frozenset({Tag.MOVES_CODES})),  # Swin's shifted windows

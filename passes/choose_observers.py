@@ -37,7 +37,7 @@ __all__ = ["choose_observers", "RuleContext", "QUANTIZED_KINDS"]
 # Kinds whose value ends up as integer codes: a quantized op reads quantized inputs.
 QUANTIZED_KINDS = (DecisionKind.FIXED, DecisionKind.STATISTICS, DecisionKind.SHARED, DecisionKind.FUSED)
 # torch.fx's guards on concrete_args (a part traced with its parent call's constants) return None and bools
-_NOT_TENSORS = {"size", "getattr", "output", "_assert_is_none", "_assert", "eq", "chunk", "split", "unbind"}  # (tuples)
+_NOT_TENSORS = {"size", "getattr", "output", "_assert_is_none", "_assert", "eq", "chunk", "split", "tensor_split", "unbind"}  # (tuples)
 _WEIGHT_ARGS = ("weight", "bias", "running_mean", "running_var")
 _WEIGHTED = ops_tagged(Tag.WEIGHTED)
 # Ops that pass one tensor's codes on (the observer table's SHARED_OPS, tuples aside), and of those the

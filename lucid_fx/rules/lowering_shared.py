@@ -170,7 +170,7 @@ def _item_of_codes(ctx, node: fx.Node, resolve) -> Optional[QValue]:
     mover = canonical(node).tensor_inputs()[0]
     # chunk and split keep every dim: their items are views of the codes in the layout they have (a conformer's
     # GLU halves of a channels-last convolution); unbind drops one, so it reads the float model's layout
-    x = ctx.quant_of(source) if canonical(mover).op in ("chunk", "split") else ctx.float_layout_of(source)
+    x = ctx.quant_of(source) if canonical(mover).op in ("chunk", "split", "tensor_split") else ctx.float_layout_of(source)
     moved = ctx.graph.node_copy(mover, lambda n: x.node if resolve(n) is source else ctx.float_of(resolve(n)))
     item = ctx.graph.node_copy(node, lambda n: moved if n is mover else ctx.float_of(resolve(n)))
     return QValue(item, x.scale, x.zero_point, x.qdtype, x.channels_last, x.float_layout)

@@ -12,7 +12,7 @@ __all__ = ["SHARED_OPS", "TUPLE_MOVERS", "item_source"]
 # Ops whose output is a rearrangement or subset of the input's values: keep the input's qparams.
 SHARED_OPS = ops_tagged(Tag.MOVES_CODES)
 # Of those, the ones that return a tuple of tensors: their items (``getitem``) share the input's qparams.
-TUPLE_MOVERS = frozenset({"chunk", "split", "unbind", "max", "min"})  # max/min over a dim: (values, indices)
+TUPLE_MOVERS = frozenset({"chunk", "split", "tensor_split", "unbind", "max", "min"})  # max/min over a dim: (values, indices)
 
 
 def item_source(node) -> Optional[Any]:

@@ -84,6 +84,34 @@ def test_the_items_of_a_chunk_are_views_of_the_codes_on_the_inputs_grid():
     assert sqnr > 25, f"{sqnr:.1f} dB"
 
 
+class TensorSplit(nn.Module):
+    """transformers' Mamba on a CPU: ``x, gate = projected.tensor_split([n], dim)`` (uneven parts too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.out = nn.Linear(8, 20), nn.Linear(12, 8)
+
+    def forward(self, x):
+        hidden, gate, rest = torch.tensor_split(self.proj(x), [12, 16], dim=-1)
+        return self.out(hidden) + gate.sum(-1, keepdim=True) * rest.mean(-1, keepdim=True)
+
+
+def test_the_items_of_a_tensor_split_are_views_of_the_codes_on_the_inputs_grid():
+    torch.manual_seed(0)
+    model, x = TensorSplit().eval(), torch.randn(4, 8)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    items = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target.__name__ == "getitem"]
+    assert [n.meta[_meta.DECISION].kind.value for n in items] == ["shared"] * 3
+    lucid_fx.calibrate(prepared, [torch.randn(4, 8) for _ in range(4)], progress=False)
+    q = lucid_fx.convert(prepared)
+    splits = [n for n in q.graph.nodes if n.target is torch.tensor_split]
+    y, values = record_values(q, (x,))
+    assert splits and all(values[n.args[0].name].dtype == torch.uint8 for n in splits), "tensor_split reads codes"
+    assert "tensor_split" not in q.lucid_fx_convert_report.float_ops and "getitem" not in q.lucid_fx_convert_report.float_ops
+    expected = model(x)
+    assert 10 * torch.log10(expected.pow(2).mean() / (y - expected).pow(2).mean()) > 25
+
+
 class Unbound(nn.Module):
     """ModernBERT's attention inputs: one projection, then q, k, v = qkv.unbind(dim)."""
 

@@ -38,6 +38,18 @@ def test_gpt2s_three_splits_are_one_and_a_view_of_itself_is_the_value():
     assert torch.equal(gm(x), expected)
 
 
+def test_tensor_splits_of_one_value_are_one():
+    def body(g, x):  # transformers' Mamba: one tensor_split read twice
+        parts = [g.call_function(operator.getitem, (g.call_method("tensor_split", (x, [2], 1)), i)) for i in (0, 1)]
+        return g.call_function(torch.cat, (parts, 1))
+
+    gm = _program(body)
+    x = torch.arange(12.0).reshape(2, 6)
+    assert merge_program_views(gm) == 1
+    gm.recompile()
+    assert _calls(gm) == ["tensor_split", "getitem", "getitem", "cat"] and torch.equal(gm(x), x)
+
+
 def test_views_that_differ_or_may_copy_are_kept():
     def body(g, x):
         a = g.call_function(torch.transpose, (x, 0, 1))
