@@ -15,8 +15,8 @@ computed from the stream, so a transformer's chain of residual adds is no such c
 float also takes:
 
 - what the steps' other operands are computed from, through elementwise ops and views, up to a product
-  (a linear's output), a constant or an input: the decay and input coefficients, in float from the layers
-  that make them;
+  (a linear's output), a constant, an input or a value an op outside the region reads too: the decay and
+  input coefficients, in float from the layers that make them;
 - what reads the chain and is computed only from it, from such values and from constants: the product of
   each state with its read-out vector, the stack of the outputs, the elementwise tail after them.
 
@@ -103,38 +103,46 @@ def _chains(graph: fx.Graph, order: Dict[fx.Node, int]) -> Set[fx.Node]:
     return {node for node in up if up[node] + down[node] - 1 >= MIN_STEPS}
 
 
-def _grow_back(node: fx.Node, region: Set[fx.Node]) -> None:
-    """Add to ``region`` what ``node`` is computed from through elementwise ops and views."""
-    stack = [node]
+def _grow_back(node: fx.Node, region: Set[fx.Node]) -> bool:
+    """Add to ``region`` what ``node`` is computed from through elementwise ops and views and read only in
+    ``region`` (a value int8 ops also read stays int8: Mamba's ``chunk`` of its input projection feeds the
+    int8 conv1d with one half and the scan's gate with the other); whether it added any."""
+    stack, grew = [node], False
     while stack:
         for source in _inputs(stack.pop()):
-            if source not in region and _op(source) in _GROWS:
+            if source not in region and _op(source) in _GROWS and all(user in region for user in source.users):
                 region.add(source)
                 stack.append(source)
+                grew = True
+    return grew
 
 
 def _computable(value: fx.Node, region: Set[fx.Node]) -> bool:
     return value in region or value.op == "get_attr" or _op(value) in _GROWS
 
 
-def recurrence_nodes(graph: fx.Graph) -> FrozenSet[fx.Node]:
-    """The nodes of ``graph`` that run float as part of a linear recurrence (see the module docstring)."""
-    order = {node: i for i, node in enumerate(graph.nodes)}
-    chain = _chains(graph, order)
-    region = set(chain)
-    for node in chain:
-        _grow_back(node, region)
-    frontier = list(chain)
-    while frontier:  # forward: what reads the chain and is computed from the region, constants and such values
-        node = frontier.pop()
+def _grow_forward(region: Set[fx.Node]) -> bool:
+    """Add to ``region`` what reads it and is computed only from it, constants and values it may compute
+    (products, the stack of the outputs, the elementwise tail); whether it added any."""
+    grew = False
+    for node in list(region):
         for user in node.users:
             op = _op(user)
             if user in region or op is None or op in _WEIGHTED:
                 continue
-            if not (op in _GROWS or op in _COLLECTS or op in _PRODUCTS):
-                continue
-            if all(_computable(value, region) for value in _inputs(user)):
+            if (op in _GROWS or op in _COLLECTS or op in _PRODUCTS) and all(
+                    _computable(value, region) for value in _inputs(user)):
                 region.add(user)
-                _grow_back(user, region)
-                frontier.append(user)
+                grew = True
+    return grew
+
+
+def recurrence_nodes(graph: fx.Graph) -> FrozenSet[fx.Node]:
+    """The nodes of ``graph`` that run float as part of a linear recurrence (see the module docstring)."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    region = set(_chains(graph, order))
+    grew = bool(region)
+    while grew:  # back and forward until nothing is added
+        grew = any([_grow_back(node, region) for node in list(region)])
+        grew = _grow_forward(region) or grew
     return frozenset(region)

@@ -27,19 +27,51 @@ class Scan(nn.Module):
 
     def forward(self, x):  # x: (batch, tokens, d)
         u, gate = self.in_proj(x).chunk(2, dim=-1)
-        u = F.silu(u)
+        return self.scan(F.silu(u), gate)
+
+    def scan(self, u, gate):
         dt_in, B, C = self.x_proj(u).split([4, self.state, self.state], dim=-1)
         dt = F.softplus(self.dt_proj(dt_in)).transpose(1, 2)  # (batch, inner, tokens)
         A = -torch.exp(self.A_log)
         decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (batch, inner, tokens, state)
         drive = dt[:, :, :, None] * B[:, None, :, :] * u.transpose(1, 2)[:, :, :, None]
-        s = torch.zeros(x.shape[0], u.shape[-1], self.state)
+        s = torch.zeros(u.shape[0], u.shape[-1], self.state)
         outputs = []
         for i in range(self.tokens):
             s = decay[:, :, i, :] * s + drive[:, :, i, :]
             outputs.append(torch.matmul(s, C[:, i, :].unsqueeze(-1))[:, :, 0])
         y = torch.stack(outputs, dim=-1).transpose(1, 2)  # (batch, tokens, inner)
         return self.out_proj(y * F.silu(gate))
+
+
+class ConvScan(Scan):
+    """transformers' Mamba: one half of the input projection through a depthwise conv1d (int8), the other the
+    scan's gate (float): the chunk both halves are items of is read by both."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(64, 64, 3, padding=2, groups=64)
+
+    def forward(self, x):
+        u, gate = self.in_proj(x).transpose(1, 2).chunk(2, dim=1)  # (batch, inner, tokens)
+        u = F.silu(self.conv(u)[..., : x.shape[1]]).transpose(1, 2)
+        return self.scan(u, gate.transpose(1, 2))
+
+
+def test_a_value_int8_ops_read_too_stays_int8():
+    torch.manual_seed(0)
+    model = ConvScan().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(_batches(1)[0],))
+    region = {n.name for n in recurrence_nodes(prepared.graph)}
+    ops = {n.name: n.meta[_meta.OP].op for n in prepared.graph.nodes if _meta.OP in n.meta}
+    assert "chunk" not in {ops.get(name) for name in region}, "the chunk feeds the int8 conv1d too"
+    assert sum(ops.get(name) == "add" for name in region) == 12, "the scan's steps are float"
+    lucid_fx.calibrate(prepared, _batches(8), progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    report = qmodel.lucid_fx_convert_report
+    convs = [str(n.target) for n in qmodel.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
+    assert convs == ["lucid_fx.conv2d"], convs  # the int8 convolution (conv1d runs as height 1)
+    assert report.int8_flop_share > 0.9, report.int8_flop_share
 
 
 def _batches(n, seed=0, tokens=12):
