@@ -72,26 +72,16 @@ def graphed(model, example):
     return call
 
 
-def without_cuda_graphs(model):
-    """``model`` with every call through the portable graph's kernels, one launch at a time."""
+def switched_off(model, module, flag: str):
+    """``model`` with ``module.flag`` False during each call: ``(cuda_graph, "CUDA_GRAPHS")`` launches every
+    kernel one at a time; ``(cuda_fused, "FUSED")`` runs the CUDA kernels' steps as torch ops instead of the
+    fused Triton kernels (the model's CUDA graph is then captured that way on its first call)."""
     def call(x):
-        cuda_graph.CUDA_GRAPHS = False
+        setattr(module, flag, False)
         try:
             return model(x)
         finally:
-            cuda_graph.CUDA_GRAPHS = True
-    return call
-
-
-def with_torch_ops(model):
-    """``model`` with its CUDA kernels' epilogues and quantizations as torch ops (the fused Triton kernels off);
-    its CUDA graph is captured that way on its first call."""
-    def call(x):
-        cuda_fused.FUSED = False
-        try:
-            return model(x)
-        finally:
-            cuda_fused.FUSED = True
+            setattr(module, flag, True)
     return call
 
 
@@ -117,9 +107,10 @@ def _model_rows(name: str, args) -> list:
     fp32_graph = graphed(model, example)
     if fp32_graph is not None:
         fns["fp32 graph"], sizes["fp32 graph"] = fp32_graph, sizes["fp32 eager"]
-    fns["lucid_fx int8"], fns["lucid_fx launches"] = synchronized(ours), synchronized(without_cuda_graphs(ours))
+    fns["lucid_fx int8"] = synchronized(ours)
+    fns["lucid_fx launches"] = synchronized(switched_off(ours, cuda_graph, "CUDA_GRAPHS"))
     plain = lucid_fx.quantize(model, (example,), batches, backend="cuda")
-    fns["lucid_fx torch ops"] = synchronized(with_torch_ops(plain))
+    fns["lucid_fx torch ops"] = synchronized(switched_off(plain, cuda_fused, "FUSED"))
     sizes["lucid_fx int8"] = sizes["lucid_fx launches"] = sizes["lucid_fx torch ops"] = size_mb(ours)
     seconds = timed(fns, example, args.rounds)
     rows = []
