@@ -89,7 +89,7 @@ def gpu_line() -> str:
     props = torch.cuda.get_device_properties(0)
     return (f"{props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
             f"torch {torch.__version__}, CUDA {torch.version.cuda}, fused Triton kernels: "
-            f"{cuda_fused.available(torch.empty(0, device='cuda'))}")
+            f"{cuda_fused.available(torch.empty(0, device='cuda'), 'epilogue')}")
 
 
 def _model_rows(name: str, args) -> list:
@@ -129,10 +129,17 @@ def _model_rows(name: str, args) -> list:
 
 
 def main(argv=None) -> list:
-    args = model_arguments(__doc__).parse_args(argv)
+    parser = model_arguments(__doc__)
+    parser.add_argument("--off", default="", help=f"fused kernels to run as torch ops, comma-separated: "
+                                                    f"{', '.join(cuda_fused.KERNELS)} (to tell what each gains)")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("cuda_inference.py needs a CUDA device (torch.cuda.is_available() is False)")
-    print(gpu_line())
+    cuda_fused.OFF = {name for name in args.off.split(",") if name}
+    unknown = cuda_fused.OFF - set(cuda_fused.KERNELS)
+    if unknown:
+        raise SystemExit(f"--off: no fused kernel {sorted(unknown)}; they are {', '.join(cuda_fused.KERNELS)}")
+    print(gpu_line() + (f"; off: {', '.join(sorted(cuda_fused.OFF))}" if cuda_fused.OFF else ""))
     print(f"medians of {args.rounds} rounds, each call synchronized")
     print_header(f"{'model':<12} {'variant':<18} {'ms':>8} {'speedup':>8} {'SQNR dB':>8} {'MB':>6} {'vs float':>8}  int8 share")
     rows = []

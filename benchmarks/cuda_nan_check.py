@@ -14,7 +14,7 @@ from lucid_fx.kernels import cuda_fused
 def main() -> None:
     x = torch.randn(1000, device="cuda")
     x[7] = float("nan")
-    print("fused Triton quantize:", cuda_fused.available(x))
+    print("fused Triton quantize:", cuda_fused.available(x, "quantize"))
     try:
         torch.ops.lucid_fx.quantize_per_tensor(x, 0.1, 128, 0, 255, torch.uint8)
         torch.cuda.synchronize()

@@ -30,9 +30,12 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default="mlp_b1")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--torch-ops", action="store_true", help="the fused Triton kernels off (cuda_fused.FUSED)")
+    parser.add_argument("--off", default="",
+                        help="fused kernels to run as torch ops, comma-separated (cuda_fused.KERNELS)")
     args = parser.parse_args(argv)
     cuda_graph.CUDA_GRAPHS = False
     cuda_fused.FUSED = not args.torch_ops
+    cuda_fused.OFF = {name for name in args.off.split(",") if name}
     model, example, make_batch = MODELS[args.model]()
     model, example = model.cuda(), example.cuda()
     ours = lucid_fx.quantize(model, (example,), [make_batch(s).cuda() for s in range(4)], backend="cuda")

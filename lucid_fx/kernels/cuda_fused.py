@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
 import torch
 
@@ -28,11 +28,16 @@ from lucid_fx.kernels import checks
 from lucid_fx.kernels.codes import POST_OPS, f32, f32_reciprocal
 
 __all__ = [
-    "FUSED", "available", "gemm_epilogue", "gemm_operand", "quantize", "dequantize", "lut", "binary", "global_average",
+    "FUSED", "KERNELS", "OFF", "available", "gemm_epilogue", "gemm_operand", "quantize", "dequantize", "lut", "binary",
+    "global_average",
 ]
 
 #: Whether the CUDA kernels use the fused Triton kernels where Triton is installed (False: torch ops).
 FUSED = True
+#: The fused kernels, by the name :func:`available` takes; those in :data:`OFF` run as torch ops (a benchmark
+#: turns one off to measure it: ``benchmarks/cuda_inference.py --off operand``).
+KERNELS = ("operand", "epilogue", "quantize", "dequantize", "lut", "binary", "global_average")
+OFF: Set[str] = set()
 _POST = {name: i for i, name in enumerate(POST_OPS)}  # the post-op as a compile-time number
 _BLOCK_M, _BLOCK_N, _BLOCK = 32, 64, 1024
 
@@ -45,10 +50,11 @@ def _triton():
     return importlib.reload(triton_kernels)  # decorated anew: Triton reads TRITON_INTERPRET then
 
 
-def available(t: torch.Tensor) -> bool:
-    """Whether the fused kernels serve ``t``'s device: CUDA (or Triton's interpreter on the CPU) with Triton."""
+def available(t: torch.Tensor, kernel: str) -> bool:
+    """Whether the fused ``kernel`` (one of :data:`KERNELS`) serves ``t``'s device: CUDA (or Triton's
+    interpreter on the CPU) with Triton, and neither :data:`FUSED` off nor ``kernel`` in :data:`OFF`."""
     on_device = t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-    return FUSED and on_device and _triton() is not None
+    return FUSED and on_device and kernel not in OFF and _triton() is not None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -69,7 +75,8 @@ def gemm_epilogue(
     for ``acc`` (M, N) of any strides (int32 sums, or float32 ones with ``row_sums`` None), into ``out``
     (M, N) of ``dtype`` and any strides, a new contiguous tensor if None (float32: no requantization).
 
-    ``other`` is ``(codes, scale, zero_point)`` with codes (M, N) of any strides: a residual added before the post-op."""
+    ``other`` is ``(codes, scale, zero_point)`` with codes (M, N) of any strides: a residual added before the
+    post-op."""
     m, n = acc.shape
     w_scale = w_scale.to(acc.device, torch.float32)
     bias = bias.to(acc.device, torch.float32) if bias is not None else None

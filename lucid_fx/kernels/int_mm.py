@@ -44,7 +44,7 @@ from lucid_fx.kernels.target import resolve_target
 
 __all__ = [
     "int_mm_padding", "pad_for_int_mm", "int_mm_padded", "split_for_int16_pairs", "int8_linear", "int8_conv",
-    "PREPARED", "raw_gemm", "conv_gemm", "conv_fused",
+    "PREPARED", "as_int8", "linear_weight", "raw_gemm", "conv_gemm",
 ]
 # The widest right operand oneDNN's int16 pair sums hold on CPUs without VNNI: 2 * 255 * 64 <= 32767.
 PAIR_SAFE = 64
@@ -146,13 +146,19 @@ def _gemm_weight(w2d: torch.Tensor, pad: bool) -> _GemmWeight:
     return _GemmWeight(b, w2d.sum(1, dtype=torch.int32), n, None if halves is None else _column_major(halves))
 
 
-def _as_int8(q: torch.Tensor, zp: int) -> Tuple[torch.Tensor, int]:
+def as_int8(q: torch.Tensor, zp: int) -> Tuple[torch.Tensor, int]:
     """int8 codes with the zero-point correction ``offset - zp`` of the shift into int8."""
     if q.dtype == torch.uint8:
         return (q ^ 128).view(torch.int8), 128 - zp
     if q.dtype == torch.int8:
         return q, -zp
     raise ValueError(f"int8 kernels read uint8 or int8 codes, got {q.dtype}")
+
+
+def linear_weight(qw: torch.Tensor, pad: bool) -> _GemmWeight:
+    """A linear's int8 weight in GEMM form (column-major, zero-padded when ``pad``) with its row sums,
+    built once per weight."""
+    return PREPARED.get(qw, ("linear", pad), lambda: _gemm_weight(qw, pad))
 
 
 def raw_gemm(a: torch.Tensor, weight: _GemmWeight, pad: bool) -> torch.Tensor:
@@ -176,15 +182,8 @@ def int8_linear(
 ) -> torch.Tensor:
     """``lucid_fx::linear`` through ``torch._int_mm``; ``pad`` for CUDA's shape limits."""
     ref.check_post_op(post_op)
-    weight = PREPARED.get(qw, ("linear", pad), lambda: _gemm_weight(qw, pad))
-    if cuda_fused.available(qx):
-        rows = qx.reshape(-1, qx.shape[-1])
-        cols, correction, _ = cuda_fused.gemm_operand(rows, x_zp, pad=pad)
-        acc = raw_gemm(cols, weight, pad)[: rows.shape[0]]
-        y = cuda_fused.gemm_epilogue(acc, correction, weight.row_sums, x_scale, w_scale, bias, post_op, out_scale,
-                                     out_zp, ref.out_storage(qx, out_dtype))
-        return y.reshape(*qx.shape[:-1], weight.n)
-    a, correction = _as_int8(qx.reshape(-1, qx.shape[-1]), x_zp)
+    weight = linear_weight(qw, pad)
+    a, correction = as_int8(qx.reshape(-1, qx.shape[-1]), x_zp)
     y = _rescale(_gemm(a.contiguous(), correction, weight, pad), x_scale, w_scale, bias)
     y = y.reshape(*qx.shape[:-1], weight.n)
     return ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
@@ -212,54 +211,9 @@ def int8_conv(
 ) -> torch.Tensor:
     """``lucid_fx::conv1d`` / ``conv2d``: im2col + ``_int_mm`` (groups 1) or float conv on integer values."""
     ref.check_post_op(post_op)
-    layout = ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format
-    if cuda_fused.available(qx):
-        out = conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale,
-                         out_zp, ref.out_storage(qx, out_dtype), pad, memory_format=layout)
-    else:
-        y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
-        out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
-    return ref.to_layout(out, layout)
-
-
-def conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale, out_zp,
-               dtype, pad, other=None, memory_format=torch.contiguous_format) -> torch.Tensor:
-    """A convolution's codes (or float32 result) with the fused epilogue (:mod:`lucid_fx.kernels.cuda_fused`)
-    after :func:`conv_gemm` (groups 1) or a float convolution on integer values (grouped), written in
-    ``memory_format``; ``other`` ``(codes, scale, zero_point)``, of the result's shape, is a residual added
-    before the post-op."""
-    one_d = qx.dim() == 3
-    if one_d:
-        qx, stride, padding, dilation = qx.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
-    if groups == 1:
-        kernel = (1, qw.shape[2]) if one_d else qw.shape[2:]
-        acc, correction, weight, (n, ho, wo) = conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad)
-        rows, c_out = weight.row_sums, weight.n
-    else:
-        w = PREPARED.get(qw, ("conv_float",), lambda: qw.to(torch.float32))
-        values = cuda_fused.dequantize(qx, 1.0, x_zp)  # the integers q - zp, exact in float32, in one pass
-        y = F.conv2d(values, w.unsqueeze(2) if one_d else w, None, stride, padding, dilation, groups)
-        (n, c_out, ho, wo), correction, rows = y.shape, 0, None
-        acc = y.permute(0, 2, 3, 1).reshape(-1, c_out)  # a view where y is channels-last or one image
-    out = torch.empty((n, c_out, ho, wo), dtype=dtype, device=qx.device,
-                      memory_format=torch.contiguous_format if one_d else memory_format)
-    if not _rows_viewable(out):
-        out = torch.empty((n, ho, wo, c_out), dtype=dtype, device=qx.device).permute(0, 3, 1, 2)
-    if other is not None:
-        codes, other_scale, other_zp = other
-        other = (codes.permute(0, 2, 3, 1).reshape(-1, c_out), other_scale, other_zp)
-    cuda_fused.gemm_epilogue(acc, correction, rows, x_scale, w_scale, bias, post_op, out_scale, out_zp, dtype, other,
-                             out=out.permute(0, 2, 3, 1).view(-1, c_out))
-    return out.squeeze(2) if one_d else out
-
-
-def _rows_viewable(out: torch.Tensor) -> bool:
-    """Whether (N, C, H, W) ``out`` has a (N*H*W, C) view: channels-last, or one image."""
-    try:
-        out.permute(0, 2, 3, 1).view(-1, out.shape[1])
-    except RuntimeError:
-        return False
-    return True
+    y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
+    out = ref.finish(y, post_op, out_scale, out_zp, ref.out_storage(qx, out_dtype))
+    return ref.to_layout(out, ref.conv2d_memory_format(qx) if qx.dim() == 4 else torch.contiguous_format)
 
 
 def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad) -> torch.Tensor:
@@ -285,10 +239,10 @@ def conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilati
 def conv_gemm(qx, x_zp, qw, kernel, stride, padding, dilation, pad) -> tuple:
     """A groups-1 convolution's GEMM on 4-d ``qx``: int32 sums with one row per output pixel in (N, Ho, Wo)
     order (maybe a view of a padded result), the zero-point correction, the weight, and ``(n, ho, wo)``."""
-    if cuda_fused.available(qx):  # one pass, padded for _int_mm; its extra rows are dropped below
+    if cuda_fused.available(qx, "operand"):  # one pass, padded for _int_mm; its extra rows are dropped below
         cols, correction, shape = cuda_fused.gemm_operand(qx, x_zp, kernel, stride, padding, dilation, pad)
     else:
-        a, correction = _as_int8(qx, x_zp)
+        a, correction = as_int8(qx, x_zp)
         fill = x_zp - 128 if qx.dtype == torch.uint8 else x_zp
         cols, shape = _im2col_nhwc(a, fill, kernel, stride, padding, dilation)
     # Keyed by the caller's weight tensor (not a view of it), so the entry lives as long as it.

@@ -128,8 +128,8 @@ def _both(fn, *args):
 def test_a_linear_takes_the_fused_epilogue(rows):
     qw = torch.randint(-127, 128, (24, 40), dtype=torch.int8, generator=_gen(10))
     w_scale, bias = torch.rand(24, generator=_gen(11)) * 0.01, torch.randn(24, generator=_gen(12))
-    fused, plain = _both(int_mm.int8_linear, _act((rows, 40), 13), 0.02, 117, qw, w_scale, bias, 0.05, 90, "relu",
-                         None, True)
+    fused, plain = _both(cuda._cuda_linear, _act((rows, 40), 13), 0.02, 117, qw, w_scale, bias, 0.05, 90, "relu",
+                         None)
     assert fused.shape == (rows, 24) and fused.dtype == torch.uint8
     _codes_within_one(fused, plain, exact=DEV.type == "cpu")
 
@@ -139,14 +139,14 @@ def test_convolutions_take_the_fused_epilogue_with_their_residual(stride, paddin
     qx, qw = _act((2, 8, 9, 10), 14), torch.randint(-127, 128, (16, 8, 3, 3), dtype=torch.int8, generator=_gen(15))
     w_scale, bias = torch.rand(16, generator=_gen(16)) * 0.01, torch.randn(16, generator=_gen(17))
     conv = (0.03, 120, qw, w_scale, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
-    fused, plain = _both(int_mm.int8_conv, qx, *conv, 0.1, 100, "hardswish", None, True)
+    fused, plain = _both(cuda._cuda_conv, qx, *conv, 0.1, 100, "hardswish", None)
     _codes_within_one(fused, plain, exact=DEV.type == "cpu")
     other = _act(tuple(plain.shape), 18)
     fused, plain = _both(cuda._conv2d_add, qx, *conv, other, 0.05, 128, 0.1, 100, "relu", None)
     _codes_within_one(fused, plain, exact=DEV.type == "cpu")
     assert fused.shape == plain.shape and len(torch.unique(plain)) > 20
-    fused, plain = _both(int_mm.int8_conv, qx[:, :, 0], 0.03, 120, qw[:, :, 1], w_scale, None, [stride], [padding],
-                         [1], 1, 0.1, 100, "none", torch.float32, True)  # conv1d, float out
+    fused, plain = _both(cuda._cuda_conv, qx[:, :, 0], 0.03, 120, qw[:, :, 1], w_scale, None, [stride], [padding],
+                         [1], 1, 0.1, 100, "none", torch.float32)  # conv1d, float out
     torch.testing.assert_close(fused, plain, rtol=2e-6, atol=2e-6)
 
 
@@ -157,8 +157,8 @@ def test_grouped_convolutions_take_the_fused_epilogue_in_the_input_s_layout(grou
     qx = qx.contiguous(memory_format=torch.channels_last) if channels_last else qx
     qw = torch.randint(-127, 128, (8, 8 // groups, 3, 3), dtype=torch.int8, generator=_gen(20))
     w_scale, bias = torch.rand(8, generator=_gen(21)) * 0.01, torch.randn(8, generator=_gen(22))
-    fused, plain = _both(int_mm.int8_conv, qx, 0.03, 120, qw, w_scale, bias, [1, 1], [1, 1], [1, 1], groups, 0.08,
-                         110, "relu", None, True)
+    fused, plain = _both(cuda._cuda_conv, qx, 0.03, 120, qw, w_scale, bias, [1, 1], [1, 1], [1, 1], groups, 0.08,
+                         110, "relu", None)
     _codes_within_one(fused, plain, exact=DEV.type == "cpu")
     assert fused.stride() == plain.stride() and len(torch.unique(plain)) > 20
 
@@ -260,7 +260,7 @@ def test_the_gemm_operand_is_the_padded_shifted_im2col(shape, kernel, stride, pa
     q = q.contiguous(memory_format=torch.channels_last) if channels_last else q
     zp = 117 if dtype == torch.uint8 else -3
     cols, correction, (n, ho, wo) = cuda_fused.gemm_operand(q.to(DEV), zp, kernel, stride, padding, dilation)
-    a, expected_correction = int_mm._as_int8(q, zp)
+    a, expected_correction = int_mm.as_int8(q, zp)
     expected, expected_shape = int_mm._im2col_nhwc(a, zp - 128 if dtype == torch.uint8 else zp, kernel, stride,
                                                    padding, dilation)
     m, k = expected.shape
@@ -289,3 +289,18 @@ def test_global_average_is_adaptive_average_pooling_to_one_pixel(shape, dtype, c
     # the codes are summed exactly and rescaled once, where torch's mean sums rounded floats: a tie may move
     _codes_within_one(out, expected, exact=False)
     assert len(torch.unique(expected)) > min(10, expected.numel() // 3)
+
+
+@pytest.mark.parametrize("off", ["operand", "dequantize"])
+def test_one_fused_kernel_turned_off_leaves_the_others_and_the_same_codes(off, monkeypatch):
+    qx = _act((1, 8, 9, 10), 35)
+    qw = torch.randint(-127, 128, (8, 8 if off == "operand" else 1, 3, 3), dtype=torch.int8, generator=_gen(36))
+    args = (qx.to(DEV), 0.03, 120, qw.to(DEV), torch.rand(8).to(DEV) * 0.01, None, [1, 1], [1, 1], [1, 1],
+            1 if off == "operand" else 8, 0.08, 110, "relu", None)
+    both_on = cuda._cuda_conv(*args)
+    calls = []
+    monkeypatch.setattr(cuda_fused, off if off == "dequantize" else "gemm_operand",
+                        lambda *a, **k: calls.append(a) or pytest.fail(f"{off} is off"))
+    monkeypatch.setattr(cuda_fused, "OFF", {off})
+    _codes_within_one(cuda._cuda_conv(*args), both_on, exact=True)
+    assert calls == [] and cuda_fused.available(qx.to(DEV), "epilogue")
