@@ -36,10 +36,12 @@ OTHER_KINDS = [kind for kind in CPU_KINDS if kind != detected_cpu_features().nam
 
 # What no CPU kind changes, run once, by the main run (CI's budget): whole files here, drawing (the
 # viewer, graph layout, the progress bar), packaging, a fresh install, observers synced across
-# processes, and this file (~120 s of CPU a rerun); single tests marked ``same_on_every_cpu``
-# (the installed CLI's entry points, ~17 s).
+# processes, the CUDA backend's Triton kernels in Triton's interpreter (~30 s), and this file
+# (~120 s of CPU a rerun); single tests marked ``same_on_every_cpu`` (the installed CLI's entry
+# points, ~17 s).
 NO_CPU_KIND = ("tests/viewer", "tests/test_layout.py", "tests/test_progress.py", "tests/test_packaging.py",
-               "tests/test_fresh_install.py", "tests/test_distributed.py", "tests/test_every_cpu_kind.py")
+               "tests/test_fresh_install.py", "tests/test_distributed.py", "tests/kernels/test_cuda_fused.py",
+               "tests/test_every_cpu_kind.py")
 
 _RUNS: dict = {}  # kind -> (process, its stdout file, its stderr file)
 
