@@ -25,6 +25,7 @@ from torch import fx
 
 from lucid_fx.kernels.library import KERNELS, op_name
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
+from lucid_fx.passes.merge_program_linears import drop_unread_merged, merge_program_linears
 from lucid_fx.passes.merge_program_views import merge_program_views
 from lucid_fx.rules.program_cpu import PROGRAM_RULES_CPU
 
@@ -168,8 +169,10 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
         if node.name in values:
             node.meta["val"] = values[node.name]
     fold_signature_constants(program, values)
+    merge_program_linears(program)
     builder = ProgramBuilder(program, device)
     builder.rewrite(PROGRAM_RULES.get(device, {}))
+    drop_unread_merged(program)
     merge_program_views(program)
     _flat_attributes(program)
     program.graph.lint()

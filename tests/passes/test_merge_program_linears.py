@@ -1,0 +1,65 @@
+"""passes/merge_program_linears.py: sibling int8 linears with float results run as one GEMM in a program."""
+
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx.passes.merge_program_linears import PREFIX
+from lucid_fx.program import programs_of
+
+
+class Gated(nn.Module):
+    """Two linears of one input, their float results read by elementwise ops only (tanh * sigmoid)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.value, self.gate, self.out = nn.Linear(width, 48), nn.Linear(width, 48), nn.Linear(48, width)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.value(x)) * torch.sigmoid(self.gate(x)))
+
+
+class Heads(nn.Module):
+    """Two linears of one input whose results are codes for int8 linears (kept apart)."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, 32), nn.Linear(width, 32)
+        self.c, self.d = nn.Linear(32, 8), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x))) + self.d(torch.relu(self.b(x)))
+
+
+def _program(model, rows=16):
+    torch.manual_seed(0)
+    model = model.eval()
+    batches = [torch.randn(rows, 64) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    x = torch.randn(rows, 64)
+    with torch.no_grad():
+        y = qmodel(x)
+        portable = nn.Module.__call__(qmodel, x)
+    (program,) = programs_of(qmodel).values()
+    assert program is not None
+    return program, y, portable
+
+
+def _calls(program):
+    return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+
+
+def test_siblings_with_float_results_run_as_one_linear_split_into_views():
+    program, y, portable = _program(Gated())
+    calls = _calls(program)
+    linears = [c for c in calls if "linear" in c]
+    assert len(linears) == 2, calls  # value and gate as one call, then out
+    assert any("split" in c for c in calls) and torch.equal(y, portable), "the codes of the portable graph"
+    assert not [name for name in program.__dict__ if name.startswith(PREFIX)], "the stacked weights were packed, then dropped"
+
+
+def test_siblings_whose_results_are_codes_stay_apart():
+    program, y, portable = _program(Heads())
+    calls = _calls(program)
+    assert len([c for c in calls if "linear" in c]) == 4 and not any("split" in c for c in calls), calls
+    assert torch.equal(y, portable)
