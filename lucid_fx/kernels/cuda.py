@@ -21,7 +21,7 @@ def _conv2d_add(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation,
     fused = cuda_fused.available(qx, "epilogue")
     if fused and list(qother.shape) == conv_output_shape(qx, qw, stride, padding, dilation):
         out = _conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale,
-                         out_zp, ref.out_storage(qx, out_dtype), pad, (qother, other_scale, other_zp), layout)
+                          out_zp, ref.out_storage(qx, out_dtype), pad, (qother, other_scale, other_zp), layout)
         return ref.to_layout(out, layout)
     y = conv_float_out(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, pad)
     y = y + ref.dequantize_per_tensor(qother, other_scale, other_zp)
@@ -57,11 +57,11 @@ def _cuda_conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, 
 
 
 def _conv_fused(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, post_op, out_scale, out_zp,
-               dtype, pad, other=None, memory_format=torch.contiguous_format) -> torch.Tensor:
+                dtype, pad, other=None, memory_format=torch.contiguous_format) -> torch.Tensor:
     """A convolution's codes (or float32 result) with the fused epilogue (:mod:`lucid_fx.kernels.cuda_fused`)
     after :func:`~lucid_fx.kernels.int_mm.conv_gemm` (groups 1) or a float convolution on integer values
-    (grouped), written in ``memory_format``; ``other`` ``(codes, scale, zero_point)``, of the result's shape, is a residual added
-    before the post-op."""
+    (grouped), written in ``memory_format``; ``other`` ``(codes, scale, zero_point)``, of the result's
+    shape, is a residual added before the post-op."""
     one_d = qx.dim() == 3
     if one_d:
         qx, stride, padding, dilation = qx.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
