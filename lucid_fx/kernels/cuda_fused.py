@@ -40,7 +40,6 @@ KERNELS = ("operand", "epilogue", "quantize", "dequantize", "lut", "binary", "gl
 OFF: Set[str] = set()
 _POST = {name: i for i, name in enumerate(POST_OPS)}  # the post-op as a compile-time number
 _BLOCK_M, _BLOCK_N, _BLOCK = 32, 64, 1024
-_AVERAGE_CHUNK = 256  # pixels a program of global_average sums (8 steps of 32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,19 +186,13 @@ def gemm_operand(q: torch.Tensor, zero_point: int, kernel=(1, 1), stride=(1, 1),
 
 def global_average(q: torch.Tensor, scale: float, zero_point: int, out_scale: float, out_zp: int) -> torch.Tensor:
     """Codes of the mean over H and W of 4-d codes (N, C, H, W) of any strides, as (N, C, 1, 1) contiguous:
-    the codes summed exactly, then rescaled once (``adaptive_avg_pool2d`` to 1 x 1). Each program sums at
-    most :data:`_AVERAGE_CHUNK` pixels of 64 channels; an image of more pixels is split over programs whose
-    sums add up atomically (exact in int32, so in any order), then one more kernel writes the codes."""
+    the codes summed exactly, then rescaled once (``adaptive_avg_pool2d`` to 1 x 1)."""
     n, c, h, w = q.shape
     out = torch.empty((n, c, 1, 1), dtype=q.dtype, device=q.device)
-    info, kernels, block_c = torch.iinfo(q.dtype), _triton(), 64
-    splits = -(-(h * w) // _AVERAGE_CHUNK)
-    numbers = (f32(scale) / (h * w), zero_point * h * w, f32_reciprocal(out_scale), out_zp, info.min, info.max)
-    sums = torch.zeros((n, c), dtype=torch.int32, device=q.device) if splits > 1 else out
-    kernels.global_average[(n, -(-c // block_c), splits)](
-        q, *q.stride(), out, sums, c, h * w, w, _AVERAGE_CHUNK, *numbers, SPLIT=splits > 1, BLOCK_C=block_c,
-        BLOCK_HW=32,
+    info = torch.iinfo(q.dtype)
+    block_c = 64
+    _triton().global_average[(n, -(-c // block_c))](
+        q, *q.stride(), out, c, h * w, w, f32(scale) / (h * w), zero_point * h * w, f32_reciprocal(out_scale), out_zp,
+        info.min, info.max, BLOCK_C=block_c, BLOCK_HW=32,
     )
-    if splits > 1:
-        kernels.average_codes[_blocks(n * c)](sums, out, n * c, *numbers, BLOCK=_BLOCK)
     return out

@@ -6,8 +6,7 @@ silu, gelu, gelu_tanh, tanh, sigmoid."""
 import triton
 import triton.language as tl
 
-__all__ = ["epilogue", "quantize_codes", "dequantize_codes", "lookup", "binary", "im2col", "global_average",
-           "average_codes"]
+__all__ = ["epilogue", "quantize_codes", "dequantize_codes", "lookup", "binary", "im2col", "global_average"]
 
 
 @triton.jit
@@ -150,32 +149,17 @@ def _add(a, b):
 
 
 @triton.jit
-def global_average(q_ptr, sn, sc, sh, sw, out_ptr, sums_ptr, C, HW, W, CHUNK, scale_over_hw, zp_hw, inv_out, out_zp,
-                   qmin, qmax, SPLIT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """The mean over H and W of each (n, c), its codes summed exactly in int32: program (n, channel block, k)
-    sums pixels [k * CHUNK, (k + 1) * CHUNK); with one chunk (not SPLIT) it writes the codes, else it adds its
-    sums into ``sums`` for :func:`average_codes`."""
+def global_average(q_ptr, sn, sc, sh, sw, out_ptr, C, HW, W, scale_over_hw, zp_hw, inv_out, out_zp, qmin, qmax,
+                   BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Codes of the mean over H and W of each (n, c): the codes summed exactly in int32, then one rescale."""
     n = tl.program_id(0)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    first = tl.program_id(2) * CHUNK
     total = rc * 0  # int32 zeros
-    for start in range(first, tl.minimum(first + CHUNK, HW), BLOCK_HW):
+    for start in range(0, HW, BLOCK_HW):
         p = (start + tl.arange(0, BLOCK_HW))[:, None]
         mask = (p < HW) & (rc[None, :] < C)
         v = tl.load(q_ptr + n * sn + rc[None, :] * sc + (p // W) * sh + (p % W) * sw, mask=mask, other=0)
         total += tl.reduce(v.to(tl.int32), 0, _add)
-    if SPLIT:
-        tl.atomic_add(sums_ptr + n * C + rc, total, mask=rc < C)
-    else:
-        y = (total - zp_hw).to(tl.float32) * scale_over_hw
-        tl.store(out_ptr + n * C + rc, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty),
-                 mask=rc < C)
-
-
-@triton.jit
-def average_codes(sums_ptr, out_ptr, numel, scale_over_hw, zp_hw, inv_out, out_zp, qmin, qmax, BLOCK: tl.constexpr):
-    """Codes of exact int32 sums of HW codes each: ``(sum - zp * HW) * scale / HW``, requantized."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    y = (tl.load(sums_ptr + offs, mask=mask, other=0) - zp_hw).to(tl.float32) * scale_over_hw
-    tl.store(out_ptr + offs, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (total - zp_hw).to(tl.float32) * scale_over_hw
+    tl.store(out_ptr + n * C + rc, _round_clamp(y * inv_out, out_zp, qmin, qmax).to(out_ptr.dtype.element_ty),
+             mask=rc < C)
