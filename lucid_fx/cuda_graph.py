@@ -87,7 +87,8 @@ def _release_generator(device: torch.device) -> None:
     would raise "Offset increment outside graph capture encountered unexpectedly" (torch 2.11, H200)."""
     if device.type != "cuda":
         return
-    generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
     fresh = torch.Generator(device=generator.device)
     fresh.set_state(generator.get_state())
     generator.graphsafe_set_state(fresh)

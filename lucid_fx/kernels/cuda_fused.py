@@ -1,18 +1,21 @@
-"""Fused CUDA kernels in Triton: an int8 GEMM's whole epilogue, and the float-to-int8 boundary, one launch each.
+"""Fused CUDA kernels in Triton: each step around an int8 GEMM, and each elementwise int8 op, one launch.
 
-On a GPU a converted model of small layers is bound by launches (docs/benchmarks.md: each int8
-linear or convolution took about 18 kernels through torch ops, fp32's one or two). Here the steps
-after ``torch._int_mm`` (the zero-point correction by weight row sums, the rescale by input and
-weight scales, bias, a residual's dequantized codes, the post-op, requantization) are one kernel,
-:func:`gemm_epilogue`, and quantization with its NaN/±inf check one more, :func:`quantize`
-(a flag the kernel clears where it meets one, asserted with ``torch._assert_async``: no host sync).
+On a GPU a converted model of small layers is bound by launches (docs/benchmarks.md: an int8 linear
+took about 18 kernels as torch ops, fp32's one or two). Here a GEMM's int8 operand (im2col or rows,
+shifted into int8 and padded for ``torch._int_mm``: :func:`gemm_operand`) is one kernel, the steps after
+the GEMM (the zero-point correction by weight row sums, the rescale by input and weight scales, bias, a
+residual's dequantized codes, the post-op, requantization: :func:`gemm_epilogue`) one more, so a linear
+is three launches. Quantization with its NaN/±inf check (a flag the kernel clears where it meets one,
+asserted with ``torch._assert_async``: no host sync), dequantization, table lookups, elementwise add and
+mul, and global average pooling are one kernel each.
 
 Each computes what the torch ops compute (:func:`lucid_fx.kernels.reference.finish`, and
-``quantize_per_tensor``), step for step in float32, rounding half to even; only the compiler's
-fused multiply-adds may move a value at a rounding tie by one code. Triton ships with torch's CUDA
-builds; without it (or with :data:`FUSED` False) the CUDA kernels run as torch ops. The kernels
-also run on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests check
-them on machines without a GPU.
+``quantize_per_tensor``), step for step in float32, rounding half to even; only the compiler's fused
+multiply-adds may move a value at a rounding tie by one code (and the global average sums the codes
+exactly, where torch's mean sums rounded floats). Triton ships with torch's CUDA builds; without it (or
+with :data:`FUSED` False, or a kernel named in :data:`OFF`) the CUDA kernels run as torch ops. The
+kernels also run on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``), which is how the tests
+check them on machines without a GPU. The kernels themselves are in :mod:`lucid_fx.kernels.triton_kernels`.
 """
 
 from __future__ import annotations
