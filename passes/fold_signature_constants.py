@@ -30,7 +30,8 @@ import torch
 from torch import fx
 
 from lucid_fx.node_refs import call_name, unstable_name, writes_in_place
-from lucid_fx.ops import OP_DEFS, VIEW_SPELLINGS, Tag
+from lucid_fx.aliasing import VIEW_SPELLINGS
+from lucid_fx.ops import OP_DEFS, Tag
 
 __all__ = ["fold_signature_constants", "kept_by_dead_code_elimination", "pinned", "foldable_call", "evaluate",
            "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]

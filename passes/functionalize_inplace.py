@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.ops import METADATA_ATTRS, OUT_OF_PLACE_OPERATORS, VIEW_OPS, VIEW_SPELLINGS
+from lucid_fx.aliasing import METADATA_ATTRS, OUT_OF_PLACE_OPERATORS, VIEW_OPS, VIEW_SPELLINGS
 from lucid_fx.registry import Registry
 
 __all__ = ["functionalize_inplace"]

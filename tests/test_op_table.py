@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lucid_fx import ops
+from lucid_fx import aliasing
 from lucid_fx.ops import OP_DEFS, Tag, ops_tagged
 from lucid_fx.passes import fold_batchnorm, insert_observers
 from lucid_fx.rules import fusions, lowering, masks, observers
@@ -90,7 +90,7 @@ def test_the_sets_rules_use_are_derived_from_tags():
     assert masks._PRODUCTS == weighted | {"matmul", "grouped_mm", "conv_transpose2d"}  # its weight is (Cin, Cout, kh, kw): not WEIGHTED
     assert set(fusions._CONV) == ops_tagged(Tag.CONV) and set(lowering._CONVS) == ops_tagged(Tag.CONV) - {"conv3d"}
     assert lowering.SHAPE_OPS == observers.SHARED_OPS == ops_tagged(Tag.MOVES_CODES)
-    assert ops.VIEW_OPS == ops_tagged(Tag.VIEW) < ops_tagged(Tag.MOVES_CODES)  # a view moves codes; max-pool too
+    assert aliasing.VIEW_OPS == ops_tagged(Tag.VIEW) < ops_tagged(Tag.MOVES_CODES)  # a view moves codes; max-pool too
     assert lowering.ELEMENTWISE_UNARY == ops_tagged(Tag.ELEMENTWISE) and {"silu", "gelu"} <= lowering.ELEMENTWISE_UNARY
     passthrough = next(rule for rule in RANGE_RULES if "reshape" in rule.ops)
     assert set(passthrough.ops) == ops_tagged(Tag.MOVES_CODES, Tag.AVERAGE)  # values stay inside the input's interval

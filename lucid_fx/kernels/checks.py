@@ -4,8 +4,7 @@ oneDNN answers an input it cannot take with "could not create a primitive descri
 with numbers (a weight on ``meta``, a scale per channel too few). Each op here is checked on
 shapes, dtypes and devices only, never on the data. Float values entering the int8 grid must also
 be finite: ``quantize_per_tensor`` checks that inside its own pass (:mod:`lucid_fx.kernels.quantize`),
-``quantize_per_channel`` and CUDA with :func:`require_finite` (one ``aminmax``: the min and max are
-finite iff every element is).
+``quantize_per_channel`` and CUDA with :mod:`lucid_fx.kernels.finite`.
 
 A failing check raises :class:`KernelInputError` (a ``ValueError``) naming the op, what is wrong
 and what to do, and the graph node that called the kernel when it was called from a converted
@@ -20,18 +19,16 @@ lucid_fx.kernels.checks.KernelInputError: lucid_fx.dequantize_per_tensor: the co
 
 from __future__ import annotations
 
-import math
 import sys
-from typing import Callable, Dict, NoReturn, Optional, Tuple
+from typing import Callable, Dict, NoReturn, Optional
 
 import torch
 from torch import fx
 
 from lucid_fx import _meta
+from lucid_fx.kernels import finite  # (it reads this module's calling_node and is_async when it runs)
 
-__all__ = [
-    "KernelInputError", "calling_node", "require_finite", "assert_finite_flag", "refuse_nonfinite", "is_async", "CHECKS",
-]
+__all__ = ["KernelInputError", "calling_node", "is_async", "CHECKS"]
 
 _CODES = (torch.uint8, torch.int8)
 _FEED_FLOAT = (
@@ -79,80 +76,6 @@ def fail(op: str, problem: str, fix: str) -> NoReturn:
 def is_async(tensor: torch.Tensor) -> bool:
     """Whether checks on ``tensor`` run asynchronously (CUDA: a host sync per check would stall the stream)."""
     return tensor.device.type == "cuda"
-
-
-def _value_and_node(x: torch.Tensor) -> Tuple[str, str]:
-    node = calling_node()
-    source = node.meta.get(_meta.SOURCE) if node is not None else None
-    value = f"the value of node {source!r}" if source else "the tensor"
-    return value, (f" (quantized by node {node.name!r} of the converted model)" if node is not None else "")
-
-
-def _nonfinite_message(op: str, x: torch.Tensor, count: int) -> str:
-    value, at = _value_and_node(x)
-    return (
-        f"lucid_fx.{op}: {value}{at} cannot enter the int8 grid: it holds NaN or ±inf in {count} of its {x.numel()} "
-        "elements, which no int8 code represents (they would come back as finite numbers). Clean the input (e.g. "
-        "torch.nan_to_num(x)), or keep the part of the model that produces it in float "
-        "(QConfigMapping().set_module_name(name, None))"
-    )
-
-
-# (op, generated code, line) -> the message of the asynchronous check, which must exist before the
-# check runs: finding the node costs ~9 us (measured, ResNet-like graph), a lookup here well under 1.
-_ASYNC_MESSAGES: Dict[tuple, str] = {}
-# CUDA's _assert_async copies its message into a fixed 256-byte buffer (and refuses a longer one).
-ASYNC_MESSAGE_BYTES = 250
-
-
-def _short_nonfinite_message(op: str, x: torch.Tensor) -> str:
-    value, at = _value_and_node(x)
-    text = f"lucid_fx.{op}: NaN or ±inf in {value}{at}; clean it (torch.nan_to_num) or keep that part float"
-    return text.encode()[:ASYNC_MESSAGE_BYTES].decode(errors="ignore")
-
-
-def _async_message(op: str, x: torch.Tensor) -> str:
-    frame = sys._getframe(2)
-    while frame is not None and not frame.f_code.co_filename.startswith("<eval_with_key>"):
-        frame = frame.f_back
-    if frame is None:
-        return _short_nonfinite_message(op, x)
-    key = (op, frame.f_code, frame.f_lineno)
-    if key not in _ASYNC_MESSAGES:
-        if len(_ASYNC_MESSAGES) >= 1024:
-            _ASYNC_MESSAGES.clear()
-        _ASYNC_MESSAGES[key] = _short_nonfinite_message(op, x)
-    return _ASYNC_MESSAGES[key]
-
-
-def require_finite(op: str, x: torch.Tensor) -> None:
-    """Raise unless every element of float ``x`` is finite: one ``aminmax`` pass (min and max are
-    both finite iff all elements are). On CUDA the test is ``torch._assert_async``: no host sync,
-    the error surfaces as a device-side assert, with a shorter message and no count."""
-    if not x.is_floating_point() or x.numel() == 0:
-        return
-    lo, hi = torch.aminmax(x)
-    if is_async(x):
-        torch._assert_async(torch.isfinite(lo) & torch.isfinite(hi), _async_message(op, x))
-    elif not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
-        refuse_nonfinite(op, x)
-
-
-def assert_finite_flag(op: str, x: torch.Tensor, ok: torch.Tensor) -> None:
-    """Raise unless ``ok``, a kernel's own finiteness test of ``x`` (one element, zero where it met NaN or
-    ±inf), is nonzero; on CUDA through ``torch._assert_async``, as :func:`require_finite`."""
-    if is_async(x):
-        torch._assert_async(ok, _async_message(op, x))
-    elif not ok.item():
-        refuse_nonfinite(op, x)
-
-
-def refuse_nonfinite(op: str, x: torch.Tensor) -> None:
-    """Raise, counting them, if ``x`` holds NaN or ±inf (a second pass, taken only when a cheaper
-    test has already seen something non-finite)."""
-    count = int(x.numel() - torch.isfinite(x).sum())
-    if count:
-        raise KernelInputError(_nonfinite_message(op, x, count))
 
 
 # -- per-op checks: each takes the op's own arguments ------------------------------------------
@@ -269,7 +192,7 @@ def _quantize(x, scale, zero_point, *rest) -> None:
 def _quantize_per_channel(x, scale, zero_point, axis, *rest) -> None:
     if x.is_complex():
         fail("quantize_per_channel", f"the value is {x.dtype}; the int8 grid holds real numbers", "pass real weights")
-    require_finite("quantize_per_channel", x)
+    finite.require_finite("quantize_per_channel", x)
 
 
 def _dequantize(op: str):

@@ -27,7 +27,7 @@ from typing import Optional, Set, Tuple
 
 import torch
 
-from lucid_fx.kernels import checks
+from lucid_fx.kernels import finite
 from lucid_fx.kernels.codes import POST_OPS, f32, f32_reciprocal
 
 __all__ = [
@@ -100,14 +100,14 @@ def gemm_epilogue(
 def quantize(x: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int,
              dtype: torch.dtype) -> torch.Tensor:
     """``quantize_per_tensor`` in one pass that also refuses NaN and ±inf (asynchronously: on CUDA
-    the error surfaces as a device-side assert, as :func:`lucid_fx.kernels.checks.require_finite`'s)."""
+    the error surfaces as a device-side assert, as :func:`lucid_fx.kernels.finite.require_finite`'s)."""
     x = x if _dense(x) else x.contiguous()
     out = torch.empty_like(x, dtype=dtype)  # the same strides: both are walked in memory order
     ok = torch.ones((), dtype=torch.int32, device=x.device)
     if x.numel():
         _triton().quantize_codes[_blocks(x.numel())](x, out, ok, x.numel(), f32_reciprocal(scale), zero_point,
                                                      quant_min, quant_max, BLOCK=_BLOCK)
-    checks.assert_finite_flag("quantize_per_tensor", x, ok)
+    finite.assert_finite_flag("quantize_per_tensor", x, ok)
     return out
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels import checks, native_build, program_ops
+from lucid_fx.kernels import finite, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
@@ -176,7 +176,7 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
     if not dense:
         x32 = x32.contiguous()
     if fn(x32.data_ptr(), codes.data_ptr(), x32.numel(), inv_scale, zp, qmin, qmax, check_finite):
-        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
+        finite.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
     return out if dense else out.copy_(codes)
 
 

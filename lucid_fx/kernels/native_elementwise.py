@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from lucid_fx.kernels import channel_lut as _channel_lut
-from lucid_fx.kernels import checks, native, program_ops
+from lucid_fx.kernels import finite, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
@@ -110,7 +110,7 @@ def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int
     n, c, h, w = x.shape
     out = torch.empty((n, c, h, w), dtype=dtype, memory_format=torch.channels_last)
     if fn(x.data_ptr(), out.data_ptr(), n, c, h * w, inv_scale, zp, qmin, qmax, native.check_finite):
-        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
+        finite.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
     return out
 
 

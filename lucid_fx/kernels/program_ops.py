@@ -24,7 +24,7 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 
-from lucid_fx.kernels import attention, checks
+from lucid_fx.kernels import attention, finite
 
 __all__ = ["operand", "quantize_codes", "codes_need_clamp", "code_bounds", "centered", "requantize_codes", "add_codes", "mul_codes",
            "matmul_float", "matmul_codes", "softmax_table", "softmax_codes", "softmax_keep", "EXP_ONE", "max_pool_taps", "global_avg_pool_codes",
@@ -73,7 +73,7 @@ def codes_need_clamp(t: torch.Tensor, low: float, high: float, x: torch.Tensor) 
     lo, hi = torch.aminmax(t)
     lo, hi = lo.item(), hi.item()
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        checks.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed x * inv_scale
+        finite.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed x * inv_scale
     return lo < low or hi > high
 
 

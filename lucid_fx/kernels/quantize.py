@@ -8,7 +8,7 @@ multiply and the round) and also says whether the clamp is needed at all, so a v
 grid skips it. What each costs is in docs/policies.md (``benchmarks/nonfinite_check.py``).
 
 On CUDA, where reading the min and max back would stall the stream, the input is checked with
-``torch._assert_async`` (:func:`lucid_fx.kernels.checks.require_finite`) and the clamp always runs."""
+``torch._assert_async`` (:func:`lucid_fx.kernels.finite.require_finite`) and the clamp always runs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from lucid_fx.kernels import checks, native
+from lucid_fx.kernels import checks, finite, native
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["quantize_per_tensor"]
@@ -30,7 +30,7 @@ def codes_need_clamp(codes: torch.Tensor, quant_min: int, quant_max: int, x: tor
     lo, hi = torch.aminmax(codes)
     lo, hi = lo.item(), hi.item()
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        checks.refuse_nonfinite("quantize_per_tensor", x)
+        finite.refuse_nonfinite("quantize_per_tensor", x)
         return True
     return lo < quant_min or hi > quant_max
 
@@ -40,7 +40,7 @@ def quantize_per_tensor(
 ) -> torch.Tensor:
     """:func:`lucid_fx.kernels.reference.quantize_per_tensor`, refusing NaN and ±inf in ``x``."""
     if checks.is_async(x) or not x.is_floating_point() or x.numel() == 0:
-        checks.require_finite("quantize_per_tensor", x)
+        finite.require_finite("quantize_per_tensor", x)
         return ref.quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype)
     ref._check_range(quant_min, quant_max, dtype)
     if native.takes(x, dtype) and native.available():  # one pass in C, the finite check included

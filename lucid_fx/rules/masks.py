@@ -18,7 +18,8 @@ from typing import Callable, Dict, Optional, Set
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.ops import VIEW_OPS, VIEW_SPELLINGS, Tag, canonical, ops_tagged
+from lucid_fx.aliasing import VIEW_OPS, VIEW_SPELLINGS
+from lucid_fx.ops import Tag, canonical, ops_tagged
 
 __all__ = ["MASKED_SOFTMAX", "MASK_SLOTS", "mask_input", "scores_input", "mask_only_nodes"]
 

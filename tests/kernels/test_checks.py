@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import fx
 
-from lucid_fx.kernels import checks, use_onednn
+from lucid_fx.kernels import checks, finite, use_onednn
 from lucid_fx.kernels.checks import KernelInputError
 
 ops = torch.ops.lucid_fx
@@ -167,6 +167,6 @@ def test_the_asynchronous_message_fits_cuda_s_buffer(monkeypatch):
     node = fx.Graph().placeholder("x" * 300)
     node.meta["lucid_fx.source"] = "é" * 300
     monkeypatch.setattr(checks, "calling_node", lambda: node)
-    message = checks._short_nonfinite_message("quantize_per_tensor", torch.zeros(1))
+    message = finite._short_nonfinite_message("quantize_per_tensor", torch.zeros(1))
     assert message.startswith("lucid_fx.quantize_per_tensor: NaN or ±inf in the value of node 'éééé")
-    assert 240 <= len(message.encode()) <= checks.ASYNC_MESSAGE_BYTES < 256
+    assert 240 <= len(message.encode()) <= finite.ASYNC_MESSAGE_BYTES < 256

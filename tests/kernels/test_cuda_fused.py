@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton", reason="needs Triton (it ships with torch's CUDA builds)")
 
-from lucid_fx.kernels import KernelInputError, checks, cuda, cuda_fused, int_mm  # noqa: E402
+from lucid_fx.kernels import KernelInputError, cuda, cuda_fused, finite, int_mm  # noqa: E402
 from lucid_fx.kernels import reference as ref  # noqa: E402
 from lucid_fx.kernels.codes import POST_OPS  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_quantize_refuses_nan_and_inf_naming_the_count(bad):
     with pytest.raises(KernelInputError, match="1 of the 3000 values is (NaN|±inf|[+-]inf)|NaN or ±inf"):
         cuda_fused.quantize(x, 0.05, 128, 0, 255, torch.uint8)
     ok = torch.ones((), dtype=torch.int32)
-    checks.assert_finite_flag("quantize_per_tensor", x[:10], ok)  # a set flag passes
+    finite.assert_finite_flag("quantize_per_tensor", x[:10], ok)  # a set flag passes
 
 
 def _act(shape, seed):
