@@ -47,7 +47,9 @@ def main(argv=None) -> None:
             ours(example)
             torch.cuda.synchronize()
     events = prof.key_averages()
-    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    # Triton launches show as cuLaunchKernelEx; torch's own kernels as cudaLaunchKernel, cuBLAS's as cuLaunchKernel
+    launches = sum(e.count for e in events
+                   if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"))
     print(f"{args.model}: {launches} kernel launches in one call"
           + (" (torch ops, the fused Triton kernels off)" if args.torch_ops else " (the fused Triton kernels on)"))
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))

@@ -96,7 +96,7 @@ def test_quantize_rounds_half_to_even_and_keeps_the_memory_format():
 def test_quantize_refuses_nan_and_inf_naming_the_count(bad):
     x = torch.randn(3000, generator=_gen(9))
     x[2999] = bad
-    with pytest.raises(KernelInputError, match="1 of the 3000 values is (NaN|±inf|[+-]inf)|NaN or ±inf"):
+    with pytest.raises(KernelInputError, match="holds NaN or ±inf in 1 of its 3000 elements"):
         cuda_fused.quantize(x, 0.05, 128, 0, 255, torch.uint8)
     ok = torch.ones((), dtype=torch.int32)
     finite.assert_finite_flag("quantize_per_tensor", x[:10], ok)  # a set flag passes
