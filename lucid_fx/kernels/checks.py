@@ -4,7 +4,7 @@ oneDNN answers an input it cannot take with "could not create a primitive descri
 with numbers (a weight on ``meta``, a scale per channel too few). Each op here is checked on
 shapes, dtypes and devices only, never on the data. Float values entering the int8 grid must also
 be finite: ``quantize_per_tensor`` checks that inside its own pass (:mod:`lucid_fx.kernels.quantize`),
-``quantize_per_channel`` and CUDA with :mod:`lucid_fx.kernels.finite`.
+``quantize_per_channel`` and CUDA with :mod:`lucid_fx.kernels.finite`, all inside the kernels.
 
 A failing check raises :class:`KernelInputError` (a ``ValueError``) naming the op, what is wrong
 and what to do, and the graph node that called the kernel when it was called from a converted
@@ -26,7 +26,6 @@ import torch
 from torch import fx
 
 from lucid_fx import _meta
-from lucid_fx.kernels import finite  # (it reads this module's calling_node and is_async when it runs)
 
 __all__ = ["KernelInputError", "calling_node", "is_async", "CHECKS"]
 
@@ -192,7 +191,7 @@ def _quantize(x, scale, zero_point, *rest) -> None:
 def _quantize_per_channel(x, scale, zero_point, axis, *rest) -> None:
     if x.is_complex():
         fail("quantize_per_channel", f"the value is {x.dtype}; the int8 grid holds real numbers", "pass real weights")
-    finite.require_finite("quantize_per_channel", x)
+    # NaN and ±inf: refused by the kernel itself (lucid_fx.kernels.quantize), as quantize_per_tensor's are.
 
 
 def _dequantize(op: str):

@@ -180,7 +180,7 @@ def _fake_max_pool2d(q, kernel_size, stride, padding, dilation, ceil_mode):
 _DEFINITIONS = [
     (quantize.quantize_per_tensor, lambda x, scale, zp, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_tensor, lambda q, scale, zp: torch.empty_like(q, dtype=_F32)),
-    (ref.quantize_per_channel, lambda x, scale, zp, axis, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
+    (quantize.quantize_per_channel, lambda x, scale, zp, axis, qmin, qmax, dtype: torch.empty_like(x, dtype=dtype)),
     (ref.dequantize_per_channel, lambda q, scale, zp, axis: torch.empty_like(q, dtype=_F32)),
     (ref.linear, _fake_linear),
     (ref.conv1d, _fake_conv1d),

@@ -19,7 +19,7 @@ import torch
 from lucid_fx.kernels import checks, finite, native
 from lucid_fx.kernels import reference as ref
 
-__all__ = ["quantize_per_tensor"]
+__all__ = ["quantize_per_tensor", "quantize_per_channel"]
 
 
 def codes_need_clamp(codes: torch.Tensor, quant_min: int, quant_max: int, x: torch.Tensor) -> bool:
@@ -52,3 +52,12 @@ def quantize_per_tensor(
     if codes_need_clamp(codes, quant_min, quant_max, x):
         codes.clamp_(quant_min, quant_max)
     return codes.to(dtype)
+
+
+def quantize_per_channel(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, quant_min: int, quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`lucid_fx.kernels.reference.quantize_per_channel`, refusing NaN and ±inf in ``x`` (one ``aminmax``)."""
+    finite.require_finite("quantize_per_channel", x)
+    return ref.quantize_per_channel(x, scale, zero_point, axis, quant_min, quant_max, dtype)
