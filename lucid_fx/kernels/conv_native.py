@@ -147,7 +147,7 @@ def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding
     geometry = torch.tensor([n, h, w, c, *conv.kernel, *stride, *padding, *dilation, ho, wo, conv.cout], dtype=torch.int64)
     fn(x.data_ptr(), conv.weight.data_ptr(), out.data_ptr(), geometry.data_ptr(), int(conv.depthwise), x_zp,
        conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(),
-       conv.x_scale, conv.inv_out, zp, low, high, conv.hardswish)
+       conv.x_scale, conv.inv_out, zp, low, high, linear_native.POST["hardswish" if conv.hardswish else "none"])
     return out
 
 
@@ -159,4 +159,4 @@ def _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out):
     y = sums.to(torch.int32).add_(conv.offset.view(1, -1, 1, 1)).to(torch.float32)
     y = y.mul_(torch.tensor(conv.x_scale, dtype=torch.float32)).mul_(conv.scale.view(1, -1, 1, 1))
     y = y if conv.bias is None else y.add_(conv.bias.view(1, -1, 1, 1))
-    return out.copy_(linear_native.finish(y, conv.inv_out, zp, low, high, out.dtype, conv.hardswish))
+    return out.copy_(linear_native.finish(y, conv.inv_out, zp, low, high, out.dtype, "hardswish" if conv.hardswish else "none"))

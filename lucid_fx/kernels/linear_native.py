@@ -33,12 +33,20 @@ import torch
 
 from lucid_fx.kernels.native import _function
 
-__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "finish",
-           "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE"]
+__all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
+           "finish", "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
+           "kernel_post"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
 PAIR_SAFE = 64
+# The post-ops the GEMM computes on y before its clamp or requantization, numbered as native_gemm.h's GEMM_POST_*.
+POST = {"none": 0, "hardswish": 1, "tanh": 2}
+
+
+def kernel_post(post_op: str) -> str:
+    """The post-op the GEMM computes for a linear's ``post_op``: relu is the caller's clamp bounds."""
+    return post_op if post_op in POST else "none"
 
 
 @dataclass(frozen=True)
@@ -86,26 +94,26 @@ def packed_weight(w2d: torch.Tensor) -> PackedWeight:
 
 def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
               bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
-              dtype: torch.dtype, hardswish: bool = False) -> torch.Tensor:
+              dtype: torch.dtype, post: str = "none") -> torch.Tensor:
     """``FINISH(((q @ w^T + offset) * x_scale) * w_scale + bias)`` for uint8 rows ``q`` (M, K): codes
-    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or ``y`` clamped for float32; with
-    ``hardswish``, oneDNN's post-op on ``y`` first (:func:`hardswish`). Offsets are int32, scales and
+    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or ``y`` clamped for float32; ``post``
+    (:data:`POST`) on ``y`` first: oneDNN's hardswish (:func:`hardswish`) or tanh (:func:`tanh_steps`). Offsets are int32, scales and
     bias float32, one per output. Without the native kernels, torch computes the same values (an
     int64 matrix product, exact)."""
     q = q if q.is_contiguous() else q.contiguous()
     if _function("gemm", dtype) is not None:
         out = torch.empty((q.shape[0], weight.n), dtype=dtype)
-        gemm_into(q, out, weight, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, hardswish)
+        gemm_into(q, out, weight, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, post)
         return out
     w = weight.packed.permute(0, 2, 1, 3).reshape(-1, weight.packed.shape[1] * STEP)[:weight.n, :weight.k]
     acc = (q.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32).add_(offset)
     y = acc.to(torch.float32).mul_(torch.tensor(x_scale, dtype=torch.float32)).mul_(w_scale)
-    return finish(y if bias is None else y.add_(bias), inv_out, zp, low, high, dtype, hardswish)
+    return finish(y if bias is None else y.add_(bias), inv_out, zp, low, high, dtype, post)
 
 
 def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float,
               w_scale: torch.Tensor, bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
-              dtype: torch.dtype, hardswish: bool = False, accum: Optional[torch.Tensor] = None, sum_scale: float = 0.0,
+              dtype: torch.dtype, post: str = "none", accum: Optional[torch.Tensor] = None, sum_scale: float = 0.0,
               sum_zp: int = 0) -> bool:
     """:func:`gemm_rows` of the rows ``q``'s storage holds (M rows of K codes, dense: a 2-d tensor, or
     a channels-last image's pixels) into ``out``'s dense storage (M x N values of ``dtype``), whatever
@@ -115,7 +123,8 @@ def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: 
     fn = _function("gemm" if accum is None else "gemm_sum", dtype)
     if fn is None:
         return False
-    tail = (hardswish,) if accum is None else (accum.data_ptr(), sum_scale, sum_zp)
+    assert accum is None or post == "none", post
+    tail = (POST[post],) if accum is None else (accum.data_ptr(), sum_scale, sum_zp)
     fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), q.numel() // weight.k, weight.n, weight.k,
        offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low,
        high, *tail)
@@ -135,11 +144,31 @@ def hardswish(y: torch.Tensor) -> torch.Tensor:
     return y * gate.clamp_(0.0, 1.0)
 
 
+_F = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731  a float32 constant: torch rounds in float32
+_TANH_P = [_F(c) for c in (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+                            1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)]
+_TANH_Q = [_F(c) for c in (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)]
+_TANH_CLAMP = 7.90531110763549805
+
+
+def tanh_steps(y: torch.Tensor) -> torch.Tensor:
+    """The GEMM's tanh post-op (native_gemm.h's ``gemm_tanh1``: Eigen's rational approximation) as torch
+    float32 steps, each rounded once, so equal to the native kernels' values: ``x * P(x^2) / Q(x^2)`` with
+    ``x = y`` clamped to +-7.905, ``y`` itself below 0.0004 in magnitude; within 4 ulp of tanh."""
+    x = y.clamp(-_TANH_CLAMP, _TANH_CLAMP)
+    x2, p, q = x * x, _TANH_P[0], _TANH_Q[0]
+    for c in _TANH_P[1:]:
+        p = p * x2 + c
+    for c in _TANH_Q[1:]:
+        q = q * x2 + c
+    return torch.where(y.abs() < 0.0004, y, p * x / q)
+
+
 def finish(y: torch.Tensor, inv_out: float, zp: int, low: float, high: float, dtype: torch.dtype,
-           post_hardswish: bool) -> torch.Tensor:
-    """The torch path's steps after ``y = acc * scale + bias`` (float32): the post-op, then codes
-    ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or for a float result ``y`` clamped."""
-    y = hardswish(y) if post_hardswish else y
+           post: str) -> torch.Tensor:
+    """The torch path's steps after ``y = acc * scale + bias`` (float32): the post-op (:data:`POST`), then
+    codes ``rint(clamp(y * inv_out + zp, low, high))`` of ``dtype``, or for a float result ``y`` clamped."""
+    y = hardswish(y) if post == "hardswish" else tanh_steps(y) if post == "tanh" else y
     if dtype == torch.float32:
         return y.clamp_(low, high)
     y = y.mul_(torch.tensor(inv_out, dtype=torch.float32)).add_(torch.tensor(float(zp), dtype=torch.float32))

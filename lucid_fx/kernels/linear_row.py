@@ -9,12 +9,12 @@ of the ``torch._int_mm`` route below, in one call instead of three (:data:`VNNI_
 At one row, ``torch._int_mm`` reads the (K, N) column-major int8 weight as a matrix-vector product, faster than
 oneDNN's linear; from two rows up slower (1 thread, AVX512-VNNI EPYC, 1024 x 1024: 40 against 46 us at one row, 119
 against 49 at two, 155 against 76 at eight). In a model, where oneDNN's call meets a colder cache, the batch-1 MLP of
-``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same codes). Then
-come oneDNN's own float32 steps, one rounding at a time: oneDNN's values bit for bit, whatever the batch around a row.
+``benchmarks/models.py`` ran in 165 us with this route and 233 us without it (same process, same codes). Then come
+oneDNN's own float32 steps, one rounding at a time: oneDNN's values bit for bit, whatever the batch around a row.
 
-A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (MobileNetV3-like: 4.88
-against 5.10 ms). Small linears of several rows take it too (:func:`small_gemm`): oneDNN's linear costs 22-24 us
-a call however small, this route 10-12 us at 32 x 64 x 64 (the family models of tests/models, hidden size 64).
+A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear too (MobileNetV3-like: 4.88 against
+5.10 ms). Small linears of several rows take it too (:func:`small_gemm`): oneDNN's linear costs 22-24 us a call however
+small, this route 10-12 us at 32 x 64 x 64 (the family models of tests/models, hidden size 64).
 
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
 >>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None)  # codes - 128 are the values
@@ -46,10 +46,11 @@ __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS
            "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
-# The post-ops of each engine: lucid_fx's GEMM also computes oneDNN's hardswish (linear_native.hardswish),
-# on the native engine and the VNNI one with the VNNI GEMM (linear_native.full_grid), where it gave oneDNN's
-# VNNI codes and float results on all 530K outputs of six MobileNet-like 1x1 shapes (AVX512-VNNI EPYC).
-ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish")}
+# The post-ops of each engine: lucid_fx's GEMM also computes oneDNN's hardswish (linear_native.hardswish; oneDNN's
+# VNNI values on all 530K outputs of six MobileNet-like 1x1 shapes, AVX512-VNNI EPYC) and tanh (tanh_steps, within 4
+# ulp; oneDNN's within a code) in its epilogue: the gated MLP (its merged 64 x 1024 -> 2048 tanh linear) 1268 against
+# 1387 us with oneDNN's tanh (1 thread, alternating, the same SQNR; with an exp-based tanh, 1151 against 1221).
+ENGINE_POST_OPS = {"int_mm": ROW_POST_OPS, "native": (*ROW_POST_OPS, "hardswish", "tanh")}
 
 
 def engine_post_ops(engine: str) -> Tuple[str, ...]:
@@ -58,10 +59,9 @@ def engine_post_ops(engine: str) -> Tuple[str, ...]:
         return ENGINE_POST_OPS["native"]
     return ENGINE_POST_OPS[engine]
 
-#: Post-ops a linear computes in torch after its float32 result, where no kernel gives oneDNN's values: SiLU
-#: (oneDNN's swish approximates exp) on both engines, at any size, so its codes depend neither on the route
-#: nor on the batch (oneDNN's swish took 100 us for the Llama-like 32 x 64 x 128 gate projection, VNNI);
-#: sigmoid on every route: oneDNN has none (convert gives a sigmoid on its fixed grid oneDNN's tanh instead).
+#: Post-ops a linear computes in torch after its float32 result, where no kernel gives oneDNN's values: SiLU (oneDNN's
+#: swish approximates exp) on both engines, at any size, so its codes depend neither on the route nor on the batch
+#: (oneDNN's swish: 100 us for the Llama-like 32 x 64 x 128 gate, VNNI); sigmoid everywhere (convert gives it as tanh).
 FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",), "every route": ("sigmoid",)}
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's (1 thread, AVX512-VNNI EPYC,
@@ -108,7 +108,7 @@ class RowLinear:
     w_scale: torch.Tensor  # (N,) float32
     bias: Optional[torch.Tensor]  # (N,) float32, or None
     inv_out: Optional[float]  # float32 1 / out_scale; None for a float result
-    hardswish: bool = False  # oneDNN's hardswish post-op (the native engine only)
+    post: str = "none"  # the post-op the GEMM computes (linear_native.POST; the native GEMM only), relu as bounds
 
 
 def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
@@ -127,11 +127,11 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
         if not weight:
             return None
         scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale  # oneDNN's AVX2 kernels: one product first
-        return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out, post_op == "hardswish")
+        return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out, linear_native.kernel_post(post_op))
     assert post_op in engine_post_ops("int_mm"), post_op
     if linear_native.full_grid():  # the same sums from the native VNNI GEMM, and oneDNN's VNNI float steps
         weight = PREPARED.get(qw, ("vnni gemm",), lambda: linear_native.packed_weight(qw.flatten(1)))
-        return RowLinear(weight, -zp_left * weight.row_sums, x_scale, w_scale, bias, inv_out, post_op == "hardswish")
+        return RowLinear(weight, -zp_left * weight.row_sums, x_scale, w_scale, bias, inv_out, linear_native.kernel_post(post_op))
     weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw.flatten(1), False))
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
@@ -143,7 +143,7 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     compares it with oneDNN on 2048 rows per case."""
     if isinstance(row.weight, linear_native.PackedWeight):
         return linear_native.gemm_rows(q, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                       0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish)
+                                       0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post)
     # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
     acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
     out = native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
@@ -163,7 +163,7 @@ def gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: 
     """lucid_fx's GEMM of ``row`` on the rows ``q``'s storage holds, into ``out``'s
     (:func:`lucid_fx.kernels.linear_native.gemm_into`); False (nothing written) where ``row`` has no native weight."""
     return isinstance(row.weight, linear_native.PackedWeight) and linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.hardswish,
+                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post,
                                    **residual)
 
 
@@ -270,14 +270,14 @@ def engine_here() -> Optional[str]:
 
 
 def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, mnk: Optional[tuple] = None) -> bool:
-    """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the post-op
-    after its float32 result (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); gelu and tanh too where the
-    row engine takes the (m, n, k) linear ``mnk``: oneDNN's call costs more than the linear there (its gelu
-    equals torch's on every value measured, its tanh within a code)."""
-    everywhere = post_op in FLOAT_POST_OPS["every route"] or (
-        post_op in ("gelu", "gelu_tanh", "tanh") and mnk is not None
-        and takes_row(target, onednn_on, "none", torch.float32, *mnk, rows=VNNI_FLOAT_TAIL_ROWS))
-    return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(row_engine(target) or "", ())))
+    """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the post-op after its
+    float32 result (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); gelu and tanh (where the GEMM has none) too
+    where the row engine takes the (m, n, k) linear ``mnk``: oneDNN's call costs more there (its gelu is torch's)."""
+    engine = row_engine(target)
+    in_gemm = engine is not None and post_op in engine_post_ops(engine)
+    everywhere = post_op in FLOAT_POST_OPS["every route"] or (post_op in ("gelu", "gelu_tanh", "tanh") and not in_gemm
+        and mnk is not None and takes_row(target, onednn_on, "none", torch.float32, *mnk, rows=VNNI_FLOAT_TAIL_ROWS))
+    return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(engine or "", ())))
 
 
 def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:

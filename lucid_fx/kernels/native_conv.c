@@ -221,8 +221,8 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
     void NAME(const uint8_t *x, const void *w, CODE *out, const int64_t *geometry, int32_t depthwise,  \
               int32_t x_zp, const int32_t *offset, const float *w_scale, const float *bias,             \
               float x_scale, float inv_out, int32_t zp, float low, float high, \
-              int32_t hardswish) { \
-        const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, KIND, hardswish}; \
+              int32_t post) { \
+        const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, KIND, post}; \
         if (depthwise) conv_depthwise(x, (const int16_t *)w, (char *)out, geometry, x_zp, &f);        \
         else conv_dense(x, (const int8_t *)w, (char *)out, geometry, x_zp, &f);                        \
     }

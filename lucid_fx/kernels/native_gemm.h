@@ -9,12 +9,14 @@
 #define GEMM_KB 4  /* inputs per step */
 
 enum { GEMM_UINT8, GEMM_INT8, GEMM_FLOAT32 };
+/* The post-op on y before the clamp or requantization (lucid_fx.kernels.linear_native.POST). */
+enum { GEMM_POST_NONE, GEMM_POST_HARDSWISH, GEMM_POST_TANH };
 
 typedef struct {
     const int32_t *offset;
     const float *w_scale, *bias;
     float x_scale, inv_out, zp, low, high;
-    int kind, hardswish; /* hardswish: oneDNN's post-op, y * min(max(y * (1/6) + 1/2, 0), 1) */
+    int kind, post; /* GEMM_POST_*: hardswish is oneDNN's, y * min(max(y * (1/6) + 1/2, 0), 1); tanh gemm_tanh1's */
     /* A residual's uint8 codes (oneDNN's "sum" post-op): y = fma(accum - sum_zp, sum_scale, y), one
      * rounding, as oneDNN's VNNI and AVX2 kernels (measured equal on 30M outputs of each); accum[i]
      * is added to the output at out_base + i. NULL: none. */
@@ -28,15 +30,53 @@ typedef struct {
 #define GEMM_SIXTH (1.0f / 6.0f)
 #define GEMM_CLAMP(v, lo, hi) ((v) >= (lo) ? ((v) <= (hi) ? (v) : (hi)) : (lo))
 
+/* tanh in float32 steps, one rounding each (no fused multiply-add), the same operations in every width below
+ * (so the scalar tails, AVX2 and AVX-512 give equal values) and as torch steps in linear_native.tanh_steps:
+ * Eigen's rational approximation, x * P(x^2) / Q(x^2) with x = y clamped to +-7.905 (where it reaches +-1),
+ * y itself below 0.0004 in magnitude. Within 4 ulp of tanh (3.3 measured; Cephes's tanhf, exp-based, was within
+ * 1.2 at twice the operations: the gated MLP's two tanh linears spent 130 us of the model's 1150 in it). */
+#define GEMM_TANH_CLAMP 7.90531110763549805f
+#define GEMM_TANH_TINY 0.0004f
+#define GEMM_TANH_A13 -2.76076847742355e-16f
+#define GEMM_TANH_A11 2.00018790482477e-13f
+#define GEMM_TANH_A9 -8.60467152213735e-11f
+#define GEMM_TANH_A7 5.12229709037114e-08f
+#define GEMM_TANH_A5 1.48572235717979e-05f
+#define GEMM_TANH_A3 6.37261928875436e-04f
+#define GEMM_TANH_A1 4.89352455891786e-03f
+#define GEMM_TANH_B6 1.19825839466702e-06f
+#define GEMM_TANH_B4 1.18534705686654e-04f
+#define GEMM_TANH_B2 2.26843463243900e-03f
+#define GEMM_TANH_B0 4.89352518554385e-03f
+
+static inline float gemm_tanh1(float y) {
+    const float x = GEMM_CLAMP(y, -GEMM_TANH_CLAMP, GEMM_TANH_CLAMP), x2 = x * x;
+    float p = GEMM_TANH_A13;
+    p = p * x2 + GEMM_TANH_A11;
+    p = p * x2 + GEMM_TANH_A9;
+    p = p * x2 + GEMM_TANH_A7;
+    p = p * x2 + GEMM_TANH_A5;
+    p = p * x2 + GEMM_TANH_A3;
+    p = p * x2 + GEMM_TANH_A1;
+    p = p * x;
+    float q = GEMM_TANH_B6;
+    q = q * x2 + GEMM_TANH_B4;
+    q = q * x2 + GEMM_TANH_B2;
+    q = q * x2 + GEMM_TANH_B0;
+    return fabsf(y) < GEMM_TANH_TINY ? y : p / q;
+}
+
 /* The float steps of one sum for output j, written to out[0] (scalar: tails and builds without AVX2). */
 static inline void gemm_finish1(int32_t acc, int64_t j, const gemm_finish_t *f, void *out) {
     float y = (float)(acc + f->offset[j]) * f->x_scale;
     y = y * f->w_scale[j];
     if (f->bias) y = y + f->bias[j];
     if (f->accum) y = fmaf((float)((int32_t)f->accum[(const uint8_t *)out - f->out_base] - f->sum_zp), f->sum_scale, y);
-    if (f->hardswish) {
+    if (f->post == GEMM_POST_HARDSWISH) {
         const float gate = y * GEMM_SIXTH + 0.5f; /* two roundings: -ffp-contract=off */
         y = y * (gate > 0.0f ? (gate < 1.0f ? gate : 1.0f) : 0.0f);
+    } else if (f->post == GEMM_POST_TANH) {
+        y = gemm_tanh1(y);
     }
     if (f->kind == GEMM_FLOAT32) {
         *(float *)out = GEMM_CLAMP(y, f->low, f->high);
@@ -93,6 +133,22 @@ static inline __m256 gemm_fma8(__m256 a, __m256 b, __m256 c) {
 #endif
 }
 
+/* gemm_tanh1 on 8 lanes: the same steps (separate multiplies and adds, vroundps to nearest even as rintf). */
+static inline __m256 gemm_tanh8(__m256 y) {
+#define T8(c) _mm256_set1_ps(c)
+#define STEP8(v, c) v = _mm256_add_ps(_mm256_mul_ps(v, x2), T8(c))
+    const __m256 x = gemm_clamp8(y, T8(-GEMM_TANH_CLAMP), T8(GEMM_TANH_CLAMP)), x2 = _mm256_mul_ps(x, x);
+    __m256 p = T8(GEMM_TANH_A13), q = T8(GEMM_TANH_B6);
+    STEP8(p, GEMM_TANH_A11); STEP8(p, GEMM_TANH_A9); STEP8(p, GEMM_TANH_A7); STEP8(p, GEMM_TANH_A5);
+    STEP8(p, GEMM_TANH_A3); STEP8(p, GEMM_TANH_A1);
+    p = _mm256_mul_ps(p, x);
+    STEP8(q, GEMM_TANH_B4); STEP8(q, GEMM_TANH_B2); STEP8(q, GEMM_TANH_B0);
+    const __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(T8(-0.0f), y), T8(GEMM_TANH_TINY), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_div_ps(p, q), y, tiny);
+#undef STEP8
+#undef T8
+}
+
 /* The float steps of 8 sums for outputs j..j+7, written to out (8 codes or floats). */
 static inline void gemm_finish8(__m256i acc, int64_t j, const gemm_finish_t *f, void *out) {
     __m256 y = _mm256_cvtepi32_ps(_mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(f->offset + j))));
@@ -105,9 +161,11 @@ static inline void gemm_finish8(__m256i acc, int64_t j, const gemm_finish_t *f, 
         const __m256i centred = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(codes)), _mm256_set1_epi32(f->sum_zp));
         y = gemm_fma8(_mm256_cvtepi32_ps(centred), _mm256_set1_ps(f->sum_scale), y);
     }
-    if (f->hardswish) {
+    if (f->post == GEMM_POST_HARDSWISH) {
         const __m256 gate = _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(GEMM_SIXTH)), _mm256_set1_ps(0.5f));
         y = _mm256_mul_ps(y, _mm256_min_ps(_mm256_max_ps(gate, _mm256_setzero_ps()), _mm256_set1_ps(1.0f)));
+    } else if (f->post == GEMM_POST_TANH) {
+        y = gemm_tanh8(y);
     }
     const __m256 lo = _mm256_set1_ps(f->low), hi = _mm256_set1_ps(f->high);
     if (f->kind == GEMM_FLOAT32) {
@@ -122,6 +180,23 @@ static inline void gemm_finish8(__m256i acc, int64_t j, const gemm_finish_t *f, 
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+/* gemm_tanh1 on 16 lanes. */
+static inline __m512 gemm_tanh16(__m512 y) {
+#define T16(c) _mm512_set1_ps(c)
+#define STEP16(v, c) v = _mm512_add_ps(_mm512_mul_ps(v, x2), T16(c))
+    const __m512 hi = T16(GEMM_TANH_CLAMP), lo = T16(-GEMM_TANH_CLAMP);
+    const __m512 upper = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, hi, _CMP_LE_OQ), hi, y); /* gemm_clamp8's order */
+    const __m512 x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, lo, _CMP_GE_OQ), lo, upper), x2 = _mm512_mul_ps(x, x);
+    __m512 p = T16(GEMM_TANH_A13), q = T16(GEMM_TANH_B6);
+    STEP16(p, GEMM_TANH_A11); STEP16(p, GEMM_TANH_A9); STEP16(p, GEMM_TANH_A7); STEP16(p, GEMM_TANH_A5);
+    STEP16(p, GEMM_TANH_A3); STEP16(p, GEMM_TANH_A1);
+    p = _mm512_mul_ps(p, x);
+    STEP16(q, GEMM_TANH_B4); STEP16(q, GEMM_TANH_B2); STEP16(q, GEMM_TANH_B0);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(y), T16(GEMM_TANH_TINY), _CMP_LT_OQ), _mm512_div_ps(p, q), y);
+#undef STEP16
+#undef T16
+}
+
 /* gemm_finish8's steps on 16 sums at once (AVX-512): the same operations in the same order, the
  * clamp as compare-and-select, the codes' low bytes written (they are within the code range). */
 static inline void gemm_finish16_avx512(__m256i lo8, __m256i hi8, int64_t j, const gemm_finish_t *f, void *out) {
@@ -135,9 +210,11 @@ static inline void gemm_finish16_avx512(__m256i lo8, __m256i hi8, int64_t j, con
         const __m512i centred = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), _mm512_set1_epi32(f->sum_zp));
         y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(f->sum_scale), y);
     }
-    if (f->hardswish) {
+    if (f->post == GEMM_POST_HARDSWISH) {
         const __m512 gate = _mm512_add_ps(_mm512_mul_ps(y, _mm512_set1_ps(GEMM_SIXTH)), _mm512_set1_ps(0.5f));
         y = _mm512_mul_ps(y, _mm512_min_ps(_mm512_max_ps(gate, _mm512_setzero_ps()), _mm512_set1_ps(1.0f)));
+    } else if (f->post == GEMM_POST_TANH) {
+        y = gemm_tanh16(y);
     }
     const __m512 lo = _mm512_set1_ps(f->low), hi = _mm512_set1_ps(f->high);
     __m512 v = y;

@@ -28,7 +28,7 @@
 
 void lucid_gemm_float32(const uint8_t *x, const int8_t *packed, float *out, int64_t m, int64_t n, int64_t k,
                         const int32_t *offset, const float *w_scale, const float *bias, float x_scale,
-                        float inv_out, int32_t zp, float low, float high, int32_t hardswish);
+                        float inv_out, int32_t zp, float low, float high, int32_t post);
 
 #define GATES(cell) ((cell) == 0 ? 4 : (cell) == 1 ? 3 : 1) /* cell: 0 LSTM, 1 GRU, 2 RNN_TANH, 3 RNN_RELU */
 

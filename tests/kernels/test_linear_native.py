@@ -15,11 +15,12 @@ from lucid_fx.kernels.native_build import AVX2_CAP
 f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
 
 
-def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype):
+def _steps(q, w, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, post="none"):
     """The oracle: int64 sums, then each float32 step as the C comment gives it."""
     acc = (q.to(torch.int64) @ w.to(torch.int64).T + offset).to(torch.float32)
     y = acc * f32(x_scale) * w_scale
     y = y if bias is None else y + bias
+    y = ln.hardswish(y) if post == "hardswish" else ln.tanh_steps(y) if post == "tanh" else y
     if dtype == torch.float32:
         return y.clamp(low, high)
     return (y * f32(inv_out) + f32(float(zp))).clamp(low, high).round().to(dtype)
@@ -80,6 +81,15 @@ def _gemm_case(build, m, k, n):
             want = _steps(q, w, offset, 0.37, w_scale, b, 5.5, zp, low, high, dtype)
             assert got.dtype == dtype and got.shape == (m, n)
             assert torch.equal(got, want), (dtype, (got.double() - want.double()).abs().max())
+    # the post-ops in the epilogue, on sums scaled to about 1 (where tanh is not yet +-1): the same steps
+    # scalar, 8 lanes and 16 (every build, every tail), as the torch steps give them
+    x_scale = 0.37 / max(float(ln.gemm_rows(q, weight, offset, 0.37, w_scale, None, 0.0, 0, -math.inf, math.inf,
+                                            torch.float32).std()), 1e-3) if m * n > 1 else 1e-4
+    for post in ("hardswish", "tanh"):
+        for dtype, zp, low, high in (FINISHES[1], FINISHES[3]):
+            got = ln.gemm_rows(q, weight, offset, x_scale, w_scale, bias, 50.0, zp, low, high, dtype, post)
+            want = _steps(q, w, offset, x_scale, w_scale, bias, 50.0, zp, low, high, dtype, post)
+            assert torch.equal(got, want), (post, dtype, (got.double() - want.double()).abs().max())
 
 
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
@@ -114,10 +124,26 @@ def test_without_the_native_kernels_torch_computes_the_same_values(native_env):
     w = torch.randint(-64, 65, (21, 37), dtype=torch.int8, generator=g)
     weight, offset = ln.packed_weight(w), torch.randint(-99, 99, (21,), dtype=torch.int32, generator=g)
     args = (offset, 1.0, torch.rand(21, generator=g), torch.randn(21, generator=g), 3.0, 7, 0.0, 255.0, torch.uint8)
-    compiled = ln.gemm_rows(q, weight, *args)
+    compiled, tanh = ln.gemm_rows(q, weight, *args), ln.gemm_rows(q, weight, *args, "tanh")
     native_env(LUCID_FX_NATIVE="0")
     assert torch.equal(ln.gemm_rows(q, weight, *args), compiled)
-    assert torch.equal(compiled, _steps(q, w, *args))
+    assert torch.equal(ln.gemm_rows(q, weight, *args, "tanh"), tanh)
+    assert torch.equal(compiled, _steps(q, w, *args)) and torch.equal(tanh, _steps(q, w, *args, "tanh"))
+    assert not torch.equal(tanh, compiled)
+
+
+def test_the_gemm_s_tanh_is_within_4_ulp_of_the_exact_value():
+    # Eigen's rational tanh in float32 steps (native_gemm.h): against float64's tanh every 6e-6 over [-12, 12]
+    # and on a log scale down to 1e-8 (where it is y itself), both signs; +-1 past the clamp, never past it.
+    y = torch.cat([torch.linspace(-12, 12, 4000001), torch.logspace(-8, 1, 20001), -torch.logspace(-8, 1, 20001)])
+    exact = torch.tanh(y.double())
+    got = ln.tanh_steps(y)
+    ulp = (got.double() - exact).abs() / exact.abs() / 2.0 ** -23
+    assert float(ulp.max()) <= 4.0, float(ulp.max())
+    assert float((got.double() - exact).abs().max()) < 5e-7 and float(got.abs().max()) <= 1.0
+    edge = torch.tensor([0.0, -0.0, 1e-5, 0.625, -0.625, 9.5, -9.5, 40.0, -1e30, 1e30])
+    assert ln.tanh_steps(edge).tolist() == pytest.approx([0.0, 0.0, 1e-5, 0.5546, -0.5546, 1.0, -1.0, 1.0, -1.0, 1.0],
+                                                         abs=1e-4)
 
 
 def test_the_packed_weight_is_a_copy_in_blocks_of_16_outputs_by_4_inputs():

@@ -127,14 +127,21 @@ def test_a_silu_linear_applies_torch_s_silu_after_the_float_result_at_every_size
     assert torch.equal(cpu.linear(qx[3:4], 0.0213, 117, qw, ws, bias, 0.0371, 9, "silu", torch.uint8), got[3:4])
 
 
+def _gemm_tanh(engine) -> bool:
+    """Whether ``engine``'s GEMM computes tanh in its epilogue (lucid_fx's GEMM is built here)."""
+    return engine is not None and "tanh" in lr.engine_post_ops(engine)
+
+
 @pytest.mark.parametrize("post_op", ["gelu", "gelu_tanh", "tanh"])
 @pytest.mark.parametrize("m,n,k", [(32, 128, 64), (512, 512, 512), (64, 1024, 1024)])  # the row engine's size, and oneDNN's
 def test_a_gelu_or_tanh_linear_runs_on_the_row_engine_where_it_takes_the_size(post_op, m, n, k):
-    # oneDNN's call costs more than a small linear: there the row engine's float result, then torch's op;
-    # past it, oneDNN's fused post-op (its gelu equal to torch's, its tanh within a code)
+    # oneDNN's call costs more than a small linear: there the row engine's float result, then torch's op
+    # (tanh: in the GEMM's epilogue where lucid_fx's GEMM is built, the next test); past it, oneDNN's fused
+    # post-op (its gelu equal to torch's, its tanh within a code)
     target = resolve_target("cpu")
     engine = lr.row_engine(target)
     small = engine is not None and lr.small_gemm(m, n, k, engine, rows=lr.VNNI_FLOAT_TAIL_ROWS)
+    small = small and not (post_op == "tanh" and _gemm_tanh(engine))
     assert lr.float_post_op(target, True, post_op, torch.uint8, (m, n, k)) == small
     assert not lr.float_post_op(target, True, post_op, torch.uint8)  # no size given: oneDNN's post-op
     g = torch.Generator().manual_seed(m)
@@ -333,6 +340,30 @@ def test_a_residual_call_on_inputs_its_program_was_not_built_for_says_so():
             lr.pointwise_rows_sum(codes, row, other, 0.05, 120, 117, 0, 255)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 128, 64), (32, 128, 64), (64, 1024, 1024), (512, 512, 512)])
+def test_a_tanh_linear_on_the_row_engine_computes_tanh_in_the_gemm(m, n, k):
+    # Where lucid_fx's GEMM takes the linear, it computes tanh in its epilogue (linear_native.tanh_steps, within
+    # 4 ulp of tanh): no float pass after it, no oneDNN call. The gated MLP's merged 64 x 1024 -> 2048 tanh
+    # linear runs so. Past its sizes, oneDNN's fused tanh (within a code of torch's).
+    target = resolve_target("cpu")
+    engine = lr.row_engine(target)
+    in_gemm = _gemm_tanh(engine) and lr.small_gemm(m, n, k, engine)
+    assert lr.takes_row(target, True, "tanh", torch.float32, m, n, k) == (engine if in_gemm else None)
+    assert not (in_gemm and lr.float_post_op(target, True, "tanh", torch.float32, (m, n, k)))
+    g = torch.Generator().manual_seed(m + n)
+    qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-64, 64, (n, k), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(n, generator=g) * 0.004 / math.sqrt(k) + 1e-5, torch.randn(n, generator=g)
+    got = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 1.0, 0, "tanh", torch.float32)
+    y = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 1.0, 0, "none", torch.float32)
+    assert 0.3 < float(y.std()) < 3  # both of the tanh's branches (below and above 0.625)
+    if in_gemm:
+        assert torch.equal(got, ln.tanh_steps(y))
+    assert float((got - torch.tanh(y)).abs().max()) <= 2e-6
+    codes = cpu.linear(qx, 0.0213, 117, qw, ws, bias, 0.0079, 128, "tanh", torch.uint8)
+    assert int((codes.int() - Q.quantize(torch.tanh(y), 0.0079, 128, torch.uint8).int()).abs().max()) <= 1
+
+
 def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(monkeypatch):
     # the 8-row AVX-512 GEMM beat oneDNN up to 64 x 1024 x 1024; a tanh or gelu run as a float pass after it did not
     monkeypatch.setattr(ln, "full_grid", lambda: True)
@@ -343,8 +374,12 @@ def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(mo
         target = resolve_target("cpu")
         assert lr.takes_row(target, True, "relu", torch.uint8, 64, 1024, 1024) == "int_mm"
         assert lr.takes_row(target, True, "relu", torch.uint8, 65, 1024, 1024) is None
-        for post_op in ("gelu", "gelu_tanh", "tanh"):
+        for post_op in ("gelu", "gelu_tanh"):
             assert lr.float_post_op(target, True, post_op, torch.uint8, (16, 1024, 1024))
             assert not lr.float_post_op(target, True, post_op, torch.uint8, (64, 1024, 1024))
+        # tanh in the GEMM's epilogue, at any size the GEMM takes
+        assert lr.takes_row(target, True, "tanh", torch.float32, 64, 2048, 1024) == "int_mm"
+        assert not lr.float_post_op(target, True, "tanh", torch.uint8, (16, 1024, 1024))
+        assert lr.takes_row(target, True, "tanh", torch.float32, 65, 1024, 1024) is None
     finally:
         torch.set_num_threads(before)

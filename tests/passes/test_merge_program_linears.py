@@ -4,6 +4,8 @@ import torch
 from torch import nn
 
 import lucid_fx
+from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import resolve_target
 from lucid_fx.kernels.library import op_name
 from lucid_fx.passes.merge_program_linears import PREFIX
 from lucid_fx.program import programs_of
@@ -59,6 +61,9 @@ def test_siblings_with_float_results_run_as_one_linear_split_into_views():
     assert sum("split" in target for target in calls.values()) == 1
     assert torch.equal(y, portable), "the codes of the portable graph"
     assert not [name for name in program.__dict__ if name.startswith(PREFIX)], "the stacked weights were packed, then dropped"
+    engine = lr.row_engine(resolve_target("cpu"))
+    if engine is not None and "tanh" in lr.engine_post_ops(engine):  # lucid_fx's GEMM, its tanh in the epilogue
+        assert not any("onednn" in target for target in calls.values()), calls
 
 
 def test_siblings_whose_results_are_codes_stay_apart():
