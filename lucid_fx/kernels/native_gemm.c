@@ -217,6 +217,7 @@ static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, i
     const int64_t pairs = (nb + 1) / 2;
     const size_t size = gemm_size(f->kind);
     const int threads = gemm_threads(m, n, k, pairs);
+    (void)threads; /* read by the OpenMP pragma alone */
     for (int64_t i0 = 0; i0 < m; i0 += tile) { /* a tile of rows meets every block while it is in cache */
         const int64_t end = i0 + tile < m ? i0 + tile : m;
 #ifdef _OPENMP
