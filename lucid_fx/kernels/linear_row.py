@@ -73,14 +73,13 @@ SMALL_GEMM_NK = 1 << 18
 # oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us native / _int_mm / oneDNN: 4.8 /
 # 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256, 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024; the 8-row
 # AVX-512 kernel's GEMM / oneDNN's call: 45 / 72 at 8 x 1024 x 1024, 171 / 207 at 32 rows, 332 / 367 at 64, 1434 / 1426
-# at 64 x 1024 -> 4096, 1376 / 1343 at 256. It takes any linear of up to this many rows (VNNI_THREADED_ROWS at more
-# threads: 2 threads, x 1024 x 1024: 34 / 64 at 8 rows, 123 / 169 at 32, 206-228 / 208-213 at 64; one row where the
-# build's GEMM has no threads, linear_native.threaded) and of up to SMALL_GEMM_MNK multiply-adds; one whose gelu or tanh
-# runs as a float pass after it (float_post_op) up to VNNI_FLOAT_TAIL_ROWS (the gated MLP's 64-row tanh linears: 1.40
-# against 1.20 ms with oneDNN's).
+# at 64 x 1024 -> 4096, 1376 / 1343 at 256. It takes any linear of up to this many rows at any thread count (2 threads,
+# x 1024 x 1024: 34 / 64 at 8 rows, 123 / 169 at 32; models at 64 rows, 2 threads, since the AVX-512 loop lost its copies:
+# the batch-64 MLP 545 / 663 us, the gated MLP 583 / 700; one row where the build's GEMM has no threads) and of up to
+# SMALL_GEMM_MNK multiply-adds; one whose gelu runs as a float pass after it (float_post_op) up to VNNI_FLOAT_TAIL_ROWS.
 VNNI_GEMM_ROWS = 64
 VNNI_FLOAT_TAIL_ROWS = 16
-VNNI_THREADED_ROWS = 32
+VNNI_THREADED_ROWS = 64
 # A 1x1 convolution (a GEMM over the pixels) on the native VNNI GEMM against oneDNN's 1x1
 # convolution, its route otherwise, us, 1 thread, AVX512-VNNI EPYC, the same codes: 68 / 214 at 49
 # pixels x 1152 -> 192 channels, 80 / 287 at 49 x 192 -> 1152, 138 / 231 at 196 x 112 -> 672, 68 / 119

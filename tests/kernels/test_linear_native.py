@@ -189,7 +189,7 @@ def test_the_vnni_engine_takes_any_linear_of_few_rows_on_the_vnni_gemm(monkeypat
         assert lr.small_gemm(1024, 1024, 1024, pointwise=True) and not lr.small_gemm(1025, 64, 256, pointwise=True)
         torch.set_num_threads(2)  # the GEMM on torch's threads: up to VNNI_THREADED_ROWS rows
         monkeypatch.setattr(ln, "threaded", lambda: True)
-        assert lr.small_gemm(32, 4096, 4096) and not lr.small_gemm(33, 4096, 4096)
+        assert lr.small_gemm(64, 4096, 4096) and not lr.small_gemm(65, 4096, 4096)
         assert lr.small_gemm(16, 1024, 1024, rows=lr.VNNI_FLOAT_TAIL_ROWS) and not lr.small_gemm(17, 1024, 1024, rows=16)
         assert not lr.small_gemm(196, 672, 112, pointwise=True)
         monkeypatch.setattr(ln, "threaded", lambda: False)  # a build without OpenMP: oneDNN's threads past a row
