@@ -13,24 +13,35 @@
 #include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */
+#include "native_threads.h" /* LUCID_SPLIT */
+
+/* How many threads a split pass takes now (native_threads.h's lucid_threads; least 0: a pass over elements). */
+int32_t lucid_split_threads(int64_t work, int64_t least, int64_t parts) {
+    return lucid_threads(work, least ? least : LUCID_PARALLEL_ELEMENTS, parts);
+}
 
 #define QUANTIZE(NAME, CODE)                                                                       \
     int64_t NAME(const float *restrict x, CODE *restrict out, int64_t n, float inv, int32_t zp,   \
                  int32_t qmin, int32_t qmax, int32_t check) {                                     \
         const float lo = (float)(qmin - zp), hi = (float)(qmax - zp);                             \
         uint32_t nonfinite = 0; /* an OR, not a count: a 64-bit count made the check cost 40% more */ \
-        if (check) {                                                                               \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                uint32_t bits;                                                                     \
-                memcpy(&bits, &x[i], sizeof bits);                                                 \
-                nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;                                  \
-                out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */           \
+        LUCID_SPLIT(n, 64, lucid_threads(n, LUCID_PARALLEL_ELEMENTS, n), {                         \
+            uint32_t mine = 0;                                                                     \
+            if (check) {                                                                           \
+                for (int64_t i = from; i < to; i++) {                                              \
+                    uint32_t bits;                                                                 \
+                    memcpy(&bits, &x[i], sizeof bits);                                             \
+                    mine |= (bits & 0x7f800000u) == 0x7f800000u;                                   \
+                    out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */          \
+                }                                                                                  \
+            } else {                                                                               \
+                for (int64_t i = from; i < to; i++) {                                              \
+                    out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */          \
+                }                                                                                  \
             }                                                                                      \
-        } else {                                                                                   \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                out[i] = (CODE)REQUANTIZE(x[i] * inv, lo, hi, zp); /* NaN -> qmin */           \
-            }                                                                                      \
-        }                                                                                          \
+            LUCID_ATOMIC                                                                           \
+            nonfinite |= mine;                                                                     \
+        })                                                                                         \
         return nonfinite;                                                                          \
     }
 
@@ -77,9 +88,12 @@ static int interleave3(const uint8_t *restrict rows, uint8_t *restrict out) {
                  float inv, int32_t zp, int32_t qmin, int32_t qmax, int32_t check) {               \
         const float lo = (float)(qmin - zp), hi = (float)(qmax - zp);                             \
         uint32_t nonfinite = 0;                                                                    \
-        CODE block[3 * QUANTIZE_CL_BLOCK];                                                         \
-        for (int64_t i = 0; i < n; i++)                                                            \
-            for (int64_t p0 = 0; p0 < hw; p0 += QUANTIZE_CL_BLOCK) {                               \
+        const int64_t blocks = (hw + QUANTIZE_CL_BLOCK - 1) / QUANTIZE_CL_BLOCK; /* an image's */  \
+        LUCID_SPLIT(n * blocks, 1, lucid_threads(n * c * hw, LUCID_PARALLEL_ELEMENTS, n * blocks), { \
+            uint32_t mine = 0;                                                                     \
+            CODE block[3 * QUANTIZE_CL_BLOCK];                                                     \
+            for (int64_t at = from; at < to; at++) {                                               \
+                const int64_t i = at / blocks, p0 = at % blocks * QUANTIZE_CL_BLOCK;               \
                 const int64_t m = hw - p0 < QUANTIZE_CL_BLOCK ? hw - p0 : QUANTIZE_CL_BLOCK;       \
                 const int rgb = c == 3 && m == QUANTIZE_CL_BLOCK; /* three rows, then interleaved */ \
                 CODE *restrict o = out + (i * hw + p0) * c;                                        \
@@ -89,7 +103,7 @@ static int interleave3(const uint8_t *restrict rows, uint8_t *restrict out) {
                     for (int64_t j = 0; j < m; j++) {                                              \
                         uint32_t bits;                                                             \
                         memcpy(&bits, &xs[j], sizeof bits);                                        \
-                        nonfinite |= (bits & 0x7f800000u) == 0x7f800000u;                          \
+                        mine |= (bits & 0x7f800000u) == 0x7f800000u;                               \
                         b[j] = (CODE)REQUANTIZE(xs[j] * inv, lo, hi, zp); /* NaN -> qmin */        \
                     }                                                                              \
                     if (!rgb)                                                                      \
@@ -99,6 +113,9 @@ static int interleave3(const uint8_t *restrict rows, uint8_t *restrict out) {
                     for (int64_t j = 0; j < QUANTIZE_CL_BLOCK; j++)                                \
                         for (int64_t k = 0; k < 3; k++) o[j * 3 + k] = block[k * QUANTIZE_CL_BLOCK + j]; \
             }                                                                                      \
+            LUCID_ATOMIC                                                                           \
+            nonfinite |= mine;                                                                     \
+        })                                                                                         \
         return check ? nonfinite : 0;                                                              \
     }
 
@@ -115,23 +132,27 @@ QUANTIZE_CL(lucid_quantize_cl_int8, int8_t)
               int64_t hw, int64_t c, int32_t channels_last, int32_t a_zp, int32_t g_zp, float mult,  \
               int32_t zp, int32_t low, int32_t high) {                                             \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        const int threads = lucid_threads(n * hw * c, LUCID_PARALLEL_ELEMENTS, n * (channels_last ? hw : c)); \
         if (channels_last) {                                                                       \
-            for (int64_t i = 0; i < n; i++)                                                        \
-                for (int64_t p = 0; p < hw; p++) {                                                 \
-                    const int64_t row = (i * hw + p) * c;                                          \
+            LUCID_SPLIT(n * hw, 1, threads, {                                                      \
+                for (int64_t pixel = from; pixel < to; pixel++) {                                  \
+                    const int64_t row = pixel * c, gate = pixel / hw * c; /* its image's gates */  \
                     for (int64_t k = 0; k < c; k++) {                                              \
-                        int32_t prod = ((int32_t)a[row + k] - a_zp) * ((int32_t)g[i * c + k] - g_zp); \
+                        int32_t prod = ((int32_t)a[row + k] - a_zp) * ((int32_t)g[gate + k] - g_zp); \
                         out[row + k] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);           \
                     }                                                                              \
                 }                                                                                  \
+            })                                                                                     \
         } else {                                                                                   \
-            for (int64_t plane = 0; plane < n * c; plane++) {                                      \
-                const int32_t gate = (int32_t)g[plane] - g_zp;                                     \
-                for (int64_t p = 0; p < hw; p++) {                                                 \
-                    int32_t prod = ((int32_t)a[plane * hw + p] - a_zp) * gate;                     \
-                    out[plane * hw + p] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);        \
+            LUCID_SPLIT(n * c, 1, threads, {                                                       \
+                for (int64_t plane = from; plane < to; plane++) {                                  \
+                    const int32_t gate = (int32_t)g[plane] - g_zp;                                 \
+                    for (int64_t p = 0; p < hw; p++) {                                             \
+                        int32_t prod = ((int32_t)a[plane * hw + p] - a_zp) * gate;                 \
+                        out[plane * hw + p] = (CODE)REQUANTIZE((float)prod * mult, lo, hi, zp);    \
+                    }                                                                              \
                 }                                                                                  \
-            }                                                                                      \
+            })                                                                                     \
         }                                                                                          \
     }
 
@@ -148,17 +169,31 @@ GATE_MUL(lucid_gate_mul_int8, int8_t)
               int32_t low, int32_t high) {                                                         \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
         for (int64_t i = 0; i < n; i++) {                                                          \
-            if (channels_last) {                                                                   \
-                for (int64_t k = 0; k < c; k++) acc[k] = 0;                                        \
-                for (int64_t p = 0; p < hw; p++)                                                   \
-                    for (int64_t k = 0; k < c; k++) acc[k] += q[(i * hw + p) * c + k];             \
-            } else {                                                                               \
-                for (int64_t k = 0; k < c; k++) {                                                  \
-                    int32_t sum = 0;                                                               \
-                    for (int64_t p = 0; p < hw; p++) sum += q[(i * c + k) * hw + p];               \
-                    acc[k] = sum;                                                                  \
+            if (channels_last) { /* each thread sums its pixels, then the threads' sums are added */ \
+                int threads = lucid_threads(hw * c, LUCID_PARALLEL_ELEMENTS, hw);                  \
+                const int64_t apart = (c + 31) / 16 * 16; /* no cache line shared: each 64 bytes apart */ \
+                int32_t *part = threads > 1 ? malloc((size_t)(threads * apart) * sizeof *part) : NULL; \
+                threads = part ? threads : 1;                                                      \
+                LUCID_SPLIT(hw, 1, threads, {                                                      \
+                    int32_t *restrict sums = part ? part + chunk * apart : acc;                    \
+                    for (int64_t k = 0; k < c; k++) sums[k] = 0;                                   \
+                    for (int64_t p = from; p < to; p++)                                            \
+                        for (int64_t k = 0; k < c; k++) sums[k] += q[(i * hw + p) * c + k];        \
+                })                                                                                 \
+                if (part) {                                                                        \
+                    for (int64_t k = 0; k < c; k++) acc[k] = 0;                                    \
+                    for (int t = 0; t < threads; t++)                                              \
+                        for (int64_t k = 0; k < c; k++) acc[k] += part[t * apart + k];             \
+                    free(part);                                                                    \
                 }                                                                                  \
-            }                                                                                      \
+            } else                                                                                 \
+                LUCID_SPLIT(c, 1, lucid_threads(hw * c, LUCID_PARALLEL_ELEMENTS, c), {             \
+                    for (int64_t k = from; k < to; k++) {                                          \
+                        int32_t sum = 0;                                                           \
+                        for (int64_t p = 0; p < hw; p++) sum += q[(i * c + k) * hw + p];           \
+                        acc[k] = sum;                                                              \
+                    }                                                                              \
+                })                                                                                 \
             for (int64_t k = 0; k < c; k++)                                                        \
                 out[i * c + k] = (CODE)REQUANTIZE(((float)acc[k] - zp_hw) * mult, lo, hi, zp);     \
         }                                                                                          \
@@ -250,14 +285,16 @@ int32_t lucid_lut_vectorized(void) { return LUT_VBMI || LUT_AVX2; }
     void NAME(const uint8_t *restrict q, const OUT *restrict table, OUT *restrict out, int64_t n,    \
               int32_t flip) {                                                                      \
         const uint8_t f = (uint8_t)flip;                                                           \
-        int64_t i = FAST;                                                                          \
-        for (; i < n; i++) out[i] = table[(uint8_t)(q[i] ^ f)];                                    \
+        LUCID_SPLIT(n, 64, lucid_threads(n, LUCID_PARALLEL_ELEMENTS, n), {                         \
+            int64_t i = from + FAST;                                                               \
+            for (; i < to; i++) out[i] = table[(uint8_t)(q[i] ^ f)];                               \
+        })                                                                                         \
     }
 
 #if LUT_VBMI
-#define BYTES_FAST lut_bytes_vbmi(q, (const uint8_t *)table, (uint8_t *)out, n, f)
+#define BYTES_FAST lut_bytes_vbmi(q + from, (const uint8_t *)table, (uint8_t *)out + from, to - from, f)
 #elif LUT_AVX2
-#define BYTES_FAST lut_bytes_avx2(q, (const uint8_t *)table, (uint8_t *)out, n, f)
+#define BYTES_FAST lut_bytes_avx2(q + from, (const uint8_t *)table, (uint8_t *)out + from, to - from, f)
 #else
 #define BYTES_FAST 0
 #endif
@@ -278,7 +315,7 @@ LUT(lucid_lut_float32, float, 0)
 #define LUT_MUL_CODE(CODE, x, y) (CODE)REQUANTIZE((float)((x) * (y)) * mult, lo, hi, zp)
 #ifdef LUT_MUL_BYTES
 #define LUT_MUL_FAST(CODE)                                                                         \
-    for (; i + LUT_MUL_BLOCK <= n; i += LUT_MUL_BLOCK) {                                           \
+    for (; i + LUT_MUL_BLOCK <= to; i += LUT_MUL_BLOCK) {                                           \
         CODE la[LUT_MUL_BLOCK], lb[LUT_MUL_BLOCK];                                                 \
         LUT_MUL_BYTES(a + i, ta, la, fa);                                                          \
         LUT_MUL_BYTES(b + i, tb, lb, fb);                                                          \
@@ -293,15 +330,18 @@ LUT(lucid_lut_float32, float, 0)
               const CODE *restrict tb, int32_t fb, CODE *restrict out, int64_t n, int32_t a_zp,      \
               int32_t b_zp, float mult, int32_t zp, int32_t low, int32_t high) {                   \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
-        int64_t i = 0;                                                                             \
-        LUT_MUL_FAST(CODE)                                                                         \
-        if (i == n) return;                                                                        \
-        int32_t ca[256], cb[256];                                                                  \
-        for (int32_t c = 0; c < 256; c++) {                                                        \
-            ca[c] = (int32_t)ta[(uint8_t)(c ^ fa)] - a_zp;                                         \
-            cb[c] = (int32_t)tb[(uint8_t)(c ^ fb)] - b_zp;                                         \
-        }                                                                                          \
-        for (; i < n; i++) out[i] = LUT_MUL_CODE(CODE, ca[a[i]], cb[b[i]]);                              \
+        LUCID_SPLIT(n, LUT_MUL_BLOCK, lucid_threads(n, LUCID_PARALLEL_ELEMENTS, n), {              \
+            int64_t i = from;                                                                      \
+            LUT_MUL_FAST(CODE)                                                                     \
+            if (i < to) {                                                                          \
+                int32_t ca[256], cb[256];                                                          \
+                for (int32_t c = 0; c < 256; c++) {                                                \
+                    ca[c] = (int32_t)ta[(uint8_t)(c ^ fa)] - a_zp;                                 \
+                    cb[c] = (int32_t)tb[(uint8_t)(c ^ fb)] - b_zp;                                 \
+                }                                                                                  \
+                for (; i < to; i++) out[i] = LUT_MUL_CODE(CODE, ca[a[i]], cb[b[i]]);               \
+            }                                                                                      \
+        })                                                                                         \
     }
 
 LUT_MUL(lucid_lut_mul_uint8, uint8_t)
@@ -313,7 +353,9 @@ LUT_MUL(lucid_lut_mul_int8, int8_t)
     void NAME(const float *restrict y, CODE *restrict out, int64_t n, float mult, int32_t zp,        \
               int32_t low, int32_t high) {                                                         \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
-        for (int64_t i = 0; i < n; i++) out[i] = (CODE)REQUANTIZE(y[i] * mult, lo, hi, zp);        \
+        LUCID_SPLIT(n, 64, lucid_threads(n, LUCID_PARALLEL_ELEMENTS, n), {                         \
+            for (int64_t i = from; i < to; i++) out[i] = (CODE)REQUANTIZE(y[i] * mult, lo, hi, zp); \
+        })                                                                                         \
     }
 
 REQUANTIZE_SCALED(lucid_requantize_uint8, uint8_t)
@@ -324,7 +366,9 @@ REQUANTIZE_SCALED(lucid_requantize_int8, int8_t)
 #define DEQUANTIZE(NAME, CODE)                                                                     \
     void NAME(const CODE *restrict q, float *restrict out, int64_t n, int32_t zp, float scale) {   \
         const float z = (float)zp;                                                                 \
-        for (int64_t i = 0; i < n; i++) out[i] = ((float)q[i] - z) * scale;                        \
+        LUCID_SPLIT(n, 64, lucid_threads(n, LUCID_PARALLEL_ELEMENTS, n), {                         \
+            for (int64_t i = from; i < to; i++) out[i] = ((float)q[i] - z) * scale;                \
+        })                                                                                         \
     }
 
 DEQUANTIZE(lucid_dequantize_uint8, uint8_t)

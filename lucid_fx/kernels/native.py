@@ -37,7 +37,7 @@ import torch
 from lucid_fx.kernels import finite, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
+__all__ = ["available", "status", "split_threads", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
            "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -120,6 +120,8 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
         query = getattr(lib, f"lucid_{kernel}_{fact}")
         query.argtypes, query.restype = (), ctypes.c_int32
         functions[kernel, fact] = bool(query())
+    functions["split", "threads"] = split = lib.lucid_split_threads  # split_threads
+    split.argtypes, split.restype = (_I64, _I64, _I64), _I32
     return functions
 
 
@@ -143,6 +145,13 @@ def record_in_profiler(on: bool) -> None:
     """Make every native kernel call a ``native::<kernel>`` event of torch's profiler (a ctypes call is no
     torch op: a profile would count it outside kernels); benchmarks/overhead.py turns it on. Off: free."""
     _recording[:] = [True] if on else []
+
+
+def split_threads(work: int, parts: int, least: int = 0) -> int:
+    """The threads a native pass splits ``work`` units in ``parts`` pieces among now (native_threads.h; ``least``: its
+    threshold, 0 for a pass over elements): 1 below it, at one torch thread, without OpenMP or native kernels."""
+    functions = _library()[0]
+    return 1 if functions is None else int(functions["split", "threads"](work, least, parts))
 
 
 def available() -> bool:

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "native_gemm.h"
+#include "native_threads.h" /* LUCID_SPLIT */
 
 enum { G_N, G_H, G_W, G_C, G_KH, G_KW, G_SH, G_SW, G_PH, G_PW, G_DH, G_DW, G_HO, G_WO, G_COUT };
 
@@ -79,35 +80,45 @@ static void conv_block4(const uint8_t *x, const int64_t *g, int64_t i, int64_t r
 }
 #endif
 
+/* Pixels [i0, end) with packed block b (16 output channels). */
+static void conv_dense_block(const uint8_t *x, const int8_t *packed, char *out, const int64_t *g, const uint8_t *pad,
+                             const gemm_finish_t *f, int64_t i0, int64_t end, int64_t b) {
+    const int64_t c = g[G_C], cq = (c + 3) / 4, n = g[G_COUT], kg = g[G_KH] * g[G_KW] * cq;
+    const size_t size = gemm_size(f->kind);
+    for (int64_t i = i0; i < end; i += 4) {
+#if GEMM_AVX2
+        conv_block4(x, g, i, end - i < 4 ? end - i : 4, packed + b * kg * 64, pad, b * GEMM_NB, f, out + i * n * size);
+#else
+        for (int64_t p = i; p < end && p < i + 4; p++) {
+            const conv_pixel_t px = conv_pixel(x, g, p);
+            for (int64_t o = b * GEMM_NB; o < n && o < (b + 1) * GEMM_NB; o++) {
+                int32_t s = 0;
+                for (int64_t t = 0; t < g[G_KH] * g[G_KW]; t++) {
+                    const uint8_t *src = conv_tap(px, g, t / g[G_KW], t % g[G_KW], pad);
+                    const int8_t *wt = packed + (b * kg + t * cq) * 64 + (o % GEMM_NB) * 4;
+                    for (int64_t k = 0; k < c; k++) s += (int32_t)src[k] * wt[(k / 4) * 64 + k % 4];
+                }
+                gemm_finish1(s, o, f, out + (p * n + o) * size);
+            }
+        }
+#endif
+    }
+}
+
+/* A tile of pixels meets every block while in cache; the blocks of a tile are split among the threads. */
 static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const int64_t *g, int32_t x_zp,
                        const gemm_finish_t *f) {
-    const int64_t c = g[G_C], cq = (c + 3) / 4, m = g[G_N] * g[G_HO] * g[G_WO], n = g[G_COUT];
+    const int64_t cq = (g[G_C] + 3) / 4, m = g[G_N] * g[G_HO] * g[G_WO], n = g[G_COUT];
     const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = g[G_KH] * g[G_KW] * cq;
-    const size_t size = gemm_size(f->kind);
     uint8_t *pad = malloc((size_t)(4 * cq));
     if (!pad) return;
     memset(pad, x_zp, (size_t)(4 * cq));
     const int64_t tile = gemm_tile(m, kg * 4);
-    for (int64_t i0 = 0; i0 < m; i0 += tile) /* a tile of pixels meets every block while in cache */
-      for (int64_t b = 0; b < nb; b++)
-        for (int64_t i = i0; i < m && i < i0 + tile; i += 4) {
-#if GEMM_AVX2
-            conv_block4(x, g, i, m - i < 4 ? m - i : 4, packed + b * kg * 64, pad, b * GEMM_NB, f, out + i * n * size);
-#else
-            for (int64_t p = i; p < m && p < i + 4; p++) {
-                const conv_pixel_t px = conv_pixel(x, g, p);
-                for (int64_t o = b * GEMM_NB; o < n && o < (b + 1) * GEMM_NB; o++) {
-                    int32_t s = 0;
-                    for (int64_t t = 0; t < g[G_KH] * g[G_KW]; t++) {
-                        const uint8_t *src = conv_tap(px, g, t / g[G_KW], t % g[G_KW], pad);
-                        const int8_t *wt = packed + (b * kg + t * cq) * 64 + (o % GEMM_NB) * 4;
-                        for (int64_t k = 0; k < c; k++) s += (int32_t)src[k] * wt[(k / 4) * 64 + k % 4];
-                    }
-                    gemm_finish1(s, o, f, out + (p * n + o) * size);
-                }
-            }
-#endif
-        }
+    const int threads = lucid_threads(m * n * kg * 4, GEMM_PARALLEL_MNK, nb);
+    for (int64_t i0 = 0; i0 < m; i0 += tile) {
+        const int64_t end = i0 + tile < m ? i0 + tile : m;
+        LUCID_SPLIT(nb, 1, threads, for (int64_t b = from; b < to; b++) conv_dense_block(x, packed, out, g, pad, f, i0, end, b);)
+    }
     free(pad);
 }
 
@@ -124,9 +135,10 @@ static void conv_dense(const uint8_t *x, const int8_t *packed, char *out, const 
  * AVX2, 16 channels at a time: two taps' (x - x_zp) (|.| <= 255) interleaved with their weights and
  * multiplied-and-added by vpmaddwd into int32 (|2 * 255 * 128| < 2^31, exact), which leaves channels
  * 0-3 and 8-11 in one sum and 4-7 and 12-15 in the other; the last c % 16 channels 8 at a time in int32. */
-static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const int64_t *g, int32_t x_zp,
-                           const gemm_finish_t *f) {
-    const int64_t c = g[G_C], c16 = (c + 15) / 16 * 16, m = g[G_N] * g[G_HO] * g[G_WO], taps = g[G_KH] * g[G_KW];
+/* Output pixels [from, to); offset[t]: where tap t lies from a pixel's tap (0, 0), inside the image or not. */
+static void conv_depthwise_pixels(const uint8_t *x, const int16_t *w, char *out, const int64_t *g, int32_t x_zp,
+                                  const gemm_finish_t *f, const int64_t *offset, int64_t from, int64_t to) {
+    const int64_t c = g[G_C], c16 = (c + 15) / 16 * 16, taps = g[G_KH] * g[G_KW];
     const size_t size = gemm_size(f->kind);
     const uint8_t **src = malloc((size_t)taps * sizeof *src);
     const int16_t **wt = malloc((size_t)taps * sizeof *wt);
@@ -134,15 +146,8 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
         free(src), free(wt);
         return;
     }
-    /* Tap t of a pixel lies at a fixed offset from its tap (0, 0), inside the image or not. */
-    int64_t *offset = malloc((size_t)taps * sizeof *offset);
-    if (!offset) {
-        free(src), free(wt);
-        return;
-    }
-    for (int64_t t = 0; t < taps; t++) offset[t] = ((t / g[G_KW]) * g[G_DH] * g[G_W] + (t % g[G_KW]) * g[G_DW]) * c;
     const int64_t kh = g[G_KH], kw = g[G_KW], dh = g[G_DH], dw = g[G_DW], height = g[G_H], width = g[G_W];
-    for (int64_t p = 0; p < m; p++) {
+    for (int64_t p = from; p < to; p++) {
         const conv_pixel_t px = conv_pixel(x, g, p);
         /* the taps inside the image, rows i0..i1-1 by columns j0..j1-1: the padding adds 0 */
         int64_t i0 = 0, i1 = kh, j0 = 0, j1 = kw, valid = 0;
@@ -214,7 +219,18 @@ static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const 
             gemm_finish1(sum, c0, f, row + c0 * size);
         }
     }
-    free(src), free(wt), free(offset);
+    free(src), free(wt);
+}
+
+/* The output pixels are split among the threads. */
+static void conv_depthwise(const uint8_t *x, const int16_t *w, char *out, const int64_t *g, int32_t x_zp,
+                           const gemm_finish_t *f) {
+    const int64_t c = g[G_C], m = g[G_N] * g[G_HO] * g[G_WO], taps = g[G_KH] * g[G_KW];
+    int64_t *offset = malloc((size_t)taps * sizeof *offset);
+    if (!offset) return;
+    for (int64_t t = 0; t < taps; t++) offset[t] = ((t / g[G_KW]) * g[G_DH] * g[G_W] + (t % g[G_KW]) * g[G_DW]) * c;
+    LUCID_SPLIT(m, 1, lucid_threads(m * c * taps, GEMM_PARALLEL_MNK, m), conv_depthwise_pixels(x, w, out, g, x_zp, f, offset, from, to);)
+    free(offset);
 }
 
 #define CONV_EXPORT(NAME, CODE, KIND)                                                                 \

@@ -16,9 +16,7 @@
  * replaces the two multiplies and the add, exact for any weight (native_gemm.h's GEMM_STEP). Without
  * AVX2 a plain loop computes the same values. */
 #include "native_gemm.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "native_threads.h" /* lucid_threads */
 
 #if GEMM_AVX2
 #define GEMM_LOAD(r) (memcpy(&v, x + (r) * k + g * GEMM_KB, GEMM_KB), v) /* one 4-byte load */
@@ -194,21 +192,8 @@ static void gemm_pair(const uint8_t *x, const int8_t *packed, char *out, int64_t
 #endif
 }
 
-/* Threads of the caller's OpenMP pool (torch's: torch.set_num_threads) for an m x n x k product: one below
- * GEMM_PARALLEL_MNK multiply-adds, where waking the pool costs more than the split saves. The library links
- * libgomp.so.1, the runtime PyPI's torch loads (its own copy, by that name: the process keeps one); a torch built
- * on another OpenMP runtime (Intel's, LLVM's) leaves this one its own pool and thread count (OMP_NUM_THREADS). */
-#define GEMM_PARALLEL_MNK 1048576
-static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) {
-#ifdef _OPENMP
-    if (m * n * k < GEMM_PARALLEL_MNK) return 1;
-    const int most = omp_get_max_threads();
-    return (int)(pairs < most ? pairs : most);
-#else
-    (void)m; (void)n; (void)k; (void)pairs;
-    return 1;
-#endif
-}
+/* Threads of the caller's OpenMP pool for an m x n x k product (native_threads.h), at most one a pair of blocks. */
+static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) { return lucid_threads(m * n * k, GEMM_PARALLEL_MNK, pairs); }
 
 /* Each output element is one thread's, computed as with one thread: the result never depends on the count. */
 static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
@@ -220,9 +205,7 @@ static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, i
     (void)threads; /* read by the OpenMP pragma alone */
     for (int64_t i0 = 0; i0 < m; i0 += tile) { /* a tile of rows meets every block while it is in cache */
         const int64_t end = i0 + tile < m ? i0 + tile : m;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-#endif
+        LUCID_PARALLEL_FOR(threads)
         for (int64_t p = 0; p < pairs; p++) gemm_pair(x, packed, (char *)out, n, k, f, i0, end, 2 * p, nb, kg, size);
     }
 }

@@ -6,6 +6,9 @@
 #include <string.h>
 
 #define GEMM_NB 16 /* outputs per packed block */
+/* From this many multiply-adds a product is split among the caller's OpenMP threads (native_threads.h): below it
+ * waking the pool costs more than the split saves. */
+#define GEMM_PARALLEL_MNK 1048576
 #define GEMM_KB 4  /* inputs per step */
 
 enum { GEMM_UINT8, GEMM_INT8, GEMM_FLOAT32 };

@@ -27,9 +27,14 @@
 #include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */
+#include "native_threads.h" /* LUCID_SPLIT */
 
 #define MM_ROWS 4
 #define MM_COLS 16
+/* From this many multiply-adds a product's batches are split among the threads (native_threads.h), whole batches
+ * each: attention's 8 x 4 heads of 128 x 64 codes (AVX512-VNNI EPYC), q @ k^T 398 -> 202 us, p @ v 388 -> 197 at 2
+ * threads; the encoder block of benchmarks/models.py, its softmax's rows split too, 0.82 of its time before. */
+#define MM_PARALLEL_MNK 1048576
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -73,7 +78,7 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
             }                                                                                      \
         }                                                                                          \
         for (int r = 0; r < MM_ROWS && i + r < m; r++)                                             \
-            MATMUL_STORE(CODE, out + (i + r) * n + j, acc[r][0], acc[r][1], MM_VMULT(rm, i + r))   \
+            MATMUL_STORE(CODE, o + (i + r) * n + j, acc[r][0], acc[r][1], MM_VMULT(rm, i + r))   \
     }
 
 /* The row's multiplier: its own where rm (the batch's rows' multipliers) is given, else vmult's. */
@@ -99,7 +104,7 @@ static inline __m128i pack16_int8_t(__m256i lo8, __m256i hi8) {
         for (int64_t c = j; c < j + MM_COLS && c < n; c++) {                                       \
             int32_t s = 0;                                                                         \
             for (int64_t t = 0; t < kp; t++) s += (int32_t)pa[r * kp + t] * (int32_t)pb[((t / 2) * np + c) * 2 + t % 2]; \
-            out[r * n + c] = (CODE)REQUANTIZE((float)s * (rm ? rm[r] : mult), lo, hi, zp);         \
+            o[r * n + c] = (CODE)REQUANTIZE((float)s * (rm ? rm[r] : mult), lo, hi, zp);         \
         }
 #endif
 
@@ -217,12 +222,20 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         const uint8_t fa = is_signed ? 0x80 : 0, fb = is_signed ? 0 : 0x80;                        \
         const int32_t a0 = a_zp + (is_signed ? 128 : 0), b0 = b_zp - (is_signed ? 0 : 128);        \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
+        const int64_t batches = g[0] * g[1] * g[2] * g[3];                                         \
+        int32_t failed = 0;                                                                        \
+        LUCID_SPLIT(batches, 1, lucid_threads(batches * m * n * k, MM_PARALLEL_MNK, batches), {    \
         int32_t *rc = calloc((size_t)(mp + np) * sizeof *rc + (size_t)(mp * kp + kp * np), 1);     \
-        if (!rc) return -1;                                                                        \
+        if (!rc) {                                                                                 \
+            LUCID_ATOMIC                                                                           \
+            failed |= 1;                                                                           \
+            continue;                                                                              \
+        }                                                                                          \
         int32_t *cc = rc + mp; /* the row terms -B0 * rowsum, the column terms k*A0*B0 - A0 * colsum */ \
         uint8_t *pa = (uint8_t *)(cc + np), *pb = pa + mp * kp;                                    \
-        for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
+        for (int64_t batch = from; batch < to; batch++) {                                          \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
+            CODE *o = out + batch * m * n;                                                         \
             const float *rows_mult = rmult ? rmult + batch * m : NULL;                             \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
                 for (int64_t i = 0; i < m; i++)                                                    \
@@ -270,11 +283,12 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
             for (int64_t c = 0; c < np; c += MM_COLS) mm_colsums_vnni(pb + c * kp, kq, cc + c);     \
             for (int64_t c = 0; c < np; c++) cc[c] = (int32_t)k * a0 * b0 - a0 * cc[c];            \
             for (int64_t i = 0; i < m; i += MM_ROWS)                                               \
-                mm_rows_vnni_##CODE(pa + i * kp, kp, pb, n, cc, rc + i, m - i, out + i * n, mult,       \
+                mm_rows_vnni_##CODE(pa + i * kp, kp, pb, n, cc, rc + i, m - i, o + i * n, mult,         \
                                     rows_mult ? rows_mult + i : NULL, lo, hi, zp);                 \
         }                                                                                          \
         free(rc);                                                                                  \
-        return 0;                                                                                  \
+        })                                                                                         \
+        return failed ? -1 : 0; /* every batch written where each thread had its buffers */       \
     }
 #endif
 
@@ -289,11 +303,19 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
         (void)lo; (void)hi;                                                                        \
         MATMUL_CONSTANTS                                                                           \
+        const int64_t batches = g[0] * g[1] * g[2] * g[3];                                         \
+        int32_t failed = 0;                                                                        \
+        LUCID_SPLIT(batches, 1, lucid_threads(batches * m * n * k, MM_PARALLEL_MNK, batches), {    \
         int16_t *pa = calloc((size_t)(mp * kp + kp * np), sizeof *pa);                             \
-        if (!pa) return -1;                                                                        \
+        if (!pa) {                                                                                 \
+            LUCID_ATOMIC                                                                           \
+            failed |= 1;                                                                           \
+            continue;                                                                              \
+        }                                                                                          \
         int16_t *pb = pa + mp * kp;                                                                \
-        for (int64_t batch = 0; batch < g[0] * g[1] * g[2] * g[3]; batch++, out += m * n) {        \
+        for (int64_t batch = from; batch < to; batch++) {                                          \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
+            CODE *o = out + batch * m * n;                                                         \
             const float *rm = rmult ? rmult + batch * m : NULL; /* the batch's rows' multipliers */ \
             /* each operand read along its smaller stride (a transposed view of keys: down its columns) */ \
             if (sa[5] == 1) /* rows of a contiguous: a loop the compiler vectorizes */               \
@@ -327,7 +349,8 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
                 for (int64_t j = 0; j < n; j += MM_COLS) MATMUL_BLOCK(CODE)                        \
         }                                                                                          \
         free(pa);                                                                                  \
-        return 0;                                                                                  \
+        })                                                                                         \
+        return failed ? -1 : 0;                                                                    \
     }
 
 #if MATMUL_AVX2

@@ -17,6 +17,7 @@
 
 #include "native_codes.h" /* REQUANTIZE */
 #include "native_math.h" /* exp_below_zero */
+#include "native_threads.h" /* LUCID_SPLIT */
 
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -106,10 +107,16 @@ static inline void softmax_lookup64(const void *x, int32_t top, const __m512i pl
                  int32_t low, int32_t high) {                                                      \
         const float lo = (float)(low - zp), hi = (float)(high - zp);                               \
         SOFTMAX_PLANES                                                                             \
-        int32_t *restrict e = malloc((size_t)n * sizeof *e);                                        \
-        if (!e) return -1;                                                                         \
-        for (int64_t o = 0; o < outer; o++)                                                        \
-            for (int64_t i = 0; i < inner; i++) {                                                  \
+        int32_t failed = 0;                                                                        \
+        LUCID_SPLIT(outer * inner, 1, lucid_threads(outer * inner * n, LUCID_PARALLEL_ELEMENTS, outer * inner), { \
+            int32_t *restrict e = malloc((size_t)n * sizeof *e);                                    \
+            if (!e) {                                                                              \
+                LUCID_ATOMIC                                                                       \
+                failed |= 1;                                                                       \
+                continue;                                                                          \
+            }                                                                                      \
+            for (int64_t at = from; at < to; at++) {                                               \
+                const int64_t o = at / inner, i = at % inner;                                      \
                 const CODE *restrict x = q + o * n * inner + i;                                    \
                 CODE *restrict y = out + o * n * inner + i;                                        \
                 if (keep && inner == 1) SOFTMAX_KEPT_ROW(CODE, 1)                                  \
@@ -117,8 +124,9 @@ static inline void softmax_lookup64(const void *x, int32_t top, const __m512i pl
                 else if (inner == 1) SOFTMAX_ROW(CODE, 1)                                          \
                 else SOFTMAX_ROW(CODE, inner)                                                      \
             }                                                                                      \
-        free(e);                                                                                   \
-        return 0;                                                                                  \
+            free(e);                                                                               \
+        })                                                                                         \
+        return failed ? -1 : 0;                                                                    \
     }
 
 SOFTMAX(lucid_softmax_uint8, uint8_t)
@@ -160,7 +168,8 @@ static inline float exp_row_mult(double mult, int64_t sum) { return sum ? (float
     int32_t NAME(const CODE *restrict q, const uint8_t *restrict keep, const uint8_t *restrict table, \
                  CODE *restrict out, float *restrict rmult, int64_t rows, int64_t n, double mult, int32_t e_zp) { \
         EXP_PLANES                                                                                 \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
+        LUCID_SPLIT(rows, 1, lucid_threads(rows * n, LUCID_PARALLEL_ELEMENTS, rows), {             \
+        for (int64_t r = from; r < to; r++) {                                                      \
             const CODE *restrict x = q + r * n;                                                    \
             CODE *restrict y = out + r * n;                                                        \
             const uint8_t *restrict k = keep ? keep + r * n : NULL;                                \
@@ -184,6 +193,7 @@ static inline float exp_row_mult(double mult, int64_t sum) { return sum ? (float
             }                                                                                      \
             rmult[r] = exp_row_mult(mult, sum);                                                    \
         }                                                                                          \
+        })                                                                                         \
         return 0;                                                                                  \
     }
 
@@ -244,8 +254,10 @@ EXP_ROW(int8_t)
 #define SOFTMAX_EXP_FLOAT(NAME, CODE)                                                              \
     int32_t NAME(const float *restrict y, CODE *restrict out, float *restrict rmult, int64_t rows, int64_t n, \
                  double mult, int32_t e_zp) {                                                      \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            rmult[r] = exp_row_##CODE(y + r * n, out + r * n, n, mult, e_zp);                      \
+        LUCID_SPLIT(rows, 1, lucid_threads(rows * n, LUCID_PARALLEL_ELEMENTS, rows), {             \
+            for (int64_t r = from; r < to; r++)                                                    \
+                rmult[r] = exp_row_##CODE(y + r * n, out + r * n, n, mult, e_zp);                  \
+        })                                                                                         \
         return 0;                                                                                  \
     }
 
@@ -253,32 +265,36 @@ SOFTMAX_EXP_FLOAT(lucid_softmax_exp_float_uint8, uint8_t)
 SOFTMAX_EXP_FLOAT(lucid_softmax_exp_float_int8, int8_t)
 
 /* g holds, as int64: the rows' three dims (outer first), n, then the bias's strides along those three
- * and along n, in floats (0 where it broadcasts). The codes q are dense. Returns 1 where a row's floats
- * could not be allocated (nothing else written), else 0. */
+ * and along n, in floats (0 where it broadcasts). The codes q are dense. Returns 1 where a thread's row of
+ * floats could not be allocated (its rows then unwritten), else 0. */
 #define EXP_BIAS_STACK 1024 /* a row of up to this many scores needs no allocation */
 #define SOFTMAX_EXP_BIAS(NAME, CODE)                                                               \
     int32_t NAME(const CODE *restrict q, const float *restrict bias, CODE *restrict out, float *restrict rmult, \
                  const int64_t *restrict g, float scale, int32_t zp, double mult, int32_t e_zp) {   \
-        const int64_t n = g[3], bn = g[7];                                                         \
-        float stack[EXP_BIAS_STACK];                                                               \
-        float *restrict y = n <= EXP_BIAS_STACK ? stack : malloc((size_t)n * sizeof(float));      \
-        if (!y)                                                                                    \
-            return 1;                                                                              \
-        int64_t r = 0;                                                                             \
-        for (int64_t i0 = 0; i0 < g[0]; i0++)                                                      \
-            for (int64_t i1 = 0; i1 < g[1]; i1++)                                                  \
-                for (int64_t i2 = 0; i2 < g[2]; i2++, r++) {                                       \
-                    const CODE *restrict x = q + r * n;                                            \
-                    const float *restrict b = bias + i0 * g[4] + i1 * g[5] + i2 * g[6];            \
-                    if (bn) /* a bias along the row (dense: the caller's check), or one a row */   \
-                        for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[j]; \
-                    else                                                                           \
-                        for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[0]; \
-                    rmult[r] = exp_row_##CODE(y, out + r * n, n, mult, e_zp);                      \
-                }                                                                                  \
-        if (y != stack)                                                                            \
-            free(y);                                                                               \
-        return 0;                                                                                  \
+        const int64_t n = g[3], bn = g[7], rows = g[0] * g[1] * g[2];                              \
+        int32_t failed = 0;                                                                        \
+        LUCID_SPLIT(rows, 1, lucid_threads(rows * n, LUCID_PARALLEL_ELEMENTS, rows), {             \
+            float stack[EXP_BIAS_STACK];                                                           \
+            float *restrict y = n <= EXP_BIAS_STACK ? stack : malloc((size_t)n * sizeof(float));  \
+            if (!y) {                                                                              \
+                LUCID_ATOMIC                                                                       \
+                failed |= 1;                                                                       \
+                continue;                                                                          \
+            }                                                                                      \
+            for (int64_t r = from; r < to; r++) {                                                  \
+                const int64_t i0 = r / (g[1] * g[2]), i1 = r / g[2] % g[1], i2 = r % g[2];         \
+                const CODE *restrict x = q + r * n;                                                \
+                const float *restrict b = bias + i0 * g[4] + i1 * g[5] + i2 * g[6];                \
+                if (bn) /* a bias along the row (dense: the caller's check), or one a row */       \
+                    for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[j]; \
+                else                                                                               \
+                    for (int64_t j = 0; j < n; j++) y[j] = (float)((int32_t)x[j] - zp) * scale + b[0]; \
+                rmult[r] = exp_row_##CODE(y, out + r * n, n, mult, e_zp);                          \
+            }                                                                                      \
+            if (y != stack)                                                                        \
+                free(y);                                                                           \
+        })                                                                                         \
+        return failed;                                                                             \
     }
 
 SOFTMAX_EXP_BIAS(lucid_softmax_exp_bias_uint8, uint8_t)
