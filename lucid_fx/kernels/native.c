@@ -10,6 +10,7 @@
  * for integer bounds, and keeps the float -> int32 conversion in range (NaN clamps to qmin). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "native_codes.h" /* REQUANTIZE */

@@ -12,11 +12,12 @@
  * average: an exact int32 sum of the window's codes, s, then requantize((s - zp * taps) * (ratio /
  * divisor)), ratio = scale / out_scale, the divisor torch's (the window clipped to the padded image,
  * or the taps in the image): at most one code from the reference's float average, at ties.
- * Returns 1, or 0 (nothing written) where its scratch could not be allocated. */
+ * Returns 1, or 0 where its scratch could not be allocated (then not every output is written). */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "native_codes.h" /* REQUANTIZE */
+#include "native_threads.h" /* LUCID_SPLIT */
 
 /* The taps [lo, hi) of one window along one axis inside the image, and its span clipped to the
  * padded image (count_include_pad's divisor), for each output position. */
@@ -40,18 +41,28 @@ static void pool_ranges(range_t *restrict r, int64_t outs, int64_t in, int64_t k
         const int32_t out_zp = (int32_t)g[15];                                                     \
         const float lo = (float)(g[16] - out_zp), hi = (float)(g[17] - out_zp);                    \
         range_t *ry = malloc(oh * sizeof *ry), *rx = malloc(ow * sizeof *rx);                      \
-        CODE *most = malloc(row * sizeof *most);                                                   \
-        int32_t *acc = malloc(row * sizeof *acc), *tmp = malloc(c * sizeof *tmp);                  \
-        if (!ry || !rx || !most || !acc || !tmp) {                                                 \
-            free(ry), free(rx), free(most), free(acc), free(tmp);                                  \
+        if (!ry || !rx) {                                                                          \
+            free(ry), free(rx);                                                                    \
             return 0;                                                                              \
         }                                                                                          \
         pool_ranges(ry, oh, h, g[7], g[9], g[11]);                                                 \
         pool_ranges(rx, ow, w, g[8], g[10], g[12]);                                                \
-        for (int64_t i = 0; i < n; i++) {                                                          \
+        int32_t done = 1;                                                                          \
+        /* the output rows of every image split among the threads, each with its own scratch */     \
+        LUCID_SPLIT(n * oh, 1, lucid_threads(n * oh * ow * c * g[7] * g[8], LUCID_PARALLEL_ELEMENTS, n * oh), { \
+        CODE *most = malloc(row * sizeof *most);                                                   \
+        int32_t *acc = malloc(row * sizeof *acc), *tmp = malloc(c * sizeof *tmp);                  \
+        if (!most || !acc || !tmp) {                                                               \
+            free(most), free(acc), free(tmp);                                                      \
+            LUCID_ATOMIC                                                                           \
+            done &= 0;                                                                             \
+            continue;                                                                              \
+        }                                                                                          \
+        for (int64_t at = from; at < to; at++) {                                                   \
+            const int64_t i = at / oh, oy = at % oh;                                               \
             const CODE *restrict p = q + i * h * row;                                              \
             CODE *restrict o = out + i * oh * ow * c;                                              \
-            for (int64_t oy = 0; oy < oh; oy++) {                                                  \
+            {                                                                                      \
                 const range_t y = ry[oy];                                                          \
                 const CODE *restrict first = p + y.lo * row;                                       \
                 if (mode == 0) {                                                                   \
@@ -84,8 +95,10 @@ static void pool_ranges(range_t *restrict r, int64_t outs, int64_t in, int64_t k
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        free(ry), free(rx), free(most), free(acc), free(tmp);                                      \
-        return 1;                                                                                  \
+        free(most), free(acc), free(tmp);                                                          \
+        })                                                                                         \
+        free(ry), free(rx);                                                                        \
+        return done; /* 0: a thread had no scratch (its rows unwritten) */                        \
     }
 
 POOL(lucid_pool_uint8, uint8_t)

@@ -10,6 +10,7 @@ import torch
 from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import matmul_native, native, native_elementwise, program_ops, softmax_native
+from lucid_fx.kernels import native_pool as npl
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels import softmax_matmul as sm
 
@@ -150,7 +151,21 @@ def _gemm():
     return 256 * 300 * 512, -(-300 // 32), MNK, lambda: ln.gemm_rows(*args), torch_path
 
 
-CASES = {"quantize": _quantize, "quantize to channels-last": _quantize_channels_last,
+def _pool_plan(kind, zp=0):
+    q = _codes((2, 64, 56, 57), seed=19).contiguous(memory_format=torch.channels_last)
+    if kind == "max":
+        expected = ref.max_pool2d(q, [3, 3], [2, 2], [1, 1], [1, 1], False)
+        return q, expected, npl.pool_plan(q, expected, "max", [3, 3], [2, 2], [1, 1])
+    expected = ref.avg_pool2d(q, 0.05, zp, [3, 3], [2, 2], [1, 1], False, True, 0.04, 7)
+    return q, expected, npl.pool_plan(q, expected, "avg_with_pad", [3, 3], [2, 2], [1, 1], (0.05, zp, 0.04, 7))
+
+
+def _max_pool():
+    q, expected, plan = _pool_plan("max")
+    return 2 * 28 * 29 * 64 * 9, 2 * 28, 0, lambda: npl.pool_codes(q, plan), lambda: expected
+
+
+CASES = {"quantize": _quantize, "max pool": _max_pool, "quantize to channels-last": _quantize_channels_last,
          "gate multiply, channels-last": lambda: _gate(torch.channels_last),
          "gate multiply, planes": lambda: _gate(torch.contiguous_format),
          "global average pool, channels-last": lambda: _pool(torch.channels_last),
@@ -184,3 +199,14 @@ def test_small_passes_stay_on_one_thread(native_on, at_threads):
     assert at_threads(THREADS, lambda: native.split_threads(10 * ELEMENTS, 3)) == 3  # at most one thread a piece
     assert at_threads(THREADS, lambda: native.split_threads(MNK - 1, 32, MNK)) == 1  # a product's threshold
     assert at_threads(2, lambda: native.split_threads(10 * MNK, 32, MNK)) == 2  # at most torch's threads
+
+
+@pytest.mark.parametrize("build", ["this CPU", "portable"])
+def test_an_average_pool_split_among_threads_gives_one_thread_s_codes(native_build, at_threads, build):
+    # the reference's float average differs from the exact integer sums' only at ties (test_native_pool): here the
+    # split against one thread, bit for bit, and both within a code of the reference
+    native_build(build)
+    q, expected, plan = _pool_plan("avg", zp=3)
+    assert at_threads(THREADS, lambda: native.split_threads(2 * 28 * 29 * 64 * 9, 2 * 28)) == THREADS
+    one, split = at_threads(1, lambda: npl.pool_codes(q, plan)), at_threads(THREADS, lambda: npl.pool_codes(q, plan))
+    assert torch.equal(one, split) and int((one.int() - expected.int()).abs().max()) <= 1
