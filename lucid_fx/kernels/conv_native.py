@@ -23,6 +23,7 @@ tensor([[ 8., 12.,  8.],
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -31,11 +32,13 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import linear_native
 from lucid_fx.kernels.codes import f32_reciprocal
+from lucid_fx.kernels.linear_row import takes_row
 from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
-__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "out_size", "DEPTHWISE_MACS", "DENSE_MACS",
-           "VNNI_PIXELS"]
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "native_engine", "silu_after_float", "out_size",
+           "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS", "VNNI_DEPTHWISE_PIXELS"]
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
@@ -56,6 +59,10 @@ DENSE_MACS = 1 << 24
 # 2x16x16x16 98 / 63, 1x96x28x28 96 / 71; dense 3x3 on 2x64x8x8 71 / 111, 2x128x4x4 69 / 174, 1x1 on
 # 2x64x8x8 to 128 channels 44 / 66, but 3x3 on 2x16x32x32 151 / 127, 1x64x56x56 1331 / 718.
 VNNI_PIXELS = 128
+# A depthwise one up to this many (a 14x14 image), whatever its multiply-adds: measured on the same EPYC, us native /
+# oneDNN on a prepacked weight, 1 and 2 threads, 14x14 5x5 with 120-672 channels 41-140 / 78-171 and 39-78 / 74-129,
+# 3x3 with 480 66 / 97 and 65 / 84, with a hardswish post-op the same; at 784 pixels (88 channels 3x3 on 28x28) equal.
+VNNI_DEPTHWISE_PIXELS = 196
 
 
 @dataclass(frozen=True)
@@ -84,15 +91,37 @@ def takes_conv(x_shape: Sequence[int], qw: torch.Tensor, groups: int, stride: Se
     """Whether the kernels take this convolution, and are measured faster there than oneDNN: dense
     with channels a multiple of 4 (fewer, as an RGB stem's 3, were measured 4x slower) up to
     DENSE_MACS multiply-adds, or depthwise (one output per channel) up to DEPTHWISE_MACS; on the
-    VNNI engine (``"int_mm"``, whose oneDNN kernels are faster) up to VNNI_PIXELS output pixels too."""
+    VNNI engine (``"int_mm"``, whose oneDNN kernels are faster) dense ones of up to VNNI_PIXELS output pixels
+    and depthwise ones of up to VNNI_DEPTHWISE_PIXELS instead."""
     n, cin, h, w = x_shape
     if qw.dim() != 4 or not (groups == 1 and cin % 4 == 0 or groups == cin == qw.shape[0] and qw.shape[1] == 1):
         return False
     ho, wo = out_size(h, w, qw.shape[2:], stride, padding, dilation)
-    if engine != "native" and n * ho * wo > VNNI_PIXELS:
+    pixels, macs = n * ho * wo, n * ho * wo * qw.numel()  # each output pixel: cout x (cin / groups) x kh x kw
+    if engine != "native" and groups > 1:
+        return pixels <= VNNI_DEPTHWISE_PIXELS
+    return macs <= (DENSE_MACS if groups == 1 else DEPTHWISE_MACS) and (engine == "native" or pixels <= VNNI_PIXELS)
+
+
+def native_engine(engine: Optional[str]) -> bool:
+    """Whether ``engine`` (linear_row.takes_row's) runs lucid_fx's own GEMM and convolutions: the native engine, or the
+    VNNI one where the native build has VNNI steps (linear_native.full_grid)."""
+    return engine == "native" or engine == "int_mm" and linear_native.full_grid()
+
+
+def silu_after_float(target: Target, onednn_on: bool, x_shape: Sequence[int], qw: torch.Tensor, groups: int,
+                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a convolution with a SiLU post-op computes its float32 result, then torch's SiLU and the codes
+    (linear_row.post_op_codes), where oneDNN fuses its swish (which approximates exp, as linear_row.FLOAT_POST_OPS
+    says): a depthwise one these kernels take on ``target`` (the program runs it here, the portable op in oneDNN,
+    their float32 results equal), so both give the same codes. Measured, us, 1 and 2 threads, AVX512-VNNI EPYC, the
+    native kernel and the SiLU pass / oneDNN's swish: 1152 channels 5x5 on 7x7 94 / 144 and 71 / 121, 672 on 14x14
+    208 / 233 and 120 / 155, 480 3x3 116 / 137 and 95 / 102."""
+    if groups == 1 or len(x_shape) != 4 or qw.dim() != 4:
         return False
-    macs = n * ho * wo * qw.numel()  # each output pixel: cout x (cin / groups) x kh x kw
-    return macs <= (DENSE_MACS if groups == 1 else DEPTHWISE_MACS)
+    pixels = x_shape[0] * math.prod(out_size(*x_shape[2:], qw.shape[2:], stride, padding, dilation))
+    engine = takes_row(target, onednn_on, "none", torch.float32, pixels, qw.shape[0], qw[0].numel())
+    return native_engine(engine) and takes_conv(x_shape, qw, groups, stride, padding, dilation, engine)
 
 
 def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,

@@ -30,6 +30,7 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.conv_native import silu_after_float
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
@@ -238,7 +239,8 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     dtype = ref.out_storage(qx, out_dtype)
     row = conv_is_row(qx.shape, qw.shape, padding, groups)  # squeeze-excite's: a linear of one row
     fuses = ref.ONEDNN_CONV_POST_OPS if qx.dim() == 4 else ref.ONEDNN_CONV1D_POST_OPS  # others: after the float result
-    if post_op not in fuses or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype):
+    if (post_op not in fuses or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype) or post_op == "silu"
+            and silu_after_float(_cpu_target(), _onednn_on(), qx.shape, qw, groups, stride, padding, dilation)):
         y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
         return post_op_codes(y, post_op, out_scale, out_zp, dtype)
     if row:

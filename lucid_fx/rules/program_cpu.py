@@ -38,7 +38,7 @@ def _is_patchify(x, qw, stride, padding, dilation, groups, engine) -> bool:
     convolution only on lucid_fx's GEMM (_native_engine): on ``_int_mm`` it was measured slower than
     oneDNN's inside models whose rows run to thousands (MobileNetV2-like 3.44 against 3.00 ms)."""
     kh, kw = qw.shape[2:]
-    return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or _native_engine(engine)) and list(stride) == [kh, kw]
+    return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or conv_native.native_engine(engine)) and list(stride) == [kh, kw]
             and not any(padding) and list(dilation) == [1, 1] and x.shape[2] % kh == 0 and x.shape[3] % kw == 0
             and x.is_contiguous(memory_format=torch.channels_last))
 
@@ -61,17 +61,11 @@ def _patch_linear(b, node, qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, p
     return b.call_method("permute", grid, (0, 3, 1, 2))  # channels-last, as oneDNN's convolution returns it
 
 
-def _native_engine(engine: Optional[str]) -> bool:
-    """Whether ``engine`` runs lucid_fx's own GEMM and convolutions: the native engine, or the VNNI one
-    where the native build has VNNI steps (linear_native.full_grid)."""
-    return engine == "native" or engine == "int_mm" and linear_native.full_grid()
-
-
-def _native_conv(b, node, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,
-                 engine):
-    """A convolution on lucid_fx's own kernels (kernels/conv_native.py: oneDNN's values, without its
+def _native_conv(b, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, groups, out_scale, out_zp, post_op,
+                 engine, dtype):
+    """A convolution into ``dtype`` on lucid_fx's own kernels (kernels/conv_native.py: oneDNN's values, without its
     ~50-70 us a call on CPUs without VNNI); None where they do not take the weight or the layout."""
-    x, dtype = b.value(qx), b.value(node).dtype
+    x = b.value(qx)
     if not x.is_contiguous(memory_format=torch.channels_last):
         return None
     conv = conv_native.native_conv(qw, ws, bias, x_scale, x_zp, padding, groups, row_out_scale(out_scale, dtype), post_op,
@@ -98,11 +92,14 @@ def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, 
 
 def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.qconv2d_pointwise on a packed weight
     post_op, dtype, qx, qw = node.args[12], b.value(node).dtype, node.args[0], b.attr(node.args[3])
-    x = b.value(qx)
-    if (qw is None or not conv_is_row(x.shape, qw.shape, node.args[7], node.args[9])
-            or not float_post_op(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype)):
+    x, target, onednn_on = b.value(qx), onednn._cpu_target(), onednn._onednn_on()
+    stride, padding, dilation, groups = node.args[6:10]
+    after = qw is not None and (conv_is_row(x.shape, qw.shape, padding, groups) and float_post_op(target, onednn_on, post_op, dtype)
+                                or post_op == "silu" and conv_native.silu_after_float(target, onednn_on, x.shape, qw, groups,
+                                                                                      stride, padding, dilation))
+    if not after:
         return _conv2d(b, node, post_op, dtype)
-    y = _conv2d(b, node, "none", torch.float32)  # squeeze-excite's SiLU reduction after the float result, as cpu._conv
+    y = _conv2d(b, node, "none", torch.float32)  # the post-op after the float result, as cpu._conv
     return None if y is None else b.call(post_op_codes, y, post_op, node.args[10], node.args[11], dtype)
 
 
@@ -122,9 +119,9 @@ def _conv2d(b, node, post_op: str, dtype: torch.dtype):
     elif engine is not None and _is_patchify(x, qw, stride, padding, dilation, groups, engine):  # ViT's patch embedding
         out = _patch_linear(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), out_scale, out_zp, post_op,
                             engine)
-    elif _native_engine(engine) and conv_native.takes_conv(x.shape, qw, groups, stride, padding, dilation, engine):
-        out = _native_conv(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), stride, padding, dilation,
-                           groups, out_scale, out_zp, post_op, engine)
+    elif conv_native.native_engine(engine) and conv_native.takes_conv(x.shape, qw, groups, stride, padding, dilation, engine):
+        out = _native_conv(b, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n), stride, padding, dilation,
+                           groups, out_scale, out_zp, post_op, engine, dtype)
     if out is not None:
         return out
     found = _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups)
@@ -173,7 +170,7 @@ def _pointwise_add(b, node):
         return None
     pixels = x.shape[0] * x.shape[2] * x.shape[3]
     engine = _engine(post_op, torch.uint8, pixels, qw.shape[0], qw.shape[1], True)
-    if not _native_engine(engine):
+    if not conv_native.native_engine(engine):
         return None
     row = row_linear(qw.flatten(1).clone(), b.attr(ws_n), b.attr(bias_n), x_scale, x_zp, out_scale, engine, post_op)
     if row is None:  # the native engine's 7-bit grid and a wider weight

@@ -115,6 +115,11 @@ def test_what_the_kernels_take():
     assert not cn.takes_conv((2, 16, 16, 16), dw7[:16], 16, [1, 1], [3, 3], [1, 1], "int_mm")  # 512
     assert cn.takes_conv((2, 16, 16, 16), dw7[:16], 16, [1, 1], [3, 3], [1, 1])  # the native engine: 401k MACs
     assert not cn.takes_conv((1, 64, 16, 16), big, 1, [1, 1], [1, 1], [1, 1], "int_mm")
+    # a depthwise one up to VNNI_DEPTHWISE_PIXELS, past DEPTHWISE_MACS too (measured faster there)
+    dw5 = torch.zeros(672, 1, 5, 5, dtype=torch.int8)
+    assert cn.takes_conv((1, 672, 14, 14), dw5, 672, [1, 1], [2, 2], [1, 1], "int_mm")  # 196 pixels, 3.3M
+    assert not cn.takes_conv((1, 672, 15, 15), dw5, 672, [1, 1], [2, 2], [1, 1], "int_mm")  # 225
+    assert not cn.takes_conv((1, 672, 14, 14), dw5, 672, [1, 1], [2, 2], [1, 1])  # the native engine: past DEPTHWISE_MACS
     full = torch.full((8, 1, 3, 3), -128, dtype=torch.int8)  # the depthwise kernel sums in int32: any codes
     assert cn.native_conv(full, torch.ones(8), None, 1.0, 0, [1, 1], 8, 1.0, "none").depthwise
 
@@ -218,3 +223,78 @@ def test_with_vnni_a_program_runs_1x1_convolutions_of_up_to_1024_pixels_on_the_v
         assert sqnr_db(model(x), portable) >= 30
     finally:
         torch.set_num_threads(before)
+
+
+def _vnni_target():
+    target = resolve_target("cpu")
+    if lr.row_engine(target) != "int_mm" or not ln.full_grid():
+        pytest.skip(f"needs a CPU with VNNI, as its own kind (engine here: {lr.row_engine(target)}; VNNI GEMM: "
+                    f"{ln.full_grid()})")
+    return target
+
+
+class DepthwiseSiLU(nn.Module):
+    """EfficientNet's depthwise 5x5 with SiLU at 14x14 (196 output pixels), then a 1x1 projection."""
+
+    def __init__(self, act: type = nn.SiLU):
+        super().__init__()
+        self.dw, self.act, self.project = nn.Conv2d(96, 96, 5, padding=2, groups=96), act(), nn.Conv2d(96, 24, 1)
+
+    def forward(self, x):
+        return self.project(self.act(self.dw(x)))
+
+
+@pytest.mark.parametrize("act", [nn.Hardswish, nn.SiLU])
+def test_with_vnni_a_program_runs_a_14x14_depthwise_convolution_natively_with_the_portable_codes(native_on, sqnr_db, act):
+    # 196 output pixels (VNNI_DEPTHWISE_PIXELS): oneDNN's hardswish fused as before; SiLU after the float32 result
+    # (silu_after_float), the program's native one and the portable graph's oneDNN one equal, then the same SiLU pass
+    target = _vnni_target()
+    torch.manual_seed(0)
+    model, x = DepthwiseSiLU(act).eval(), torch.randn(1, 96, 14, 14)
+    q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 14, 14) for _ in range(4)], progress=False)
+    portable, program, calls = lowered(q, x)
+    assert calls.count(cn.conv_codes) == 1
+    conv = next(n for n in program.graph.nodes if n.target is cn.conv_codes)
+    silu = act is nn.SiLU
+    assert conv.args[-1] == (torch.float32 if silu else torch.uint8)
+    assert [n.args[1] for n in conv.users if n.target is lr.post_op_codes] == (["silu"] if silu else [])
+    assert cn.silu_after_float(target, True, x.shape, torch.zeros(96, 1, 5, 5, dtype=torch.int8), 96, [1, 1], [2, 2],
+                               [1, 1])
+    assert torch.equal(program(x), portable)
+    assert sqnr_db(model(x), portable) >= 30
+
+
+def test_the_portable_silu_convolution_is_its_float_result_then_silu_where_the_kernels_take_it(native_on):
+    _vnni_target()
+    g = torch.Generator().manual_seed(1)
+    for size, float_route in ((14, True), (15, False)):
+        x = torch.randint(0, 256, (1, 96, size, size), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+        qw = torch.randint(-128, 128, (96, 1, 5, 5), dtype=torch.int8, generator=g)
+        args = (x, 0.02, 5, qw, torch.rand(96, generator=g) * 0.01, torch.randn(96, generator=g), [1, 1], [2, 2], [1, 1], 96)
+        got = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)
+        after = lr.post_op_codes(cpu._conv(*args, 1.0, 0, "none", torch.float32), "silu", 0.05, 10, torch.uint8)
+        with unittest.mock.patch.object(cpu, "silu_after_float", lambda *a: False):
+            swish = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)  # oneDNN's fused swish
+        assert torch.equal(got, after if float_route else swish)
+        assert int((after.int() - swish.int()).abs().max()) <= 1  # oneDNN's swish approximates exp: within a code
+
+
+def test_a_silu_convolution_the_kernels_do_not_take_keeps_oneDNN_s_swish(native_on):
+    # a dense one, a depthwise one past VNNI_DEPTHWISE_PIXELS, and one under a forced CPU kind whose
+    # oneDNN kernels are not this machine's (no engine here): oneDNN's fused swish
+    target = _vnni_target()
+    dw = torch.zeros(96, 1, 5, 5, dtype=torch.int8)
+    assert not cn.silu_after_float(target, True, (1, 96, 15, 15), dw, 96, [1, 1], [2, 2], [1, 1])
+    assert not cn.silu_after_float(target, True, (1, 96, 14, 14), torch.zeros(96, 96, 1, 1, dtype=torch.int8), 1,
+                                   [1, 1], [0, 0], [1, 1])
+    assert not cn.silu_after_float(target, False, (1, 96, 14, 14), dw, 96, [1, 1], [2, 2], [1, 1])  # oneDNN off
+    with force_cpu_features("avx2"):
+        assert not cn.silu_after_float(resolve_target("cpu"), True, (1, 96, 14, 14), dw, 96, [1, 1], [2, 2], [1, 1])
+    torch.manual_seed(0)
+    model, x = DepthwiseSiLU().eval(), torch.randn(1, 96, 15, 15)
+    q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 15, 15) for _ in range(4)], progress=False)
+    portable, program, calls = lowered(q, x)
+    swish = [n for n in program.graph.nodes if n.target is torch.ops.onednn.qconv2d_pointwise.default
+             and n.args[-3] == "swish"]
+    assert len(swish) == 1 and cn.conv_codes not in calls
+    assert torch.equal(program(x), portable)
