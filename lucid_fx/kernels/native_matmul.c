@@ -21,8 +21,8 @@
  * broadcasts two values of each of 4 rows of a and multiplies them with 16 columns' pairs
  * (vpmaddwd: two products summed into each int32 lane), 4 rows x 16 outputs at a time, no
  * horizontal sums; the 16 sums of a row are requantized, packed to codes and stored together.
- * Without AVX2 a plain loop computes the same sums. Returns 0, or -1 when the buffers cannot be
- * allocated (nothing written then). */
+ * Without AVX2 a plain loop computes the same sums. Returns 0, or -1 when a thread's buffers cannot be
+ * allocated (its batches unwritten then). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -35,7 +35,7 @@ ON = torch.ops.onednn
 def _is_patchify(x, qw, stride, padding, dilation, groups, engine) -> bool:
     """A convolution whose kernel tiles the image (ViT's patch embedding: stride = kernel, unpadded):
     a linear over the non-overlapping patches, whose rows are a reshape of channels-last codes. A 1x1
-    convolution only on lucid_fx's GEMM (_native_engine): on ``_int_mm`` it was measured slower than
+    convolution only on lucid_fx's GEMM (conv_native.native_engine): on ``_int_mm`` it was measured slower than
     oneDNN's inside models whose rows run to thousands (MobileNetV2-like 3.44 against 3.00 ms)."""
     kh, kw = qw.shape[2:]
     return (x.dim() == 4 and groups == 1 and (kh * kw > 1 or conv_native.native_engine(engine)) and list(stride) == [kh, kw]
@@ -94,9 +94,9 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
     post_op, dtype, qx, qw = node.args[12], b.value(node).dtype, node.args[0], b.attr(node.args[3])
     x, target, onednn_on = b.value(qx), onednn._cpu_target(), onednn._onednn_on()
     stride, padding, dilation, groups = node.args[6:10]
-    after = qw is not None and (conv_is_row(x.shape, qw.shape, padding, groups) and float_post_op(target, onednn_on, post_op, dtype)
-                                or post_op == "silu" and conv_native.silu_after_float(target, onednn_on, x.shape, qw, groups,
-                                                                                      stride, padding, dilation))
+    row = qw is not None and conv_is_row(x.shape, qw.shape, padding, groups)
+    after = (row and float_post_op(target, onednn_on, post_op, dtype) or qw is not None and post_op == "silu"
+             and conv_native.silu_after_float(target, onednn_on, x.shape, qw, groups, stride, padding, dilation))
     if not after:
         return _conv2d(b, node, post_op, dtype)
     y = _conv2d(b, node, "none", torch.float32)  # the post-op after the float result, as cpu._conv
