@@ -9,7 +9,8 @@ AVX2 kernels (:mod:`lucid_fx.kernels.linear_native`), so their codes are oneDNN'
 (tests/kernels/test_conv_native.py compares them on this machine's oneDNN where it runs those
 kernels, and with exact sums everywhere). Built on a CPU with VNNI, the dense kernel takes every
 int8 weight too, and with VNNI's float steps (``engine="int_mm"``) both serve the VNNI engine's
-convolutions of few output pixels (:data:`VNNI_PIXELS`), where oneDNN's call costs most.
+convolutions of few output pixels (:data:`VNNI_PIXELS`; depthwise :data:`VNNI_DEPTHWISE_PIXELS`), where oneDNN's
+call costs most.
 
 >>> qw = torch.ones(1, 4, 3, 3, dtype=torch.int8)  # a 3x3 box sum over 4 channels
 >>> conv = native_conv(qw, torch.ones(1), None, 1.0, 0, (1, 1), 1, None, "none")
