@@ -279,6 +279,24 @@ def test_the_portable_silu_convolution_is_its_float_result_then_silu_where_the_k
         assert int((after.int() - swish.int()).abs().max()) <= 1  # oneDNN's swish approximates exp: within a code
 
 
+def test_on_the_avx2_engine_a_small_depthwise_silu_convolution_computes_silu_after_its_float_result(native_on, sqnr_db):
+    # where oneDNN runs its AVX2 kernels here (an AVX2 CPU, or any x86 one capped at AVX2: the forced-kind runs), the
+    # native engine takes the depthwise convolution (up to DEPTHWISE_MACS) into float32, then the SiLU pass; elsewhere
+    # the forced kind's program keeps oneDNN's swish; the portable graph's codes either way
+    torch.manual_seed(0)
+    model, x = DepthwiseSiLU().eval(), torch.randn(1, 96, 10, 10)
+    with force_cpu_features("avx2"):
+        q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 10, 10) for _ in range(4)], progress=False)
+        portable, program, calls = lowered(q, x)
+        native_here = lr.engine_here() == "native" and ln.available()
+        assert cn.silu_after_float(resolve_target("cpu"), True, x.shape, torch.zeros(96, 1, 5, 5, dtype=torch.int8), 96,
+                                   [1, 1], [2, 2], [1, 1]) == native_here
+        assert torch.equal(program(x), portable)
+    silu = [n for n in program.graph.nodes if n.target is lr.post_op_codes and n.args[1] == "silu"]
+    assert calls.count(cn.conv_codes) == len(silu) == (1 if native_here else 0)
+    assert sqnr_db(model(x), portable) >= 30
+
+
 def test_a_silu_convolution_the_kernels_do_not_take_keeps_oneDNN_s_swish(native_on):
     # a dense one, a depthwise one past VNNI_DEPTHWISE_PIXELS, and one under a forced CPU kind whose
     # oneDNN kernels are not this machine's (no engine here): oneDNN's fused swish
