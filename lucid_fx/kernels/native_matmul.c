@@ -226,11 +226,7 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         int32_t failed = 0;                                                                        \
         LUCID_SPLIT(batches, 1, lucid_threads(batches * m * n * k, MM_PARALLEL_MNK, batches), {    \
         int32_t *rc = calloc((size_t)(mp + np) * sizeof *rc + (size_t)(mp * kp + kp * np), 1);     \
-        if (!rc) {                                                                                 \
-            LUCID_ATOMIC                                                                           \
-            failed |= 1;                                                                           \
-            continue;                                                                              \
-        }                                                                                          \
+        LUCID_CHUNK_NEEDS(rc, failed)                                                              \
         int32_t *cc = rc + mp; /* the row terms -B0 * rowsum, the column terms k*A0*B0 - A0 * colsum */ \
         uint8_t *pa = (uint8_t *)(cc + np), *pb = pa + mp * kp;                                    \
         for (int64_t batch = from; batch < to; batch++) {                                          \
@@ -307,11 +303,7 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         int32_t failed = 0;                                                                        \
         LUCID_SPLIT(batches, 1, lucid_threads(batches * m * n * k, MM_PARALLEL_MNK, batches), {    \
         int16_t *pa = calloc((size_t)(mp * kp + kp * np), sizeof *pa);                             \
-        if (!pa) {                                                                                 \
-            LUCID_ATOMIC                                                                           \
-            failed |= 1;                                                                           \
-            continue;                                                                              \
-        }                                                                                          \
+        LUCID_CHUNK_NEEDS(pa, failed)                                                              \
         int16_t *pb = pa + mp * kp;                                                                \
         for (int64_t batch = from; batch < to; batch++) {                                          \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \

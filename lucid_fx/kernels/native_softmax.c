@@ -110,11 +110,7 @@ static inline void softmax_lookup64(const void *x, int32_t top, const __m512i pl
         int32_t failed = 0;                                                                        \
         LUCID_SPLIT(outer * inner, 1, lucid_threads(outer * inner * n, LUCID_PARALLEL_ELEMENTS, outer * inner), { \
             int32_t *restrict e = malloc((size_t)n * sizeof *e);                                    \
-            if (!e) {                                                                              \
-                LUCID_ATOMIC                                                                       \
-                failed |= 1;                                                                       \
-                continue;                                                                          \
-            }                                                                                      \
+            LUCID_CHUNK_NEEDS(e, failed)                                                           \
             for (int64_t at = from; at < to; at++) {                                               \
                 const int64_t o = at / inner, i = at % inner;                                      \
                 const CODE *restrict x = q + o * n * inner + i;                                    \
@@ -276,11 +272,7 @@ SOFTMAX_EXP_FLOAT(lucid_softmax_exp_float_int8, int8_t)
         LUCID_SPLIT(rows, 1, lucid_threads(rows * n, LUCID_PARALLEL_ELEMENTS, rows), {             \
             float stack[EXP_BIAS_STACK];                                                           \
             float *restrict y = n <= EXP_BIAS_STACK ? stack : malloc((size_t)n * sizeof(float));  \
-            if (!y) {                                                                              \
-                LUCID_ATOMIC                                                                       \
-                failed |= 1;                                                                       \
-                continue;                                                                          \
-            }                                                                                      \
+            LUCID_CHUNK_NEEDS(y, failed)                                                           \
             for (int64_t r = from; r < to; r++) {                                                  \
                 const int64_t i0 = r / (g[1] * g[2]), i1 = r / g[2] % g[1], i2 = r % g[2];         \
                 const CODE *restrict x = q + r * n;                                                \

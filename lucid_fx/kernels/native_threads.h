@@ -51,4 +51,13 @@ static inline int lucid_threads(int64_t work, int64_t least, int64_t parts) {
         }                                                                                             \
     }
 
+/* Inside LUCID_SPLIT's statements: where `buffer` is NULL (a chunk's scratch not allocated), set `failed` and leave
+ * the chunk unwritten (its caller reports the failure). */
+#define LUCID_CHUNK_NEEDS(buffer, failed)                                                             \
+    if (!(buffer)) {                                                                                  \
+        LUCID_ATOMIC                                                                                  \
+        (failed) |= 1;                                                                                \
+        continue;                                                                                     \
+    }
+
 #endif
