@@ -33,13 +33,13 @@ import torch.nn.functional as F
 
 from lucid_fx.kernels import linear_native
 from lucid_fx.kernels.codes import f32_reciprocal
-from lucid_fx.kernels.linear_row import takes_row
+from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, takes_row
 from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
-__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "native_engine", "silu_after_float", "out_size",
-           "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS", "VNNI_DEPTHWISE_PIXELS"]
+__all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "native_engine", "silu_after_float",
+           "post_op_after_float", "out_size", "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS", "VNNI_DEPTHWISE_PIXELS"]
 
 
 # A depthwise convolution takes the native kernel up to this many multiply-adds: measured on an AVX2
@@ -123,6 +123,17 @@ def silu_after_float(target: Target, onednn_on: bool, x_shape: Sequence[int], qw
     pixels = x_shape[0] * math.prod(out_size(*x_shape[2:], qw.shape[2:], stride, padding, dilation))
     engine = takes_row(target, onednn_on, "none", torch.float32, pixels, qw.shape[0], qw[0].numel())
     return native_engine(engine) and takes_conv(x_shape, qw, groups, stride, padding, dilation, engine)
+
+
+def post_op_after_float(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, x_shape: Sequence[int],
+                        qw: torch.Tensor, groups: int, stride: Sequence[int], padding: Sequence[int],
+                        dilation: Sequence[int]) -> bool:
+    """Whether a convolution oneDNN would fuse ``post_op`` into computes it after its float32 result instead, the
+    portable kernel (lucid_fx.kernels.cpu) and the program alike: one of one row (squeeze-excite's reduction) as a
+    linear would (linear_row.float_post_op), a depthwise SiLU one as :func:`silu_after_float` says."""
+    if conv_is_row(x_shape, qw.shape, padding, groups):
+        return float_post_op(target, onednn_on, post_op, dtype)
+    return post_op == "silu" and silu_after_float(target, onednn_on, x_shape, qw, groups, stride, padding, dilation)
 
 
 def native_conv(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,

@@ -30,7 +30,7 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 
 from lucid_fx.kernels import reference as ref
-from lucid_fx.kernels.conv_native import silu_after_float
+from lucid_fx.kernels.conv_native import post_op_after_float
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
@@ -91,8 +91,7 @@ def weight_quant_range(device: Union[torch.device, str]) -> Tuple[int, int]:
     return resolve_target(device=device).weight_range
 
 
-def _cpu_target():
-    # The kernels' choices on this CPU (issue 13's lowering will take them once, at convert or load).
+def _cpu_target():  # the kernels' choices on this CPU
     return resolve_target("cpu")
 
 
@@ -237,13 +236,12 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
           out_dtype):
     ref.check_post_op(post_op)
     dtype = ref.out_storage(qx, out_dtype)
-    row = conv_is_row(qx.shape, qw.shape, padding, groups)  # squeeze-excite's: a linear of one row
     fuses = ref.ONEDNN_CONV_POST_OPS if qx.dim() == 4 else ref.ONEDNN_CONV1D_POST_OPS  # others: after the float result
-    if (post_op not in fuses or row and float_post_op(_cpu_target(), _onednn_on(), post_op, dtype) or post_op == "silu"
-            and silu_after_float(_cpu_target(), _onednn_on(), qx.shape, qw, groups, stride, padding, dilation)):
+    if post_op not in fuses or post_op_after_float(_cpu_target(), _onednn_on(), post_op, dtype, qx.shape, qw, groups,
+                                                   stride, padding, dilation):
         y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
         return post_op_codes(y, post_op, out_scale, out_zp, dtype)
-    if row:
+    if conv_is_row(qx.shape, qw.shape, padding, groups):  # squeeze-excite's: a linear of one row
         out = _small_linear(*_as_uint8(qx.reshape(1, -1), x_zp), qw, w_scale, bias, x_scale, out_scale, out_zp,
                             post_op, dtype)
         if out is not None:

@@ -35,7 +35,7 @@ from lucid_fx.kernels.native import _function
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
            "finish", "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
-           "kernel_post"]
+           "kernel_post", "row_epilogue"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
@@ -173,3 +173,22 @@ def finish(y: torch.Tensor, inv_out: float, zp: int, low: float, high: float, dt
         return y.clamp_(low, high)
     y = y.mul_(torch.tensor(inv_out, dtype=torch.float32)).add_(torch.tensor(float(zp), dtype=torch.float32))
     return y.clamp_(low, high).round_().to(dtype)
+
+
+def row_epilogue(acc: torch.Tensor, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
+                 bias: Optional[torch.Tensor], inv_out: Optional[float], zp: int, low: float, high: float,
+                 dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """:func:`lucid_fx.kernels.linear_row.linear_row`'s float steps (on the ``_int_mm`` route) after its int32 sums ``acc`` (rows,
+    N), in one pass: the same values, bit for bit. None where the native kernels are not loaded or
+    the operands are not dense (int32 sums and offsets, float32 scales and bias, on the CPU)."""
+    fn = _function("row_epilogue", dtype)
+    rows, cols = acc.shape
+    if fn is None or not (acc.dtype == offset.dtype == torch.int32 and w_scale.dtype == torch.float32
+                          and (bias is None or bias.dtype == torch.float32) and acc.is_cpu
+                          and acc.is_contiguous() and offset.is_contiguous() and w_scale.is_contiguous()
+                          and (bias is None or bias.is_contiguous())):
+        return None
+    out = torch.empty((rows, cols), dtype=dtype)
+    fn(acc.data_ptr(), offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(),
+       out.data_ptr(), rows, cols, x_scale, 0.0 if inv_out is None else inv_out, zp, low, high)
+    return out

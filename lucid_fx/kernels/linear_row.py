@@ -145,7 +145,7 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
                                        0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post)
     # Numbers go in as 0-dim tensors (program_ops.operand): a Python number costs a cast copy per call.
     acc = _int_mm(torch.bitwise_xor(q, operand(128, torch.uint8)).view(torch.int8), row.weight.b, row.weight.halves)
-    out = native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
+    out = linear_native.row_epilogue(acc, row.offset, row.x_scale, row.w_scale, row.bias, row.inv_out, zp, low, high, dtype)
     if out is not None:  # the steps below in one pass
         return out
     y = acc.add_(row.offset).mul(operand(row.x_scale)).mul_(row.w_scale)

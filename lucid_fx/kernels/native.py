@@ -4,7 +4,7 @@ Programs (:mod:`lucid_fx.rules.program_cpu`) call these where torch 2.13 needs s
 step, each the torch kernels' values bit for bit. The float-to-int8 boundary is one pass: codes and
 the input's NaN/±inf count together, so the finite check (``docs/policies.md``) costs no second
 read (4.1 against 11.8 us for 1x1024 values, 25.8 against 78.0 us for 1x3x224x224, AVX512-VNNI
-EPYC, 1 thread). Squeeze-excite's gate multiply and global pool, a one-row linear's float steps,
+EPYC, 1 thread). Squeeze-excite's gate multiply and global pool (a one-row linear's float steps: linear_native.row_epilogue),
 table lookups and requantizations are one pass each too; docs/benchmarks.md has each measurement
 (the EfficientNet-like model 14.0 against 16.3 ms with the first three, same process, same codes).
 
@@ -38,7 +38,7 @@ from lucid_fx.kernels import finite, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "split_threads", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
-           "is_gate", "row_epilogue", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
+           "is_gate", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
@@ -229,25 +229,6 @@ def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: flo
     acc = torch.empty(c, dtype=torch.int32)
     fn(q.data_ptr(), out.data_ptr(), acc.data_ptr(), n, h * w, c, layout, zp * h * w, scale / (out_scale * h * w),
        out_zp, low, high)
-    return out
-
-
-def row_epilogue(acc: torch.Tensor, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
-                 bias: Optional[torch.Tensor], inv_out: Optional[float], zp: int, low: float, high: float,
-                 dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """:func:`lucid_fx.kernels.linear_row.linear_row`'s float steps after its int32 sums ``acc`` (rows,
-    N), in one pass: the same values, bit for bit. None where the native kernels are not loaded or
-    the operands are not dense (int32 sums and offsets, float32 scales and bias, on the CPU)."""
-    fn = _function("row_epilogue", dtype)
-    rows, cols = acc.shape
-    if fn is None or not (acc.dtype == offset.dtype == torch.int32 and w_scale.dtype == torch.float32
-                          and (bias is None or bias.dtype == torch.float32) and acc.is_cpu
-                          and acc.is_contiguous() and offset.is_contiguous() and w_scale.is_contiguous()
-                          and (bias is None or bias.is_contiguous())):
-        return None
-    out = torch.empty((rows, cols), dtype=dtype)
-    fn(acc.data_ptr(), offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(),
-       out.data_ptr(), rows, cols, x_scale, 0.0 if inv_out is None else inv_out, zp, low, high)
     return out
 
 

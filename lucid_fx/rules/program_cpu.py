@@ -19,7 +19,7 @@ from torch import fx
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import conv_native, cpu_float, linear_native, matmul_native, native, program_ops, softmax_native
 from lucid_fx.kernels import softmax_matmul as attention_rows
-from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, float_post_op, pointwise_rows_sum, post_op_codes,
+from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, pointwise_rows_sum, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)
 from lucid_fx.kernels.reference import onednn_post_op
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
@@ -92,12 +92,9 @@ def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, 
 
 def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.qconv2d_pointwise on a packed weight
     post_op, dtype, qx, qw = node.args[12], b.value(node).dtype, node.args[0], b.attr(node.args[3])
-    x, target, onednn_on = b.value(qx), onednn._cpu_target(), onednn._onednn_on()
     stride, padding, dilation, groups = node.args[6:10]
-    row = qw is not None and conv_is_row(x.shape, qw.shape, padding, groups)
-    after = (row and float_post_op(target, onednn_on, post_op, dtype) or qw is not None and post_op == "silu"
-             and conv_native.silu_after_float(target, onednn_on, x.shape, qw, groups, stride, padding, dilation))
-    if not after:
+    if qw is None or not conv_native.post_op_after_float(onednn._cpu_target(), onednn._onednn_on(), post_op, dtype,
+                                                         b.value(qx).shape, qw, groups, stride, padding, dilation):
         return _conv2d(b, node, post_op, dtype)
     y = _conv2d(b, node, "none", torch.float32)  # the post-op after the float result, as cpu._conv
     return None if y is None else b.call(post_op_codes, y, post_op, node.args[10], node.args[11], dtype)

@@ -273,7 +273,7 @@ def test_the_portable_silu_convolution_is_its_float_result_then_silu_where_the_k
         args = (x, 0.02, 5, qw, torch.rand(96, generator=g) * 0.01, torch.randn(96, generator=g), [1, 1], [2, 2], [1, 1], 96)
         got = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)
         after = lr.post_op_codes(cpu._conv(*args, 1.0, 0, "none", torch.float32), "silu", 0.05, 10, torch.uint8)
-        with unittest.mock.patch.object(cpu, "silu_after_float", lambda *a: False):
+        with unittest.mock.patch.object(cn, "silu_after_float", lambda *a: False):
             swish = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)  # oneDNN's fused swish
         assert torch.equal(got, after if float_route else swish)
         assert int((after.int() - swish.int()).abs().max()) <= 1  # oneDNN's swish approximates exp: within a code
