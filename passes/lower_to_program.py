@@ -27,12 +27,15 @@ from lucid_fx.kernels.library import KERNELS, op_name
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
 from lucid_fx.passes.merge_program_linears import drop_unread_merged, merge_program_linears
 from lucid_fx.passes.merge_program_views import merge_program_views
-from lucid_fx.rules.program_cpu import PROGRAM_RULES_CPU
+from lucid_fx.passes.plan_program_calls import plan_program_calls
+from lucid_fx.rules.program_cpu import PROGRAM_PLANS_CPU, PROGRAM_RULES_CPU
 
-__all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES"]
+__all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES", "PROGRAM_PLANS"]
 
 #: Program rules per device type; a device without rules gets direct kernel calls only.
 PROGRAM_RULES: Dict[str, Dict[str, Callable]] = {"cpu": PROGRAM_RULES_CPU}
+#: Planners per device type (passes/plan_program_calls.py): a kernel function -> its ``*_plan`` twin.
+PROGRAM_PLANS: Dict[str, Dict[Callable, Callable]] = {"cpu": PROGRAM_PLANS_CPU}
 _LUCID = torch.ops.lucid_fx
 
 
@@ -159,7 +162,8 @@ def _flat_attributes(program: fx.GraphModule) -> None:
 
 def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: str = "cpu") -> fx.GraphModule:
     """The program of ``portable`` on ``device`` for the input signature ``values`` were recorded on
-    (:func:`record_values`)."""
+    (:func:`record_values`); its native calls are planned on its first call
+    (:func:`~lucid_fx.passes.plan_program_calls.plan_program_calls`)."""
     graph = fx.Graph()
     out = graph.graph_copy(portable.graph, {})
     graph.output(out)
@@ -177,4 +181,5 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     _flat_attributes(program)
     program.graph.lint()
     program.recompile()
+    plan_program_calls(program, PROGRAM_PLANS.get(device, {}))
     return program

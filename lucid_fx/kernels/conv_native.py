@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from lucid_fx.kernels import linear_native
 from lucid_fx.kernels.codes import f32_reciprocal
 from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, takes_row
-from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native import bind
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
 
@@ -174,22 +174,51 @@ def out_size(h, w, kernel, stride, padding, dilation) -> Tuple[int, int]:
 
 
 def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding: Sequence[int],
-               dilation: Sequence[int], x_zp: int, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+               dilation: Sequence[int], x_zp: int, zp: int, low: float, high: float, dtype: torch.dtype,
+               plan: Optional[Callable] = None) -> torch.Tensor:
     """The convolution of uint8 channels-last codes ``x`` (zero point ``x_zp``, the padding's code):
     ``FINISH(((sums + offset) * scale + bias)`` with the clamp and rounding of
     :func:`lucid_fx.kernels.linear_native.gemm_rows`, where ``sums`` are the dense kernel's raw sums
-    (the padding read as ``x_zp``) or the depthwise kernel's centred ones. A channels-last result."""
+    (the padding read as ``x_zp``) or the depthwise kernel's centred ones. A channels-last result.
+    ``plan``: :func:`conv_plan`'s."""
+    if plan is None:
+        plan = conv_plan(x, conv, stride, padding, dilation, x_zp, zp, low, high, dtype)
+    out = None if plan is None else plan(x)
+    if out is not None:
+        return out
+    ho, wo = out_size(*x.shape[2:], conv.kernel, stride, padding, dilation)
+    out = torch.empty((x.shape[0], conv.cout, ho, wo), dtype=dtype, memory_format=torch.channels_last)
+    return _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out)
+
+
+def conv_plan(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+              x_zp: int, zp: int, low: float, high: float, dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`conv_codes`' native call for codes laid out as ``x`` (its geometry and scalars made once):
+    ``step(x)``, or None for codes of other strides. None where the native kernel does not take them."""
+    if not (x.is_cpu and x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last)):
+        return None
     n, c, h, w = x.shape
     ho, wo = out_size(h, w, conv.kernel, stride, padding, dilation)
-    out = torch.empty((n, conv.cout, ho, wo), dtype=dtype, memory_format=torch.channels_last)
-    fn = _function("conv", dtype)
-    if fn is None or not x.is_contiguous(memory_format=torch.channels_last):
-        return _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out)
+    call = bind("conv", dtype, int(conv.depthwise), x_zp, conv.x_scale, conv.inv_out, zp, low, high,
+                linear_native.POST["hardswish" if conv.hardswish else "none"])
+    if call is None:
+        return None
     geometry = torch.tensor([n, h, w, c, *conv.kernel, *stride, *padding, *dilation, ho, wo, conv.cout], dtype=torch.int64)
-    fn(x.data_ptr(), conv.weight.data_ptr(), out.data_ptr(), geometry.data_ptr(), int(conv.depthwise), x_zp,
-       conv.offset.data_ptr(), conv.scale.data_ptr(), None if conv.bias is None else conv.bias.data_ptr(),
-       conv.x_scale, conv.inv_out, zp, low, high, linear_native.POST["hardswish" if conv.hardswish else "none"])
-    return out
+    pointers = (conv.weight.data_ptr(), geometry.data_ptr(), conv.offset.data_ptr(), conv.scale.data_ptr(),
+                None if conv.bias is None else conv.bias.data_ptr())
+    weight, geometry_p, offset, scale, bias = pointers
+    shape, strides, x_strides = (n, conv.cout, ho, wo), torch.empty(
+        (n, conv.cout, ho, wo), memory_format=torch.channels_last, device="meta").stride(), x.stride()
+
+    def conv_step(x: torch.Tensor) -> Optional[torch.Tensor]:
+        if x.stride() != x_strides or x.dtype != torch.uint8:
+            return None
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        call(x.data_ptr(), weight, out.data_ptr(), geometry_p, offset, scale, bias)
+        return out
+
+    conv_step.operands = (conv, geometry)  # kept alive with the pointers bound
+    return conv_step
 
 
 def _conv_torch(x, conv, stride, padding, dilation, x_zp, zp, low, high, out):

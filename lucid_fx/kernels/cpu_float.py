@@ -9,6 +9,8 @@ where its table's 2**-24 moves one); the tests in ``tests/kernels/test_ops.py`` 
 (:func:`lut`). Measured on 2 AVX2 cores for the encoder block's shapes, see each kernel.
 """
 
+from typing import Callable, Optional
+
 import torch
 
 from lucid_fx.kernels import attention, native, native_elementwise, norms, softmax_matmul, softmax_native
@@ -89,7 +91,7 @@ def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
 PAIR_LOOKUP_MIN = 65536
 
 
-def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def lut(q: torch.Tensor, table: torch.Tensor, plan: Optional[Callable] = None) -> torch.Tensor:
     """``table[code]``, reading the codes two at a time as one 16-bit index into a 65536-entry table
     of pairs (128 KiB, built once per table). Half the indices and no int64 copy: a million codes
     measured 0.49 ms against 1.05 ms for one lookup per code. Odd, small or non-dense tensors take
@@ -97,7 +99,10 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     does not do faster: float tables (192 against 722 us for 1x32x112x112 codes) and small tensors
     (4.1 against 11.8-17.2 us for squeeze-excite's 96 gates), and 8-bit tables wherever the build
     has a vector path (``native.lut_vectorized``: AVX512-VBMI or AVX2). Without one, 8-bit tables of
-    ``PAIR_LOOKUP_MIN`` codes or more keep the pair table."""
+    ``PAIR_LOOKUP_MIN`` codes or more keep the pair table. ``plan``: :func:`lut_plan`'s."""
+    looked_up = None if plan is None else plan(q, table)
+    if looked_up is not None:
+        return looked_up
     if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
         looked_up = native.lut(q, table)
         if looked_up is not None:
@@ -112,6 +117,14 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     flat = q.as_strided((q.numel(),), (1,)).view(torch.uint16)
     looked_up = torch.index_select(pairs, 0, flat.to(torch.int32)).view(table.dtype)
     return looked_up.as_strided(q.shape, q.stride())
+
+
+def lut_plan(q: torch.Tensor, table: torch.Tensor) -> Optional[Callable]:
+    """:func:`lut`'s native lookup for codes laid out as ``q`` (:func:`lucid_fx.kernels.native.lut_plan`), where
+    :func:`lut` would take it; None where the pair table serves."""
+    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
+        return native.lut_plan(q, table) if q.is_cpu and table.is_cpu else None
+    return None
 
 
 register_kernel("add", "cpu", add)

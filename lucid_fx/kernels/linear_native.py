@@ -27,11 +27,11 @@ tensor([[ 3.0000, -1.5000]])
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native import _function, bind
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
            "finish", "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
@@ -120,15 +120,33 @@ def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: 
     their shapes; False (nothing written) without the native kernels. ``accum``: uint8 codes laid out
     as ``out`` (a residual), added before the requantization as oneDNN's "sum" post-op adds them,
     ``fma(accum - sum_zp, sum_scale, y)`` (uint8 results only: :func:`sum_available`)."""
-    fn = _function("gemm" if accum is None else "gemm_sum", dtype)
-    if fn is None:
-        return False
     assert accum is None or post == "none", post
-    tail = (POST[post],) if accum is None else (accum.data_ptr(), sum_scale, sum_zp)
-    fn(q.data_ptr(), weight.packed.data_ptr(), out.data_ptr(), q.numel() // weight.k, weight.n, weight.k,
-       offset.data_ptr(), w_scale.data_ptr(), None if bias is None else bias.data_ptr(), x_scale, inv_out, zp, low,
-       high, *tail)
+    gemm = gemm_call(q.numel() // weight.k, weight, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, post,
+                     None if accum is None else (sum_scale, sum_zp))
+    if gemm is None:
+        return False
+    gemm(q.data_ptr(), out.data_ptr(), *(() if accum is None else (accum.data_ptr(),)))
     return True
+
+
+def gemm_call(m: int, weight: PackedWeight, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
+              bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float, dtype: torch.dtype,
+              post: str = "none", residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+    """:func:`gemm_into`'s native call for ``m`` rows with every argument but the rows' and the result's storage
+    bound once (native.bind): ``gemm(q_ptr, out_ptr)``, or ``gemm(q_ptr, out_ptr, accum_ptr)`` with a
+    ``residual`` (its scale and zero point). None without the native kernels."""
+    kernel, tail = ("gemm", (POST[post],)) if residual is None else ("gemm_sum", residual)
+    call = bind(kernel, dtype, m, weight.n, weight.k, x_scale, inv_out, zp, low, high, *tail)
+    if call is None:
+        return None
+    packed, offset_p, scale_p = weight.packed.data_ptr(), offset.data_ptr(), w_scale.data_ptr()
+    bias_p = None if bias is None else bias.data_ptr()
+
+    def gemm(q_ptr: int, out_ptr: int, *accum_ptr: int) -> None:
+        call(q_ptr, packed, out_ptr, offset_p, scale_p, bias_p, *accum_ptr)
+
+    gemm.operands = (weight, offset, w_scale, bias)  # kept alive with the pointers bound
+    return gemm
 
 
 def sum_available() -> bool:

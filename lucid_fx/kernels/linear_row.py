@@ -28,7 +28,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -135,11 +135,15 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
 
-def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
+def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
+               plan: Optional[Callable] = None) -> torch.Tensor:
     """The linear of uint8 codes ``q`` (rows, K), as oneDNN's linear computes it: the int32 sums, then
     ``acc * x_scale * w_scale + bias`` in float32 one rounding at a time, then ``round(y / out_scale +
     zp)`` clamped to ``[low, high]`` (relu is the lower bound). tests/kernels/test_linear_row.py
-    compares it with oneDNN on 2048 rows per case."""
+    compares it with oneDNN on 2048 rows per case. ``plan``: :func:`linear_row_plan`'s."""
+    out = None if plan is None else plan(q)
+    if out is not None:
+        return out
     if isinstance(row.weight, linear_native.PackedWeight):
         return linear_native.gemm_rows(q, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
                                        0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post)
@@ -179,40 +183,90 @@ def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: floa
 
 
 def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
-                   dtype: torch.dtype) -> torch.Tensor:
+                   dtype: torch.dtype, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`linear_row` of each pixel of 4-d channels-last codes ``q`` (a 1x1 convolution of stride 1,
     or squeeze-excite's of a 1x1 image): the result (N, N_out, H, W), channels-last (contiguous for a
     1x1 image, as a linear's result viewed so). On lucid_fx's GEMM the pixels are its rows in place
-    and it writes the result's storage: the views to rows and back took six torch calls a convolution."""
+    and it writes the result's storage: the views to rows and back took six torch calls a convolution.
+    ``plan``: :func:`pointwise_rows_plan`'s."""
+    if plan is None:
+        plan = pointwise_rows_plan(q, row, zp, low, high, dtype)
+    out = None if plan is None else plan(q)
+    if out is not None:
+        return out
     n, c, h, w = q.shape
-    if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous(memory_format=torch.channels_last):
-        out = torch.empty((n, row.weight.n, h, w), dtype=dtype,
-                          memory_format=torch.channels_last if h * w > 1 else torch.contiguous_format)
-        if gemm_into(q, out, row, zp, low, high, dtype):
-            return out
     out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
     return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
 
 
+def pointwise_rows_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
+                        residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+    """:func:`pointwise_rows`' GEMM call for codes laid out as ``q`` (``residual``: :func:`pointwise_rows_sum`'s,
+    the residual's scale and zero point), checked once: ``step(q)`` (``step(q, other)``), or None for codes of
+    other strides. None where lucid_fx's GEMM does not take them."""
+    if q.dim() != 4 or not q.is_contiguous(memory_format=torch.channels_last):
+        return None
+    n, _, h, w = q.shape
+    layout = torch.channels_last if h * w > 1 or residual is not None else torch.contiguous_format
+    return _gemm_plan(q, row, zp, low, high, dtype, (n, row.weight.n, h, w), layout, residual)
+
+
+def linear_row_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
+                    dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`linear_row`'s GEMM call for contiguous rows laid out as ``q``, checked once: ``step(q)``, or None
+    for rows of other strides. None where lucid_fx's GEMM does not take them."""
+    if q.dim() != 2 or not q.is_contiguous():
+        return None
+    return _gemm_plan(q, row, zp, low, high, dtype, (q.shape[0], row.weight.n), torch.contiguous_format)
+
+
+def _gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype, shape: tuple,
+               layout: torch.memory_format, residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+    """The GEMM of ``row`` on the rows dense uint8 ``q``'s storage holds into a new tensor of ``shape`` in
+    ``layout`` (plus a residual laid out as it: ``step(q, other)``), for codes of ``q``'s strides: ``step(q)``."""
+    if not (isinstance(row.weight, linear_native.PackedWeight) and q.dtype == torch.uint8 and q.is_cpu
+            and q.shape[1] == row.weight.k):  # (rows, K), or (N, K, H, W) channels-last
+        return None
+    gemm = linear_native.gemm_call(q.numel() // row.weight.k, row.weight, row.offset, row.x_scale, row.w_scale,
+                                   row.bias, 0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype,
+                                   row.post, residual)
+    if gemm is None:
+        return None
+    strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()
+
+    def gemm_step(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
+        if q.stride() != q_strides or q.dtype != torch.uint8 or not all(
+                o.dtype == torch.uint8 and o.shape == shape and o.is_contiguous(memory_format=layout)
+                for o in other):  # the residual's layout is the result's (any strides of size-1 dims)
+            return None
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
+        return out
+
+    return gemm_step
+
+
 def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int, zp: int,
-                       low: float, high: float) -> torch.Tensor:
+                       low: float, high: float, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's
     shape, channels-last), as oneDNN's 1x1 convolution with its "sum" post-op adds it: the same codes
     (its kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
-    tensor where oneDNN writes into a copy of ``other``. Programs call it on lucid_fx's GEMM only."""
-    n, c, h, w = q.shape
-    native_weight = isinstance(row.weight, linear_native.PackedWeight)
-    out = torch.empty((n, row.weight.n if native_weight else 0, h, w), dtype=torch.uint8,
-                      memory_format=torch.channels_last)
-    if not (native_weight and q.is_contiguous(memory_format=torch.channels_last)
-            and other.dtype == torch.uint8 and other.shape == out.shape
-            and other.is_contiguous(memory_format=torch.channels_last)  # out's layout (any strides of size-1 dims)
-            and gemm_into(q, out, row, zp, low, high, torch.uint8, accum=other, sum_scale=other_scale,
-                           sum_zp=other_zp)):
+    tensor where oneDNN writes into a copy of ``other``. Programs call it on lucid_fx's GEMM only.
+    ``plan``: :func:`pointwise_rows_sum_plan`'s."""
+    if plan is None:
+        plan = pointwise_rows_sum_plan(q, row, other, other_scale, other_zp, zp, low, high)
+    out = None if plan is None else plan(q, other)
+    if out is None:
         raise RuntimeError("lucid_fx: a program's 1x1 convolution with a residual met inputs other than those it was "
                            "built for (channels-last uint8 codes on lucid_fx's native GEMM): a bug in lucid_fx, please "
                            "report it")
     return out
+
+
+def pointwise_rows_sum_plan(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int,
+                            zp: int, low: float, high: float) -> Optional[Callable]:
+    """:func:`pointwise_rows_sum`'s GEMM call, checked once: ``step(q, other)`` (:func:`pointwise_rows_plan`)."""
+    return pointwise_rows_plan(q, row, zp, low, high, torch.uint8, (other_scale, other_zp))
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:
@@ -279,14 +333,24 @@ def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dt
     return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(engine or "", ())))
 
 
-def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> torch.Tensor:
+def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype,
+                  plan: Optional[Callable] = None) -> torch.Tensor:
     """The reference's ``post_op`` on float32 ``y`` (in place: :func:`lucid_fx.kernels.reference.finish`),
-    then the codes ``quantize_per_tensor`` gives the result, in one pass (``native.quantize_codes``)."""
+    then the codes ``quantize_per_tensor`` gives the result, in one pass (``native.quantize_codes``; ``plan``:
+    :func:`post_op_plan`'s)."""
     y = ref.finish(y, post_op, 1.0, 0, torch.float32)
     if dtype == torch.float32:
         return y
     info = torch.iinfo(dtype)
-    return native.quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
+    return native.quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype, plan)
+
+
+def post_op_plan(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`post_op_codes`' quantize call for float32 ``y`` laid out as this one (:func:`lucid_fx.kernels.native.quantize_plan`)."""
+    if dtype == torch.float32:
+        return None
+    info = torch.iinfo(dtype)
+    return native.quantize_plan(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,

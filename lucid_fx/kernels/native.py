@@ -34,10 +34,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels import finite, native_build, program_ops
+from lucid_fx.kernels import finite, native_bound, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "split_threads", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
+__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
            "is_gate", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -80,6 +80,7 @@ SIGNATURES = {
     "cell": ((_P,) * 13, _I32, (torch.float32,)), "linear_dynamic": ((_P,) * 8, _I32, (torch.float32,)),
 }
 CODE_DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.float32: "float32"}
+GENERATED = ((native_bound.NAME, native_bound.source(SIGNATURES, CODE_DTYPES)),)  # the bound entry points (bind)
 
 
 def _compiler() -> Optional[str]:
@@ -97,7 +98,7 @@ def _library() -> Tuple[Optional[Dict[Tuple[str, Any], Any]], str]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found (set LUCID_FX_CC or CC): the torch kernels run"
-    with native_build.built(cc, native_build.with_fallbacks(native_build.capped(FLAGS)), SOURCES, HEADERS) as (so, how):
+    with native_build.built(cc, native_build.with_fallbacks(native_build.capped(FLAGS)), SOURCES, HEADERS, GENERATED) as (so, how):
         if so is None:
             return None, how
         try:
@@ -115,6 +116,10 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
             fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}")
             fn.argtypes, fn.restype = argtypes, restype
             functions[kernel, dtype] = fn
+            if native_bound.has_scalars(argtypes):
+                fn = getattr(lib, f"lucid_{kernel}_{CODE_DTYPES[dtype]}_bound")
+                fn.argtypes, fn.restype = (_P,) * (native_bound.pointer_count(argtypes) + 1), restype
+                functions[kernel, dtype, "bound"] = fn
     facts = (("lut", "vectorized"), ("gemm", "vectorized"), ("gemm", "full_grid"), ("gemm", "threaded"), ("matmul", "vectorized"))
     for kernel, fact in facts:  # facts of this build, kept with its functions
         query = getattr(lib, f"lucid_{kernel}_{fact}")
@@ -139,6 +144,35 @@ def _recorded(kernel: str, fn: Callable) -> Callable:
         with torch.profiler.record_function(f"native::{kernel}"):
             return fn(*args)
     return call
+
+
+def bind(kernel: str, dtype: Any, *scalars: Any) -> Optional[Callable]:
+    """``lucid_<kernel>_<dtype>`` with its scalar arguments (those :data:`SIGNATURES` does not type as pointers,
+    in order) fixed now: a function of the pointer arguments alone, what a program calls (native_bound: 0.35
+    against 2.1 us a call for gate_mul's 3 pointers and 10 scalars). None without the native kernels."""
+    functions = _library()[0]
+    fn = None if functions is None else functions.get((kernel, dtype, "bound"))
+    if fn is None:  # no native kernels, or a kernel of pointers only: its own function
+        fn = _function(kernel, dtype)
+        return None if fn is None else functools.partial(_call, kernel, fn)
+    fixed = native_bound.scalars(SIGNATURES[kernel][0], scalars)
+    address = ctypes.addressof(fixed)
+
+    def call(*pointers: int) -> Any:
+        if _recording:
+            with torch.profiler.record_function(f"native::{kernel}"):
+                return fn(*pointers, address)
+        return fn(*pointers, address)
+
+    call.scalars = fixed  # (kept alive with the function that reads it)
+    return call
+
+
+def _call(kernel: str, fn: Callable, *args: Any) -> Any:
+    if _recording:
+        with torch.profiler.record_function(f"native::{kernel}"):
+            return fn(*args)
+    return fn(*args)
 
 
 def record_in_profiler(on: bool) -> None:
@@ -170,28 +204,53 @@ def takes(x: torch.Tensor, dtype: torch.dtype) -> bool:
     return dtype in _CODES and x.is_cpu and x.is_floating_point()
 
 
-def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> torch.Tensor:
+def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype,
+                   plan: Optional[Callable] = None) -> torch.Tensor:
     """``clamp(round(x * inv_scale) + zp, qmin, qmax)`` as ``dtype`` in one pass; NaN and ±inf are
     refused (:class:`lucid_fx.kernels.checks.KernelInputError`, naming the node). ``inv_scale`` is
     rounded to float32 as the torch kernels round it. Without the native kernels, the codes of
-    :func:`lucid_fx.kernels.program_ops.quantize_codes` (float32 ``x``)."""
-    fn = _function("quantize", dtype)
-    if fn is None or not takes(x, dtype):
+    :func:`lucid_fx.kernels.program_ops.quantize_codes` (float32 ``x``). ``plan``: :func:`quantize_plan`'s."""
+    out = None if plan is None else plan(x)
+    if out is not None:
+        return out
+    if not (_function("quantize", dtype) and takes(x, dtype)):
         return program_ops.quantize_codes(x, inv_scale, zp, qmin, qmax, dtype)
-    out = torch.empty_like(x, dtype=dtype)  # the layout the op's fake promises: a dense x's strides
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)  # (a no-op .to costs 1.5 us a call)
-    dense = x32.stride() == out.stride()  # then element i of one storage is element i of the other
-    codes = out if dense else torch.empty(x.shape, dtype=dtype)
-    if not dense:
-        x32 = x32.contiguous()
-    if fn(x32.data_ptr(), codes.data_ptr(), x32.numel(), inv_scale, zp, qmin, qmax, check_finite):
-        finite.refuse_nonfinite("quantize_per_tensor", x)  # raises unless a finite x overflowed float32
-    return out if dense else out.copy_(codes)
+    step = quantize_plan(x32, inv_scale, zp, qmin, qmax, dtype)  # a dense x: its strides
+    if step is not None:
+        return step(x32, x)
+    codes = quantize_plan(x32.contiguous(), inv_scale, zp, qmin, qmax, dtype)(x32.contiguous(), x)
+    return torch.empty_like(x, dtype=dtype).copy_(codes)  # the layout the op's fake promises
+
+
+def quantize_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`quantize_codes`' native call for float32 tensors laid out as ``x`` (a real one, or a program's
+    recorded value), its checks made once: ``step(x)``, codes in ``x``'s layout, or None for a tensor of other
+    strides (``step(x32, x)``: ``x`` converted, the non-finite check on ``x`` itself). None where the native
+    kernels or their dense layout do not take ``x``."""
+    shape, strides = tuple(x.shape), x.stride()
+    if dtype not in _CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != strides:
+        return None
+    call = bind("quantize", dtype, x.numel(), inv_scale, zp, qmin, qmax, check_finite)
+    if call is None:
+        return None
+
+    def quantize(x: torch.Tensor, source: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        if x.stride() != strides or x.dtype != torch.float32 or not x.is_cpu:
+            return None
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        if call(x.data_ptr(), out.data_ptr()):
+            finite.refuse_nonfinite("quantize_per_tensor", x if source is None else source)  # raises unless a finite
+            # source overflowed float32
+        return out
+
+    return quantize
 
 
 def _layout(q: torch.Tensor, dtype: torch.dtype) -> Optional[int]:
-    """1: dense channels-last 4-d ``dtype`` codes on the CPU, 0: contiguous ones, None: others (torch's)."""
-    if q.dtype != dtype or q.dim() != 4 or not q.is_cpu:
+    """1: dense channels-last 4-d ``dtype`` codes, 0: contiguous ones, None: others (torch's). (The device is the
+    caller's to check: a program's recorded values are on the meta device.)"""
+    if q.dtype != dtype or q.dim() != 4:
         return None
     if q.is_contiguous(memory_format=torch.channels_last):
         return 1
@@ -203,33 +262,75 @@ def is_gate(qa: torch.Tensor, qg: torch.Tensor) -> bool:
     return qa.dim() == 4 and qg.dim() == 4 and tuple(qg.shape) == (qa.shape[0], qa.shape[1], 1, 1)
 
 
-def gate_mul_codes(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype):
+def gate_mul_codes(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype,
+                   plan: Optional[Callable] = None):
     """:func:`lucid_fx.kernels.program_ops.mul_codes` of 4-d codes ``qa`` (channels-last or
     contiguous) and a gate ``qg`` of shape ``(N, C, 1, 1)``, in one pass: its codes, bit for bit, in
-    ``qa``'s layout."""
-    fn, layout = _function("gate_mul", dtype), _layout(qa, dtype)
-    if fn is None or layout is None or not is_gate(qa, qg) or qg.dtype != dtype:
-        return program_ops.mul_codes(qa, a_zp, qg, g_zp, mult, zp, low, high, dtype)
-    qg = qg.contiguous()
-    out = torch.empty_like(qa)
+    ``qa``'s layout. ``plan``: :func:`gate_mul_plan`'s."""
+    if plan is None and qa.is_cpu and qg.is_cpu:
+        qg = qg.contiguous()
+        plan = gate_mul_plan(qa, a_zp, qg, g_zp, mult, zp, low, high, dtype)
+    out = None if plan is None else plan(qa, qg)
+    return program_ops.mul_codes(qa, a_zp, qg, g_zp, mult, zp, low, high, dtype) if out is None else out
+
+
+def gate_mul_plan(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype) -> Optional[Callable]:
+    """:func:`gate_mul_codes`' native call for operands laid out as ``qa`` and ``qg`` (real tensors, or a program's
+    recorded values), checked once: ``step(qa, qg)``, or None for tensors of other strides. None where the native
+    kernel does not take them."""
+    layout = _layout(qa, dtype)
+    if layout is None or not is_gate(qa, qg) or qg.dtype != dtype or not qg.is_contiguous():
+        return None
     n, c, h, w = qa.shape
-    fn(qa.data_ptr(), qg.data_ptr(), out.data_ptr(), n, h * w, c, layout, a_zp, g_zp, mult, zp, low, high)
-    return out
+    call = bind("gate_mul", dtype, n, h * w, c, layout, a_zp, g_zp, mult, zp, low, high)
+    if call is None:
+        return None
+    shape, strides, g_strides = tuple(qa.shape), qa.stride(), qg.stride()
+
+    def gate_mul(qa: torch.Tensor, qg: torch.Tensor) -> Optional[torch.Tensor]:
+        if qa.stride() != strides or qg.stride() != g_strides or qa.dtype != dtype or qg.dtype != dtype:
+            return None
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        call(qa.data_ptr(), qg.data_ptr(), out.data_ptr())
+        return out
+
+    return gate_mul
 
 
-def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int) -> torch.Tensor:
+def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
+                          plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`lucid_fx.kernels.program_ops.global_avg_pool_codes` of 4-d codes in one pass (an int32
-    sum per image and channel, then one requantization): its codes, bit for bit."""
-    fn, layout = _function("global_avg_pool", q.dtype), _layout(q, q.dtype)
+    sum per image and channel, then one requantization): its codes, bit for bit. ``plan``:
+    :func:`global_avg_pool_plan`'s."""
+    if plan is None and q.is_cpu:
+        plan = global_avg_pool_plan(q, scale, zp, out_scale, out_zp)
+    out = None if plan is None else plan(q)
+    return program_ops.global_avg_pool_codes(q, scale, zp, out_scale, out_zp) if out is None else out
+
+
+def global_avg_pool_plan(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int) -> Optional[Callable]:
+    """:func:`global_avg_pool_codes`' native call for codes laid out as ``q``, checked once: ``step(q)``, or None
+    for codes of other strides. None where the native kernel does not take them."""
+    dtype, layout = q.dtype, _layout(q, q.dtype)
+    if layout is None or dtype not in _CODES:
+        return None
     n, c, h, w = q.shape
-    if fn is None or layout is None or h * w * 255 >= 2 ** 24:  # the sums must be exact in float32
-        return program_ops.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
-    low, high = (0, 255) if q.dtype == torch.uint8 else (-128, 127)
-    out = torch.empty((n, c, 1, 1), dtype=q.dtype)
-    acc = torch.empty(c, dtype=torch.int32)
-    fn(q.data_ptr(), out.data_ptr(), acc.data_ptr(), n, h * w, c, layout, zp * h * w, scale / (out_scale * h * w),
-       out_zp, low, high)
-    return out
+    if h * w * 255 >= 2 ** 24:  # the sums must be exact in float32
+        return None
+    low, high = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    call = bind("global_avg_pool", dtype, n, h * w, c, layout, zp * h * w, scale / (out_scale * h * w), out_zp, low, high)
+    if call is None:
+        return None
+    strides = q.stride()
+
+    def global_avg_pool(q: torch.Tensor) -> Optional[torch.Tensor]:
+        if q.stride() != strides or q.dtype != dtype:
+            return None
+        out, acc = torch.empty((n, c, 1, 1), dtype=dtype), torch.empty(c, dtype=torch.int32)
+        call(q.data_ptr(), out.data_ptr(), acc.data_ptr())
+        return out
+
+    return global_avg_pool
 
 
 def lut_vectorized() -> bool:
@@ -242,16 +343,35 @@ def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
     """``table[code]`` for 8-bit codes ``q`` on the CPU and a 256-entry ``table`` (8-bit codes or float32),
     in ``q``'s layout where it is dense (else contiguous, as the reference's): :func:`lucid_fx.kernels.reference.lut`'s
     values. None where the native kernels are not loaded or do not take these operands."""
-    fn = _function("lut", table.dtype)
-    if (fn is None or q.dtype not in _CODES or not q.is_cpu or table.numel() != 256
-            or not table.is_cpu or not table.is_contiguous()):
+    if not (q.is_cpu and table.is_cpu):
         return None
-    out = torch.empty_like(q, dtype=table.dtype)
-    if out.stride() != q.stride():  # not dense (a slice): one copy first, the reference's contiguous layout
+    step = lut_plan(q, table)
+    if step is None:  # not dense (a slice): one copy first, the reference's contiguous layout
         q = q.contiguous()
-        out = torch.empty_like(q, dtype=table.dtype)
-    fn(q.data_ptr(), table.data_ptr(), out.data_ptr(), q.numel(), _flip(q))
-    return out
+        step = lut_plan(q, table)
+    return None if step is None else step(q, table)
+
+
+def lut_plan(q: torch.Tensor, table: torch.Tensor) -> Optional[Callable]:
+    """:func:`lut`'s native call for dense codes laid out as ``q`` and a table like ``table``, checked once:
+    ``step(q, table)``, or None for codes of other strides. None where the native kernel does not take them."""
+    strides, dtype = q.stride(), table.dtype
+    if (q.dtype not in _CODES or table.numel() != 256 or not table.is_contiguous()
+            or torch.empty_like(q, dtype=dtype).stride() != strides):
+        return None
+    call = bind("lut", dtype, q.numel(), _flip(q))
+    if call is None:
+        return None
+    shape, q_dtype = tuple(q.shape), q.dtype
+
+    def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
+        if q.stride() != strides or q.dtype != q_dtype or table.dtype != dtype or not table.is_contiguous():
+            return None
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        call(q.data_ptr(), table.data_ptr(), out.data_ptr())
+        return out
+
+    return lut
 
 
 def _flip(q: torch.Tensor) -> int:

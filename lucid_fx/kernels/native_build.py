@@ -106,13 +106,15 @@ def _version(cc: str) -> bytes:
         return b""
 
 
-def library_key(cc: str, flags: Sequence[str], files: Sequence[Path]) -> str:
-    """The name of what ``cc flags files`` builds on this machine."""
+def library_key(cc: str, flags: Sequence[str], files: Sequence[Path], generated: Sequence[Tuple[str, str]] = ()) -> str:
+    """The name of what ``cc flags files`` (and the ``generated`` (name, text) sources) builds on this machine."""
     digest = hashlib.sha256(b"lucid_fx native library\0")
     for part in (cc.encode(), _version(cc), *(f.encode() for f in flags), *(m.encode() for m in _machine())):
         digest.update(part + b"\0")
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, text in generated:
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
     return digest.hexdigest()[:32]
 
 
@@ -165,10 +167,10 @@ def _prune(cache: Path) -> None:
             old.unlink()
 
 
-def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
+def _find_or_build(cc, flag_sets, sources, headers, generated) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
     cache = cache_dir()
     errors = []
-    kept_by_set = [cache / f"native-{library_key(cc, flags, [*sources, *headers])}.so" if cache is not None else None
+    kept_by_set = [cache / f"native-{library_key(cc, flags, [*sources, *headers], generated)}.so" if cache is not None else None
                    for flags in flag_sets]
     # A library kept for any flag set first: an earlier set this compiler refuses (-fopenmp without OpenMP)
     # is not compiled again in every process.
@@ -182,7 +184,10 @@ def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str
         if cache is not None:
             _drop_abandoned(cache)
         tmp = tempfile.TemporaryDirectory(prefix="lucid_fx_native_", dir=cache)  # beside the cache: an atomic rename
-        so, error = _compile(cc, flags, sources, Path(tmp.name))
+        written = [Path(tmp.name, name) for name, _ in generated]
+        for path, (_, text) in zip(written, generated):
+            path.write_text(text)
+        so, error = _compile(cc, flags, [*sources, *written], Path(tmp.name))
         if so is None:
             tmp.cleanup()
             errors.append(error)
@@ -198,11 +203,12 @@ def _find_or_build(cc, flag_sets, sources, headers) -> Tuple[Optional[Path], str
 
 @contextlib.contextmanager
 def built(cc: str, flag_sets: Sequence[Sequence[str]], sources: Sequence[Path],
-          headers: Sequence[Path] = ()) -> Iterator[Tuple[Optional[Path], str]]:
+          headers: Sequence[Path] = (), generated: Sequence[Tuple[str, str]] = ()) -> Iterator[Tuple[Optional[Path], str]]:
     """``(library, how)`` for the first flag set that compiles (kept in the cache, or found there), or
-    ``(None, why not)``. The library is there to load inside the ``with`` block."""
+    ``(None, why not)``. ``generated``: more sources, as (file name, text), written beside the objects. The
+    library is there to load inside the ``with`` block."""
     try:
-        so, how, tmp = _find_or_build(cc, flag_sets, sources, headers)
+        so, how, tmp = _find_or_build(cc, flag_sets, sources, headers, tuple(generated))
     except (OSError, subprocess.TimeoutExpired) as error:
         so, how, tmp = None, f"{cc} could not run ({error}): the torch kernels run", None
     try:

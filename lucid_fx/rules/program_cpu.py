@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import conv_native, cpu_float, linear_native, matmul_native, native, program_ops, softmax_native
+from lucid_fx.kernels import conv_native, cpu_float, linear_native, linear_row, matmul_native, native, program_ops, softmax_native
 from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, pointwise_rows_sum, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)
@@ -233,4 +233,18 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "softmax_matmul": softmax_matmul,  # -> kernels/softmax_matmul.py: e from a table, a multiplier a row
     **PROGRAM_RULES_CPU_ELEMENTWISE,  # the float boundary, tables, add, mul, cat
     **PROGRAM_RULES_CPU_POOL,  # max, average and global average pools of codes
+}
+
+#: The program calls planned once on the program's first run (passes/plan_program_calls.py): a kernel function ->
+#: its planner, which takes the same arguments and returns the call's step (scalars bound, shapes fixed) or None.
+PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
+    native.quantize_codes: native.quantize_plan,  # the float boundary
+    post_op_codes: linear_row.post_op_plan,  # a post-op after a float result (SiLU), its quantize
+    conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
+    linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM
+    linear_row.pointwise_rows: linear_row.pointwise_rows_plan,  # 1x1 convolutions on it
+    pointwise_rows_sum: linear_row.pointwise_rows_sum_plan,  # ... with a residual
+    native.global_avg_pool_codes: native.global_avg_pool_plan,  # squeeze-excite's pool,
+    cpu_float.lut: cpu_float.lut_plan,  # its gate's table,
+    native.gate_mul_codes: native.gate_mul_plan,  # and its product
 }

@@ -153,7 +153,8 @@ def test_a_kept_library_that_does_not_load_is_dropped_and_said(setup, monkeypatc
     cache, _, _, cc = setup
     monkeypatch.setenv("LUCID_FX_CC", "cc")
     monkeypatch.delenv("LUCID_FX_NATIVE", raising=False)
-    key = native_build.library_key("cc", native_build.capped(native.FLAGS)[0], [*native.SOURCES, *native.HEADERS])
+    key = native_build.library_key("cc", native_build.capped(native.FLAGS)[0], [*native.SOURCES, *native.HEADERS],
+                                    native.GENERATED)
     broken = cache / f"native-{key}.so"
     cache.mkdir(mode=0o700)
     broken.write_bytes(b"\x7fELF cut short")
