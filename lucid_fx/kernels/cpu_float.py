@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from lucid_fx.kernels import attention, native, native_elementwise, norms, softmax_matmul, softmax_native
+from lucid_fx.kernels import attention, native_elementwise, native_lut, norms, softmax_matmul, softmax_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes, softmax_table
@@ -98,13 +98,13 @@ def lut(q: torch.Tensor, table: torch.Tensor, plan: Optional[Callable] = None) -
     the reference lookup. Where the native kernels are loaded, one C loop does what the pair table
     does not do faster: float tables (192 against 722 us for 1x32x112x112 codes) and small tensors
     (4.1 against 11.8-17.2 us for squeeze-excite's 96 gates), and 8-bit tables wherever the build
-    has a vector path (``native.lut_vectorized``: AVX512-VBMI or AVX2). Without one, 8-bit tables of
+    has a vector path (``native_lut.lut_vectorized``: AVX512-VBMI or AVX2). Without one, 8-bit tables of
     ``PAIR_LOOKUP_MIN`` codes or more keep the pair table. ``plan``: :func:`lut_plan`'s."""
     looked_up = None if plan is None else plan(q, table)
     if looked_up is not None:
         return looked_up
-    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
-        looked_up = native.lut(q, table)
+    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native_lut.lut_vectorized():
+        looked_up = native_lut.lut(q, table)
         if looked_up is not None:
             return looked_up
     dense = q.is_contiguous() or q.is_contiguous(memory_format=torch.channels_last)
@@ -120,10 +120,10 @@ def lut(q: torch.Tensor, table: torch.Tensor, plan: Optional[Callable] = None) -
 
 
 def lut_plan(q: torch.Tensor, table: torch.Tensor) -> Optional[Callable]:
-    """:func:`lut`'s native lookup for codes laid out as ``q`` (:func:`lucid_fx.kernels.native.lut_plan`), where
+    """:func:`lut`'s native lookup for codes laid out as ``q`` (:func:`lucid_fx.kernels.native_lut.lut_plan`), where
     :func:`lut` would take it; None where the pair table serves."""
-    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native.lut_vectorized():
-        return native.lut_plan(q, table) if q.is_cpu and table.is_cpu else None
+    if table.dtype == torch.float32 or q.numel() < PAIR_LOOKUP_MIN or native_lut.lut_vectorized():
+        return native_lut.lut_plan(q, table)
     return None
 
 

@@ -4,9 +4,11 @@ Programs (:mod:`lucid_fx.rules.program_cpu`) call these where torch 2.13 needs s
 step, each the torch kernels' values bit for bit. The float-to-int8 boundary is one pass: codes and
 the input's NaN/±inf count together, so the finite check (``docs/policies.md``) costs no second
 read (4.1 against 11.8 us for 1x1024 values, 25.8 against 78.0 us for 1x3x224x224, AVX512-VNNI
-EPYC, 1 thread). Squeeze-excite's gate multiply and global pool (a one-row linear's float steps: linear_native.row_epilogue),
-table lookups and requantizations are one pass each too; docs/benchmarks.md has each measurement
-(the EfficientNet-like model 14.0 against 16.3 ms with the first three, same process, same codes).
+EPYC, 1 thread). Squeeze-excite's gate multiply and global pool (:mod:`~lucid_fx.kernels.native_squeeze_excite`),
+table lookups (:mod:`~lucid_fx.kernels.native_lut`), a one-row linear's float steps (linear_native.row_epilogue)
+and requantizations are one pass each too; docs/benchmarks.md has each measurement (the EfficientNet-like
+model 14.0 against 16.3 ms with the first three, same process, same codes). :func:`bind` fixes a call's
+scalar arguments once (:mod:`~lucid_fx.kernels.native_bound`), what a program's planned steps call.
 
 Choices:
 
@@ -35,10 +37,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from lucid_fx.kernels import finite, native_bound, native_build, program_ops
-from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "gate_mul_codes", "global_avg_pool_codes",
-           "is_gate", "lut", "lut_vectorized", "lut_mul_codes", "requantize_scaled", "matmul_codes", "SOURCE"]
+__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_plan",
+           "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
 SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
@@ -219,15 +220,16 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
     step = quantize_plan(x32, inv_scale, zp, qmin, qmax, dtype)  # a dense x: its strides
     if step is not None:
         return step(x32, x)
-    codes = quantize_plan(x32.contiguous(), inv_scale, zp, qmin, qmax, dtype)(x32.contiguous(), x)
+    dense = x32.contiguous()
+    codes = quantize_plan(dense, inv_scale, zp, qmin, qmax, dtype)(dense, x)
     return torch.empty_like(x, dtype=dtype).copy_(codes)  # the layout the op's fake promises
 
 
 def quantize_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> Optional[Callable]:
-    """:func:`quantize_codes`' native call for float32 tensors laid out as ``x`` (a real one, or a program's
-    recorded value), its checks made once: ``step(x)``, codes in ``x``'s layout, or None for a tensor of other
-    strides (``step(x32, x)``: ``x`` converted, the non-finite check on ``x`` itself). None where the native
-    kernels or their dense layout do not take ``x``."""
+    """:func:`quantize_codes`' native call for float32 tensors laid out as ``x``, its checks made once:
+    ``step(x)``, codes in ``x``'s layout, or None for a tensor of other strides (``step(x32, x)``: ``x``
+    converted, the non-finite check on ``x`` itself). None where the native kernels or their dense layout do
+    not take ``x``."""
     shape, strides = tuple(x.shape), x.stride()
     if dtype not in _CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != strides:
         return None
@@ -245,153 +247,6 @@ def quantize_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: i
         return out
 
     return quantize
-
-
-def _layout(q: torch.Tensor, dtype: torch.dtype) -> Optional[int]:
-    """1: dense channels-last 4-d ``dtype`` codes, 0: contiguous ones, None: others (torch's). (The device is the
-    caller's to check: a program's recorded values are on the meta device.)"""
-    if q.dtype != dtype or q.dim() != 4:
-        return None
-    if q.is_contiguous(memory_format=torch.channels_last):
-        return 1
-    return 0 if q.is_contiguous() else None
-
-
-def is_gate(qa: torch.Tensor, qg: torch.Tensor) -> bool:
-    """Whether ``qg`` holds one code per image and channel of 4-d ``qa`` (squeeze-excite's ``x * gate``)."""
-    return qa.dim() == 4 and qg.dim() == 4 and tuple(qg.shape) == (qa.shape[0], qa.shape[1], 1, 1)
-
-
-def gate_mul_codes(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype,
-                   plan: Optional[Callable] = None):
-    """:func:`lucid_fx.kernels.program_ops.mul_codes` of 4-d codes ``qa`` (channels-last or
-    contiguous) and a gate ``qg`` of shape ``(N, C, 1, 1)``, in one pass: its codes, bit for bit, in
-    ``qa``'s layout. ``plan``: :func:`gate_mul_plan`'s."""
-    if plan is None and qa.is_cpu and qg.is_cpu:
-        qg = qg.contiguous()
-        plan = gate_mul_plan(qa, a_zp, qg, g_zp, mult, zp, low, high, dtype)
-    out = None if plan is None else plan(qa, qg)
-    return program_ops.mul_codes(qa, a_zp, qg, g_zp, mult, zp, low, high, dtype) if out is None else out
-
-
-def gate_mul_plan(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype) -> Optional[Callable]:
-    """:func:`gate_mul_codes`' native call for operands laid out as ``qa`` and ``qg`` (real tensors, or a program's
-    recorded values), checked once: ``step(qa, qg)``, or None for tensors of other strides. None where the native
-    kernel does not take them."""
-    layout = _layout(qa, dtype)
-    if layout is None or not is_gate(qa, qg) or qg.dtype != dtype or not qg.is_contiguous():
-        return None
-    n, c, h, w = qa.shape
-    call = bind("gate_mul", dtype, n, h * w, c, layout, a_zp, g_zp, mult, zp, low, high)
-    if call is None:
-        return None
-    shape, strides, g_strides = tuple(qa.shape), qa.stride(), qg.stride()
-
-    def gate_mul(qa: torch.Tensor, qg: torch.Tensor) -> Optional[torch.Tensor]:
-        if qa.stride() != strides or qg.stride() != g_strides or qa.dtype != dtype or qg.dtype != dtype:
-            return None
-        out = torch.empty_strided(shape, strides, dtype=dtype)
-        call(qa.data_ptr(), qg.data_ptr(), out.data_ptr())
-        return out
-
-    return gate_mul
-
-
-def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
-                          plan: Optional[Callable] = None) -> torch.Tensor:
-    """:func:`lucid_fx.kernels.program_ops.global_avg_pool_codes` of 4-d codes in one pass (an int32
-    sum per image and channel, then one requantization): its codes, bit for bit. ``plan``:
-    :func:`global_avg_pool_plan`'s."""
-    if plan is None and q.is_cpu:
-        plan = global_avg_pool_plan(q, scale, zp, out_scale, out_zp)
-    out = None if plan is None else plan(q)
-    return program_ops.global_avg_pool_codes(q, scale, zp, out_scale, out_zp) if out is None else out
-
-
-def global_avg_pool_plan(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int) -> Optional[Callable]:
-    """:func:`global_avg_pool_codes`' native call for codes laid out as ``q``, checked once: ``step(q)``, or None
-    for codes of other strides. None where the native kernel does not take them."""
-    dtype, layout = q.dtype, _layout(q, q.dtype)
-    if layout is None or dtype not in _CODES:
-        return None
-    n, c, h, w = q.shape
-    if h * w * 255 >= 2 ** 24:  # the sums must be exact in float32
-        return None
-    low, high = (0, 255) if dtype == torch.uint8 else (-128, 127)
-    call = bind("global_avg_pool", dtype, n, h * w, c, layout, zp * h * w, scale / (out_scale * h * w), out_zp, low, high)
-    if call is None:
-        return None
-    strides = q.stride()
-
-    def global_avg_pool(q: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != strides or q.dtype != dtype:
-            return None
-        out, acc = torch.empty((n, c, 1, 1), dtype=dtype), torch.empty(c, dtype=torch.int32)
-        call(q.data_ptr(), out.data_ptr(), acc.data_ptr())
-        return out
-
-    return global_avg_pool
-
-
-def lut_vectorized() -> bool:
-    """Whether this build looks 8-bit tables up in vectors: AVX512-VBMI 64 codes a step (14 against 145 us for the
-    pair table's 1x32x112x112 codes), AVX2 32 (279 against 468 us for 2^20 codes, EPYC); else a scalar loop."""
-    return bool(_function("lut", "vectorized"))
-
-
-def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
-    """``table[code]`` for 8-bit codes ``q`` on the CPU and a 256-entry ``table`` (8-bit codes or float32),
-    in ``q``'s layout where it is dense (else contiguous, as the reference's): :func:`lucid_fx.kernels.reference.lut`'s
-    values. None where the native kernels are not loaded or do not take these operands."""
-    if not (q.is_cpu and table.is_cpu):
-        return None
-    step = lut_plan(q, table)
-    if step is None:  # not dense (a slice): one copy first, the reference's contiguous layout
-        q = q.contiguous()
-        step = lut_plan(q, table)
-    return None if step is None else step(q, table)
-
-
-def lut_plan(q: torch.Tensor, table: torch.Tensor) -> Optional[Callable]:
-    """:func:`lut`'s native call for dense codes laid out as ``q`` and a table like ``table``, checked once:
-    ``step(q, table)``, or None for codes of other strides. None where the native kernel does not take them."""
-    strides, dtype = q.stride(), table.dtype
-    if (q.dtype not in _CODES or table.numel() != 256 or not table.is_contiguous()
-            or torch.empty_like(q, dtype=dtype).stride() != strides):
-        return None
-    call = bind("lut", dtype, q.numel(), _flip(q))
-    if call is None:
-        return None
-    shape, q_dtype = tuple(q.shape), q.dtype
-
-    def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != strides or q.dtype != q_dtype or table.dtype != dtype or not table.is_contiguous():
-            return None
-        out = torch.empty_strided(shape, strides, dtype=dtype)
-        call(q.data_ptr(), table.data_ptr(), out.data_ptr())
-        return out
-
-    return lut
-
-
-def _flip(q: torch.Tensor) -> int:
-    return 128 if q.dtype == torch.int8 else 0
-
-
-def lut_mul_codes(qa, table_a, a_zp: int, qb, table_b, b_zp: int, mult: float, zp: int, low: int, high: int, dtype):
-    """``program_ops.mul_codes(lut(qa, table_a), a_zp, lut(qb, table_b), b_zp, ...)`` in one pass (a
-    gated MLP's ``act(x) * gate(y)``): the same codes, bit for bit. ``qa`` and ``qb`` are 8-bit codes
-    of one shape and layout, the tables 256 codes of ``dtype``."""
-    fn = _function("lut_mul", dtype)
-    if (fn is None or qa.shape != qb.shape or qa.stride() != qb.stride() or qa.dtype not in _CODES
-            or qb.dtype not in _CODES or not qa.is_cpu or table_a.dtype != dtype or table_b.dtype != dtype):
-        return program_ops.mul_codes(ref.lut(qa, table_a), a_zp, ref.lut(qb, table_b), b_zp, mult, zp, low, high, dtype)
-    out = torch.empty_like(qa, dtype=dtype)
-    if out.stride() != qa.stride():  # not dense
-        return program_ops.mul_codes(ref.lut(qa, table_a), a_zp, ref.lut(qb, table_b), b_zp, mult, zp, low, high, dtype)
-    fn(qa.data_ptr(), table_a.data_ptr(), _flip(qa), qb.data_ptr(), table_b.data_ptr(), _flip(qb), out.data_ptr(),
-       qa.numel(), a_zp, b_zp, mult, zp, low, high)
-    return out
 
 
 def requantize_scaled(y: torch.Tensor, mult: float, zp: int, low: int, high: int, dtype: torch.dtype) -> torch.Tensor:

@@ -17,7 +17,8 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import conv_native, cpu_float, linear_native, linear_row, matmul_native, native, program_ops, softmax_native
+from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native, native_squeeze_excite,
+                              program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, pointwise_rows_sum, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)
@@ -244,7 +245,7 @@ PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM
     linear_row.pointwise_rows: linear_row.pointwise_rows_plan,  # 1x1 convolutions on it
     pointwise_rows_sum: linear_row.pointwise_rows_sum_plan,  # ... with a residual
-    native.global_avg_pool_codes: native.global_avg_pool_plan,  # squeeze-excite's pool,
+    native_squeeze_excite.global_avg_pool_codes: native_squeeze_excite.global_avg_pool_plan,  # squeeze-excite's pool,
     cpu_float.lut: cpu_float.lut_plan,  # its gate's table,
-    native.gate_mul_codes: native.gate_mul_plan,  # and its product
+    native_squeeze_excite.gate_mul_codes: native_squeeze_excite.gate_mul_plan,  # and its product
 }

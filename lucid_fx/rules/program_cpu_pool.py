@@ -12,8 +12,7 @@ from typing import Callable, Dict, Optional
 
 from torch import fx
 
-from lucid_fx.kernels import native, native_pool, program_ops
-from lucid_fx.rules.program_cpu_elementwise import step as _step
+from lucid_fx.kernels import native, native_pool, native_squeeze_excite, program_ops
 
 __all__ = ["PROGRAM_RULES_CPU_POOL"]
 
@@ -47,7 +46,12 @@ def adaptive_avg_pool2d(b, node):  # global average pool of codes -> an int32 su
     value = b.value(q)
     if list(size) != [1, 1] or value.dim() != 4:
         return None
-    return b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
+    return b.call(_global_avg_pool(), q, scale, zp, out_scale, out_zp)
+
+
+def _global_avg_pool() -> Callable:
+    """One native pass where the native kernels are loaded, else program_ops' torch ops (the same codes)."""
+    return native_squeeze_excite.global_avg_pool_codes if native.available() else program_ops.global_avg_pool_codes
 
 
 def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> the global average pool
@@ -55,7 +59,7 @@ def mean(b, node):  # mean over H and W of 4-d codes (timm's squeeze-excite) -> 
     value = b.value(q)
     if value.dim() != 4 or sorted(d % 4 for d in dim) != [2, 3]:
         return None
-    pooled = b.call(_step("global_avg_pool_codes"), q, scale, zp, out_scale, out_zp)
+    pooled = b.call(_global_avg_pool(), q, scale, zp, out_scale, out_zp)
     return pooled if keepdim else b.call_method("reshape", pooled, tuple(value.shape[:2]))
 
 

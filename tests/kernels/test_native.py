@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lucid_fx
-from lucid_fx.kernels import cpu_float, matmul_native, native, native_elementwise, program_ops, softmax_native
+from lucid_fx.kernels import cpu_float, matmul_native, native, native_elementwise, native_lut, native_squeeze_excite, program_ops
 from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
@@ -134,7 +134,7 @@ def test_the_gate_multiply_equals_the_torch_kernels(native_on, layout, dtype, a_
     qg = _codes((shape[0], shape[1], 1, 1), dtype, 2)
     for mult in (0.0084, 0.5, 1 / 3):  # 0.5: many products land on ties
         args = (qa, a_zp, qg, g_zp, mult, zp, *bounds, dtype)
-        out, expected = native.gate_mul_codes(*args), program_ops.mul_codes(*args)
+        out, expected = native_squeeze_excite.gate_mul_codes(*args), program_ops.mul_codes(*args)
         assert torch.equal(out, expected), f"{int((out != expected).sum())} codes differ"
         assert out.stride() == qa.stride()
 
@@ -145,7 +145,7 @@ def test_the_gate_multiply_equals_the_torch_kernels(native_on, layout, dtype, a_
 def test_the_global_average_pool_equals_the_torch_kernels(native_on, layout, dtype, zp, out_zp, shape):
     q = _codes(shape, dtype, 3).contiguous(memory_format=LAYOUTS[layout])
     for scale, out_scale in ((0.0037, 0.0011), (0.02, 0.02), (0.1, 0.003)):  # equal scales: the mean's ties
-        out = native.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
+        out = native_squeeze_excite.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
         expected = program_ops.global_avg_pool_codes(q, scale, zp, out_scale, out_zp)
         assert out.shape == (shape[0], shape[1], 1, 1) and torch.equal(out, expected)
 
@@ -161,13 +161,13 @@ def test_the_gate_multiply_leaves_what_it_does_not_take_to_the_torch_kernels(nat
     elif case == "gate-dtype":
         qg = qg.to(torch.int8)
     args = (qa, 70, qg, 3, 0.01, 86, 0, 255, torch.uint8)
-    assert torch.equal(native.gate_mul_codes(*args), program_ops.mul_codes(*args))
+    assert torch.equal(native_squeeze_excite.gate_mul_codes(*args), program_ops.mul_codes(*args))
 
 
 def test_a_pool_too_large_for_exact_float32_sums_goes_to_the_torch_kernels(native_on):
     q = torch.full((1, 2, 260, 260), 255, dtype=torch.uint8)  # 67600 * 255 >= 2**24
-    assert torch.equal(native.global_avg_pool_codes(q, 0.01, 0, 0.01, 0), program_ops.global_avg_pool_codes(q, 0.01, 0, 0.01, 0))
-    assert native.global_avg_pool_codes(q, 0.01, 0, 0.01, 0).flatten().tolist() == [255, 255]
+    assert torch.equal(native_squeeze_excite.global_avg_pool_codes(q, 0.01, 0, 0.01, 0), program_ops.global_avg_pool_codes(q, 0.01, 0, 0.01, 0))
+    assert native_squeeze_excite.global_avg_pool_codes(q, 0.01, 0, 0.01, 0).flatten().tolist() == [255, 255]
 
 
 class _SqueezeExcite(nn.Module):
@@ -195,7 +195,7 @@ def test_a_squeeze_excite_block_runs_natively_with_the_same_output(native_on, mo
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
     targets = {n.target for n in program.graph.nodes}
-    assert {native_elementwise.quantize_channels_last, native.gate_mul_codes, native.global_avg_pool_codes} <= targets
+    assert {native_elementwise.quantize_channels_last, native_squeeze_excite.gate_mul_codes, native_squeeze_excite.global_avg_pool_codes} <= targets
     monkeypatch.setattr(native, "available", lambda: False)  # the same model, programs of torch kernels
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)
@@ -221,22 +221,22 @@ def test_a_table_lookup_equals_the_reference(native_or_torch, table_dtype, code_
     assert out.dtype == table_dtype and out.stride() == q.stride()
     assert torch.equal(out, ref.lut(q, table))
     if native_or_torch == "native" and (table_dtype == torch.float32 or q.numel() < cpu_float.PAIR_LOOKUP_MIN):
-        assert torch.equal(native.lut(q, table), out)  # the path cpu_float.lut took
+        assert torch.equal(native_lut.lut(q, table), out)  # the path cpu_float.lut took
 
 
 @pytest.mark.parametrize("code_dtype", [torch.uint8, torch.int8])
 def test_the_native_lookup_of_a_slice_copies_it_first_with_the_references_values(native_on, code_dtype):
     q, table = _codes((2, 16, 4, 16), code_dtype, 8).transpose(1, 2), _codes((256,), torch.uint8, 9)
     half = q[..., 8:]  # rotate_half's second half of a transposed projection: not dense
-    out, expected = native.lut(half, table), ref.lut(half, table)
+    out, expected = native_lut.lut(half, table), ref.lut(half, table)
     assert torch.equal(out, expected) and out.is_contiguous()
 
 
 def test_the_native_lookup_declines_what_it_does_not_take(native_on):
     q, table = _codes((4, 6), torch.uint8, 8), _codes((256,), torch.uint8, 9)
-    assert native.lut(q.to(torch.int32), table) is None  # not 8-bit codes
-    assert native.lut(q, table[:128]) is None  # not 256 entries
-    assert native.lut(q, table.to(torch.int64)) is None  # no C function for this table dtype
+    assert native_lut.lut(q.to(torch.int32), table) is None  # not 8-bit codes
+    assert native_lut.lut(q, table[:128]) is None  # not 256 entries
+    assert native_lut.lut(q, table.to(torch.int64)) is None  # no C function for this table dtype
 
 
 @pytest.mark.parametrize("code_dtypes", [(torch.uint8, torch.uint8), (torch.int8, torch.uint8), (torch.int8, torch.int8)])
@@ -249,7 +249,7 @@ def test_a_gated_product_of_two_lookups_equals_the_torch_kernels(native_on, code
     qb = _codes((2, 16, 9, 7), code_dtypes[1], 11).contiguous(memory_format=LAYOUTS[layout])
     ta, tb = _codes((256,), dtype, 12), _codes((256,), dtype, 13)
     for mult in (0.00390625, 0.5, 1 / 3):
-        out = native.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, mult, zp, *bounds, dtype)
+        out = native_lut.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, mult, zp, *bounds, dtype)
         expected = program_ops.mul_codes(ref.lut(qa, ta), a_zp, ref.lut(qb, tb), b_zp, mult, zp, *bounds, dtype)
         assert torch.equal(out, expected) and out.stride() == qa.stride()
 
@@ -266,7 +266,7 @@ def test_the_gated_product_of_every_pair_of_codes_on_each_build(native_build, bu
     qa, qb = torch.cat([qa, qa[:37]]), torch.cat([qb, qb[1000:1037]])
     for dtype, a_zp, b_zp, zp, bounds in ((torch.uint8, 128, 0, 128, (0, 255)), (torch.int8, 5, -128, 1, (-128, 127))):
         ta, tb = _codes((256,), dtype, 18), _codes((256,), dtype, 19)
-        out = native.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, 1 / 300, zp, *bounds, dtype)
+        out = native_lut.lut_mul_codes(qa, ta, a_zp, qb, tb, b_zp, 1 / 300, zp, *bounds, dtype)
         expected = program_ops.mul_codes(ref.lut(qa, ta), a_zp, ref.lut(qb, tb), b_zp, 1 / 300, zp, *bounds, dtype)
         assert torch.equal(out, expected), (build, dtype)
         assert expected.unique().numel() > 100  # the products span the grid, not a corner of it
@@ -283,7 +283,7 @@ def test_the_gated_product_leaves_what_it_does_not_take_to_the_torch_kernels(nat
         qa, qb = qa[..., ::2], qb[..., ::2]
     elif case == "table-dtype":
         tb = tb.to(torch.int8)
-    out = native.lut_mul_codes(qa, ta, 128, qb, tb, 0, 0.004, 128, 0, 255, torch.uint8)
+    out = native_lut.lut_mul_codes(qa, ta, 128, qb, tb, 0, 0.004, 128, 0, 255, torch.uint8)
     assert torch.equal(out, program_ops.mul_codes(ref.lut(qa, ta), 128, ref.lut(qb, tb), 0, 0.004, 128, 0, 255, torch.uint8))
 
 
@@ -304,7 +304,7 @@ def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, mo
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
     targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
-    assert native.lut_mul_codes in targets and program_ops.mul_codes not in targets
+    assert native_lut.lut_mul_codes in targets and program_ops.mul_codes not in targets
     monkeypatch.setattr(native, "available", lambda: False)
     torch_model = lucid_fx.quantize(model, (data[0],), data)
     assert torch.equal(torch_model(data[1]), out)
@@ -320,14 +320,14 @@ def test_8_bit_lookups_are_exact_with_and_without_the_vector_path(native_build, 
     # codes through 16 vpshufb; then a scalar tail); "portable": the scalar loop alone.
     native_build(build)
     if build == "portable":
-        assert not native.lut_vectorized()
+        assert not native_lut.lut_vectorized()
     elif Path("/proc/cpuinfo").exists() and "-march=native" in native.status():
         flags = set(Path("/proc/cpuinfo").read_text().split())  # Linux spells VBMI "avx512vbmi"
-        assert native.lut_vectorized() == ({"avx512vbmi", "avx512bw"} <= flags or "avx2" in flags)
+        assert native_lut.lut_vectorized() == ({"avx512vbmi", "avx512bw"} <= flags or "avx2" in flags)
     for code_dtype in (torch.uint8, torch.int8):
         for table_dtype in (torch.uint8, torch.int8):
             q, table = _codes((n,), code_dtype, n), _codes((256,), table_dtype, n + 1)
-            assert torch.equal(native.lut(q, table), ref.lut(q, table))
+            assert torch.equal(native_lut.lut(q, table), ref.lut(q, table))
 
 
 @pytest.mark.parametrize("dtype,zp,bounds", [(torch.uint8, 128, (0, 255)), (torch.uint8, 3, (0, 255)),

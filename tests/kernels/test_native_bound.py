@@ -8,7 +8,7 @@ import unittest.mock
 import pytest
 import torch
 
-from lucid_fx.kernels import native, native_bound
+from lucid_fx.kernels import native, native_bound, native_squeeze_excite
 
 
 def _kernels_with_scalars():
@@ -84,7 +84,7 @@ def test_without_the_native_kernels_bind_gives_none(monkeypatch):
 def test_bound_calls_are_profiler_events_when_recorded(native_on):
     a = torch.randint(0, 256, (1, 8, 3, 3), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
     g = torch.randint(0, 256, (1, 8, 1, 1), dtype=torch.uint8)
-    step = native.gate_mul_plan(a, 3, g, 0, 0.01, 5, 0, 255, torch.uint8)  # bound before recording starts
+    step = native_squeeze_excite.gate_mul_plan(a, 3, g, 0, 0.01, 5, 0, 255, torch.uint8)  # bound before recording starts
     with unittest.mock.patch.object(native, "_recording", [True]), torch.profiler.profile() as prof:
         step(a, g)
     assert [e.name for e in prof.events() if e.name.startswith("native::")] == ["native::gate_mul"]

@@ -9,7 +9,7 @@ import torch
 
 from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import linear_native as ln
-from lucid_fx.kernels import matmul_native, native, native_elementwise, program_ops, softmax_native
+from lucid_fx.kernels import matmul_native, native, native_elementwise, native_lut, native_squeeze_excite, program_ops, softmax_native
 from lucid_fx.kernels import native_pool as npl
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels import softmax_matmul as sm
@@ -60,24 +60,24 @@ def _gate(layout):
     qg = _codes((2, 96, 1, 1), seed=2)
     args = (qa, 70, qg, 3, 0.0084, 86, 0, 255, torch.uint8)
     parts = 2 * 41 * 39 if layout == torch.channels_last else 2 * 96
-    return qa.numel(), parts, 0, lambda: native.gate_mul_codes(*args), lambda: program_ops.mul_codes(*args)
+    return qa.numel(), parts, 0, lambda: native_squeeze_excite.gate_mul_codes(*args), lambda: program_ops.mul_codes(*args)
 
 
 def _pool(layout):
     q = _codes((2, 96, 57, 61), seed=3).contiguous(memory_format=layout)
     args = (q, 7, 0.0037, 0.0011, 100)
     parts = 57 * 61 if layout == torch.channels_last else 96
-    return 96 * 57 * 61, parts, 0, lambda: native.global_avg_pool_codes(*args), lambda: program_ops.global_avg_pool_codes(*args)
+    return 96 * 57 * 61, parts, 0, lambda: native_squeeze_excite.global_avg_pool_codes(*args), lambda: program_ops.global_avg_pool_codes(*args)
 
 
 def _lookup():
     q, table = _codes((300_001,), seed=4), _codes((256,), seed=5)
-    return q.numel(), q.numel(), 0, lambda: native.lut(q, table), lambda: ref.lut(q, table)
+    return q.numel(), q.numel(), 0, lambda: native_lut.lut(q, table), lambda: ref.lut(q, table)
 
 
 def _gated_lookups():
     qa, qb, ta, tb = _codes((300_001,), seed=6), _codes((300_001,), seed=7), _codes((256,), seed=8), _codes((256,), seed=9)
-    return (qa.numel(), qa.numel(), 0, lambda: native.lut_mul_codes(qa, ta, 128, qb, tb, 0, 1 / 300, 128, 0, 255, torch.uint8),
+    return (qa.numel(), qa.numel(), 0, lambda: native_lut.lut_mul_codes(qa, ta, 128, qb, tb, 0, 1 / 300, 128, 0, 255, torch.uint8),
             lambda: program_ops.mul_codes(ref.lut(qa, ta), 128, ref.lut(qb, tb), 0, 1 / 300, 128, 0, 255, torch.uint8))
 
 

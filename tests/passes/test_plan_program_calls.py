@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lucid_fx
-from lucid_fx.kernels import KernelInputError, conv_native, cpu_float, linear_native, native
+from lucid_fx.kernels import KernelInputError, conv_native, cpu_float, linear_native, native, native_squeeze_excite
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.program import programs_of
 from lucid_fx.rules.program_cpu import PROGRAM_PLANS_CPU
@@ -40,8 +40,8 @@ def test_the_first_program_call_plans_the_native_calls_and_later_calls_bind_noth
     assert "forward" not in program.__dict__
     planned = [n for n in program.graph.nodes if n.op == "call_function" and "plan" in n.kwargs]
     kinds = {n.target for n in planned}
-    assert {native.gate_mul_codes, native.global_avg_pool_codes, cpu_float.lut} <= kinds  # squeeze-excite's
-    assert len(planned) >= 3 * sum(n.target is native.gate_mul_codes for n in program.graph.nodes)
+    assert {native_squeeze_excite.gate_mul_codes, native_squeeze_excite.global_avg_pool_codes, cpu_float.lut} <= kinds  # squeeze-excite's
+    assert len(planned) >= 3 * sum(n.target is native_squeeze_excite.gate_mul_codes for n in program.graph.nodes)
     assert all(callable(getattr(program, n.kwargs["plan"].target)) for n in planned)
     seen, bind = [], native.bind
     for module in (native, linear_native, conv_native):
@@ -124,8 +124,8 @@ def test_each_step_refuses_operands_of_other_strides_and_its_function_falls_back
     y, table = torch.randn(2, 16, 5, 5).contiguous(memory_format=cl), _codes(256)
     row = _row(16, 24)
     cases = [  # (function, its arguments, the tensors its step takes, the same tensors laid out otherwise)
-        (native.gate_mul_codes, (a, 3, g, 0, 0.01, 5, 0, 255, torch.uint8), (a, g), (a.contiguous(), g)),
-        (native.global_avg_pool_codes, (a, 0.02, 3, 0.01, 7), (a,), (a.contiguous(),)),
+        (native_squeeze_excite.gate_mul_codes, (a, 3, g, 0, 0.01, 5, 0, 255, torch.uint8), (a, g), (a.contiguous(), g)),
+        (native_squeeze_excite.global_avg_pool_codes, (a, 0.02, 3, 0.01, 7), (a,), (a.contiguous(),)),
         (native.quantize_codes, (y, 20.0, 9, 0, 255, torch.uint8), (y,), (y.contiguous(),)),
         (cpu_float.lut, (a, table), (a, table), (a.contiguous(), table)),
         (lr.pointwise_rows, (a, row, 7, 0, 255, torch.uint8), (a,), (a.contiguous(),)),
