@@ -5,7 +5,8 @@ runs the program :func:`~lucid_fx.passes.lower_to_program.lower_to_program` buil
 signature (shapes, strides, dtypes) and this CPU's kind (the :class:`~lucid_fx.kernels.target.Target`): prepacked
 oneDNN weights, decisions taken once, no dispatcher between kernels. The first call with a new
 signature runs the portable graph (so bad input meets the kernels' checks and their messages) and
-builds the program for the next calls.
+builds the program for the next calls; the program's own first call plans its native calls as it runs
+(:mod:`lucid_fx.passes.plan_program_calls`), the later ones run the planned steps.
 
 Everything else sees the portable graph: ``model.graph``, ``print(model.code)``, ``state_dict``,
 ``lucid_fx.save``, compare, explain and the viewer. Programs hold packed weights that cannot be
