@@ -18,6 +18,7 @@ import lucid_fx
 from lucid_fx import program as program_module
 from lucid_fx.kernels import KernelInputError, force_cpu_features
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import pointwise_rows as pr
 from lucid_fx.kernels.cpu_features import CPU_KINDS, detected_cpu_features
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.program import MAX_SIGNATURES, programs_of
@@ -76,7 +77,7 @@ def test_program_computes_the_portable_graphs_values(name):
     assert torch.equal(got, portable), (got - portable).abs().max()
     calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
     if onednn_exact(resolve_target("cpu")):  # else (a VNNI kind forced on an AVX2 CPU) the exact fallback kernels
-        assert calls & (ONEDNN | {lr.linear_row, lr.linear_rows, lr.pointwise_rows}), \
+        assert calls & (ONEDNN | {lr.linear_row, lr.linear_rows, pr.pointwise_rows}), \
             f"no oneDNN call (or row engine linear) in the program of {name}"
     assert not any(getattr(t, "_qualified_op_name", "").startswith("lucid_fx::") for t in calls), \
         "a program calls kernel functions, not the dispatcher's lucid_fx ops"
@@ -350,7 +351,7 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
                      and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
                      and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
         se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
-        rows = sum(n.target is lr.pointwise_rows for n in calls)
+        rows = sum(n.target is pr.pointwise_rows for n in calls)
         if engine is not None:
             assert not rows_left and rows >= se >= 2, kind  # every gate has a convolution without a fused SiLU
         elif onednn_exact(target):

@@ -41,7 +41,7 @@ from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
-           "RowLinear", "row_linear", "linear_row", "linear_rows", "pointwise_rows", "pointwise_rows_sum", "row_bounds",
+           "RowLinear", "row_linear", "linear_row", "linear_row_plan", "gemm_plan", "linear_rows", "post_op_plan", "row_bounds",
            "row_out_scale", "conv_is_row", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
@@ -182,45 +182,16 @@ def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: floa
     return linear_row(q.reshape(-1, q.shape[-1]), row, zp, low, high, dtype).view(*q.shape[:-1], -1)
 
 
-def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
-                   dtype: torch.dtype, plan: Optional[Callable] = None) -> torch.Tensor:
-    """:func:`linear_row` of each pixel of 4-d channels-last codes ``q`` (a 1x1 convolution of stride 1,
-    or squeeze-excite's of a 1x1 image): the result (N, N_out, H, W), channels-last (contiguous for a
-    1x1 image, as a linear's result viewed so). On lucid_fx's GEMM the pixels are its rows in place
-    and it writes the result's storage: the views to rows and back took six torch calls a convolution.
-    ``plan``: :func:`pointwise_rows_plan`'s."""
-    if plan is None:
-        plan = pointwise_rows_plan(q, row, zp, low, high, dtype)
-    out = None if plan is None else plan(q)
-    if out is not None:
-        return out
-    n, c, h, w = q.shape
-    out = linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, zp, low, high, dtype)
-    return out.view(n, h, w, -1).permute(0, 3, 1, 2) if h * w > 1 else out.view(n, -1, 1, 1)
-
-
-def pointwise_rows_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
-                        residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
-    """:func:`pointwise_rows`' GEMM call for codes laid out as ``q`` (``residual``: :func:`pointwise_rows_sum`'s,
-    the residual's scale and zero point), checked once: ``step(q)`` (``step(q, other)``), or None for codes of
-    other strides. None where lucid_fx's GEMM does not take them."""
-    if q.dim() != 4 or not q.is_contiguous(memory_format=torch.channels_last):
-        return None
-    n, _, h, w = q.shape
-    layout = torch.channels_last if h * w > 1 or residual is not None else torch.contiguous_format
-    return _gemm_plan(q, row, zp, low, high, dtype, (n, row.weight.n, h, w), layout, residual)
-
-
 def linear_row_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
                     dtype: torch.dtype) -> Optional[Callable]:
     """:func:`linear_row`'s GEMM call for contiguous rows laid out as ``q``, checked once: ``step(q)``, or None
     for rows of other strides. None where lucid_fx's GEMM does not take them."""
     if q.dim() != 2 or not q.is_contiguous():
         return None
-    return _gemm_plan(q, row, zp, low, high, dtype, (q.shape[0], row.weight.n), torch.contiguous_format)
+    return gemm_plan(q, row, zp, low, high, dtype, (q.shape[0], row.weight.n), torch.contiguous_format)
 
 
-def _gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype, shape: tuple,
+def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype, shape: tuple,
                layout: torch.memory_format, residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
     """The GEMM of ``row`` on the rows dense uint8 ``q``'s storage holds into a new tensor of ``shape`` in
     ``layout`` (plus a residual laid out as it: ``step(q, other)``), for codes of ``q``'s strides: ``step(q)``."""
@@ -244,29 +215,6 @@ def _gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
         return out
 
     return gemm_step
-
-
-def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int, zp: int,
-                       low: float, high: float, plan: Optional[Callable] = None) -> torch.Tensor:
-    """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's
-    shape, channels-last), as oneDNN's 1x1 convolution with its "sum" post-op adds it: the same codes
-    (its kernels' arithmetic, :func:`lucid_fx.kernels.linear_native.gemm_into`), into a new
-    tensor where oneDNN writes into a copy of ``other``. Programs call it on lucid_fx's GEMM only.
-    ``plan``: :func:`pointwise_rows_sum_plan`'s."""
-    if plan is None:
-        plan = pointwise_rows_sum_plan(q, row, other, other_scale, other_zp, zp, low, high)
-    out = None if plan is None else plan(q, other)
-    if out is None:
-        raise RuntimeError("lucid_fx: a program's 1x1 convolution with a residual met inputs other than those it was "
-                           "built for (channels-last uint8 codes on lucid_fx's native GEMM): a bug in lucid_fx, please "
-                           "report it")
-    return out
-
-
-def pointwise_rows_sum_plan(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int,
-                            zp: int, low: float, high: float) -> Optional[Callable]:
-    """:func:`pointwise_rows_sum`'s GEMM call, checked once: ``step(q, other)`` (:func:`pointwise_rows_plan`)."""
-    return pointwise_rows_plan(q, row, zp, low, high, torch.uint8, (other_scale, other_zp))
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

@@ -20,8 +20,9 @@ from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native, native_squeeze_excite,
                               program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
-from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, pointwise_rows_sum, post_op_codes,
+from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)
+from lucid_fx.kernels.pointwise_rows import pointwise_rows, pointwise_rows_plan, pointwise_rows_sum, pointwise_rows_sum_plan
 from lucid_fx.kernels.reference import onednn_post_op
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
@@ -155,7 +156,7 @@ def conv2d_add(b, node):  # post(conv(x) + y) -> onednn.qconv2d_pointwise.binary
 
 def _pointwise_add(b, node):
     """A 1x1 convolution of stride 1 plus a residual (a projection's shortcut) on lucid_fx's GEMM, where
-    its engine takes the convolution: linear_row.pointwise_rows_sum, oneDNN's codes (its "sum" post-op's
+    its engine takes the convolution: pointwise_rows.pointwise_rows_sum, oneDNN's codes (its "sum" post-op's
     arithmetic, measured equal on 30M outputs of its VNNI kernels and 30M of its AVX2 ones) without its
     call (~26 us with VNNI, ~50 without) or the residual's copy."""
     (qx, x_scale, x_zp, qw_n, ws_n, bias_n, stride, padding, dilation, groups, qother, o_scale, o_zp, out_scale,
@@ -243,8 +244,8 @@ PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
     post_op_codes: linear_row.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM
-    linear_row.pointwise_rows: linear_row.pointwise_rows_plan,  # 1x1 convolutions on it
-    pointwise_rows_sum: linear_row.pointwise_rows_sum_plan,  # ... with a residual
+    pointwise_rows: pointwise_rows_plan,  # 1x1 convolutions on it
+    pointwise_rows_sum: pointwise_rows_sum_plan,  # ... with a residual
     native_squeeze_excite.global_avg_pool_codes: native_squeeze_excite.global_avg_pool_plan,  # squeeze-excite's pool,
     cpu_float.lut: cpu_float.lut_plan,  # its gate's table,
     native_squeeze_excite.gate_mul_codes: native_squeeze_excite.gate_mul_plan,  # and its product

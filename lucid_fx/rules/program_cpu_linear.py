@@ -13,8 +13,9 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, pointwise_rows, post_op_codes, row_bounds,
+from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, post_op_codes, row_bounds,
                                          row_linear, row_out_scale, takes_row)
+from lucid_fx.kernels.pointwise_rows import pointwise_rows
 from lucid_fx.kernels.reference import ONEDNN_CONV_POST_OPS, onednn_post_op
 
 __all__ = ["PROGRAM_RULES_CPU_LINEAR"]
@@ -129,7 +130,7 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
                 pointwise=False):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
     ``engine`` with oneDNN's float steps; None where the engine does not take the weight. ``pointwise``:
-    a 1x1 convolution of stride 1 of channels-last ``qx``, its pixels the rows (linear_row.pointwise_rows).
+    a 1x1 convolution of stride 1 of channels-last ``qx``, its pixels the rows (pointwise_rows.pointwise_rows).
     The program owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it
     only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)

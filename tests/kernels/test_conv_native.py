@@ -13,6 +13,7 @@ from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import cpu, force_cpu_features, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import pointwise_rows as pr
 from lucid_fx.program import programs_of
 from _program import lowered
 
@@ -164,7 +165,7 @@ def test_a_program_runs_the_convolutions_natively_where_the_engine_is_here_with_
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     native_here = lr.engine_here() == "native" and ln.available()
     assert calls.count(cn.conv_codes) == (2 if native_here else 0)  # the 3x3 and the depthwise; the 1x1 is a linear
-    assert (lr.pointwise_rows in calls) == native_here
+    assert (pr.pointwise_rows in calls) == native_here
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30
 
@@ -187,7 +188,7 @@ def test_with_vnni_a_program_runs_small_convolutions_on_the_vnni_kernels_with_th
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     # the 3x3 with relu and the depthwise one with hardswish (oneDNN's, in VNNI's order) natively
     assert calls.count(cn.conv_codes) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
-    assert lr.pointwise_rows in calls
+    assert pr.pointwise_rows in calls
     assert torch.equal(got, portable)
     assert sqnr_db(model(x), got) >= 30
 
@@ -218,7 +219,7 @@ def test_with_vnni_a_program_runs_1x1_convolutions_of_up_to_1024_pixels_on_the_v
         model, x = Pointwise().eval(), torch.randn(1, 112, 14, 14)
         q = lucid_fx.quantize(model, (x,), [torch.randn(1, 112, 14, 14) for _ in range(4)], progress=False)
         portable, program, calls = lowered(q, x)
-        assert calls.count(lr.pointwise_rows) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
+        assert calls.count(pr.pointwise_rows) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
         assert torch.equal(program(x), portable)
         assert sqnr_db(model(x), portable) >= 30
     finally:

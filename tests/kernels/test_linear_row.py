@@ -16,6 +16,7 @@ import lucid_fx.quantization as Q
 from lucid_fx.kernels import cpu, force_cpu_features, native, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import pointwise_rows as pr
 from _program import lowered
 
 ops = torch.ops.lucid_fx
@@ -225,7 +226,7 @@ def test_pointwise_rows_are_the_linear_of_each_pixel_in_the_image_s_layout(engin
     bounds = lr.row_bounds(dtype, out_zp, "none")
     want = lr.linear_row(q.permute(0, 2, 3, 1).reshape(-1, c), row, out_zp, *bounds, dtype).view(n, h, w, 40)
     for codes in (q, q.contiguous()):  # the second: not channels-last, the views' route
-        got = lr.pointwise_rows(codes, row, out_zp, *bounds, dtype)
+        got = pr.pointwise_rows(codes, row, out_zp, *bounds, dtype)
         assert got.shape == (n, 40, h, w) and got.dtype == dtype
         assert torch.equal(got.permute(0, 2, 3, 1), want)
         layout = torch.channels_last if h * w > 1 else torch.contiguous_format
@@ -249,11 +250,11 @@ def _residual_check(engine: str, post_op: str) -> None:
     want = cpu.conv2d_add(x, 0.0173, 7, qw, ws, bias, [1, 1], [0, 0], [1, 1], 1, other, 0.0411, 121, 0.0297, 117,
                           post_op, None)
     row = lr.row_linear(qw, ws, bias, 0.0173, 7, 0.0297, engine, post_op)
-    got = lr.pointwise_rows_sum(x, row, other, 0.0411, 121, 117, *lr.row_bounds(torch.uint8, 117, post_op))
+    got = pr.pointwise_rows_sum(x, row, other, 0.0411, 121, 117, *lr.row_bounds(torch.uint8, 117, post_op))
     assert got.is_contiguous(memory_format=torch.channels_last) and torch.equal(other, kept)
     assert torch.equal(got, want), f"{engine}: {int((got != want).sum())} codes differ"
     # the sum's rounding shows: adding the residual after a separate product would give other codes
-    y = lr.pointwise_rows(x, lr.row_linear(qw, ws, bias, 0.0173, 7, None, engine), 0, -math.inf, math.inf,
+    y = pr.pointwise_rows(x, lr.row_linear(qw, ws, bias, 0.0173, 7, None, engine), 0, -math.inf, math.inf,
                           torch.float32)
     r = (other.to(torch.int32) - 121).to(torch.float32) * torch.tensor(0.0411)
     unfused = ((y + r) * (torch.tensor(1.0) / torch.tensor(0.0297)) + 117).clamp(117 if post_op == "relu" else 0, 255)
@@ -337,7 +338,7 @@ def test_a_residual_call_on_inputs_its_program_was_not_built_for_says_so():
                 and ln.sum_available():
             continue  # what the program builds: covered by the tests above
         with pytest.raises(RuntimeError, match="1x1 convolution with a residual met inputs other than those"):
-            lr.pointwise_rows_sum(codes, row, other, 0.05, 120, 117, 0, 255)
+            pr.pointwise_rows_sum(codes, row, other, 0.05, 120, 117, 0, 255)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 128, 64), (32, 128, 64), (64, 1024, 1024), (512, 512, 512)])

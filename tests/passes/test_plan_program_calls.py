@@ -11,6 +11,7 @@ import torch
 import lucid_fx
 from lucid_fx.kernels import KernelInputError, conv_native, cpu_float, linear_native, native, native_squeeze_excite
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import pointwise_rows as pr
 from lucid_fx.program import programs_of
 from lucid_fx.rules.program_cpu import PROGRAM_PLANS_CPU
 from models import EfficientNetLike, _init_bn
@@ -139,7 +140,7 @@ def test_each_step_refuses_operands_of_other_strides_and_its_function_falls_back
         (native_squeeze_excite.global_avg_pool_codes, (a, 0.02, 3, 0.01, 7), (a,), (a.contiguous(),)),
         (native.quantize_codes, (y, 20.0, 9, 0, 255, torch.uint8), (y,), (y.contiguous(),)),
         (cpu_float.lut, (a, table), (a, table), (a.contiguous(), table)),
-        (lr.pointwise_rows, (a, row, 7, 0, 255, torch.uint8), (a,), (a.contiguous(),)),
+        (pr.pointwise_rows, (a, row, 7, 0, 255, torch.uint8), (a,), (a.contiguous(),)),
     ]
     for function, args, operands, others in cases:
         step = PROGRAM_PLANS_CPU[function](*args)
