@@ -167,7 +167,8 @@ def _prune(cache: Path) -> None:
             old.unlink()
 
 
-def _find_or_build(cc, flag_sets, sources, headers, generated) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
+def _find_or_build(cc, flag_sets, sources, headers,
+                   generated) -> Tuple[Optional[Path], str, Optional[tempfile.TemporaryDirectory]]:
     cache = cache_dir()
     errors = []
     kept_by_set = [cache / f"native-{library_key(cc, flags, [*sources, *headers], generated)}.so" if cache is not None else None

@@ -17,8 +17,8 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native, native_squeeze_excite,
-                              program_ops, softmax_native)
+from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native,
+                              native_squeeze_excite, program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, post_op_codes,
                                          row_bounds, row_linear, row_out_scale)

@@ -14,7 +14,8 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import fx
 
-from lucid_fx.kernels import cpu_float, native, native_elementwise, native_lut, native_rotary, native_squeeze_excite, norms, program_ops
+from lucid_fx.kernels import (cpu_float, native, native_elementwise, native_lut, native_rotary, native_squeeze_excite, norms,
+                              program_ops)
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.channel_lut import code_index
 from lucid_fx.kernels.reference import dequant, f32_reciprocal
@@ -162,7 +163,7 @@ def mul(b, node):  # lucid_fx.mul on the CPU -> program_ops.mul_codes: the multi
     if native_squeeze_excite.is_gate(b.value(qb), b.value(qa)):  # gate * x: the product of two codes commutes exactly
         qa, a_zp, qb, b_zp = qb, b_zp, qa, a_zp
     if native.available() and native_squeeze_excite.is_gate(b.value(qa), b.value(qb)):
-        return b.call(native_squeeze_excite.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)  # squeeze-excite
+        return b.call(native_squeeze_excite.gate_mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype)
     plan = native_elementwise.broadcast_plan(b.value(qa), b.value(qb), b.value(node)) if native.available() else None
     if plan is not None:  # any strides and broadcast (a rotary q * cos, a layer scale): one pass
         return b.call(native_elementwise.mul_codes, qa, a_zp, qb, b_zp, mult, out_zp, low, high, dtype, b.const(plan, "plan"))
@@ -280,7 +281,7 @@ PROGRAM_RULES_CPU_ELEMENTWISE: Dict[str, Callable[..., Optional[fx.Node]]] = {
     "quantize_per_tensor": quantize_per_tensor,  # -> native.quantize_codes, or program_ops.quantize_codes
     "lut": lut,  # lut(lut(q)) -> one composed table
     "add": add,  # -> native_elementwise.add_codes, or program_ops.add_codes (cpu_float.add's arithmetic)
-    "mul": mul,  # -> native_squeeze_excite.gate_mul_codes (squeeze-excite), native_elementwise.mul_codes, or program_ops.mul_codes
+    "mul": mul,  # -> native_squeeze_excite.gate_mul_codes, native_elementwise.mul_codes, or program_ops.mul_codes
     "dequantize_per_tensor": dequantize_per_tensor,  # dequantize(lut(q)) -> a float table; else one native pass
     "cat": cat,  # -> torch.cat; inputs on other grids through a requantizing table
     "channel_lut": channel_lut,  # after such a cat: the parts' tables composed into the channels' tables
