@@ -113,7 +113,7 @@ def native_engine(engine: Optional[str]) -> bool:
 def silu_after_float(target: Target, onednn_on: bool, x_shape: Sequence[int], qw: torch.Tensor, groups: int,
                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> bool:
     """Whether a convolution with a SiLU post-op computes its float32 result, then torch's SiLU and the codes
-    (linear_row.post_op_codes), where oneDNN fuses its swish (which approximates exp, as linear_row.FLOAT_POST_OPS
+    (native.post_op_codes), where oneDNN fuses its swish (which approximates exp, as linear_row.FLOAT_POST_OPS
     says): a depthwise one these kernels take on ``target`` (the program runs it here, the portable op in oneDNN,
     their float32 results equal), so both give the same codes. Measured, us, 1 and 2 threads, AVX512-VNNI EPYC, the
     native kernel and the SiLU pass / oneDNN's swish: 1152 channels 5x5 on 7x7 94 / 144 and 71 / 121, 672 on 14x14

@@ -29,12 +29,12 @@ from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
+from lucid_fx.kernels import native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.conv_native import post_op_after_float
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.linear_row import (conv_is_row, float_post_op, linear_row, post_op_codes, row_bounds, row_linear,
-                                         row_out_scale, takes_row)
+from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
@@ -175,7 +175,7 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     dtype = ref.out_storage(qx, out_dtype)
     mnk = (qx.numel() // qw.shape[1], *qw.shape)
     if float_post_op(_cpu_target(), True, post_op, dtype, mnk):  # SiLU without VNNI, at every size; a small gelu
-        return post_op_codes(linear(*args[:6], 1.0, 0, "none", torch.float32), post_op, out_scale, out_zp, dtype)
+        return native.post_op_codes(linear(*args[:6], 1.0, 0, "none", torch.float32), post_op, out_scale, out_zp, dtype)
     # int8 activations go in as uint8 (s8 measured 5x slower without VNNI); the zero point into the bias where exact.
     rows = qx if qx.dim() == 2 and qx.is_contiguous() else qx.reshape(-1, qx.shape[-1]).contiguous()
     rows, zp_u8 = _as_uint8(rows, x_zp)
@@ -240,7 +240,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
     if post_op not in fuses or post_op_after_float(_cpu_target(), _onednn_on(), post_op, dtype, qx.shape, qw, groups,
                                                    stride, padding, dilation):
         y = _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, groups, 1.0, 0, "none", torch.float32)
-        return post_op_codes(y, post_op, out_scale, out_zp, dtype)
+        return native.post_op_codes(y, post_op, out_scale, out_zp, dtype)
     if conv_is_row(qx.shape, qw.shape, padding, groups):  # squeeze-excite's: a linear of one row
         out = _small_linear(*_as_uint8(qx.reshape(1, -1), x_zp), qw, w_scale, bias, x_scale, out_scale, out_zp,
                             post_op, dtype)

@@ -32,7 +32,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from lucid_fx.kernels import linear_native, native
+from lucid_fx.kernels import linear_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
@@ -40,9 +40,9 @@ from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point
 
-__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op", "post_op_codes",
-           "RowLinear", "row_linear", "linear_row", "linear_row_plan", "gemm_plan", "linear_rows", "post_op_plan", "row_bounds",
-           "row_out_scale", "conv_is_row", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
+__all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op",
+           "RowLinear", "row_linear", "linear_row", "linear_row_plan", "gemm_plan", "linear_rows", "row_bounds",
+           "row_out_scale", "conv_is_row", "row_gemm", "gemm_into", "row_engine", "engine_here", "takes_row", "small_gemm", "SMALL_GEMM_MNK", "SMALL_GEMM_NK",
            "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS", "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 ROW_POST_OPS = ("none", "relu")  # the post-ops a one-row linear folds into its clamp bounds
@@ -161,13 +161,25 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
     return y.add_(operand(MAGIC)).view(torch.int32).to(dtype)  # the round: program_ops.MAGIC
 
 
-def gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
-              **residual) -> bool:
-    """lucid_fx's GEMM of ``row`` on the rows ``q``'s storage holds, into ``out``'s
-    (:func:`lucid_fx.kernels.linear_native.gemm_into`); False (nothing written) where ``row`` has no native weight."""
-    return isinstance(row.weight, linear_native.PackedWeight) and linear_native.gemm_into(q, out, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
-                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post,
-                                   **residual)
+def row_gemm(row: RowLinear, codes: int, zp: int, low: float, high: float, dtype: torch.dtype,
+             residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+    """lucid_fx's GEMM of ``row`` on ``codes`` codes (``codes / K`` rows) with every argument but the storage bound
+    (:func:`lucid_fx.kernels.linear_native.gemm_call`: ``gemm(q_ptr, out_ptr[, accum_ptr])``); None where ``row``
+    has no native weight or the native kernels are not loaded."""
+    if not isinstance(row.weight, linear_native.PackedWeight):
+        return None
+    return linear_native.gemm_call(codes // row.weight.k, row.weight, row.offset, row.x_scale, row.w_scale, row.bias,
+                                   0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype, row.post, residual)
+
+
+def gemm_into(q: torch.Tensor, out: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
+              dtype: torch.dtype) -> bool:
+    """lucid_fx's GEMM of ``row`` on the rows ``q``'s storage holds, into ``out``'s (:func:`row_gemm`); False
+    (nothing written) where ``row`` has no native weight or the native kernels are not loaded."""
+    gemm = row_gemm(row, q.numel(), zp, low, high, dtype)
+    if gemm is not None:
+        gemm(q.data_ptr(), out.data_ptr())
+    return gemm is not None
 
 
 def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
@@ -175,10 +187,11 @@ def linear_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: floa
     K)), the result (..., N) contiguous: on lucid_fx's GEMM a dense ``q``'s storage is its rows in
     place and the result is written directly, where a reshape to rows and a view back took two torch
     calls a linear."""
-    if isinstance(row.weight, linear_native.PackedWeight) and q.is_contiguous():
-        out = torch.empty((*q.shape[:-1], row.weight.n), dtype=dtype)
-        if gemm_into(q, out, row, zp, low, high, dtype):
-            return out
+    step = gemm_plan(q, row, zp, low, high, dtype, (*q.shape[:-1], getattr(row.weight, "n", 0)),
+                     torch.contiguous_format) if q.is_contiguous() else None
+    out = None if step is None else step(q)
+    if out is not None:
+        return out
     return linear_row(q.reshape(-1, q.shape[-1]), row, zp, low, high, dtype).view(*q.shape[:-1], -1)
 
 
@@ -195,13 +208,9 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
                layout: torch.memory_format, residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
     """The GEMM of ``row`` on the rows dense uint8 ``q``'s storage holds into a new tensor of ``shape`` in
     ``layout`` (plus a residual laid out as it: ``step(q, other)``), for codes of ``q``'s strides: ``step(q)``."""
-    if not (isinstance(row.weight, linear_native.PackedWeight) and q.dtype == torch.uint8 and q.is_cpu
-            and q.shape[1] == row.weight.k):  # (rows, K), or (N, K, H, W) channels-last
-        return None
-    gemm = linear_native.gemm_call(q.numel() // row.weight.k, row.weight, row.offset, row.x_scale, row.w_scale,
-                                   row.bias, 0.0 if row.inv_out is None else row.inv_out, zp, low, high, dtype,
-                                   row.post, residual)
-    if gemm is None:
+    k = q.shape[1 if q.dim() == 4 else -1]  # (N, K, H, W) channels-last, or (..., K)
+    gemm = row_gemm(row, q.numel(), zp, low, high, dtype, residual) if q.dtype == torch.uint8 and q.is_cpu else None
+    if gemm is None or k != row.weight.k:
         return None
     strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()
 
@@ -272,33 +281,13 @@ def engine_here() -> Optional[str]:
 
 def float_post_op(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, mnk: Optional[tuple] = None) -> bool:
     """Whether a linear with ``post_op`` and uint8 codes (any result, for sigmoid) out computes the post-op after its
-    float32 result (:data:`FLOAT_POST_OPS`, then :func:`post_op_codes`); gelu and tanh (where the GEMM has none) too
+    float32 result (:data:`FLOAT_POST_OPS`, then :func:`lucid_fx.kernels.native.post_op_codes`); gelu and tanh (where the GEMM has none) too
     where the row engine takes the (m, n, k) linear ``mnk``: oneDNN's call costs more there (its gelu is torch's)."""
     engine = row_engine(target)
     in_gemm = engine is not None and post_op in engine_post_ops(engine)
     everywhere = post_op in FLOAT_POST_OPS["every route"] or (post_op in ("gelu", "gelu_tanh", "tanh") and not in_gemm
         and mnk is not None and takes_row(target, onednn_on, "none", torch.float32, *mnk, rows=VNNI_FLOAT_TAIL_ROWS))
     return bool(onednn_on and (everywhere or dtype == torch.uint8 and post_op in FLOAT_POST_OPS.get(engine or "", ())))
-
-
-def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype,
-                  plan: Optional[Callable] = None) -> torch.Tensor:
-    """The reference's ``post_op`` on float32 ``y`` (in place: :func:`lucid_fx.kernels.reference.finish`),
-    then the codes ``quantize_per_tensor`` gives the result, in one pass (``native.quantize_codes``; ``plan``:
-    :func:`post_op_plan`'s)."""
-    y = ref.finish(y, post_op, 1.0, 0, torch.float32)
-    if dtype == torch.float32:
-        return y
-    info = torch.iinfo(dtype)
-    return native.quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype, plan)
-
-
-def post_op_plan(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> Optional[Callable]:
-    """:func:`post_op_codes`' quantize call for float32 ``y`` laid out as this one (:func:`lucid_fx.kernels.native.quantize_plan`)."""
-    if dtype == torch.float32:
-        return None
-    info = torch.iinfo(dtype)
-    return native.quantize_plan(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 
 def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype, m: int, n: int,

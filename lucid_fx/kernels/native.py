@@ -37,8 +37,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from lucid_fx.kernels import finite, native_bound, native_build, program_ops
+from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_plan",
+__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_plan", "post_op_codes", "post_op_plan",
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -247,6 +248,26 @@ def quantize_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: i
         return out
 
     return quantize
+
+
+def post_op_codes(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype,
+                  plan: Optional[Callable] = None) -> torch.Tensor:
+    """The reference's ``post_op`` on float32 ``y`` (in place: :func:`lucid_fx.kernels.reference.finish`),
+    then the codes ``quantize_per_tensor`` gives the result, in one pass (:func:`quantize_codes`; ``plan``:
+    :func:`post_op_plan`'s)."""
+    y = ref.finish(y, post_op, 1.0, 0, torch.float32)
+    if dtype == torch.float32:
+        return y
+    info = torch.iinfo(dtype)
+    return quantize_codes(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype, plan)
+
+
+def post_op_plan(y: torch.Tensor, post_op: str, out_scale: float, zp: int, dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`post_op_codes`' quantize call for float32 ``y`` laid out as this one (:func:`quantize_plan`)."""
+    if dtype == torch.float32:
+        return None
+    info = torch.iinfo(dtype)
+    return quantize_plan(y, ref.f32_reciprocal(out_scale), zp, info.min, info.max, dtype)
 
 
 def requantize_scaled(y: torch.Tensor, mult: float, zp: int, low: int, high: int, dtype: torch.dtype) -> torch.Tensor:

@@ -20,7 +20,7 @@ from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native,
                               native_squeeze_excite, program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
-from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, post_op_codes,
+from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row,
                                          row_bounds, row_linear, row_out_scale)
 from lucid_fx.kernels.pointwise_rows import pointwise_rows, pointwise_rows_plan, pointwise_rows_sum, pointwise_rows_sum_plan
 from lucid_fx.kernels.reference import onednn_post_op
@@ -99,7 +99,7 @@ def conv2d(b, node):  # lucid_fx.conv2d on channels-last uint8 codes -> onednn.q
                                                          b.value(qx).shape, qw, groups, stride, padding, dilation):
         return _conv2d(b, node, post_op, dtype)
     y = _conv2d(b, node, "none", torch.float32)  # the post-op after the float result, as cpu._conv
-    return None if y is None else b.call(post_op_codes, y, post_op, node.args[10], node.args[11], dtype)
+    return None if y is None else b.call(native.post_op_codes, y, post_op, node.args[10], node.args[11], dtype)
 
 
 def _conv2d(b, node, post_op: str, dtype: torch.dtype):
@@ -237,11 +237,11 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
     **PROGRAM_RULES_CPU_POOL,  # max, average and global average pools of codes
 }
 
-#: The program calls planned once on the program's first run (passes/plan_program_calls.py): a kernel function ->
+#: The program calls planned once, on the program's first call (passes/plan_program_calls.py): a kernel function ->
 #: its planner, which takes the same arguments and returns the call's step (scalars bound, shapes fixed) or None.
 PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
     native.quantize_codes: native.quantize_plan,  # the float boundary
-    post_op_codes: linear_row.post_op_plan,  # a post-op after a float result (SiLU), its quantize
+    native.post_op_codes: native.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM
     pointwise_rows: pointwise_rows_plan,  # 1x1 convolutions on it

@@ -13,8 +13,9 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
-from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, post_op_codes, row_bounds,
+from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, row_bounds,
                                          row_linear, row_out_scale, takes_row)
+from lucid_fx.kernels.native import post_op_codes
 from lucid_fx.kernels.pointwise_rows import pointwise_rows
 from lucid_fx.kernels.reference import ONEDNN_CONV_POST_OPS, onednn_post_op
 

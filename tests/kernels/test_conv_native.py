@@ -13,6 +13,7 @@ from lucid_fx.kernels import conv_native as cn
 from lucid_fx.kernels import cpu, force_cpu_features, resolve_target
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
+from lucid_fx.kernels import native
 from lucid_fx.kernels import pointwise_rows as pr
 from lucid_fx.program import programs_of
 from _program import lowered
@@ -258,7 +259,7 @@ def test_with_vnni_a_program_runs_a_14x14_depthwise_convolution_natively_with_th
     conv = next(n for n in program.graph.nodes if n.target is cn.conv_codes)
     silu = act is nn.SiLU
     assert conv.args[-1] == (torch.float32 if silu else torch.uint8)
-    assert [n.args[1] for n in conv.users if n.target is lr.post_op_codes] == (["silu"] if silu else [])
+    assert [n.args[1] for n in conv.users if n.target is native.post_op_codes] == (["silu"] if silu else [])
     assert cn.silu_after_float(target, True, x.shape, torch.zeros(96, 1, 5, 5, dtype=torch.int8), 96, [1, 1], [2, 2],
                                [1, 1])
     assert torch.equal(program(x), portable)
@@ -273,7 +274,7 @@ def test_the_portable_silu_convolution_is_its_float_result_then_silu_where_the_k
         qw = torch.randint(-128, 128, (96, 1, 5, 5), dtype=torch.int8, generator=g)
         args = (x, 0.02, 5, qw, torch.rand(96, generator=g) * 0.01, torch.randn(96, generator=g), [1, 1], [2, 2], [1, 1], 96)
         got = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)
-        after = lr.post_op_codes(cpu._conv(*args, 1.0, 0, "none", torch.float32), "silu", 0.05, 10, torch.uint8)
+        after = native.post_op_codes(cpu._conv(*args, 1.0, 0, "none", torch.float32), "silu", 0.05, 10, torch.uint8)
         with unittest.mock.patch.object(cn, "silu_after_float", lambda *a: False):
             swish = cpu._conv(*args, 0.05, 10, "silu", torch.uint8)  # oneDNN's fused swish
         assert torch.equal(got, after if float_route else swish)
@@ -293,7 +294,7 @@ def test_on_the_avx2_engine_a_small_depthwise_silu_convolution_computes_silu_aft
         assert cn.silu_after_float(resolve_target("cpu"), True, x.shape, torch.zeros(96, 1, 5, 5, dtype=torch.int8), 96,
                                    [1, 1], [2, 2], [1, 1]) == native_here
         assert torch.equal(program(x), portable)
-    silu = [n for n in program.graph.nodes if n.target is lr.post_op_codes and n.args[1] == "silu"]
+    silu = [n for n in program.graph.nodes if n.target is native.post_op_codes and n.args[1] == "silu"]
     assert calls.count(cn.conv_codes) == len(silu) == (1 if native_here else 0)
     assert sqnr_db(model(x), portable) >= 30
 

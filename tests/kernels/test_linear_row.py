@@ -165,7 +165,7 @@ def test_a_silu_convolution_of_one_row_applies_torch_s_silu_after_the_float_resu
     # fused swish took 88-114 us a call for 1152 -> 48 channels); the program does the same.
     import lucid_fx
     from torch import nn
-    from lucid_fx.kernels.linear_row import post_op_codes
+    from lucid_fx.kernels.native import post_op_codes
     from _program import lowered
 
     target = resolve_target("cpu")
