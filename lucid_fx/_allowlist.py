@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "NotSerializable", "resolve_fn", "fn_name", "resolve_class", "class_name", "is_module_class", "is_factory_class",
+    "NotSerializable", "resolve_fn", "fn_name", "op_name", "allow_entries", "resolve_class", "class_name", "is_module_class", "is_factory_class",
     "value_class_names", "MOVED_CLASSES", "TENSOR_METHODS", "TENSOR_ATTRIBUTES", "BUILTINS",
 ]
 
@@ -66,13 +66,43 @@ _NAMESPACES: Dict[str, tuple] = {
 _OP_NAMESPACES = ("lucid_fx",)  # torch.ops.<ns>.*: aten has from_file, _print, manual_seed
 
 
+def op_name(fn: Any) -> Optional[str]:
+    """How Python spells a torch.library op: ``torch.ops.mylib.squish`` for its packet,
+    ``torch.ops.mylib.squish.default`` for an overload; None for anything else. (An op's
+    ``__qualname__`` is pybind11's, not a name anyone can look up.)"""
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return "torch.ops." + fn._qualified_op_name.replace("::", ".")
+    if isinstance(fn, torch._ops.OpOverload):
+        return f"torch.ops.{fn._schema.name.replace('::', '.')}.{fn._overloadname}"
+    return None
+
+
+def _overloads(packet: Any) -> list:
+    found = []
+    for overload in packet.overloads():
+        try:
+            found.append(getattr(packet, overload))
+        except (AttributeError, RuntimeError):
+            continue  # an overload torch lists but cannot build (a schema it no longer takes)
+    return found
+
+
+def allow_entries(obj: Any) -> list:
+    """The (name, object) pairs an ``allow=`` entry stands for: an op's packet stands for its
+    overloads too, as a graph (``symbolic_trace``, ``torch.export``) may call either."""
+    if isinstance(obj, type):
+        return [(class_name(obj), obj)]
+    name = op_name(obj)
+    if name is None:
+        return [(f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}", obj)]
+    overloads = _overloads(obj) if isinstance(obj, torch._ops.OpOverloadPacket) else []
+    return [(name, obj)] + [(op_name(o), o) for o in overloads]
+
+
 def fn_name(fn: Any) -> Optional[str]:
     """The qualified name of an allowlisted function, or None."""
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        name = "torch.ops." + fn._qualified_op_name.replace("::", ".")
-    elif isinstance(fn, torch._ops.OpOverload):
-        name = f"torch.ops.{fn._schema.name.replace('::', '.')}.{fn._overloadname}"
-    else:
+    name = op_name(fn)
+    if name is None:
         short = getattr(fn, "__name__", None)
         name = next((f"{prefix}.{short}" for prefix, (space, ok) in _NAMESPACES.items()
                      if isinstance(short, str) and getattr(space, short, None) is fn and ok(short, fn)), None)

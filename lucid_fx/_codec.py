@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import re
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
@@ -25,6 +26,7 @@ from lucid_fx.quantization.observers import _Factory
 __all__ = ["Codec", "NotSerializable", "MAX_DEPTH"]
 
 MAX_DEPTH = 32  # values lucid_fx writes nest 6 deep at most (a Decision's QConfig's factory's kwargs)
+_OP_NAME = re.compile(r"torch\.ops(\.[A-Za-z_][A-Za-z0-9_]{0,60}){2,3}")  # torch.ops.mylib.squish(.default)
 _TORCH_ENUMS = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 
 
@@ -38,11 +40,20 @@ class Codec:
     def __init__(self, allow: Iterable[Any] = ()) -> None:
         self.extra: Dict[str, Any] = {}
         for obj in allow:
-            name = A.class_name(obj) if isinstance(obj, type) else f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-            if name in self.extra and self.extra[name] is not obj:
-                # Files name functions by qualified name: two under one name could be swapped.
-                raise ValueError(f"allow= holds two different objects named {name!r} (lambdas or local functions?); give them distinct names")
-            self.extra[name] = obj
+            for name, each in A.allow_entries(obj):
+                self._add(name, each)
+        for obj in list(self.extra.values()):  # an op's packet, once every overload it may call is allowed
+            if isinstance(obj, torch._ops.OpOverload) and all(self.allowed(o) for _, o in A.allow_entries(obj.overloadpacket)[1:]):
+                self._add(A.op_name(obj.overloadpacket), obj.overloadpacket)
+        # Files written before ops were named torch.ops.<ns>.<op> named them by their Python qualname.
+        self.old_names = {f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', '?')}": o
+                          for o in self.extra.values() if A.op_name(o) is not None}
+
+    def _add(self, name: str, obj: Any) -> None:
+        if name in self.extra and self.extra[name] is not obj:
+            # Files name functions by qualified name: two under one name could be swapped.
+            raise ValueError(f"allow= holds two different objects named {name!r} (lambdas or local functions?); give them distinct names")
+        self.extra[name] = obj
 
     def allowed(self, obj: Any) -> bool:
         """Whether the caller passed ``obj`` in ``allow=``."""
@@ -55,18 +66,20 @@ class Codec:
                 return name
         name = A.fn_name(fn)
         if name is None:
+            op = A.op_name(fn)
             raise NotSerializable(
-                f"{where}: calls {getattr(fn, '__qualname__', fn)!r}, which is not on the allowlist of functions "
+                f"{where}: calls {op or getattr(fn, '__qualname__', fn)!r}, which is not on the allowlist of functions "
                 "lucid_fx.save writes as data (torch.*, torch.nn.functional.*, torch.ops.lucid_fx.*, operator.*, math.*); "
-                "pass it as save(..., allow=[fn]) and load(..., allow=[fn])"
+                f"pass it as save(..., allow=[{op or 'fn'}]) and load(..., allow=[{op or 'fn'}])"
             )
         return name
 
     def fn(self, name: Any, where: str) -> Any:
-        found = self.extra.get(name) if isinstance(name, str) else None
+        found = (self.extra.get(name) or self.old_names.get(name)) if isinstance(name, str) else None
         found = found if found is not None and not isinstance(found, type) else A.resolve_fn(name)
         if found is None:
-            raise ValueError(f"{where}: unknown function {name!r:.80}; if you trust it, pass it as load(..., allow=[fn])")
+            op = isinstance(name, str) and _OP_NAME.fullmatch(name)  # a file's string: named in the hint only if it is one
+            raise ValueError(f"{where}: unknown function {name!r:.80}; if you trust it, pass it as load(..., allow=[{name if op else 'fn'}])")
         return found
 
     def class_name(self, cls: type, where: str, wanted: Callable[[type], bool] = A.is_module_class, what: str = "torch.nn and lucid_fx module classes") -> str:

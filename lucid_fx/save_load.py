@@ -12,8 +12,9 @@ they are rebuilt on the first call.
 Load takes from a file only what save writes (docs/policies.md, "The save format's threat
 model"): names resolve against closed lists (:mod:`lucid_fx._allowlist`), each module is held
 to what its class's constructor makes of the file's attributes (:mod:`lucid_fx._load_modules`),
-every node of every kind to a closed list of targets and data arguments, and each graph must run
-on the meta device to the shapes it records (:mod:`lucid_fx._load_graph`). Anything else is a
+every node of every kind to a closed list of targets and data arguments, each int8 call's scales,
+zero points and ranges to what convert writes (:mod:`lucid_fx._load_qparams`), and each graph
+must run on the meta device to the shapes it records (:mod:`lucid_fx._load_graph`). Anything else is a
 ``ValueError`` naming the module, node or key.
 """
 
@@ -35,6 +36,7 @@ from lucid_fx._activation_qparams import attach_guard, without_guard
 from lucid_fx.program import RUNTIME_ATTRIBUTES, install_programs, runs_int8_kernels
 from lucid_fx._codec import Codec, NotSerializable
 from lucid_fx._load_graph import check_runs
+from lucid_fx._load_qparams import check_qparams
 from lucid_fx._pytree_spec import SPEC_ATTRIBUTES, encode_codegen, has_pytree_codegen
 from lucid_fx._load_tree import decode_module, where_is
 from lucid_fx._load_values import LUCID_FX_ATTRIBUTES, META_KEYS
@@ -196,6 +198,27 @@ def save(model: nn.Module, path: Union[str, os.PathLike, Any], *, allow: Iterabl
     torch.save(payload, path)
 
 
+def _torch_says(err: Exception) -> str:
+    """What a ``torch.load`` error met, past its advice on weights_only: its type (a bare "101" is
+    a KeyError) and the first sentence of the line that says it."""
+    text = str(err).split("WeightsUnpickler error:")[-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    found = next((line for line in lines if "Unsupported" in line), lines[0] if lines else "")
+    sentence = found.split(". ")[0].rstrip(".")
+    return f"{type(err).__name__}: {sentence}" if sentence else type(err).__name__
+
+
+def _unreadable(err: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, torch's own words last."""
+    said = _torch_says(err)
+    if "Unsupported global" in said:  # a pickled class or function: what save never writes
+        why = "it holds pickled objects (code), which lucid_fx.save never writes and load does not run"
+    else:
+        why = ("it looks truncated or corrupted (or is not a torch.save file at all): write it again with "
+               "lucid_fx.save, or copy it again if it came from elsewhere")
+    return f"{why}; torch.load(weights_only=True) refused it: {said}"
+
+
 def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow: Iterable[Any] = ()) -> nn.Module:
     """Read a model written by :func:`save`: no pickled code runs (``torch.load(weights_only=True)``),
     classes and functions resolve only against the allowlist and ``allow``, and the model is
@@ -224,10 +247,7 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # any malformed file: torch.load raises many kinds (KeyError, EOFError, ...)
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-        first = next((line for line in lines if "Unsupported" in line or "WeightsUnpickler" in line), lines[0])
-        raise ValueError(f"lucid_fx.load: {name} is not {expected} written by lucid_fx.save; "
-                         f"torch.load(weights_only=True) refused it: {first}") from None
+        raise ValueError(f"lucid_fx.load: {name} is not {expected} written by lucid_fx.save: {_unreadable(err)}") from None
     if not (isinstance(payload, dict) and isinstance(payload.get("format"), str) and payload["format"] == FORMAT):
         raise ValueError(f"lucid_fx.load: {name} was not written by lucid_fx.save (expected {expected})")
     if type(payload.get("version")) is not int or payload["version"] != FORMAT_VERSION:
@@ -238,6 +258,7 @@ def load(path: Union[str, os.PathLike, Any], *, map_location: Any = None, allow:
     model = decode_module(payload["model"], "", Codec(allow), {})
     for path, module in model.named_modules():
         if isinstance(module, fx.GraphModule):
+            check_qparams(module, where_is(path))
             check_runs(module, where_is(path))
             attach_guard(module)  # the activation-qparams guard: lucid_fx's own hook, which save does not write
             if ACTIVATION_QPARAMS in module._buffers and runs_int8_kernels(module):  # as convert does (not reference mode)

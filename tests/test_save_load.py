@@ -1,6 +1,7 @@
 """save / load: round trips to identical outputs, mid-calibration resumes (crafted files: test_load_checks.py)."""
 
 import io
+import re
 
 import pytest
 import torch
@@ -216,6 +217,23 @@ def test_missing_path_and_foreign_files_are_named(tmp_path):
         lucid_fx.load(tmp_path / "v99.pt")
 
 
+_CORRUPT = ("it looks truncated or corrupted (or is not a torch.save file at all): write it again with lucid_fx.save, "
+            "or copy it again if it came from elsewhere; torch.load(weights_only=True) refused it: ")
+
+
+def test_a_truncated_or_foreign_file_is_called_so_with_torchs_words_last(tmp_path):
+    # Before: "... refused it: [Errno 22] Invalid argument" or "... refused it: 101", and no word of corruption.
+    prepared, _ = _prepared("mlp")
+    lucid_fx.save(prepared, tmp_path / "ok.pt")
+    whole = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.pt").write_text("hello")
+    expected = "a 'lucid_fx.save' file, format version 1 written by lucid_fx.save: "
+    for name in ("cut.pt", "text.pt"):  # torch's words, by version: "OSError: [Errno 22] Invalid argument", "KeyError: 101", ...
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name} is not {expected}{_CORRUPT}") + r"[A-Za-z]+Error: \S[^\n]*$"):
+            lucid_fx.load(tmp_path / name)
+
+
 def user_scale(x):
     return x * 2
 
@@ -240,6 +258,60 @@ def test_a_function_off_the_allowlist_is_named_at_save_and_allow_lets_it_through
     buffer.seek(0)
     loaded = lucid_fx.load(buffer, allow=[user_scale])
     assert torch.equal(loaded(torch.ones(2)), torch.tensor([3.0, 3.0]))
+
+
+@torch.library.custom_op("lucid_fx_test_save::squish", mutates_args=())
+def _squish(x: torch.Tensor) -> torch.Tensor:
+    return x * 0.5
+
+
+_squish.register_fake(lambda x: torch.empty_like(x))
+
+
+class _CallsOp(nn.Module):
+    def forward(self, x):
+        return torch.ops.lucid_fx_test_save.squish(x) + 1
+
+
+_SQUISH = torch.ops.lucid_fx_test_save.squish
+
+
+@pytest.mark.parametrize("target", ["packet", "overload"])
+def test_a_custom_op_is_named_as_python_spells_it(target):
+    # Before: "calls 'pybind11_detail_function_record_v1_..._abi_1.squish'" at save, and "unknown function
+    # 'torch._ops.lucid_fx_test_save.pybind11_...'" at load; allow=[op.default] was refused for a packet call.
+    gm = fx.symbolic_trace(_CallsOp())
+    name = "torch.ops.lucid_fx_test_save.squish"
+    if target == "overload":
+        next(n for n in gm.graph.nodes if n.target is _SQUISH).target = _SQUISH.default
+        gm.recompile()
+        name += ".default"
+    with pytest.raises(NotSerializable, match=re.escape(f"node 'squish' (call_function) in the root module: calls '{name}', which is not "
+                                                        f"on the allowlist") + ".*" + re.escape(f"pass it as save(..., allow=[{name}]) and load(..., allow=[{name}])")):
+        _round_trip(gm)
+    for allowed in (_SQUISH, _SQUISH.default):  # a packet stands for its overloads, and all its overloads for it
+        buffer = io.BytesIO()
+        lucid_fx.save(gm, buffer, allow=[allowed])
+        buffer.seek(0)
+        with pytest.raises(ValueError, match=re.escape(f"node 'squish' (call_function) in the root module: unknown function '{name}'; "
+                                                       f"if you trust it, pass it as load(..., allow=[{name}])")):
+            lucid_fx.load(buffer)
+        for on_load in (_SQUISH, _SQUISH.default):
+            buffer.seek(0)
+            assert torch.equal(lucid_fx.load(buffer, allow=[on_load])(torch.ones(2)), torch.tensor([1.5, 1.5]))
+
+
+def test_files_that_named_an_allowed_op_by_its_qualname_still_load():
+    gm = fx.symbolic_trace(_CallsOp())
+    buffer = io.BytesIO()
+    lucid_fx.save(gm, buffer, allow=[_SQUISH])
+    data = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    call = next(n for n in data["model"]["graph"]["nodes"] if n["op"] == "call_function" and "squish" in n["target"]["v"])
+    call["target"]["v"] = f"{_SQUISH.__module__}.{_SQUISH.__qualname__}"  # what save wrote before
+    old = io.BytesIO()
+    torch.save(data, old)
+    old.seek(0)
+    assert torch.equal(lucid_fx.load(old, allow=[_SQUISH])(torch.ones(2)), torch.tensor([1.5, 1.5]))
 
 
 def test_hooks_are_refused_with_what_to_do():
