@@ -1,22 +1,16 @@
-"""The CLI's inputs: the model factory (``MODULE:FACTORY``), shapes, random or saved calibration
-batches, and the checks that turn a mistake in them into one ``error:``/``hint:`` pair
-(:class:`CLIError`) instead of a traceback. The commands are in :mod:`lucid_fx.cli`."""
+"""The CLI's inputs: shapes, random or saved calibration batches, and the checks that turn a mistake in them into
+one ``error:``/``hint:`` pair (:class:`CLIError`) instead of a traceback. The model itself (``MODULE:FACTORY``, its
+device, the check that its forward runs) is :mod:`lucid_fx._cli_model`; the commands are in :mod:`lucid_fx.cli`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
-from torch import nn
 
-__all__ = ["CLIError", "Batch", "parse_shape", "load_factory", "load_calibration_data", "call_with", "example_inputs",
-           "describe", "Inputs",
+__all__ = ["CLIError", "Batch", "parse_shape", "load_calibration_data", "call_with", "example_inputs", "describe", "Inputs",
            "read_inputs"]
 
 
@@ -62,88 +56,6 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _import_module(name: str) -> Any:
-    if name.endswith(".py"):
-        path = Path(name)
-        if not path.is_file():
-            raise CLIError(f"cannot import {name!r}: no such file", "give a path to an existing .py file, or a module name")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # so that classes defined there can be pickled by name
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return module
-    # As with `python -m`, modules in the current folder are importable (the lucid-fx script's
-    # own sys.path[0] is its bin folder); only while importing, so in-process callers keep theirs.
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(name)
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
-def load_factory(spec: str) -> Callable[[], Any]:
-    """The callable named by ``"package.module:name"`` (or ``"path/to/file.py:name"``);
-    ``name`` may be dotted (``module:Class.build``). Raises :class:`CLIError` when it cannot."""
-    module_name, colon, attribute = spec.rpartition(":")
-    if not colon or not module_name or not attribute:
-        raise CLIError(
-            f"expected MODULE:FACTORY, got {spec!r}",
-            "e.g. my_models:make_resnet, where my_models.make_resnet() returns an nn.Module",
-        )
-    try:
-        module = _import_module(module_name)
-    except CLIError:
-        raise
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise CLIError(
-                f"cannot import module {module_name!r}: no module named {e.name!r}",
-                "run from the folder that holds it, add that folder to PYTHONPATH, or give a path: path/to/file.py:FACTORY",
-            ) from e
-        raise CLIError(f"importing {module_name!r} failed: {_first_line(e)}", "install the missing package") from e
-    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
-        raise CLIError(
-            f"importing {module_name!r} failed: {_first_line(e)}",
-            f"run `python -c \"import {module_name}\"` to see the full error, or pass --traceback",
-        ) from e
-    target: Any = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise CLIError(
-                f"module {module_name!r} has no attribute {attribute!r}",
-                f"callables defined there: {', '.join(found[:12]) or 'none'}",
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise CLIError(
-            f"{spec} is not callable (it is of type {type(target).__name__})",
-            "FACTORY must be a function or class that returns an nn.Module when called with no arguments",
-        )
-    return target
-
-
-def _build_model(spec: str, device: torch.device) -> nn.Module:
-    factory = load_factory(spec)
-    try:
-        model = factory()
-    except Exception as e:  # noqa: BLE001 - the user's factory
-        raise CLIError(f"calling {spec}() failed: {_first_line(e)}", "the factory is called with no arguments; pass --traceback for the full error") from e
-    if not isinstance(model, nn.Module):
-        raise CLIError(f"{spec}() returned an object of type {type(model).__name__}, not a torch.nn.Module", "make the factory return the model itself")
-    return model.eval().to(device)
-
-
-def _device(backend: str) -> torch.device:
-    if backend == "cuda" and not torch.cuda.is_available():
-        raise CLIError("--backend cuda needs a CUDA device, and torch.cuda.is_available() is False", "use --backend cpu")
-    return torch.device(backend)
-
-
 def _random_inputs(shape: Tuple[int, ...], count: int, seed: int, device: torch.device) -> List[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(shape, generator=g).to(device) for _ in range(count)]
@@ -165,22 +77,6 @@ def describe(batch: Batch) -> str:
     """``"input_ids (2, 16) int64, attention_mask (2, 16) int64"``: each input's name or place, shape and dtype."""
     named = batch.items() if isinstance(batch, dict) else enumerate(batch if isinstance(batch, tuple) else (batch,))
     return ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in named)
-
-
-def _check_forward(model: nn.Module, example: Batch, random: bool) -> None:
-    try:
-        with torch.no_grad():
-            call_with(model, example)
-    except Exception as e:  # noqa: BLE001 - the user's forward
-        if random:
-            raise CLIError(
-                f"the model's forward failed on a random float input of shape {tuple(example.shape)}: {_first_line(e)}",
-                "check --input-shape: it is the full shape of forward's single input, batch first",
-            ) from e
-        raise CLIError(
-            f"the model's forward failed on the first batch of --calib-data ({describe(example)}): {_first_line(e)}",
-            "a batch is forward's input: a tensor, a tuple of its positional inputs or a dict of its keyword inputs",
-        ) from e
 
 
 def _step(name: str, fn: Callable[[], Any]) -> Any:

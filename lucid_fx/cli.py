@@ -21,10 +21,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from torch import nn
 
 import lucid_fx
-from lucid_fx._cli_inputs import (
-    CLIError, Inputs, _build_model, _check_forward, _count, _device, _first_line, _step, call_with, example_inputs, load_factory,
-    parse_shape, read_inputs,
-)
+from lucid_fx._cli_inputs import CLIError, Inputs, _count, _first_line, _step, call_with, example_inputs, parse_shape, read_inputs
+from lucid_fx._cli_model import build_model, check_forward, device_of, load_factory
 from lucid_fx._cli_save import check_saveable
 from lucid_fx.kernels.target import BACKENDS
 
@@ -44,10 +42,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _prepare(args: argparse.Namespace, calibration_batches: int) -> Tuple[nn.Module, nn.Module, Inputs]:
     backend = getattr(args, "backend", "cpu")  # explain prepares for the default backend
-    device = _device(backend)
-    model = _build_model(args.factory, device)
+    device = device_of(backend)
+    model = build_model(args.factory, device)
     inputs = read_inputs(args, device, calibration_batches)
-    _check_forward(model, inputs.example, random=not getattr(args, "calib_data", None))
+    check_forward(model, inputs.example, random=not getattr(args, "calib_data", None))
     dynamic = "auto" if args.dynamic else None
     prepared = _step("prepare", lambda: lucid_fx.prepare(model, example_inputs=example_inputs(inputs.example), backend=backend,
                                                          dynamic_shapes=dynamic))

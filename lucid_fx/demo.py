@@ -154,7 +154,8 @@ def _cpu_note() -> str:
     # Without VNNI, oneDNN's int8 kernels run at about twice fp32's rate, not four times
     # (docs/benchmarks.md), and a model this small is dominated by per-op overhead.
     vnni = resolve_target("cpu").cpu.vnni
-    return f"oneDNN int8, {torch.get_num_threads()} threads, {'VNNI' if vnni else 'no VNNI'} on this CPU"
+    threads = torch.get_num_threads()
+    return f"oneDNN int8, {threads} thread{'' if threads == 1 else 's'}, {'VNNI' if vnni else 'no VNNI'} on this CPU"
 
 
 # -- the demo -----------------------------------------------------------------------------------

@@ -81,6 +81,21 @@ class Pair(nn.Module):
 def make_pair():
     torch.manual_seed(0)
     return Pair()
+
+
+class Wrapped(nn.Module):
+    """A forward whose signature hides its inputs, as a decorator's ``*args`` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.pair = Pair()
+
+    def forward(self, *args):
+        return self.pair(*args)
+
+
+def make_wrapped():
+    return Wrapped()
 '''
 
 ENTRY_POINT = Path(sys.executable).parent / "lucid-fx"
@@ -128,6 +143,14 @@ def test_demo_quick_int8_within_one_point_of_fp32(capsys, tmp_path):
     assert re.search(r"^calibrate \[#{24}\] (\d+)/\1 ", captured.err, re.M) and "\r" not in captured.err
     assert "calibrate [" not in captured.out and "train [" not in captured.out
     assert re.search(r"^time: train [\d.]+s, quantize [\d.]+s, latency [\d.]+s, compare [\d.]+s, graph [\d.]+s$", captured.out, re.M)
+
+
+@pytest.mark.parametrize("threads, said", [(1, "1 thread,"), (2, "2 threads,")])
+def test_demo_counts_its_threads_in_words(monkeypatch, threads, said):
+    from lucid_fx.demo import _cpu_note
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert _cpu_note().startswith(f"oneDNN int8, {said} ")
 
 
 def test_demo_writes_its_page_to_the_temporary_folder_by_default(monkeypatch, tmp_path, capsys):
@@ -246,6 +269,20 @@ def test_errors_are_one_line_and_a_hint_with_exit_code_2(models, capsys, args, m
     assert lines[0].startswith(f"lucid-fx: error: {message}")
     assert lines[1].startswith("  hint: ") and len(lines[1]) > len("  hint: ")
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("factory, takes, example", [
+    ("make_pair", "2 inputs (x, y)", "(x, y)"),
+    ("make_wrapped", "more than one input", "(x, y)"),
+])
+def test_a_model_of_several_inputs_is_sent_to_calib_data(models, capsys, factory, takes, example):
+    assert main(["quantize", f"cli_models:{factory}", "--input-shape", "4,8", "-o", str(models / "q.pt")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("lucid-fx: error: the model's forward failed on a random float input of shape (4, 8): "
+                             "TypeError: "), err[0]
+    assert err[1] == (f"  hint: forward takes {takes} and --input-shape makes only one: drop --input-shape and pass "
+                      "--calib-data FILE holding a list of batches, each a tuple of forward's inputs in order or a dict "
+                      f"of them by name, e.g. torch.save([{example}, ...], FILE)")
 
 
 @pytest.mark.same_on_every_cpu  # the installed script's plumbing; its kernels are the module's
