@@ -22,6 +22,7 @@ from lucid_fx import _meta
 from lucid_fx.graph_model import _graph_modules, _op_name
 from lucid_fx.ops import canonical
 from lucid_fx._capture import export_like_prepare
+from lucid_fx._compare_hints import channel_ranges, spread, spread_hints
 from lucid_fx._compare_runs import Recorder, batches_of, capture_calls, run_recorded
 from lucid_fx.passes.trace_model import TraceOptions, trace_model
 from lucid_fx.placement import INT8_RUNS, Placement, placements
@@ -43,6 +44,8 @@ class NodeError:
     scale: Optional[float]  # the grid step of the quantized value, when it is integer codes
     numel: int
     runs: str = ""  # where the node ran (a lucid_fx.placement.Runs value; "" for graph inputs)
+    channel_spread: Optional[float] = None  # integer codes: the largest channel's range over the median channel's
+    spread_of: str = ""  # the op whose output channels those are (a fused conv2d+relu's conv2d; _compare_hints.py)
 
     @property
     def max_steps(self) -> Optional[float]:
@@ -67,6 +70,11 @@ class Comparison:
     def __str__(self) -> str:
         return self.table()
 
+    def hints(self, limit: int = 5) -> List[str]:
+        """What to try (lucid_fx/_compare_hints.py): where the model's output is below ``HINT_BELOW_DB``, a line per
+        remedy naming the integer-coded layer outputs whose channels' ranges spread widest (at most ``limit``)."""
+        return spread_hints(self.rows, self.output_sqnr_db, limit)
+
     def table(self, limit: Optional[int] = None) -> str:
         """The rows as aligned text, the worst ``limit`` of them (all by default)."""
         shown = self.rows if limit is None else self.rows[:limit]
@@ -87,6 +95,7 @@ class Comparison:
         if len(shown) < len(self.rows):
             lines.append(f"... {len(self.rows) - len(shown)} more node(s)")
         lines.append(f"model output: {self.output_sqnr_db:.1f} dB SQNR over {self.batches} batch(es)")
+        lines += ["hint: " + hint for hint in self.hints()]
         return "\n".join(lines)
 
 
@@ -185,13 +194,20 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
             )
         floats[path] = traced
     totals: Dict[str, List[float]] = {}
+    channels: Dict[str, torch.Tensor] = {}  # integer-coded layer outputs' largest magnitude a channel, over the batches
+    spreads_of: Dict[str, str] = {}
     meta: Dict[str, Tuple[str, str, str, Optional[float], str]] = {}
     out_signal = out_noise = 0.0
+    expected = 0  # values quantized_model computes, over the batches
     batches = batches_of(inputs)
     paths = [path for path, _ in parts]
     placed = placements(quantized_model)
     for args, kwargs in batches:
-        float_out, float_args = capture_calls(float_model, paths, args, kwargs)
+        try:
+            float_out, float_args = capture_calls(float_model, paths, args, kwargs)
+        except AttributeError as exc:  # a float model of another structure (a submodule quantized_model names)
+            raise ValueError(f"compare: float_model is not the model quantized_model was made from ({exc}); pass "
+                             "the float model that was prepared") from exc
         quant_out, quant_args = capture_calls(quantized_model, paths, args, kwargs)
         for f, q in zip(_float_tensors(float_out), _float_tensors(quant_out)):
             out_signal += float((f * f).sum())
@@ -200,6 +216,7 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
             if path not in float_args or path not in quant_args:
                 continue  # this part did not run on these inputs
             measured = _measured_nodes(gm)
+            expected += len(measured)
             ops = _source_ops(gm)
             if floats[path] is None:
                 floats[path] = export_like_prepare(float_model.get_submodule(path) if path else float_model, *float_args[path])
@@ -224,10 +241,19 @@ def compare(float_model: nn.Module, quantized_model: nn.Module, inputs: Any) -> 
                 measured_name = f"{path}.{node.name}" if path else node.name
                 op = ops.get(name) or _op_name(f_nodes[name]) if name in f_nodes else str(node.target)
                 where = placed.get(key)
+                spread_of, most = channel_ranges(op, where, f_val) if grid is not None else ("", None)
+                if most is not None:
+                    channels[key] = most if key not in channels else torch.maximum(channels[key], most)
+                    spreads_of[key] = spread_of
                 runs = where.runs.value if where is not None else ""
                 meta[key] = (measured_name, op, _domain(node, grid, where), grid[0] if grid is not None else None, runs)
+    if expected and not totals:
+        raise ValueError("compare: float_model is not the model quantized_model was made from: none of the "
+                         f"{expected // len(batches)} values quantized_model computes has a node of its name in "
+                         "float_model's graph; pass the float model that was prepared")
     rows = [
-        NodeError(key, meta[key][0], meta[key][1], meta[key][2], _sqnr(s, n), m, meta[key][3], int(c), meta[key][4])
+        NodeError(key, meta[key][0], meta[key][1], meta[key][2], _sqnr(s, n), m, meta[key][3], int(c), meta[key][4],
+                  spread(channels.get(key)), spreads_of.get(key, ""))
         for key, (s, n, m, c) in totals.items()
     ]
     rows.sort(key=lambda r: (r.sqnr_db, -r.max_abs))

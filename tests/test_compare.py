@@ -334,3 +334,23 @@ def test_keyword_batches_measure_as_positional_ones():
     by_keyword = lucid_fx.compare(model, qmodel, [{"input": x} for x in data])
     assert by_keyword.output_sqnr_db == by_position.output_sqnr_db and by_keyword.batches == 4
     assert [(r.node, r.sqnr_db) for r in by_keyword.rows] == [(r.node, r.sqnr_db) for r in by_position.rows]
+
+
+def test_a_float_model_of_another_structure_is_refused():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(4, 8)
+    qmodel = lucid_fx.quantize(model, (x,), [x], progress=False)
+
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.second(torch.relu(self.first(x)))
+
+    # Nothing matched: compare gave an empty table and the other model's output SQNR.
+    with pytest.raises(ValueError, match=r"^compare: float_model is not the model quantized_model was made from: none "
+                                         r"of the \d+ values quantized_model computes has a node of its name"):
+        lucid_fx.compare(Other().eval(), qmodel, [x])
