@@ -21,7 +21,7 @@ from lucid_fx.passes.export_model import ExportFailure, export_model, flat_input
 from lucid_fx.pipeline import PrepareContext
 
 __all__ = ["CAPTURES", "check_capture", "check_dynamic_shapes", "is_exported", "exported_graph", "export_like_prepare",
-           "ExportFailure", "split_inputs"]
+           "ExportFailure", "split_inputs", "graph_inputs"]
 
 #: The values of ``prepare(..., capture=)``.
 CAPTURES = ("auto", "fx", "export")
@@ -72,6 +72,33 @@ def split_inputs(example_inputs: Any, example_kwargs: Optional[Dict[str, Any]]) 
     if example_kwargs is not None and not isinstance(example_kwargs, dict):
         raise TypeError(f"prepare: example_kwargs must be a dict of forward's keyword inputs, got {type(example_kwargs).__name__}")
     return example_inputs, (dict(example_kwargs) if example_kwargs else None)
+
+
+def graph_inputs(verb: str, gm: fx.GraphModule, args: Optional[tuple], kwargs: Optional[Dict[str, Any]]) -> Optional[tuple]:
+    """The example inputs as ``gm``'s placeholders take them, in order: ``args`` first, then each keyword input by
+    its placeholder's name (forward's parameter), a default where neither gives one. A traced graph's passes
+    run it on these (passes/propagate_shapes.py); ``args`` as they are where there are no keywords or ``gm``
+    takes ``*args`` or ``**kwargs``."""
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not kwargs or any(str(n.target).startswith("*") for n in holders):
+        return args
+    args, names = tuple(args or ()), [str(n.target) for n in holders]
+    unknown = [name for name in kwargs if name not in names[len(args):]]
+    if unknown:
+        twice = [name for name in unknown if name in names[:len(args)]]
+        raise TypeError(f"{verb}: {type(gm).__name__}.forward({', '.join(names)}) "
+                        + (f"got {twice[0]!r} by position and by name" if twice else
+                           f"has no parameter {unknown[0]!r} (keyword inputs: {', '.join(kwargs)})"))
+    filled = list(args)
+    for node in holders[len(args):]:
+        if str(node.target) in kwargs:
+            filled.append(kwargs[str(node.target)])
+        elif node.args:  # its default
+            filled.append(node.args[0])
+        else:
+            raise TypeError(f"{verb}: {type(gm).__name__}.forward({', '.join(names)}) needs {node.target!r}, which "
+                            f"the example inputs do not give (keyword inputs: {', '.join(kwargs)})")
+    return tuple(filled)
 
 
 def _by_name(model: nn.Module, args: tuple, kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
@@ -126,7 +153,8 @@ def exported_graph(model: nn.Module, ctx: PrepareContext) -> Tuple[fx.GraphModul
         gm = export_model(model, args or (), kwargs, path=ctx.path)
         guard_inputs(gm)  # the checks ExportedProgram.module()'s hooks made, which prepare's graph does not keep
     else:
-        dynamic = ctx.dynamic_shapes if not ctx.path else None  # a part's inputs are what it received in one run
+        # "auto" marks every dim of what a part received dynamic, as the root's; a dict names the root's inputs
+        dynamic = ctx.dynamic_shapes if not ctx.path or ctx.dynamic_shapes == "auto" else None
         gm, args, kwargs = _export_by_name(model, tuple(args or ()), dict(kwargs or {}), ctx.path, dynamic)
     flat = flat_inputs(gm, args or (), kwargs) if (args is not None or kwargs) else None
     return gm, replace(ctx, example_inputs=flat, example_kwargs=None)

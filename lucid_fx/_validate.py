@@ -11,7 +11,8 @@ from torch import fx, nn
 
 from lucid_fx._meta import OBSERVERS
 
-__all__ = ["require_module", "unwrap_compiled", "looks_like_inputs", "require_prepared", "require_float32", "model_device", "check_backend_device"]
+__all__ = ["require_module", "unwrap_compiled", "looks_like_inputs", "require_prepared", "require_float_model", "is_converted",
+           "require_float32", "model_device", "check_backend_device"]
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -48,6 +49,22 @@ def looks_like_inputs(value: Any) -> bool:
 
 def is_prepared(model: nn.Module) -> bool:
     return any(isinstance(m, fx.GraphModule) and hasattr(m, OBSERVERS) for m in model.modules())
+
+
+def is_converted(model: nn.Module) -> bool:
+    """A model convert made (or load gave back): a graph that calls lucid_fx's int8 ops."""
+    return any(isinstance(m, fx.GraphModule) and any(n.op == "call_function" and str(n.target).startswith("lucid_fx.")
+                                                     for n in m.graph.nodes) for m in model.modules())
+
+
+def require_float_model(verb: str, model: nn.Module) -> None:
+    """Refuse a model lucid_fx already prepared or converted: preparing it again observed the observers."""
+    if is_prepared(model):
+        raise ValueError(f"{verb}: the model is already prepared (it holds lucid_fx's observers); calibrate it and "
+                         f"convert it (lucid_fx.calibrate, lucid_fx.convert), or {verb} the float model")
+    if is_converted(model):
+        raise ValueError(f"{verb}: the model is already converted to int8 (its graph calls lucid_fx's kernels); "
+                         f"{verb} the float model it came from")
 
 
 def require_prepared(verb: str, obj: Any) -> None:

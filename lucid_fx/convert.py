@@ -23,6 +23,7 @@ from lucid_fx._placement import ConvertReport
 from lucid_fx._validate import check_backend_device, model_device, require_float32, require_prepared
 from lucid_fx.kernels.target import check_backend, resolve_target
 from lucid_fx.pipeline import CONVERT_PASSES, ConvertContext, run_passes
+from lucid_fx._prepared_registry import registry_of
 from lucid_fx.registry import Registry, current_registry
 
 __all__ = ["convert", "ConvertReport"]
@@ -80,6 +81,13 @@ def _convert_graph(gm: fx.GraphModule, ctx: ConvertContext) -> fx.GraphModule:
     missing = list(_uncalibrated(gm))
     if missing:
         where = f" in {ctx.path}" if ctx.path else ""
+        skipped = {name: int(getattr(getattr(gm, OBSERVERS)[name], "nonfinite_count", 0)) for name in missing}
+        if any(skipped.values()):  # calibrated, on NaN or ±inf alone
+            raise ValueError(
+                f"convert: the observers of node(s) {', '.join(missing)}{where} saw only NaN or ±inf values "
+                f"({sum(skipped.values())} skipped), no finite one: clean the calibration data (torch.nan_to_num) or "
+                "find the op that makes them, then calibrate again"
+            )
         raise ValueError(
             f"convert: the observers of node(s) {', '.join(missing)}{where} saw no data; run "
             "lucid_fx.calibrate(prepared, batches) before convert"
@@ -143,7 +151,7 @@ def convert(
     check_backend_device("convert", prepared, backend)
     require_float32("convert", prepared)
     _require_data(prepared)
-    ctx = ConvertContext(registry or current_registry(), resolve_target(backend, model_device(prepared)), reference)
+    ctx = ConvertContext(registry_of(prepared, registry) or current_registry(), resolve_target(backend, model_device(prepared)), reference)
     work = prepared if inplace else restore_attributes(copy_model(prepared))
     converted = _convert_tree(work, ctx)
     converted.lucid_fx_convert_report = model_report(ctx.target.backend, ctx.reports, report)

@@ -15,6 +15,7 @@ from lucid_fx.ops import canonical
 from lucid_fx.passes.lower_to_int8 import lowering_table
 from lucid_fx.passes.predict_placement import predict_placement
 from lucid_fx.placement import placements
+from lucid_fx._prepared_registry import registry_of
 from lucid_fx.registry import current_registry
 from lucid_fx.rules.observers import DecisionKind
 
@@ -27,7 +28,9 @@ _COLUMNS = ("node", "op", "spelling", "kind", "observer", "qparams", "runs", "ru
 class Explanation:
     """Rows of (node, canonical op, spelling, decision, observer, qparams/interval, where it will
     run (``runs``, and ``runs_why``: the lowering rule or why it stays float), rule, reason), and
-    ``measured``: the region kind of a candidate of ``quantize(..., precision="measured")``, else ""."""
+    ``measured``: the region kind of a candidate of ``quantize(..., precision="measured")``, else "". The
+    table says where each node runs with the default ``precision="int8"``; a candidate's ``runs`` cell adds
+    ``[precision='measured' may run it float: attention region]``, what that option would time."""
 
     rows: List[Dict[str, str]]
     report: str = ""
@@ -39,7 +42,9 @@ class Explanation:
         def cell(r, c):
             if c != "runs" or not r["runs"]:
                 return r[c]
-            measured = f" [float where measured faster: {r['measured']}]" if r.get("measured") else ""
+            # A prediction, not a choice: prepare tags the candidates whatever quantize's precision will be, and
+            # only precision="measured" times them (the default, "int8", runs them as the row says).
+            measured = f" [precision='measured' may run it float: {r['measured']} region]" if r.get("measured") else ""
             return f"{r['runs']} ({r['runs_why']}){measured}"
 
         widths = {c: max([len(c)] + [len(cell(r, c)) for r in self.rows]) for c in _COLUMNS if c != "reason"}
@@ -81,8 +86,9 @@ def _graph_modules(model: nn.Module, prefix: str = ""):
 
 def explain(prepared: nn.Module, *, registry=None) -> Explanation:
     """A table of every node of a prepared model: canonical op, observer, qparams or interval,
-    where convert will run it (predicted from the lowering tables of ``registry``, default the
-    current one; :func:`lucid_fx.placement.placements`), and the rule (file:line) that decided it.
+    where convert will run it (predicted from the lowering tables of ``registry``, default the one
+    ``prepared`` was prepared with, else the current one; :func:`lucid_fx.placement.placements`), and the
+    rule (file:line) that decided it.
 
     >>> import torch, lucid_fx
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()).eval()
@@ -91,6 +97,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
     ('tanh', 'fixed', 'FixedQParamsObserver', '[-1, 1] scale=0.0078125 zp=128', 'int8 kernel')
     """
     rows: List[Dict[str, str]] = []
+    registry = registry_of(prepared, registry) or current_registry()
     placed = placements(prepared, registry=registry)
     for prefix, gm in _graph_modules(prepared):
         observers = getattr(gm, OBSERVERS)
@@ -126,7 +133,7 @@ def explain(prepared: nn.Module, *, registry=None) -> Explanation:
 
 def _predicted_report(prepared: nn.Module, registry) -> str:
     """The convert report's FLOP share and float regions as predicted now, where anything is float."""
-    registry = registry or current_registry()
+    registry = registry_of(prepared, registry) or current_registry()
     report = getattr(prepared, "lucid_fx_report", None)
     backend = getattr(report, "backend", "cpu")
     table = lowering_table(registry.lowerings, backend)

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 from torch import nn
 
-from lucid_fx._validate import require_module
+from lucid_fx._validate import require_float_model, require_module
 from lucid_fx.calibrate import calibrate
 from lucid_fx.convert import convert
 from lucid_fx.measured_precision import quantize_measured
@@ -55,6 +55,7 @@ def quantize(
     the result carries a ``PrecisionReport`` as ``lucid_fx_precision``. The default, ``"int8"``,
     runs every op with a rule in int8 (norms aside), the same on every run and machine."""
     require_module("quantize", model)
+    require_float_model("quantize", model)
     if isinstance(example_inputs, QConfigMapping):
         warnings.warn(
             "quantize: took the arguments as prepare's torch.ao order, (model, qconfig_mapping, example_inputs, "

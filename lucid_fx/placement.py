@@ -19,6 +19,7 @@ from lucid_fx._meta import OBSERVERS
 from lucid_fx._placement import INT8_RUNS, Placement, Runs
 from lucid_fx.passes.lower_to_int8 import lowering_table
 from lucid_fx.passes.predict_placement import predict_placement
+from lucid_fx._prepared_registry import registry_of
 from lucid_fx.registry import current_registry
 
 __all__ = ["Runs", "Placement", "placements", "INT8_RUNS"]
@@ -37,7 +38,7 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
     path for models prepared in parts).
 
     A converted model answers from what convert wrote on its nodes; a prepared one is predicted
-    from the lowering table of ``registry`` (default: the current one) for ``backend`` (default:
+    from the lowering table of ``registry`` (default: the one it was prepared with) for ``backend`` (default:
     the one given to prepare). Graph inputs, constants and plain traced graphs have no entry.
 
     >>> import torch, lucid_fx
@@ -53,7 +54,7 @@ def placements(model: nn.Module, *, registry=None, backend: Optional[str] = None
     for prefix, gm in _graph_modules(model):
         qualify = (lambda n: f"{prefix}.{n}") if prefix else (lambda n: n)
         if hasattr(gm, OBSERVERS):
-            table = lowering_table((registry or current_registry()).lowerings, backend)
+            table = lowering_table((registry_of(model, registry) or current_registry()).lowerings, backend)
             found.update((qualify(name), p) for name, p in predict_placement(gm, table).items())
             continue
         for node in gm.graph.nodes:

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from lucid_fx._copy import copy_model
-from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes, exported_graph, is_exported, split_inputs
+from lucid_fx._capture import ExportFailure, check_capture, check_dynamic_shapes, exported_graph, graph_inputs, is_exported, split_inputs
+from lucid_fx._prepared_registry import remember_registry
 from lucid_fx._fallback import Capture, keep_attributes, keyword_placeholders, part_arguments
-from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_module, unwrap_compiled
+from lucid_fx._validate import looks_like_inputs, model_device, require_float32, require_float_model, require_module, unwrap_compiled
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.trace_model import TRACED_THROUGH, TraceOptions, Untraceable, buffer_values, restore_buffers, trace_model
 from lucid_fx.pipeline import PREPARE_PASSES, PrepareContext, run_passes
@@ -61,12 +62,6 @@ class PrepareReport:
         self.captures[path] = "export"
 
 
-def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent_name, _, attr = path.rpartition(".")
-    parent = root.get_submodule(parent_name) if parent_name else root
-    setattr(parent, attr, new)
-
-
 def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, capture: Capture, report: PrepareReport) -> None:
     """The recursion over what could not be traced: prepare each submodule of ``owner`` at
     ``paths`` (relative to it) as a graph of its own, with the call it received (keywords and
@@ -80,7 +75,7 @@ def _prepare_parts(owner: nn.Module, paths: Sequence[str], ctx: PrepareContext, 
         inputs, concrete = part_arguments(child, captured.get(full[path]))
         trace = replace(ctx.trace, concrete_args=concrete)
         part = replace(ctx, path=full[path], example_inputs=inputs, example_kwargs=None, trace=trace)
-        _set_submodule(owner, path, keep_attributes(child, _prepare_one(child, part, capture, report)))
+        owner.set_submodule(path, keep_attributes(child, _prepare_one(child, part, capture, report)))
 
 
 def _prepare_exported(model: nn.Module, ctx: PrepareContext, report: PrepareReport) -> nn.Module:
@@ -133,6 +128,7 @@ def _prepare_one(model: nn.Module, ctx: PrepareContext, capture: Capture, report
     _prepare_parts(gm, inner, ctx, capture, report)
     if how.concrete_args:
         gm = keyword_placeholders(gm, model)
+    ctx = replace(ctx, example_inputs=graph_inputs("prepare", gm, ctx.example_inputs, ctx.example_kwargs), example_kwargs=None)
     try:
         return run_passes(gm, ctx, PREPARE_PASSES)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -168,6 +164,7 @@ def _context(model, qat, qconfig_mapping, example_inputs, backend, registry, lea
     """Check the user's arguments against ``model`` and gather them into the pipeline's context."""
     verb = "prepare_qat" if qat else "prepare"
     require_module(verb, model)
+    require_float_model(verb, model)
     if backend is None:
         device = model_device(model)
         backend = "cuda" if device is not None and device.type == "cuda" else "cpu"
@@ -212,6 +209,7 @@ def _prepare(model: nn.Module, inplace: bool, ctx: PrepareContext) -> nn.Module:
     restore_buffers(prepared, state)  # as the model was: prepare's runs of it leave no state behind
     report.module_flops = capture.flops
     prepared.lucid_fx_report = report
+    remember_registry(prepared, ctx.registry)  # convert and explain use its rules without being told again
     if ctx.qat:
         prepared.train()
     return prepared

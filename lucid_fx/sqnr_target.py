@@ -151,6 +151,8 @@ def quantize_to_target(
 
     if max_rounds < 1:
         raise ValueError(f"quantize: max_rounds must be at least 1, got {max_rounds!r}")
+    if not isinstance(target_sqnr_db, (int, float)) or isinstance(target_sqnr_db, bool) or not math.isfinite(target_sqnr_db):
+        raise ValueError(f"quantize: target_sqnr_db must be a finite number of dB (30 is a common goal), got {target_sqnr_db!r}")
     base = qconfig_mapping if qconfig_mapping is not None else get_default_qconfig_mapping()  # as prepare does
     report, kept, step, best = TargetReport(float(target_sqnr_db)), [], 1, None
     last_step: List[str] = []

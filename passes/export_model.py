@@ -16,11 +16,14 @@ Writes ``node.meta[MODULE_PATH]`` from the export's ``nn_module_stack``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import operator
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +143,28 @@ def call_inputs(gm: fx.GraphModule, args: tuple, kwargs: Dict[str, Any]) -> tupl
     return tuple(torch.fx._pytree.tree_flatten_spec((values[:positional], dict(zip(names, values[positional:]))), info.in_spec))
 
 
+#: torch's loggers that print while torch.export tries a model: a failure on a data-dependent branch logged a warning
+#: and printed the partial graph to stderr (27 lines, twice under capture="auto"), which ExportFailure's line says
+#: instead.
+TORCH_LOGS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export", "torch._export")
+
+
+@contextlib.contextmanager
+def _quiet(names: Tuple[str, ...]):
+    """torch's loggers ``names`` silenced and what torch prints to stderr dropped (torch.export prints a failed
+    capture's partial graph there, torch/export/_trace.py), then both as they were."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] = None, *, path: str = "",
                  dynamic_shapes: Any = None) -> fx.GraphModule:
     """``model`` (an ``nn.Module``, an ``ExportedProgram`` or its ``.module()``) as a GraphModule of
@@ -156,7 +181,7 @@ def export_model(model: Any, args: tuple = (), kwargs: Optional[Dict[str, Any]] 
         if not isinstance(model, nn.Module):
             raise TypeError(f"export_model: expected an nn.Module or ExportedProgram, got {type(model).__name__}")
         try:
-            with warnings.catch_warnings():  # nn.LSTM's forward sets its _flat_weights list, which export reports
+            with warnings.catch_warnings(), _quiet(TORCH_LOGS):  # nn.LSTM's forward sets its _flat_weights list, which export reports
                 warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights\[", category=UserWarning)
                 ep = torch.export.export(model, tuple(args), dict(kwargs or {}), strict=False, dynamic_shapes=dynamic_shapes)
         except Exception as exc:  # noqa: BLE001 - reported with the module's name

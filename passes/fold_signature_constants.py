@@ -33,7 +33,7 @@ from lucid_fx.node_refs import call_name, unstable_name, writes_in_place
 from lucid_fx.aliasing import VIEW_SPELLINGS
 from lucid_fx.ops import OP_DEFS, Tag
 
-__all__ = ["fold_signature_constants", "kept_by_dead_code_elimination", "pinned", "foldable_call", "evaluate",
+__all__ = ["fold_signature_constants", "kept_by_dead_code_elimination", "GUARDS", "pinned", "foldable_call", "evaluate",
            "SHAPE_ATTRIBUTES", "SHAPE_METHODS"]
 
 #: Attributes and methods of an input tensor the signature fixes.
@@ -147,10 +147,16 @@ def fold_signature_constants(gm: fx.GraphModule, values: Dict[str, Any]) -> int:
     return folded
 
 
+#: The checks torch.fx writes into a graph that nothing reads: a concrete argument's (``concrete_args={"bias":
+#: None}``: a call given a bias raises instead of silently ignoring it).
+GUARDS = (torch.fx._symbolic_trace._assert_is_none,)
+
+
 def kept_by_dead_code_elimination(node: fx.Node) -> bool:
     """What dead-code elimination must keep, read or not: impure calls, calls that write in place
-    (fx's own test keeps neither ``x.copy_(y)`` nor ``x[i] = v`` when nothing reads the result), and children."""
-    return node.is_impure() or writes_in_place(node) or node.op == "call_module"
+    (fx's own test keeps neither ``x.copy_(y)`` nor ``x[i] = v`` when nothing reads the result), children,
+    and torch.fx's guards (:data:`GUARDS`)."""
+    return node.is_impure() or writes_in_place(node) or node.op == "call_module" or node.target in GUARDS
 
 
 def _inlinable(value: Any) -> bool:

@@ -31,6 +31,7 @@ from lucid_fx import _meta
 from lucid_fx.ops import canonical
 from lucid_fx._placement import ConvertReport, Placement, Runs
 from lucid_fx.kernels.target import Target
+from lucid_fx.passes.fold_signature_constants import GUARDS
 from lucid_fx.rules.lowering_context import (
     LoweringContext,
     QValue,
@@ -87,8 +88,8 @@ def _inputs_in_float_layout(ctx: LoweringContext, members: List[fx.Node], resolv
 
 
 def _keeps_effect(node: fx.Node) -> bool:
-    """Dead-code elimination keeps an in-place op left in place: its change is the point."""
-    return node.is_impure() or _meta.MUTATION in node.meta
+    """Dead-code elimination keeps an in-place op left in place (its change is the point) and torch.fx's guards."""
+    return node.is_impure() or _meta.MUTATION in node.meta or node.target in GUARDS
 
 
 def _group(node: fx.Node, graph_nodes: List[fx.Node]) -> List[fx.Node]:

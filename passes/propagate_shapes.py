@@ -14,19 +14,11 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from lucid_fx import _meta
+from lucid_fx._describe import describe_value, node_inputs
 
 __all__ = ["propagate_shapes"]
 
 _HOW = "Pass example_inputs as a tuple of the positional arguments of forward, with shapes the model accepts"
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(_describe(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    return type(value).__name__ if not isinstance(value, (int, float, bool, str, type(None))) else repr(value)
 
 
 def _where(gm: fx.GraphModule, node: fx.Node) -> str:
@@ -37,6 +29,18 @@ def _where(gm: fx.GraphModule, node: fx.Node) -> str:
     return f"{op} in module {path!r}" if path else op
 
 
+def _none_default(node: fx.Node) -> str:
+    """Advice where ``node`` read a forward parameter left at its default None: torch.fx traced the branch that
+    uses it (``if bias is not None``), which the None then broke."""
+    names = [str(a.target) for a in node.all_input_nodes if a.op == "placeholder" and a.args and a.args[0] is None]
+    if not names:
+        return ""
+    fixed = ", ".join(f"{name!r}: None" for name in names)
+    return (f"forward's {', '.join(map(repr, names))} took {'its' if len(names) == 1 else 'their'} default None, and "
+            f"torch.fx traced the code that uses {'it' if len(names) == 1 else 'them'}: pass concrete_args={{{fixed}}} "
+            "to prepare (the branch for None is traced, and a call given a value is refused), or give it an example value")
+
+
 class _ShapeRecorder(fx.Interpreter):
     """ShapeProp without its printed traceback: a failure names the node, its module and the
     shapes it was given."""
@@ -45,12 +49,11 @@ class _ShapeRecorder(fx.Interpreter):
         try:
             result = super().run_node(n)
         except Exception as exc:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            given = ", ".join([_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()])
+            given = node_inputs(self, n)
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise ValueError(
                 f"example_inputs do not run through the model: node {n.name!r} ({_where(self.module, n)}) failed "
-                f"on inputs ({given}) with {type(exc).__name__}: {first}. {_HOW}"
+                f"on inputs ({given}) with {type(exc).__name__}: {first}. {_none_default(n) or _HOW}"
             ) from exc
         found = []
 
@@ -77,7 +80,7 @@ def _check_count(gm: fx.GraphModule, example_inputs: Sequence) -> None:
     raise ValueError(
         f"example_inputs do not run through the model: {type(gm).__name__}.forward({names}) takes "
         f"{required if required == len(placeholders) else f'{required} to {len(placeholders)}'} positional "
-        f"argument(s) but example_inputs has {len(example_inputs)} ({', '.join(_describe(v) for v in example_inputs)}). {_HOW}"
+        f"argument(s) but example_inputs has {len(example_inputs)} ({', '.join(describe_value(v) for v in example_inputs)}). {_HOW}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the two halves of the bad-input matrix (test_bad_input*.py)."""
+"""Helpers shared by the two halves of the bad-input matrix (test_bad_input*.py) and the passes' tests of awkward inputs."""
 
 import torch
 from torch import nn
@@ -26,3 +26,17 @@ def _calibrated(model, example, batches):
 
 def _targets(qmodel):
     return [getattr(n.target, "__name__", str(n.target)) for n in qmodel.graph.nodes if n.op == "call_function"]
+
+
+class OptionalBias(nn.Module):
+    """A forward with a parameter whose default, None, skips a branch (``if bias is not None``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, bias=None):
+        h = self.fc(x)
+        if bias is not None:
+            h = h + bias
+        return h

@@ -6,6 +6,7 @@ inputs that are awkward but legal, that the result is right.
 """
 
 import re
+import sys
 import warnings
 
 import pytest
@@ -44,6 +45,23 @@ def test_prepared_verbs_refuse_non_modules_and_unprepared_models(verb, obj, type
 
 
 # 2. a model in training mode ---------------------------------------------------------------------
+@pytest.mark.parametrize("stage", ["prepared", "calibrated", "converted"])
+@pytest.mark.parametrize("verb", ["prepare", "quantize"])
+def test_a_model_lucid_fx_already_prepared_or_converted_is_refused(stage, verb):
+    x = torch.randn(2, 4)
+    model = lucid_fx.prepare(_mlp(), example_inputs=(x,))
+    if stage != "prepared":
+        lucid_fx.calibrate(model, [x], progress=False)
+    if stage == "converted":
+        model = lucid_fx.convert(model)
+    message = (f"^{verb}: the model is already prepared \\(it holds lucid_fx's observers\\); calibrate it and convert it "
+               f"\\(lucid_fx.calibrate, lucid_fx.convert\\), or {verb} the float model$" if stage != "converted" else
+               f"^{verb}: the model is already converted to int8 \\(its graph calls lucid_fx's kernels\\); {verb} the "
+               "float model it came from$")
+    with pytest.raises(ValueError, match=message):  # preparing it again observed the observers
+        lucid_fx.prepare(model, example_inputs=(x,)) if verb == "prepare" else lucid_fx.quantize(model, (x,), [x])
+
+
 def test_training_mode_model_is_refused_naming_the_module():
     with pytest.raises(ValueError, match=r"^prepare: the model is in training mode; call model\.eval\(\) first \(module 'Sequential' has training=True.*or use prepare_qat to train with fake quantization$"):
         lucid_fx.prepare(nn.Sequential(nn.Linear(4, 4), nn.Dropout()), example_inputs=(torch.randn(2, 4),))
@@ -118,6 +136,63 @@ def test_calibrate_names_the_inputs_a_batch_does_not_fit():
         lucid_fx.calibrate(prepared, [x, (x, x)], progress=False)
 
 
+def _observer_states(prepared):
+    return {name: {k: v.clone() for k, v in o.state_dict().items()} for name, o in prepared.lucid_fx_observers.items()}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.randn(4, 8) * 100, r"^calibrate: batch 1 \(Tensor\[4, 8\] float32\) raised RuntimeError at node '_0' "
+                              r"\(module '0'\) on \(Tensor\[4, 8\] float32\): mat1 and mat2 shapes cannot be multiplied "
+                              r"\(4x8 and 4x8\); prepare's example inputs were \(Tensor\[2, 4\] float32\)\. The observers "
+                              r"are as they were before this batch: fix or drop it and calibrate again$"),
+    (torch.randint(0, 5, (4, 4)), r"^calibrate: batch 1 \(Tensor\[4, 4\] int64\) raised RuntimeError at node '_0' "
+                                  r"\(module '0'\) on \(Tensor\[4, 4\] int64\): mat1 and mat2 must have the same dtype"),
+], ids=["wrong-shape", "wrong-dtype"])
+def test_a_batch_that_raises_is_named_and_leaves_the_observers_as_they_were(bad, message):
+    batches = _batches(4)
+    prepared = lucid_fx.prepare(_mlp(), example_inputs=(torch.randn(2, 4),))
+    lucid_fx.calibrate(prepared, batches[:2], progress=False)
+    with pytest.raises(RuntimeError, match=message):
+        lucid_fx.calibrate(prepared, [batches[2], bad], progress=False)  # batch 0 runs, batch 1 raises
+    lucid_fx.calibrate(prepared, [batches[3]], progress=False)
+    reference = lucid_fx.prepare(_mlp(), example_inputs=(torch.randn(2, 4),))
+    lucid_fx.calibrate(reference, batches, progress=False)  # the same batches, without the bad one
+    after, expected = _observer_states(prepared), _observer_states(reference)
+    assert after.keys() == expected.keys()
+    for name in after:  # the input's observer saw the bad batch before the linear raised: rolled back
+        assert all(torch.equal(after[name][k], expected[name][k]) for k in after[name]), name
+
+
+class _Counter(nn.Module):
+    """A model whose forward writes its own buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count += 1
+        return self.fc(x) * self.count
+
+
+def test_calibration_leaves_the_models_own_buffers_as_prepare_found_them():
+    model, batches = _Counter().eval(), _batches(6)
+    qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
+    # The six calibration calls counted: the converted model started at 6, its first output 7x the float one's.
+    assert (float(model.count), float(qmodel.count)) == (0.0, 0.0)
+    x = batches[0]
+    assert (qmodel(x) - model(x)).abs().max() < 0.05 and (float(model.count), float(qmodel.count)) == (1.0, 1.0)
+
+
+def test_one_tensor_as_the_calibration_data_is_refused():
+    prepared = lucid_fx.prepare(_mlp(), example_inputs=(torch.randn(2, 4),))
+    with pytest.raises(TypeError, match=r"^calibrate: data is one tensor \(Tensor\[8, 4\] float32\), which would run "
+                                        r"row by row; pass a list of batches: \[x\] for one batch, or "
+                                        r"list\(x\.split\(n\)\) for batches of n$"):
+        lucid_fx.calibrate(prepared, torch.randn(8, 4), progress=False)
+
+
 # 6. NaN and inf in calibration batches ---------------------------------------------------------
 def test_nonfinite_calibration_values_are_skipped_counted_and_named():
     model = _mlp()
@@ -126,8 +201,10 @@ def test_nonfinite_calibration_values_are_skipped_counted_and_named():
     prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 4),))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lucid_fx.calibrate(prepared, batches, progress=False)
+        lucid_fx.calibrate(prepared, batches, progress=False); calibrated_at = sys._getframe().f_lineno  # noqa: E702
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    # Each points at the line that calibrated (it pointed into torch's Module._call_impl).
+    assert {(w.filename, w.lineno) for w in caught} == {(__file__, calibrated_at)}
     assert messages[0] == (
         "observer of node 'input_1': skipped 2 non-finite value(s) (NaN/inf) in observed data; they are excluded "
         "from the statistics (the running total is in .nonfinite_count)"
@@ -141,6 +218,16 @@ def test_nonfinite_calibration_values_are_skipped_counted_and_named():
     x = _batches(1, seed=7)[0]
     out = qmodel(x)
     assert torch.isfinite(out).all() and (out - model(x)).abs().max() < 0.1
+
+
+def test_convert_after_only_nonfinite_calibration_says_so():
+    prepared = lucid_fx.prepare(_mlp(), example_inputs=(torch.randn(2, 4),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lucid_fx.calibrate(prepared, [torch.full((2, 4), float("nan"))], progress=False)
+    with pytest.raises(ValueError, match=r"^convert: the observers of node\(s\) input_1, _1, _2 saw only NaN or ±inf "
+                                         r"values \(\d+ skipped\), no finite one: clean the calibration data"):
+        lucid_fx.convert(prepared)
 
 
 # 7. zero-size and zero-range tensors -----------------------------------------------------------

@@ -369,3 +369,75 @@ def test_an_exported_model_prepares_and_converts_without_a_warning():
         prepared, qmodel = quantize(model, example_inputs=tokens(0))
     assert prepared.lucid_fx_report.captures[""] == "export"
     assert held_out_sqnr(model, qmodel) >= 25
+
+
+class TwoInputs(nn.Module):
+    """A model torch.fx traces whose forward takes two inputs and a keyword with a default."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, y, scale=2.0):
+        return self.fc(x) * scale + y
+
+
+def _two_inputs():
+    torch.manual_seed(0)
+    batches = [{"x": torch.randn(4, 8), "y": torch.randn(4, 4)} for _ in range(4)]
+    return TwoInputs().eval(), batches
+
+
+@pytest.mark.parametrize("how", ["dict", "kwargs", "mixed"])
+def test_keyword_example_inputs_bind_to_a_traced_forwards_parameters(how):
+    model, batches = _two_inputs()
+    first = batches[0]
+    given = {"dict": {"example_inputs": first}, "kwargs": {"example_kwargs": first},
+             "mixed": {"example_inputs": (first["x"],), "example_kwargs": {"y": first["y"]}}}[how]
+    prepared = lucid_fx.prepare(model, **given)
+    assert prepared.lucid_fx_report.captures == {"": "fx"}
+    lucid_fx.calibrate(prepared, batches, progress=False)
+    qmodel = lucid_fx.convert(prepared)
+    # The shapes were recorded on the keyword inputs: the linear's FLOPs are counted (none were before).
+    assert "int8 FLOPs: 100.0% of 256 FLOP" in str(qmodel.lucid_fx_convert_report)
+    for batch in batches:
+        assert sqnr(model(**batch), qmodel(**batch)) > 35
+    assert torch.equal(qmodel(**first), qmodel(first["x"], first["y"]))
+
+
+def test_keyword_example_inputs_that_do_not_fit_forward_name_the_parameter():
+    model, batches = _two_inputs()
+    x, y = batches[0]["x"], batches[0]["y"]
+    cases = [({"example_inputs": {"x": x}}, "TwoInputs.forward(x, y, scale) needs 'y', which the example inputs do not give"),
+             ({"example_inputs": {"x": x, "y": y, "z": y}}, "has no parameter 'z' (keyword inputs: x, y, z)"),
+             ({"example_inputs": (x,), "example_kwargs": {"x": x, "y": y}}, "got 'x' by position and by name")]
+    for given, message in cases:
+        with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            lucid_fx.prepare(model, **given)
+
+
+class DataBranch(nn.Module):
+    """A branch on a value: torch.fx cannot trace the root, torch.export cannot capture it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h)
+
+
+def test_a_capture_that_fails_prints_nothing_and_the_report_says_why(capsys):
+    torch.manual_seed(0)
+    prepared = lucid_fx.prepare(DataBranch().eval(), example_inputs=(torch.randn(4, 16),))
+    out, err = capsys.readouterr()
+    # torch.export logged a warning and printed the partial graph to stderr twice (27 lines each time)
+    assert (out, err) == ("", "")
+    captured = prepared.lucid_fx_report.captures
+    assert captured[""].startswith("float (torch.fx: TraceError: symbolically traced variables cannot be used as inputs "
+                                   "to control flow; torch.export cannot capture <root> (DataBranch): "
+                                   "GuardOnDataDependentSymNode")
+    assert (captured["a"], captured["b"]) == ("fx", "fx")

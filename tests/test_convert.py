@@ -149,21 +149,24 @@ def test_custom_lowering_overrides_builtin_per_backend():
         lucid_fx.register_lowering("linear", keep_linear_float, backend="tpu", registry=reg)
 
 
+class _GateAfterLinear(nn.Module):
+    """A user's bounded function (test_registry.my_gate) after a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return my_gate(self.fc(x))
+
+
 def test_custom_bounded_op_with_custom_lowering():
-    class UsesGate(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return my_gate(self.fc(x))
-
     with lucid_fx.registry_scope() as reg:
         lucid_fx.register_bounded_op(my_gate, (0.0, 1.0))
         from lucid_fx.rules.lowering import lower_elementwise
 
         lucid_fx.register_lowering("my_gate", lower_elementwise)  # a unary op: a 256-entry table
-        model = UsesGate().eval()
+        model = _GateAfterLinear().eval()
         prepared = _calibrated(model, torch.randn(2, 4), lambda s: torch.randn(2, 4, generator=torch.Generator().manual_seed(s)), 20)
         qmodel = lucid_fx.convert(prepared)
         reference = lucid_fx.convert(prepared, reference=True)
@@ -325,3 +328,21 @@ def test_conv1d_with_an_activation_onednn_does_not_fuse_converts_and_runs(sqnr_d
         out, ref = qmodel(x), reference(x)
         scale = prepared.lucid_fx_observers["act"].calculate_qparams()[0].item()
         assert (out - ref).abs().max().item() <= 2 * scale and sqnr_db(model(x), out) > 30
+
+
+def test_convert_and_explain_use_the_registry_the_model_was_prepared_with():
+    from lucid_fx.rules.lowering import lower_elementwise
+
+    reg = lucid_fx.Registry()
+    lucid_fx.register_bounded_op(my_gate, (0.0, 1.0), registry=reg)
+    lucid_fx.register_lowering("my_gate", lower_elementwise, registry=reg)
+    model = _GateAfterLinear().eval()
+    prepared = lucid_fx.prepare(model, example_inputs=(torch.randn(2, 4),), registry=reg)
+    lucid_fx.calibrate(prepared, [torch.randn(2, 4) for _ in range(8)], progress=False)
+    # Neither is given reg: both used the current registry's rules, and my_gate ran float without a word.
+    assert lucid_fx.explain(prepared).by_node()["my_gate"]["runs"] == "table lookup"
+    qmodel = lucid_fx.convert(prepared)
+    assert qmodel.lucid_fx_convert_report.lowered["my_gate"] == "my_gate" and "lut" in _kernels(qmodel)
+    assert ("my_gate",) not in lucid_fx.current_registry().lowerings["generic"]
+    other = lucid_fx.Registry()  # a registry given wins
+    assert "lut" not in _kernels(lucid_fx.convert(prepared, registry=other))

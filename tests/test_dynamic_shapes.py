@@ -163,3 +163,26 @@ def test_a_dim_the_models_code_fixes_under_auto_is_checked_and_named():
     assert record["shapes"] == [[None, 5, 8]]
     with pytest.raises(ValueError, match=message):
         _load(data)(torch.randn(3, 7, 8))
+
+
+class _EncoderUnderATracedRoot(nn.Module):
+    """A root torch.fx traces around a child it cannot (torch's encoder layer: captured with torch.export)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.head(self.layer(x).mean(1))
+
+
+def test_dynamic_shapes_auto_reaches_a_child_captured_with_torch_export():
+    torch.manual_seed(0)
+    model = _EncoderUnderATracedRoot().eval()
+    data = [torch.randn(4, 10, 32) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False, dynamic_shapes="auto")
+    # The child's capture was fixed to (4, 10, 32): another shape was refused, telling the user to pass "auto".
+    for shape in ((2, 7, 32), (4, 10, 32), (8, 10, 32)):  # (far shorter sequences than calibration's clip)
+        x = torch.randn(shape)
+        assert _sqnr(model(x), qmodel(x)) > 25, shape

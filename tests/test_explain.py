@@ -46,3 +46,13 @@ def test_a_fixed_qparams_row_gives_the_proven_interval_as_its_reason_and_both_ru
     # a row that is not fixed names one rule, and its own reason
     assert (rows["fc"]["kind"], rows["fc"]["rule"]) == ("statistics", _where(OBSERVER_RULES, "_statistics"))
     assert rows["fc"]["reason"] == "quantized op: calibrated grid"
+
+
+def test_runs_gives_the_default_placement_and_names_measured_candidates_as_a_prediction():
+    explanation = lucid_fx.explain(lucid_fx.prepare(Bounded().eval(), example_inputs=(torch.randn(2, 4),)))
+    lines = {line.split()[0]: line for line in str(explanation).splitlines()[1:] if line.split()}
+    # tanh is a candidate of precision="measured" (an elementwise tail) but runs int8 by default: the row says both.
+    assert "table lookup (inside add's table (one lookup of fc's codes)) [precision='measured' may run it float: " \
+           "elementwise region]" in lines["tanh"], lines["tanh"]
+    assert "precision='measured'" not in lines["fc"]
+    assert "measured faster" not in str(explanation)

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("numerics", ("lucid_fx.quantization", "lucid_fx._where")),
     ("core", ("lucid_fx.kernels", "lucid_fx.ops", "lucid_fx.aliasing", "lucid_fx.op_tags", "lucid_fx.op_overloads",
-              "lucid_fx.node_refs", "lucid_fx.computed_weights", "lucid_fx.interval", "lucid_fx._meta", "lucid_fx._placement")),
+              "lucid_fx.node_refs", "lucid_fx.computed_weights", "lucid_fx.interval", "lucid_fx._meta", "lucid_fx._placement",
+              "lucid_fx._describe")),
     ("rules", ("lucid_fx.rules", "lucid_fx.registry")),
     ("passes", ("lucid_fx.passes",)),
     ("verbs", ("lucid_fx",)),

@@ -183,7 +183,7 @@ def test_explain_names_the_candidates_and_their_region_kind():
     rows = explanation.by_node()
     assert (rows["softmax"]["measured"], rows["gelu"]["measured"], rows["_0_qkv"]["measured"]) == ("attention", "elementwise", "")
     line = next(line for line in str(explanation).splitlines() if line.startswith("softmax "))
-    assert "[float where measured faster: attention]" in line
+    assert "[precision='measured' may run it float: attention region]" in line
 
 
 class MaskedAttention(nn.Module):

@@ -25,8 +25,10 @@ def test_demo_sample_has_every_line_the_demo_prints():
     from lucid_fx.demo import DemoConfig, DemoResult
 
     sample = re.search(r"One run \(`lucid-fx demo`.*?```\n(.*?)```", README, re.S).group(1).splitlines()
-    result = DemoResult(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "e", "c", {"train": 1.0}, ["n"], Path("x.html"))
-    printed = [line.split(":")[0] for line in result.lines(DemoConfig.full())]
+    # convert's report ends with its FLOPs line, as a converted model's does
+    result = DemoResult(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "e", "c\nint8 FLOPs: 100.0% of 1 kFLOP", {"train": 1.0}, ["n"],
+                        Path("x.html"))
+    printed = [line.split(":")[0] for line in "\n".join(result.lines(DemoConfig.full())).splitlines()]
     assert [line.split(":")[0] for line in sample] == printed
     assert printed[-1] == "time" and re.fullmatch(r"time: train [\d.]+s, quantize [\d.]+s, latency [\d.]+s, compare [\d.]+s, graph [\d.]+s", sample[-1])
 

@@ -87,3 +87,11 @@ def test_bad_target_arguments_are_named():
     assert by_keyword.lucid_fx_target.met and by_keyword.lucid_fx_target.sqnr_db > 20
     with pytest.raises(ValueError, match="max_rounds must be at least 1, got 0"):
         lucid_fx.quantize(model, (x,), [x, x], target_sqnr_db=30, max_rounds=0)
+
+
+@pytest.mark.parametrize("target", [float("nan"), float("inf"), "30"])
+def test_a_target_that_is_not_a_finite_number_is_refused(target):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    data = [torch.randn(2, 4) for _ in range(4)]
+    with pytest.raises(ValueError, match=r"^quantize: target_sqnr_db must be a finite number of dB \(30 is a common goal\), got "):
+        lucid_fx.quantize(model, (data[0],), data, target_sqnr_db=target, progress=False)

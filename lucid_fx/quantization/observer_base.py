@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from lucid_fx._where import user_stacklevel
 from lucid_fx.quantization.dtypes import QDtype, QParams, QScheme, to_qdtype, to_qscheme
 
 __all__ = ["ObserverBase"]
@@ -113,7 +114,7 @@ class _StatisticsObserver(ObserverBase):
                 f"{self.observer_name}: skipped {bad} non-finite value(s) (NaN/inf) in observed data; "
                 "they are excluded from the statistics (the running total is in .nonfinite_count)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         return finite
 
@@ -122,7 +123,7 @@ class _StatisticsObserver(ObserverBase):
             f"{self.observer_name}: saw no data; run calibration before asking for qparams. "
             "Returning scale=1.0, zero_point=0",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         device = self.nonfinite_count.device
         return torch.ones(shape, device=device), torch.zeros(shape, dtype=torch.int64, device=device)

@@ -2,10 +2,12 @@
 every call of its signature (from constants and input shapes) is computed once; what is written in
 place, returned, random or a child module is left to run time; the program's values do not change."""
 
+import pytest
 import torch
 from torch import fx, nn
 
 import lucid_fx
+from _bad_input import OptionalBias
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants
 from lucid_fx.passes.lower_to_program import record_values
 from lucid_fx.program import programs_of
@@ -103,3 +105,15 @@ def test_a_converted_llama_like_programs_rotary_tables_are_constants_and_its_val
     assert not any(n.op == "call_function" and getattr(n.target, "__name__", "") == "arange" for n in program.graph.nodes)
     assert torch.equal(program_out["logits"] if isinstance(program_out, dict) else program_out,
                        portable["logits"] if isinstance(portable, dict) else portable)
+
+
+def test_a_concrete_arguments_guard_is_kept_through_prepare_and_convert():
+    torch.manual_seed(0)
+    model, data = OptionalBias().eval(), [torch.randn(4, 8) for _ in range(4)]
+    qmodel = lucid_fx.quantize(model, (data[0],), data, progress=False, concrete_args={"bias": None})
+    bias = torch.full((8,), 100.0)
+    # The guard torch.fx writes was dropped as dead code: a bias was ignored, the output 100 off without a word.
+    for call in (lambda: qmodel(data[0], bias), lambda: qmodel(data[0], bias=bias)):
+        with pytest.raises(AssertionError, match="^bias has been specialized to have value None but got another value$"):
+            call()
+    assert (qmodel(data[0]) - model(data[0])).abs().max() < 0.05

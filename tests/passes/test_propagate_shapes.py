@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+import lucid_fx
 from lucid_fx import _meta
+from _bad_input import OptionalBias
 from lucid_fx.passes.propagate_shapes import propagate_shapes
 from lucid_fx.passes.trace_model import trace_model
 
@@ -36,3 +38,13 @@ def test_inputs_that_do_not_fit_name_the_node_and_the_shapes():
     gm = trace_model(Net().eval()).graph_module
     with pytest.raises(ValueError, match=r"(?s)fc.*Tensor\[2, 3, 5\]"):
         propagate_shapes(gm, (torch.randn(2, 3, 5), torch.zeros(5, dtype=torch.long)))
+
+
+def test_a_parameter_left_at_its_default_none_is_named_with_concrete_args():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"failed on inputs \(Tensor\[4, 8\] float32, None\) with TypeError: .*"
+                                         r"forward's 'bias' took its default None, and torch.fx traced the code that uses "
+                                         r"it: pass concrete_args=\{'bias': None\} to prepare"):
+        lucid_fx.prepare(OptionalBias().eval(), example_inputs=(x,))
+    prepared = lucid_fx.prepare(OptionalBias().eval(), example_inputs=(x,), concrete_args={"bias": None})  # as advised
+    assert prepared(x).shape == (4, 8)
