@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import fx
@@ -113,10 +113,32 @@ def _bind(parameters, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional
     return None if any(v is inspect.Parameter.empty for v in bound) else bound
 
 
+def _eager_call(model: "ProgramRunner", *args: Any, **kwargs: Any) -> Any:
+    """A converted model's call from code torch.compile traces: a graph break, then the programs as without it
+    (docs/convert.md measured compiling a converted model slower, and does not offer it). Wrapped by
+    torch.compiler.disable when first needed, not at import: that imports torch._dynamo, 1 s of ``import lucid_fx``."""
+    global _EAGER
+    if _EAGER is None:
+        _EAGER = torch.compiler.disable(lambda m, *a, **k: ProgramRunner.__call__(m, *a, **k))
+    return _EAGER(model, *args, **kwargs)
+
+
+_EAGER: Optional[Callable[..., Any]] = None
+
+
+def _fits(programs: Any, model: fx.GraphModule, args: Tuple[Any, ...]) -> bool:
+    """Whether ``args`` bind to ``model``'s forward (checked once a signature: the key holds their count)."""
+    if programs.parameters is _UNSET:
+        programs.parameters = _parameters(model.forward)
+    return programs.parameters is None or _bind(programs.parameters, args, {}) is not None
+
+
 class ProgramRunner:
     """Mixed into a converted GraphModule's class: calls run the program for their input signature."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # torch.compile traced into the programs' ctypes calls, on fake tensors:
+            return _eager_call(self, *args, **kwargs)  # a segmentation fault. The model runs eagerly there instead
         programs: Dict[tuple, Any] = self.__dict__.get(_PROGRAMS)
         if programs is None:
             programs = self.__dict__[_PROGRAMS] = _Programs()
@@ -130,6 +152,8 @@ class ProgramRunner:
                 return torch.nn.Module.__call__(self, *args, **kwargs)
             args, kwargs = bound, {}
         key = _signature(args)
+        if key is not None and key not in programs and not _fits(programs, self, args):
+            return torch.nn.Module.__call__(self, *args)  # Python's own TypeError: a recording run ignored extra inputs
         if _on_cuda(key) and not replayable(self):
             key = None  # replays off, or autograd or a caller's capture records this call: the portable graph
         program = programs.get(key) if key is not None else None
@@ -175,7 +199,16 @@ class ProgramRunner:
 
     def recompile(self):
         self.__dict__.pop(_PROGRAMS, None)
-        return super().recompile()
+        # GraphModule.recompile sets its call wrapper on the model's class, in front of ProgramRunner.__call__: on
+        # the class install_programs made, a deep copy's class of its own then called it back without end (pickling
+        # recompiles: torch.save of the model, then copy.deepcopy, raised RecursionError). Taken off again there.
+        cls = type(self)
+        had = {name for name in ("__call__", "_wrapped_call") if name in vars(cls)}
+        code = super().recompile()
+        if ProgramRunner in cls.__bases__:
+            for name in {"__call__", "_wrapped_call"} - had:
+                delattr(cls, name)
+        return code
 
 
 def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphModule]:
