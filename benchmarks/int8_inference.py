@@ -8,10 +8,9 @@ its choices are printed above the table rows).
 
 Every figure is a same-run median of ``--rounds`` timed rounds (each round runs each model
 enough times to take ~0.2 s, the variants taking turns within the round) after a warm-up. Each model
-runs in a process of its own (its variants in the same one), as a user's model would: in one process
-for all of them (``--one-process``), what ran before slowed the later models' variants unevenly
-(measured: the MobileNetV3-like model's lucid_fx row 2.56 ms after the other models, 1.88 alone, PT2E's
-3.48 and 3.30; the cause, perhaps the allocator's state after the compiled peers, is not found).
+runs in a process of its own (its variants in the same one), as a user's model would; ``--one-process``
+runs them all in this one, where the models measured later ran a few percent slower (the MobileNetV3-like
+row first and last: fp32 5.77 and 6.44 ms, PT2E 3.12 and 3.40, lucid_fx 1.84 and 1.91, docs/benchmarks.md).
 Speedups are ratios to fp32 eager measured in the same run; the last column is lucid_fx's time
 over the fastest peer's (for both lucid_fx rows) (> 1: lucid_fx is faster). SQNR is against the fp32 output on a held-out
 batch. Size is the serialized ``state_dict``. The CPU's int8 features head the table.

@@ -130,9 +130,10 @@ def main(quick: bool = False) -> dict:
     print(f"int8 accuracy: {100 * results['int8_accuracy']:.2f}%  (change {change:+.2f} points)")
     print(f"logits SQNR: {results['sqnr_db']:.1f} dB (int8 against fp32, {test_n} test images)")
     print(f"model size: fp32 {results['fp32_mb']:.3f} MB, int8 {results['int8_mb']:.3f} MB (serialized state_dict)")
+    threads = torch.get_num_threads()
     print(
         f"latency: fp32 {results['fp32_ms']:.2f} ms, int8 {results['int8_ms']:.2f} ms "
-        f"(batch 64, median of {rounds}, {torch.get_num_threads()} threads)"
+        f"(batch 64, median of {rounds}, {threads} thread{'' if threads == 1 else 's'})"
     )
     print(f"explain: {results['explain']}")
     print(f"convert: {results['report']}")
