@@ -14,7 +14,8 @@ packed for the input shape they meet (up to :data:`SHAPED_PACKS` shapes; 0.83 ag
 for 512 channels 3x3 on 7x7); int8 activations enter as uint8 (s8 measured 5x slower).
 
 oneDNN convolutions compute in channels-last: an NCHW input costs a layout copy of the result (1.15 ms NHWC
-against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56). Each oneDNN call costs ~50-100 us here.
+against 1.60 ms NCHW for a 64-channel 3x3 conv on 56x56). Each oneDNN call costs ~50-100 us here. On AMX CPUs
+some of its convolutions are wrong: each pack is checked there first (:mod:`lucid_fx.kernels.onednn_check`).
 Without VNNI, oneDNN's u8 x s8 kernels add pairs of products in int16 with saturation (``vpmaddubsw``), so a
 full-range int8 weight can be many steps off: :func:`weight_quant_range` gives the device's exact weight grid
 (``[-64, 63]`` there); a weight outside it runs the ``_int_mm`` fallback (correct, slower), with a warning.
@@ -36,6 +37,7 @@ from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
 from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, linear_row, row_bounds, row_linear, row_out_scale, takes_row
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
+from lucid_fx.kernels.onednn_check import conv_agrees
 from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
     FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums)
@@ -112,8 +114,9 @@ def _exact_on_onednn(qw: torch.Tensor, groups: int = 1) -> bool:
 
 
 def _pack(qw: torch.Tensor, key, build, groups: int = 1):
-    def checked():
-        return (build(), torch.zeros(qw.shape[0], dtype=torch.int64)) if _exact_on_onednn(qw, groups) else None
+    def checked():  # build() is None where oneDNN's pack failed its check here (onednn_check.conv_agrees)
+        built = build() if _exact_on_onednn(qw, groups) else None
+        return None if built is None else (built, torch.zeros(qw.shape[0], dtype=torch.int64))
 
     return PACKED.get(qw, key, checked)
 
@@ -134,10 +137,7 @@ def _from_uint8(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (out ^ 128).view(torch.int8) if dtype == torch.int8 else out
 
 
-def _linear_as_conv() -> bool:
-    # Measured on AVX2 without VNNI: oneDNN's 1x1 convolution computes a linear with the same codes
-    # 1.1-2.2x faster than its linear (Linear(1024): 104 vs 170 us at batch 1, 552 vs 730 us at 64, 8.2
-    # vs 9.5 ms at 1024). With VNNI its linear runs at 91% of peak and is kept (Target.linear_as_conv).
+def _linear_as_conv() -> bool:  # without VNNI (Target.linear_as_conv: Linear(1024) 104 vs 170 us at batch 1)
     return _cpu_target().linear_as_conv
 
 
@@ -215,20 +215,20 @@ SHAPED_PACKS = 4
 
 
 def _conv_pack(qw, w_scale, x_shape, stride, padding, dilation, groups):
-    """The oneDNN pack of ``qw`` for this geometry and input shape. Packed for the input shape, the
-    weight takes oneDNN's best layout for it (measured, 512 -> 512 channels 3x3 on 7x7: 0.83 against
-    1.29 ms a call; the x qparams given to the prepack change nothing). A weight seen with more
+    """The oneDNN pack of ``qw`` for this geometry and input shape, where it takes oneDNN's best layout (0.83 against
+    1.29 ms for 512 -> 512 channels 3x3 on 7x7; the prepack's x qparams change nothing). A weight seen with more
     than SHAPED_PACKS shapes (a model run at many sizes) gets a generic pack for the rest."""
     if not _onednn_on():
         return None
-    geometry = ("conv", tuple(stride), tuple(padding), tuple(dilation), groups)
-    key = (*geometry, tuple(x_shape))
+    geometry, shape = ("conv", tuple(stride), tuple(padding), tuple(dilation), groups), tuple(x_shape)
+    key = (*geometry, shape)
     if not PACKED.has(qw, key) and PACKED.count(qw, lambda k: k[:5] == geometry and len(k) == 6) >= SHAPED_PACKS:
         key, x_shape = geometry, None
-    build = lambda: torch.ops.onednn.qconv_prepack(  # noqa: E731
-        qw.contiguous(), w_scale.to(torch.float32), 1.0, 0, stride, padding, dilation, groups,
-        None if x_shape is None else list(x_shape),
-    )
+
+    def build():  # checked on the shape it is first built for, where oneDNN's AMX kernels run (onednn_check.py)
+        packed = torch.ops.onednn.qconv_prepack(qw.contiguous(), w_scale.to(torch.float32), 1.0, 0, stride, padding,
+                                                dilation, groups, None if x_shape is None else list(x_shape))
+        return packed if conv_agrees(packed, qw, w_scale, shape, stride, padding, dilation, groups) else None
     return _pack(qw, key, build, groups)
 
 

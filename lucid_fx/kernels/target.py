@@ -9,8 +9,8 @@ still check the real CPU (``detected_cpu_features``) before a call that would be
 >>> from lucid_fx.kernels import force_cpu_features
 >>> with force_cpu_features("avx2"):
 ...     t = resolve_target("cpu")
->>> t.cpu.name, t.weight_range, t.linear_as_conv, t.amx_zero_point_check
-('avx2', (-64, 63), True, False)
+>>> t.cpu.name, t.weight_range, t.linear_as_conv
+('avx2', (-64, 63), True)
 >>> resolve_target("cuda").weight_range
 (-128, 127)
 
@@ -29,7 +29,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features
+from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
 
 __all__ = ["Target", "resolve_target", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID"]
 
@@ -67,7 +67,7 @@ class Target:
     #: The activation zero point goes into the bias where that is exact (oneDNN CPU kernels).
     fold_zero_point: bool
     #: A linear that leaves a zero point to oneDNN with an accumulator past 2^24 takes the exact
-    #: _int_mm path (AMX: oneDNN's compensation measured 2 codes off there).
+    #: _int_mm path (AMX: oneDNN's compensation measured 2 codes off there), on a real AMX CPU whatever kind is forced.
     amx_zero_point_check: bool
     #: torch._int_mm on this CPU sums int16 pairs with saturation: wide weights are split in two.
     split_int_mm: bool
@@ -115,7 +115,7 @@ def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
         weight_range=NARROW_GRID if on_cpu and not cpu.vnni else FULL_GRID,
         linear_as_conv=not cpu.vnni,
         fold_zero_point=on_cpu,
-        amx_zero_point_check=cpu.amx,
+        amx_zero_point_check=cpu.amx or detected_cpu_features().amx,  # a forced kind on an AMX CPU runs its oneDNN
         split_int_mm=not cpu.vnni,
         linear_row=None if not on_cpu or cpu.amx else "int_mm" if cpu.vnni else "native",
     )

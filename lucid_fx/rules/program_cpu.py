@@ -23,6 +23,7 @@ from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row,
                                          row_bounds, row_linear, row_out_scale)
 from lucid_fx.kernels.pointwise_rows import pointwise_rows, pointwise_rows_plan, pointwise_rows_sum, pointwise_rows_sum_plan
+from lucid_fx.kernels.onednn_check import conv_agrees
 from lucid_fx.kernels.reference import onednn_post_op
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
@@ -88,6 +89,8 @@ def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, 
     # Packed for the input shape it meets, the weight takes oneDNN's best layout for it (0.83 against
     # 1.29 ms for 512 -> 512 channels 3x3 on 7x7, measured); a program is built per input shape.
     packed = ON.qconv_prepack(qw.contiguous(), ws, 1.0, 0, stride, padding, dilation, groups, list(x.shape))
+    if not conv_agrees(packed, qw, ws, x.shape, stride, padding, dilation, groups):
+        return None  # oneDNN's AMX kernels compute this convolution wrong: the portable call's exact fallback runs it
     return [qx, x_scale, zp, b.const(packed, "packed"), b.const(ws, "wscale"),
             b.const(torch.zeros(qw.shape[0], dtype=torch.int64), "wzp")], bias
 

@@ -7,6 +7,7 @@ import torch
 
 import lucid_fx
 from lucid_fx.kernels import force_cpu_features, weight_quant_range
+from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.target import Target, resolve_target
 
 
@@ -17,7 +18,8 @@ def test_each_cpu_kind_gets_its_grid_and_kernel_choices(kind, grid, as_conv, amx
     with force_cpu_features(kind):
         target = resolve_target("cpu")
         assert weight_quant_range("cpu") == grid  # the public helper reads the same Target
-    assert (target.cpu.name, target.weight_range, target.linear_as_conv, target.amx_zero_point_check) == (kind, grid, as_conv, amx)
+    assert (target.cpu.name, target.weight_range, target.linear_as_conv) == (kind, grid, as_conv)
+    assert target.amx_zero_point_check == (amx or detected_cpu_features().amx)  # a real AMX CPU runs its oneDNN
     assert target.split_int_mm == (kind == "avx2") and target.fold_zero_point
     assert target.linear_row == {"avx2": "native", "avx512_vnni": "int_mm"}.get(kind)  # AMX: not yet measured
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -73,7 +75,9 @@ def _calls(name):
 def test_only_the_target_asks_the_cpu_what_it_is():
     # Kernels may check the real CPU before a call that would be wrong there (detected_cpu_features).
     assert _calls("cpu_features") == {"lucid_fx/kernels/target.py"}
-    # linear_row.py: a row engine only where its values are this machine's oneDNN's.
+    # linear_row.py: a row engine only where its values are this machine's oneDNN's; target.py and onednn_check.py:
+    # the checks of oneDNN's AMX kernels, whatever kind is forced.
     assert _calls("detected_cpu_features") <= {"lucid_fx/kernels/cpu.py", "lucid_fx/kernels/int_mm.py",
-                                               "lucid_fx/kernels/linear_row.py", "lucid_fx/kernels/cpu_features.py"}
+                                               "lucid_fx/kernels/linear_row.py", "lucid_fx/kernels/cpu_features.py",
+                                               "lucid_fx/kernels/target.py", "lucid_fx/kernels/onednn_check.py"}
     assert _calls("weight_quant_range") == set()  # kept for users; lucid_fx reads Target.weight_range
