@@ -211,6 +211,22 @@ def test_a_reduction_that_could_overflow_int32_runs_in_float_with_a_warning():
     assert (qmodel(x) - model(x)).abs().max() <= 2 * step  # right to the output grid, not wrapped around
 
 
+def test_a_weight_of_minus_128_codes_counts_its_magnitude():
+    # int8 -128 .abs() is -128 in torch: summed as it was, a weight of the grid's lowest code looked safe and wrapped
+    k = 140_000
+    model = nn.Sequential(nn.Linear(k, 2)).eval()
+    with torch.no_grad():
+        model[0].weight.fill_(-0.01)  # every code the grid's lowest: -128 with VNNI, -64 without
+        model[0].bias.zero_()
+    x = torch.full((2, k), 10.0)
+    x[1] = 5.0
+    prepared = _calibrated(model, x, [x])
+    with pytest.warns(RuntimeWarning, match="could overflow the int8 kernel's int32 accumulator"):
+        qmodel = lucid_fx.convert(prepared)
+    assert qmodel.lucid_fx_convert_report.lowered == {}
+    torch.testing.assert_close(qmodel(x), model(x), rtol=1e-3, atol=0.1)
+
+
 def test_a_wide_but_safe_reduction_stays_int8():
     model = nn.Sequential(nn.Linear(4096, 4)).eval()
     x = torch.rand(3, 4096)

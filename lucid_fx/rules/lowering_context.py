@@ -199,7 +199,8 @@ class LoweringContext:
         """Whether some input could overflow the kernel's int32 accumulator: an output channel sums
         K products of an activation code (|x - zero_point| <= 255) and a weight code, so the
         worst case is 255 * sum_k |w[n, k]|, exact for these weights and any input."""
-        worst = ACTIVATION_SPAN * int(codes.reshape(codes.shape[0], -1).abs().sum(1, dtype=torch.int64).max())
+        magnitudes = codes.reshape(codes.shape[0], -1).to(torch.int32).abs()  # widened first: int8 -128.abs() is -128
+        worst = ACTIVATION_SPAN * int(magnitudes.sum(1, dtype=torch.int64).max())
         if worst <= INT32_MAX:
             return False
         k = codes[0].numel()
