@@ -40,7 +40,8 @@ from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_ke
 from lucid_fx.kernels.onednn_check import conv_agrees
 from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
 from lucid_fx.kernels.zero_point import (  # noqa: F401  (FOLDED_*: read as cpu.* by tests and users)
-    FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _weight_sums)
+    FOLDED_BIASES, FOLDED_GRIDS, _float, _folded_zero_point, _unpadded_zero_point, _zero_point_exact_on_onednn,
+    signed_zero_point_bias, to_signed)
 
 __all__ = ["weight_quant_range", "use_onednn", "onednn_available", "PACKED", "FOLDED_BIASES", "FOLDED_GRIDS", "SHAPED_PACKS"]
 
@@ -151,14 +152,6 @@ def _small_linear(rows, zp_u8: int, qw, w_scale, bias, x_scale: float, out_scale
     return None if row is None else linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
 
-def _zero_point_exact_on_onednn(qw: torch.Tensor, x_zp: int) -> bool:
-    """Whether oneDNN's linear subtracts a zero point left to it exactly. On an AMX CPU (Xeon with
-    AVX512-VNNI and AMX, torch 2.13) its compensation was measured 2 codes off on 164 of 256
-    outputs once the raw accumulator passed 2^24, where float32 stops being exact; such a linear
-    (a wide layer with an asymmetric input) runs on the exact ``_int_mm`` path there."""
-    return x_zp == 0 or not _cpu_target().amx_zero_point_check or _weight_sums(qw) is not None
-
-
 def _linear_pack(qw: torch.Tensor, w_scale: torch.Tensor, as_conv: bool):
     if not as_conv:
         return _pack(qw, "linear", lambda: torch.ops.onednn.qlinear_prepack(qw.contiguous(), None))
@@ -186,9 +179,13 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
     # A zero point left to oneDNN is exact in its linear; its convolution rounds the compensation
     # in float32 once the accumulator passes 2^24 (measured: 2 codes off).
     as_conv = _linear_as_conv() and zp_u8 == 0 and post_op in ref.ONEDNN_CONV_POST_OPS
-    packed = _linear_pack(qw, w_scale, as_conv) if _zero_point_exact_on_onednn(qw, zp_u8) else None
+    exact = _zero_point_exact_on_onednn(qw, zp_u8)  # else as int8 codes, their zero point in the bias, where exact
+    signed = None if exact else signed_zero_point_bias(qw, w_scale, bias, x_scale, zp_u8)
+    packed = _linear_pack(qw, w_scale, as_conv) if exact or signed is not None else None
     if packed is None:
         return int8_linear(*args, pad=False)
+    if signed is not None:
+        rows, zp_u8, bias = to_signed(rows), 0, signed
     weight, zeros = packed
     w_scale = _float(w_scale)
     m, k = rows.shape
@@ -203,8 +200,8 @@ def linear(qx, x_scale, x_zp, qw, w_scale, bias, out_scale, out_zp, post_op, out
         )
         return _from_uint8(out.permute(0, 2, 3, 1).reshape(*qx.shape[:-1], qw.shape[0]), dtype)
     scale, zp = (1.0, 0) if dtype == torch.float32 else (out_scale, out_zp)
-    out = torch.ops.onednn.qlinear_pointwise.default(
-        rows, x_scale, zp_u8, weight, w_scale, zeros, bias, scale, zp, None if dtype == torch.uint8 else dtype,
+    out = torch.ops.onednn.qlinear_pointwise.default(  # the result's dtype given: int8 codes in give int8 by default
+        rows, x_scale, zp_u8, weight, w_scale, zeros, bias, scale, zp, dtype,
         *ref.onednn_post_op(post_op),
     )
     return out.view(*qx.shape[:-1], qw.shape[0])

@@ -1,0 +1,82 @@
+"""lucid_fx/kernels/zero_point.py: where a uint8 zero point neither folds into the bias exactly nor is left to
+oneDNN exactly (AMX), a linear's codes go in as int8, whose zero point folds exactly for twice as wide a weight."""
+
+import pytest
+import torch
+
+import lucid_fx
+from lucid_fx.kernels import cpu, force_cpu_features, zero_point
+from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.cpu_features import detected_cpu_features
+from _program import lowered
+
+ops = torch.ops.lucid_fx
+
+pytestmark = pytest.mark.skipif(not cpu.onednn_available(), reason="this torch build has no oneDNN quantized ops")
+
+
+def _wide_weight(n=8, k=1024, magnitude=100):
+    """A weight whose sum of magnitudes s has 255 s >= 2^24 > 128 s: no uint8 fold, an int8 one."""
+    signs = torch.randint(0, 2, (n, k), generator=torch.Generator().manual_seed(3)) * 2 - 1
+    return (signs * magnitude).to(torch.int8)
+
+
+def test_int8_codes_are_uint8_codes_128_lower():
+    codes = torch.tensor([0, 1, 127, 128, 129, 255], dtype=torch.uint8)
+    assert zero_point.to_signed(codes).tolist() == [-128, -127, -1, 0, 1, 127]
+
+
+def test_the_int8_fold_takes_twice_as_wide_a_weight():
+    qw, ws = _wide_weight(), torch.full((8,), 0.01)
+    bias = torch.linspace(-1, 1, 8)
+    assert 255 * 100 * 1024 >= 2 ** 24 > 128 * 100 * 1024
+    assert zero_point._zero_point_in_bias(qw, ws, bias, 0.02, 117) is None  # uint8 codes: the sums could round
+    folded = zero_point.signed_zero_point_bias(qw, ws, bias, 0.02, 117)
+    want = bias.double() - 0.02 * (117 - 128) * ws.double() * qw.double().sum(1)
+    torch.testing.assert_close(folded, want.float())
+    assert zero_point.signed_zero_point_bias(_wide_weight(magnitude=127) * 0 + 127, ws, bias, 0.02, 117) is not None
+    too_wide = torch.full((8, 1100), 127, dtype=torch.int8)  # 128 * 127 * 1100 >= 2^24
+    assert zero_point.signed_zero_point_bias(too_wide, ws, bias, 0.02, 117) is None
+
+
+def test_a_weight_of_minus_128_codes_counts_its_magnitude():
+    qw = torch.full((2, 600), -128, dtype=torch.int8)  # 255 * 128 * 600 >= 2^24 > 128 * 128 * 600
+    assert zero_point._weight_sums(qw) is None  # -128 .abs() is -128 in int8: summed so, it looked exact
+    assert torch.equal(zero_point._weight_sums(qw, code_max=128), torch.full((2,), -76800.0, dtype=torch.float64))
+    assert zero_point._weight_sums(torch.full((2, 1100), -128, dtype=torch.int8), code_max=128) is None
+
+
+@pytest.mark.parametrize("out", [("uint8", 131), ("float32", 0)])
+def test_a_wide_linear_with_a_zero_point_runs_on_onednn_as_int8_codes_where_amx_runs(out):
+    dtype, out_zp = getattr(torch, out[0]), out[1]
+    qw, ws = _wide_weight(), torch.rand(8, generator=torch.Generator().manual_seed(4)) * 0.01 + 0.001
+    bias = torch.randn(8, generator=torch.Generator().manual_seed(5))
+    qx = torch.randint(0, 256, (64, 1024), dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    args = (qx, 0.02, 117, qw, ws, bias, 0.5, out_zp, "none", dtype)
+    builds, folds = cpu.PACKED.builds, cpu.FOLDED_BIASES.count(qw, lambda key: len(key) == 4)
+    with cpu.use_onednn(True), force_cpu_features("amx"):
+        got = ops.linear(*args)
+    want = ref.linear(*args)
+    # oneDNN takes the full grid where the CPU has VNNI; an AVX2 CPU forced to AMX keeps the exact fallback
+    on_onednn = detected_cpu_features().vnni
+    assert cpu.PACKED.builds == builds + on_onednn
+    assert cpu.FOLDED_BIASES.count(qw, lambda key: len(key) == 4) == folds + on_onednn  # the int8 fold's entry
+    if dtype == torch.uint8:
+        assert int((got.int() - want.int()).abs().max()) <= 1
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_program_gives_onednn_int8_codes_where_amx_would_round_the_zero_point():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 8), torch.nn.ReLU()).eval()
+    x = torch.rand(4, 1024) * 4 - 1  # a zero point of 64
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [x])
+    qmodel = lucid_fx.convert(prepared)
+    qweight = next(b for name, b in qmodel.named_buffers() if name.endswith("qweight"))
+    qweight.copy_(_wide_weight())  # before its first call, which packs it
+    with force_cpu_features("amx"):
+        portable, program, targets = lowered(qmodel, x)
+    assert (zero_point.to_signed in targets) == detected_cpu_features().vnni
+    assert (torch.ops.onednn.qlinear_pointwise.default in targets) == detected_cpu_features().vnni
+    assert torch.equal(program(x), portable)
