@@ -77,6 +77,22 @@ def test_a_program_gives_onednn_int8_codes_where_amx_would_round_the_zero_point(
     qweight.copy_(_wide_weight())  # before its first call, which packs it
     with force_cpu_features("amx"):
         portable, program, targets = lowered(qmodel, x)
-    assert (zero_point.to_signed in targets) == detected_cpu_features().vnni
     assert (torch.ops.onednn.qlinear_pointwise.default in targets) == detected_cpu_features().vnni
+    assert torch.equal(program(x), portable)
+
+
+def test_a_quantize_read_only_by_such_a_linear_writes_int8_codes_itself():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 8), torch.nn.ReLU()).eval()
+    x = torch.rand(4, 1024) * 4 - 1
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [x])
+    qmodel = lucid_fx.convert(prepared)
+    next(b for name, b in qmodel.named_buffers() if name.endswith("qweight")).copy_(_wide_weight())
+    with force_cpu_features("amx"):
+        portable, program, targets = lowered(qmodel, x)
+    if not detected_cpu_features().vnni:
+        pytest.skip("an AVX2 CPU keeps such a weight off oneDNN (the exact fallback): no int8 codes to write")
+    quantizes = [n for n in program.graph.nodes if n.op == "call_function" and "quantize" in n.target.__name__]
+    assert [n.args[2:6] for n in quantizes] == [(64 - 128, -128, 127, torch.int8)]  # one pass, no uint8 codes
+    assert zero_point.to_signed not in targets
     assert torch.equal(program(x), portable)
