@@ -148,7 +148,7 @@ def _small_linear(rows, zp_u8: int, qw, w_scale, bias, x_scale: float, out_scale
     constants come from this call's scale and bias (their parts are cached, each stamped with what it
     was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
     engine = takes_row(_cpu_target(), _onednn_on(), post_op, dtype, rows.shape[0], qw.shape[0], qw[0].numel())
-    row = engine and row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine, post_op)
+    row = engine and row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine, post_op, rows.shape[0])
     return None if row is None else linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
 

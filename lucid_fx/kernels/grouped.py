@@ -91,8 +91,9 @@ def _cpu(qx, x_scale, x_zp, qw, w_scale, offs, out_scale, out_zp):
     kept with the weight: ``lucid_fx::linear`` built them on every call (792 against 117 us for four
     experts of 256 outputs by 64 inputs on 64 rows, AVX2 EPYC, 1 thread). The codes are that linear's, bit for bit."""
     experts, n, k = qw.shape
-    engine = qx.dtype == torch.uint8 and lr.takes_row(cpu._cpu_target(), cpu._onednn_on(), "none", torch.uint8,
-                                                      qx.shape[0], n, k)
+    target = cpu._cpu_target()  # an AMX CPU: each expert's linear, whose steps follow its own row count
+    engine = qx.dtype == torch.uint8 and target.row_limit is None and lr.takes_row(target, cpu._onednn_on(), "none",
+                                                                                   torch.uint8, qx.shape[0], n, k)
     key = ("rows", id(w_scale), w_scale._version, x_scale, x_zp, out_scale, engine)
     rows = engine and EXPERTS.get(qw, key, lambda: [lr.row_linear(w, s, None, x_scale, x_zp, out_scale, engine)
                                                     for w, s in zip(*_experts(qw, w_scale))])

@@ -17,7 +17,7 @@ A 1x1 convolution of a 1x1 image of batch 1 (squeeze-excite's) is such a linear 
 small, this route 10-12 us at 32 x 64 x 64 (the family models of tests/models, hidden size 64).
 
 >>> qw = torch.tensor([[2, -1], [0, 3]], dtype=torch.int8)
->>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None)  # codes - 128 are the values
+>>> row = row_linear(qw, torch.tensor([0.5, 0.25]), None, 1.0, 128, None, rows=1)  # codes - 128 are the values
 >>> linear_row(torch.tensor([[130, 126]], dtype=torch.uint8), row, 0, *row_bounds(torch.float32, 0, "none"), torch.float32)
 tensor([[ 3.0000, -1.5000]])
 """
@@ -36,9 +36,13 @@ from lucid_fx.kernels import linear_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
+from lucid_fx.kernels.onednn_steps import AMX_STEPS, VNNI_STEPS, linear_steps
 from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
+from lucid_fx.kernels.row_sizes import (  # noqa: F401  (read as linear_row.* by tests)
+    NATIVE_GEMM_MNK, SMALL_GEMM_MNK, SMALL_GEMM_NK, VNNI_FLOAT_TAIL_ROWS, VNNI_GEMM_ROWS, VNNI_POINTWISE_ROWS,
+    VNNI_THREADED_ROWS, small_gemm)
 from lucid_fx.kernels.target import Target
-from lucid_fx.kernels.zero_point import _folded_zero_point
+from lucid_fx.kernels.zero_point import _folded_zero_point, _zero_point_exact_on_onednn, signed_zero_point_bias
 
 __all__ = ["ROW_POST_OPS", "ENGINE_POST_OPS", "engine_post_ops", "FLOAT_POST_OPS", "float_post_op",
            "RowLinear", "row_linear", "linear_row", "linear_row_plan", "gemm_plan", "linear_rows", "row_bounds",
@@ -64,36 +68,6 @@ def engine_post_ops(engine: str) -> Tuple[str, ...]:
 #: (oneDNN's swish: 100 us for the Llama-like 32 x 64 x 128 gate, VNNI); sigmoid everywhere (convert gives it as tanh).
 FLOAT_POST_OPS = {"native": ("silu",), "int_mm": ("silu",), "every route": ("sigmoid",)}
 
-# Linears of several rows up to these sizes run faster here than in oneDNN's (1 thread, AVX512-VNNI EPYC,
-# time here / oneDNN's): 0.46-0.69 at 16 x K x N for K, N <= 256, 0.90 at 2 x 512 x 512, 0.82-1.03 at
-# M*N*K = 2^22, 0.92-1.35 past it; at 2 x 1024 x 1024 (N*K = 2^20) oneDNN's is 2.4x faster.
-SMALL_GEMM_MNK = 1 << 22
-SMALL_GEMM_NK = 1 << 18
-# Where the build has the native VNNI GEMM (linear_native.full_grid), it computes the same int32 sums as _int_mm, then
-# oneDNN's VNNI float steps, in one call. Measured, 1 thread, AVX512-VNNI EPYC, us native / _int_mm / oneDNN: 4.8 /
-# 11.7 / 26.7 at 1 x 64 x 64, 12.0 / 23.8 / 42.7 at 16 x 256 x 256, 35.8 / 44.2 / 89.4 at 1 x 1024 x 1024; the 8-row
-# AVX-512 kernel's GEMM / oneDNN's call: 45 / 72 at 8 x 1024 x 1024, 171 / 207 at 32 rows, 332 / 367 at 64, 1434 / 1426
-# at 64 x 1024 -> 4096, 1376 / 1343 at 256. It takes any linear of up to this many rows at any thread count (2 threads,
-# x 1024 x 1024: 34 / 64 at 8 rows, 123 / 169 at 32; models at 64 rows, 2 threads, since the AVX-512 loop lost its copies:
-# the batch-64 MLP 545 / 663 us, the gated MLP 583 / 700; one row where the build's GEMM has no threads) and of up to
-# SMALL_GEMM_MNK multiply-adds; one whose gelu runs as a float pass after it (float_post_op) up to VNNI_FLOAT_TAIL_ROWS.
-VNNI_GEMM_ROWS = 64
-VNNI_FLOAT_TAIL_ROWS = 16
-VNNI_THREADED_ROWS = 64
-# A 1x1 convolution (a GEMM over the pixels) on the native VNNI GEMM against oneDNN's 1x1
-# convolution, its route otherwise, us, 1 thread, AVX512-VNNI EPYC, the same codes: 68 / 214 at 49
-# pixels x 1152 -> 192 channels, 80 / 287 at 49 x 192 -> 1152, 138 / 231 at 196 x 112 -> 672, 68 / 119
-# at 196 x 80 -> 480, 107 / 127 at 784 x 40 -> 240, 79 / 113 at 784 x 240 -> 40; at 3136 pixels
-# 187 / 179 and 110 / 143, at 12544 409 / 386. Up to this many pixels at one thread, at any size.
-VNNI_POINTWISE_ROWS = 1024
-# The native engine against oneDNN's 1x1 convolution on a prepacked weight (its route for a linear
-# there), measured on an AVX2 EPYC at one thread: 0.41 of its time at 1 x 1024 x 1024, 0.60-0.76 at
-# 2^21-2^23 multiply-adds, 0.82-0.96 at 2^24-2^25, 0.89-1.06 at 2^26 (64 x 1024 x 1024), 1.0-1.4
-# past it. It takes linears up to this many multiply-adds at one thread or on the GEMM's threads, a quarter of it
-# at more without them (oneDNN's threads; measured 2 threads against 1: 0.2 of the fixed cost or less).
-NATIVE_GEMM_MNK = 1 << 26
-
-
 @dataclass(frozen=True)
 class RowLinear:
     """A small linear's constants, decided once, in the form oneDNN's linear receives them: the zero
@@ -111,13 +85,23 @@ class RowLinear:
 
 
 def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
-               out_scale: Optional[float], engine: str = "int_mm", post_op: str = "none") -> Optional[RowLinear]:
+               out_scale: Optional[float], engine: str = "int_mm", post_op: str = "none",
+               rows: Optional[int] = None) -> Optional[RowLinear]:
     """The constants of :func:`linear_row` on ``engine`` for uint8 codes with zero point ``x_zp``
     (``out_scale`` None: a float result; ``post_op`` one of the engine's, relu as the caller's clamp
     bounds), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``; None
-    where the native engine does not take ``qw``'s codes.
+    where the native engine does not take ``qw``'s codes. On an AMX CPU, the float steps oneDNN takes for
+    ``rows`` rows of it where given (:func:`lucid_fx.kernels.onednn_steps.linear_steps`; None where not known).
     ``qw`` is a linear's (N, K) weight or a 1x1 convolution's (N, K, 1, 1)."""
+    steps = VNNI_STEPS  # the engine's own, where no call of ``rows`` rows is to match (tests of its arithmetic)
+    if engine == "int_mm" and rows is not None and few_rows_engine_here() is not None:  # AMX: oneDNN's for the shape
+        steps = linear_steps(rows, qw.shape[0], qw[0].numel(), torch.get_num_threads())
+        if steps is None:
+            return None
     zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
+    signed = None if _zero_point_exact_on_onednn(qw, zp_left) else signed_zero_point_bias(qw, w_scale, bias, x_scale, zp_left)
+    if signed is not None:  # AMX: oneDNN's call takes int8 codes, their zero point in the bias (cpu.linear): the same sums
+        zp_left, bias = 128, signed
     inv_out = None if out_scale is None else ref.f32_reciprocal(out_scale)
     w_scale = w_scale.to(torch.float32)
     if engine == "native":
@@ -130,7 +114,12 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
     assert post_op in engine_post_ops("int_mm"), post_op
     if linear_native.full_grid():  # the same sums from the native VNNI GEMM, and oneDNN's VNNI float steps
         weight = PREPARED.get(qw, ("vnni gemm",), lambda: linear_native.packed_weight(qw.flatten(1)))
+        if steps == AMX_STEPS:  # the scales' product first, as the native engine's x_scale 1 gives it
+            scale = torch.tensor(x_scale, dtype=torch.float32) * w_scale
+            return RowLinear(weight, -zp_left * weight.row_sums, 1.0, scale, bias, inv_out, linear_native.kernel_post(post_op))
         return RowLinear(weight, -zp_left * weight.row_sums, x_scale, w_scale, bias, inv_out, linear_native.kernel_post(post_op))
+    if steps != VNNI_STEPS:
+        return None  # _int_mm's torch steps are VNNI's
     weight = PREPARED.get(qw, ("linear", False), lambda: _gemm_weight(qw.flatten(1), False))
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
@@ -239,34 +228,29 @@ def row_out_scale(out_scale: float, dtype: torch.dtype) -> Optional[float]:
     return None if dtype == torch.float32 else out_scale
 
 
-def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwise: bool = False,
-               rows: Optional[int] = None) -> bool:
-    """Whether an (m, k) by (k, n) linear runs faster on ``engine`` than in oneDNN: on ``_int_mm`` one
-    row always, several while the weight and the product are small (SMALL_GEMM_*); on its native
-    VNNI GEMM up to VNNI_GEMM_ROWS rows (VNNI_THREADED_ROWS at more threads) or SMALL_GEMM_MNK multiply-adds, and a 1x1
-    convolution's (``pointwise``) up to VNNI_POINTWISE_ROWS pixels at one thread (``rows``: another row limit); on the
-    native engine up to NATIVE_GEMM_MNK multiply-adds (a quarter at more threads where its GEMM has none)."""
-    if engine == "native":
-        return m * n * k <= (NATIVE_GEMM_MNK if torch.get_num_threads() == 1 or linear_native.threaded() else NATIVE_GEMM_MNK >> 2)
-    if engine == "int_mm" and linear_native.full_grid():
-        one_thread, most = torch.get_num_threads() == 1, rows or VNNI_GEMM_ROWS
-        most = most if one_thread else min(most, VNNI_THREADED_ROWS) if linear_native.threaded() else 1
-        return m <= most or m * n * k <= SMALL_GEMM_MNK or (pointwise and one_thread and m <= VNNI_POINTWISE_ROWS)
-    return engine == "int_mm" and (m == 1 or (n * k <= SMALL_GEMM_NK and m * n * k <= SMALL_GEMM_MNK))
-
-
 def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequence[int], groups: int) -> bool:
     """Whether a convolution is a linear of one row: an unpadded, ungrouped 1x1 kernel on a 1x1 image of batch 1."""
     return (len(x_shape) == 4 and x_shape[0] == 1 and tuple(x_shape[2:]) == (1, 1) and tuple(w_shape[2:]) == (1, 1)
             and groups == 1 and not any(padding))
 
 
-def row_engine(target: Target) -> Optional[str]:
+def row_engine(target: Target, rows: Optional[int] = None) -> Optional[str]:
     """``target.linear_row`` where its float steps are this machine's oneDNN's, bit for bit, else None:
     ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` its AVX2 ones (with the vectorized
-    GEMM). Verified on real CPUs of each kind; a forced kind (or a lower ``ONEDNN_MAX_CPU_ISA``) on other
+    GEMM), and on an AMX CPU ``"int_mm"`` for up to ``target.row_limit`` ``rows``, which its oneDNN runs on VNNI
+    kernels. Verified on real CPUs of each kind; a forced kind (or a lower ``ONEDNN_MAX_CPU_ISA``) on other
     hardware keeps oneDNN, whose kernels there round otherwise."""
-    return target.linear_row if target.linear_row is not None and target.linear_row == engine_here() else None
+    if target.linear_row is not None and target.linear_row == engine_here():
+        return target.linear_row
+    few = rows is not None and target.row_limit is not None and rows <= target.row_limit
+    return target.linear_row if few and target.linear_row == few_rows_engine_here() else None
+
+
+@functools.lru_cache(maxsize=None)
+def few_rows_engine_here() -> Optional[str]:
+    """The engine whose float steps are those of this machine's oneDNN linear on few rows (``Target.row_limit``):
+    ``"int_mm"`` on an AMX CPU, which runs them on its VNNI kernels, else None."""
+    return "int_mm" if detected_cpu_features().amx and not os.environ.get("ONEDNN_MAX_CPU_ISA", "") else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,6 +279,8 @@ def takes_row(target: Target, onednn_on: bool, post_op: str, dtype: torch.dtype,
     """The engine an (m, k) by (k, n) linear (a 1x1 convolution's: ``pointwise``) with this post-op and
     result runs on (:func:`row_engine`, where :func:`small_gemm` says it is faster there), while
     oneDNN serves the others (``onednn_on``); None for oneDNN."""
-    engine = row_engine(target) if onednn_on and dtype in (torch.uint8, torch.float32) else None
+    engine = row_engine(target, m) if onednn_on and dtype in (torch.uint8, torch.float32) else None
+    if target.row_limit is not None and (m > target.row_limit or pointwise or post_op not in ROW_POST_OPS):
+        return None  # AMX: linears of a few rows, whose steps oneDNN's own call says (onednn_steps.py)
     takes = engine is not None and post_op in engine_post_ops(engine) and small_gemm(m, n, k, engine, pointwise, rows)
     return engine if takes else None

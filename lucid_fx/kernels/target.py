@@ -31,7 +31,8 @@ import torch
 
 from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
 
-__all__ = ["Target", "resolve_target", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID"]
+__all__ = ["Target", "resolve_target", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID",
+           "AMX_VNNI_ROWS"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
 BACKENDS = ("cpu", "cuda")
@@ -78,8 +79,13 @@ class Target:
     #: matrix-vector product: 165 against 233 us for the batch-1 MLP on an AVX512-VNNI EPYC;
     #: small convolutions too: ``conv_native.VNNI_PIXELS``), ``"native"`` without (lucid_fx's GEMM,
     #: :mod:`lucid_fx.kernels.linear_native`: 32 against 79 us for 1x1024 by 1024, oneDNN's int8
-    #: calls costing ~50 us there however small), None with AMX (not yet measured).
+    #: calls costing ~50 us there however small); with AMX, ``"int_mm"`` up to :attr:`row_limit` rows.
     linear_row: Optional[str]
+    #: The most rows (or output pixels) the row engine takes, whatever it measured faster, or None: 4 with AMX, where
+    #: oneDNN's int8 linear runs up to 4 rows on its VNNI kernels, whose float steps the engine's are, and more on its
+    #: AMX ones, which multiply the two scales first (its result then differs in the last float32 bit; measured, torch
+    #: 2.13, Xeon with AMX). So a row's result is oneDNN's wherever it runs.
+    row_limit: Optional[int] = None
 
     def layer_weight_range(self, weight_shape: Sequence[int], groups: int = 1) -> Tuple[int, int]:
         """The grid of one layer's weight: :attr:`weight_range`, but the full grid for a depthwise
@@ -87,6 +93,10 @@ class Target:
         native_conv.c's; measured exact on the full grid without VNNI, tests/kernels/test_conv_native.py).
         The MobileNetV2-like family model: 5.6 -> 6.9 dB output SQNR on an AVX2 CPU."""
         return FULL_GRID if is_depthwise(weight_shape, groups) else self.weight_range
+
+
+#: The rows oneDNN's int8 linear runs on its VNNI kernels on an AMX CPU (Target.row_limit).
+AMX_VNNI_ROWS = 4
 
 
 def check_backend(backend: str) -> str:
@@ -117,5 +127,6 @@ def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
         fold_zero_point=on_cpu,
         amx_zero_point_check=cpu.amx or detected_cpu_features().amx,  # a forced kind on an AMX CPU runs its oneDNN
         split_int_mm=not cpu.vnni,
-        linear_row=None if not on_cpu or cpu.amx else "int_mm" if cpu.vnni else "native",
+        linear_row=None if not on_cpu else "int_mm" if cpu.vnni else "native",
+        row_limit=AMX_VNNI_ROWS if cpu.amx or detected_cpu_features().amx else None,  # as oneDNN's own kernels
     )

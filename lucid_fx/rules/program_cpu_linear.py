@@ -151,7 +151,8 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
     The program owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it
     only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
-    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op)
+    m = b.value(node).numel() // qw2d.shape[0]  # the output's rows (an image's pixels)
+    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op, m)
     if row is None:
         return None
     row = b.const(row, "row")

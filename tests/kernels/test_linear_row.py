@@ -1,6 +1,7 @@
 """One-row linears on torch._int_mm (lucid_fx/kernels/linear_row.py): oneDNN's values bit for bit,
 where batch 1 takes them; a float oracle everywhere."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -353,8 +354,9 @@ def test_a_tanh_linear_on_the_row_engine_computes_tanh_in_the_gemm(m, n, k):
     # 4 ulp of tanh): no float pass after it, no oneDNN call. The gated MLP's merged 64 x 1024 -> 2048 tanh
     # linear runs so. Past its sizes, oneDNN's fused tanh (within a code of torch's).
     target = resolve_target("cpu")
-    engine = lr.row_engine(target)
-    in_gemm = _gemm_tanh(engine) and lr.small_gemm(m, n, k, engine)
+    engine = lr.row_engine(target, m)
+    within = target.row_limit is None  # AMX: relu or none on a few rows only (onednn_steps.py)
+    in_gemm = _gemm_tanh(engine) and lr.small_gemm(m, n, k, engine) and within
     assert lr.takes_row(target, True, "tanh", torch.float32, m, n, k) == (engine if in_gemm else None)
     assert not (in_gemm and lr.float_post_op(target, True, "tanh", torch.float32, (m, n, k)))
     g = torch.Generator().manual_seed(m + n)
@@ -374,11 +376,11 @@ def test_a_tanh_linear_on_the_row_engine_computes_tanh_in_the_gemm(m, n, k):
 def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(monkeypatch):
     # the 8-row AVX-512 GEMM beat oneDNN up to 64 x 1024 x 1024; a tanh or gelu run as a float pass after it did not
     monkeypatch.setattr(ln, "full_grid", lambda: True)
-    monkeypatch.setattr(lr, "row_engine", lambda target: "int_mm")
+    monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        target = resolve_target("cpu")
+        target = dataclasses.replace(resolve_target("cpu"), row_limit=None)  # an AMX CPU's cap aside (the next test)
         assert lr.takes_row(target, True, "relu", torch.uint8, 64, 1024, 1024) == "int_mm"
         assert lr.takes_row(target, True, "relu", torch.uint8, 65, 1024, 1024) is None
         for post_op in ("gelu", "gelu_tanh"):
@@ -390,3 +392,34 @@ def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(mo
         assert lr.takes_row(target, True, "tanh", torch.float32, 65, 1024, 1024) is None
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("post_op", ["none", "relu"])
+def test_on_an_amx_cpu_the_row_engine_takes_oneDNN_s_vnni_rows_only(post_op, monkeypatch):
+    # oneDNN runs up to 4 rows on its VNNI kernels there (the engine's float steps), more on its AMX ones
+    monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
+    with force_cpu_features("amx"):
+        target = resolve_target("cpu")
+    assert (target.linear_row, target.row_limit) == ("int_mm", 4)
+    assert [lr.takes_row(target, True, post_op, torch.uint8, m, 64, 64) for m in (1, 4, 5, 64)] == ["int_mm"] * 2 + [None] * 2
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("out", [("uint8", 7), ("float32", 0)])
+def test_on_an_amx_cpu_few_rows_give_onednn_s_values_bit_for_bit(m, out, monkeypatch):
+    # The first test of this file compares the engine with a batch of 2048 on oneDNN, which an AMX CPU runs on its AMX
+    # kernels; here the rows oneDNN runs on its VNNI kernels there, whose float steps the engine copies.
+    if lr.few_rows_engine_here() is None:
+        pytest.skip(f"needs an AMX CPU running oneDNN's AMX kernels (this one: {detected_cpu_features().name})")
+    dtype, out_zp = getattr(torch, out[0]), out[1]
+    g = torch.Generator().manual_seed(m)
+    qx = torch.randint(0, 256, (m, 1024), dtype=torch.uint8, generator=g)
+    qw = torch.randint(-128, 128, (256, 1024), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(256, generator=g) * 0.001 + 0.0002, torch.randn(256, generator=g)
+    args = (qx, 0.0213, 117, qw, ws, bias, 0.37, out_zp, "relu", dtype)
+    target = resolve_target("cpu")
+    assert lr.takes_row(target, True, "relu", dtype, m, 256, 1024) == "int_mm"
+    got = cpu.linear(*args)
+    monkeypatch.setattr(cpu, "takes_row", lambda *a: None)  # oneDNN's own call
+    want = cpu.linear(*args)
+    assert torch.equal(got, want), (got.double() - want.double()).abs().max()

@@ -69,7 +69,7 @@ def test_a_wide_linear_with_a_zero_point_runs_on_onednn_as_int8_codes_where_amx_
 
 def test_a_program_gives_onednn_int8_codes_where_amx_would_round_the_zero_point():
     model = torch.nn.Sequential(torch.nn.Linear(1024, 8), torch.nn.ReLU()).eval()
-    x = torch.rand(4, 1024) * 4 - 1  # a zero point of 64
+    x = torch.rand(8, 1024) * 4 - 1  # 8 rows: oneDNN's call, past an AMX CPU's row engine  # a zero point of 64
     prepared = lucid_fx.prepare(model, example_inputs=(x,))
     lucid_fx.calibrate(prepared, [x])
     qmodel = lucid_fx.convert(prepared)
@@ -83,7 +83,7 @@ def test_a_program_gives_onednn_int8_codes_where_amx_would_round_the_zero_point(
 
 def test_a_quantize_read_only_by_such_a_linear_writes_int8_codes_itself():
     model = torch.nn.Sequential(torch.nn.Linear(1024, 8), torch.nn.ReLU()).eval()
-    x = torch.rand(4, 1024) * 4 - 1
+    x = torch.rand(8, 1024) * 4 - 1  # 8 rows: oneDNN's call, past an AMX CPU's row engine
     prepared = lucid_fx.prepare(model, example_inputs=(x,))
     lucid_fx.calibrate(prepared, [x])
     qmodel = lucid_fx.convert(prepared)

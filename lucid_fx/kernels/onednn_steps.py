@@ -1,0 +1,68 @@
+"""Which float32 steps oneDNN's int8 linear takes after its int32 sums on an AMX CPU, for a shape: asked of oneDNN
+itself, once per shape.
+
+On AVX512-VNNI CPUs its kernels take ``(acc * x_scale) * w_scale + bias``, and without VNNI ``acc * (x_scale *
+w_scale) + bias``, whatever the shape (lucid_fx's row engines copy each: :mod:`lucid_fx.kernels.linear_row`). An
+AMX CPU runs both, by its own choice of kernel for the shape (measured, torch 2.13, Xeon with AMX, 2 threads): one
+row of 1024 inputs takes the first with 256 outputs and the second with 1024; 64 outputs take the first up to 4
+rows; 13 inputs take the first at every size. So where the row engine takes a few rows there
+(``Target.row_limit``), :func:`linear_steps` runs oneDNN's linear on probe codes of that shape and says which of
+the two it matched, in float32 and in uint8 codes, or None (the engine then leaves that linear to oneDNN).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from lucid_fx.kernels.codes import f32_reciprocal
+
+__all__ = ["linear_steps", "VNNI_STEPS", "AMX_STEPS", "PROBES"]
+
+VNNI_STEPS = "vnni"  # (acc * x_scale) * w_scale + bias: one scale at a time
+AMX_STEPS = "amx"  # acc * (x_scale * w_scale) + bias: the two scales' product first
+OUT_SCALE = 0.0371  # the probe's uint8 result: a scale whose float32 reciprocal is inexact
+#: Probe calls at most: the first tells the two apart where it has a few dozen outputs (they differ on a quarter to a
+#: third of them); a linear of a handful of outputs takes more.
+PROBES = 64
+
+
+@functools.lru_cache(maxsize=None)
+def linear_steps(m: int, n: int, k: int, threads: int) -> Optional[str]:
+    """:data:`VNNI_STEPS` or :data:`AMX_STEPS`: the float steps oneDNN's int8 linear of ``m`` rows by an (n, k) weight
+    takes here at ``threads`` threads (its choice of kernel may follow them), or None where probes matched neither or
+    could not tell them apart."""
+    g = torch.Generator().manual_seed(m * 7919 + n * 31 + k)
+    qw = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    packed = _onednn_pack(qw)
+    zeros = torch.zeros(n, dtype=torch.int64)
+    left = {VNNI_STEPS, AMX_STEPS}
+    x_scale = torch.tensor(0.0213, dtype=torch.float32)
+    inv_out = torch.tensor(f32_reciprocal(OUT_SCALE), dtype=torch.float32)
+    for _ in range(PROBES):
+        qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+        ws = torch.rand(n, generator=g) * 1e-3 + 2e-4
+        bias = torch.randn(n, generator=g)
+        y = _onednn_linear(qx, float(x_scale), packed, ws, zeros, bias, 1.0, 0, torch.float32)
+        codes = _onednn_linear(qx, float(x_scale), packed, ws, zeros, bias, OUT_SCALE, 100, torch.uint8)
+        acc = (qx.to(torch.float64) @ qw.to(torch.float64).t()).to(torch.float32)  # exact in float64, rounded as oneDNN rounds
+        candidates = {VNNI_STEPS: acc * x_scale * ws + bias, AMX_STEPS: acc * (x_scale * ws) + bias}
+        for name, want in candidates.items():
+            want_codes = want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8)  # linear_native.finish's
+            if not (torch.equal(want, y) and torch.equal(want_codes, codes)):
+                left.discard(name)
+        if len(left) < 2:
+            break
+    return left.pop() if len(left) == 1 else None
+
+
+def _onednn_pack(qw: torch.Tensor) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_prepack(qw, None)
+
+
+def _onednn_linear(qx, x_scale: float, packed, w_scale, zeros, bias, out_scale: float, out_zp: int, dtype):
+    """oneDNN's int8 linear of uint8 codes (zero point 0) into ``dtype``, no post-op."""
+    return torch.ops.onednn.qlinear_pointwise.default(qx, x_scale, 0, packed, w_scale, zeros, bias, out_scale, out_zp,
+                                                      dtype, "none", [], "")
