@@ -143,11 +143,11 @@ def _linear_as_conv() -> bool:  # without VNNI (Target.linear_as_conv: Linear(10
 
 
 def _small_linear(rows, zp_u8: int, qw, w_scale, bias, x_scale: float, out_scale: float, out_zp: int, post_op: str,
-                  dtype) -> Optional[torch.Tensor]:
-    """The linear of uint8 ``rows`` (M, K) on the engine that takes it off oneDNN here, or None. Its
-    constants come from this call's scale and bias (their parts are cached, each stamped with what it
-    was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
-    engine = takes_row(_cpu_target(), _onednn_on(), post_op, dtype, rows.shape[0], qw.shape[0], qw[0].numel())
+                  dtype, conv: bool = False) -> Optional[torch.Tensor]:
+    """The linear of uint8 ``rows`` (M, K) (a 1x1 convolution's pixels: ``conv``, as the program asks) on the engine
+    that takes it off oneDNN here, or None. Its constants come from this call's scale and bias (their parts are
+    cached, each stamped with what it was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
+    engine = takes_row(_cpu_target(), _onednn_on(), post_op, dtype, rows.shape[0], qw.shape[0], qw[0].numel(), conv)
     row = engine and row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine, post_op, rows.shape[0])
     return None if row is None else linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
@@ -240,7 +240,7 @@ def _conv(qx, x_scale, x_zp, qw, w_scale, bias, stride, padding, dilation, group
         return native.post_op_codes(y, post_op, out_scale, out_zp, dtype)
     if conv_is_row(qx.shape, qw.shape, padding, groups):  # squeeze-excite's: a linear of one row
         out = _small_linear(*_as_uint8(qx.reshape(1, -1), x_zp), qw, w_scale, bias, x_scale, out_scale, out_zp,
-                            post_op, dtype)
+                            post_op, dtype, conv=True)
         if out is not None:
             return out.view(1, -1, 1, 1)
     packed = _conv_pack(qw, w_scale, qx.shape, stride, padding, dilation, groups)

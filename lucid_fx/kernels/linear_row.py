@@ -86,20 +86,24 @@ class RowLinear:
 
 def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], x_scale: float, x_zp: int,
                out_scale: Optional[float], engine: str = "int_mm", post_op: str = "none",
-               rows: Optional[int] = None) -> Optional[RowLinear]:
+               rows: Optional[int] = None, steps: Optional[str] = None) -> Optional[RowLinear]:
     """The constants of :func:`linear_row` on ``engine`` for uint8 codes with zero point ``x_zp``
     (``out_scale`` None: a float result; ``post_op`` one of the engine's, relu as the caller's clamp
     bounds), from the same zero-point fold as the oneDNN call of ``lucid_fx.kernels.cpu.linear``; None
     where the native engine does not take ``qw``'s codes. On an AMX CPU, the float steps oneDNN takes for
-    ``rows`` rows of it where given (:func:`lucid_fx.kernels.onednn_steps.linear_steps`; None where not known).
+    ``rows`` rows of it where given (:func:`lucid_fx.kernels.onednn_steps.linear_steps`; None where not known), or
+    ``steps`` where the caller asked oneDNN (a convolution's: ``onednn_steps.conv_steps``).
     ``qw`` is a linear's (N, K) weight or a 1x1 convolution's (N, K, 1, 1)."""
-    steps = VNNI_STEPS  # the engine's own, where no call of ``rows`` rows is to match (tests of its arithmetic)
-    if engine == "int_mm" and rows is not None and few_rows_engine_here() is not None:  # AMX: oneDNN's for the shape
+    linear = steps is None  # a linear's constants (a convolution's come with its steps: no int8-codes route)
+    if steps is None and (engine != "int_mm" or rows is None or few_rows_engine_here() is None):
+        steps = VNNI_STEPS  # the engine's own, where no call of ``rows`` rows is to match (tests of its arithmetic)
+    elif steps is None:  # an AMX CPU: oneDNN's for the shape
         steps = linear_steps(rows, qw.shape[0], qw[0].numel(), torch.get_num_threads())
         if steps is None:
             return None
     zp_left, bias = _folded_zero_point(qw, w_scale, bias, x_scale, x_zp)
-    signed = None if _zero_point_exact_on_onednn(qw, zp_left) else signed_zero_point_bias(qw, w_scale, bias, x_scale, zp_left)
+    signed = None if not linear or _zero_point_exact_on_onednn(qw, zp_left) else signed_zero_point_bias(
+        qw, w_scale, bias, x_scale, zp_left)
     if signed is not None:  # AMX: oneDNN's call takes int8 codes, their zero point in the bias (cpu.linear): the same sums
         zp_left, bias = 128, signed
     inv_out = None if out_scale is None else ref.f32_reciprocal(out_scale)

@@ -13,17 +13,21 @@ the two it matched, in float32 and in uint8 codes, or None (the engine then leav
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
-from lucid_fx.kernels.codes import f32_reciprocal
+from lucid_fx.kernels.codes import f32_reciprocal, onednn_post_op
+from lucid_fx.kernels.linear_native import hardswish
 
-__all__ = ["linear_steps", "VNNI_STEPS", "AMX_STEPS", "PROBES"]
+__all__ = ["linear_steps", "conv_steps", "VNNI_STEPS", "AMX_STEPS", "PROBES"]
 
 VNNI_STEPS = "vnni"  # (acc * x_scale) * w_scale + bias: one scale at a time
 AMX_STEPS = "amx"  # acc * (x_scale * w_scale) + bias: the two scales' product first
 OUT_SCALE = 0.0371  # the probe's uint8 result: a scale whose float32 reciprocal is inexact
+#: The post-ops :func:`conv_steps` checks, as lucid_fx's kernels compute them after the float32 result.
+CONV_POST_OPS = {"none": lambda y: y, "relu": lambda y: y.clamp_min(0.0), "hardswish": hardswish}
 #: Probe calls at most: the first tells the two apart where it has a few dozen outputs (they differ on a quarter to a
 #: third of them); a linear of a handful of outputs takes more.
 PROBES = 64
@@ -51,6 +55,46 @@ def linear_steps(m: int, n: int, k: int, threads: int) -> Optional[str]:
         candidates = {VNNI_STEPS: acc * x_scale * ws + bias, AMX_STEPS: acc * (x_scale * ws) + bias}
         for name, want in candidates.items():
             want_codes = want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8)  # linear_native.finish's
+            if not (torch.equal(want, y) and torch.equal(want_codes, codes)):
+                left.discard(name)
+        if len(left) < 2:
+            break
+    return left.pop() if len(left) == 1 else None
+
+
+@functools.lru_cache(maxsize=None)
+def conv_steps(x_shape: Tuple[int, ...], w_shape: Tuple[int, ...], stride: Tuple[int, ...], padding: Tuple[int, ...],
+               dilation: Tuple[int, ...], groups: int, post_op: str, threads: int) -> Optional[str]:
+    """:func:`linear_steps` for oneDNN's int8 2-d convolution of channels-last uint8 codes of ``x_shape`` by a weight of
+    ``w_shape`` (packed for that input shape, as lucid_fx packs it) with ``post_op`` (none, relu or hardswish: its
+    values as lucid_fx's kernels compute them, :func:`lucid_fx.kernels.linear_native.hardswish`), at ``threads``
+    threads."""
+    post = CONV_POST_OPS.get(post_op)
+    if post is None:
+        return None
+    g = torch.Generator().manual_seed(sum(x_shape) * 7919 + sum(w_shape) * 31 + groups)
+    qw = torch.randint(-128, 128, w_shape, dtype=torch.int8, generator=g)
+    n = w_shape[0]
+    left = {VNNI_STEPS, AMX_STEPS}
+    x_scale = torch.tensor(0.0213, dtype=torch.float32)
+    inv_out = torch.tensor(f32_reciprocal(OUT_SCALE), dtype=torch.float32)
+    ws = torch.rand(n, generator=g) * 1e-3 + 2e-4
+    packed = torch.ops.onednn.qconv_prepack(qw, ws, 1.0, 0, list(stride), list(padding), list(dilation), groups,
+                                            list(x_shape))
+    zeros = torch.zeros(n, dtype=torch.int64)
+    for _ in range(PROBES):
+        qx = torch.randint(0, 256, x_shape, dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+        bias = torch.randn(n, generator=g)
+        args = (list(stride), list(padding), list(dilation), groups)
+        y = torch.ops.onednn.qconv2d_pointwise.default(qx, float(x_scale), 0, packed, ws, zeros, bias, *args, 1.0, 0,
+                                                      torch.float32, *onednn_post_op(post_op))
+        codes = torch.ops.onednn.qconv2d_pointwise.default(qx, float(x_scale), 0, packed, ws, zeros, bias, *args,
+                                                          OUT_SCALE, 100, torch.uint8, *onednn_post_op(post_op))
+        acc = F.conv2d(qx.to(torch.float64), qw.to(torch.float64), None, *args).to(torch.float32)
+        ws4, bias4 = ws.view(1, -1, 1, 1), bias.view(1, -1, 1, 1)
+        candidates = {VNNI_STEPS: post(acc * x_scale * ws4 + bias4), AMX_STEPS: post(acc * (x_scale * ws4) + bias4)}
+        for name, want in candidates.items():
+            want_codes = want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8)
             if not (torch.equal(want, y) and torch.equal(want_codes, codes)):
                 left.discard(name)
         if len(left) < 2:

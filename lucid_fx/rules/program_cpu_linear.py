@@ -144,7 +144,7 @@ def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int, pointwise:
 
 
 def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None,
-                pointwise=False):
+                pointwise=False, steps=None):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
     ``engine`` with oneDNN's float steps; None where the engine does not take the weight. ``pointwise``:
     a 1x1 convolution of stride 1 of channels-last ``qx``, its pixels the rows (pointwise_rows.pointwise_rows).
@@ -152,7 +152,7 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
     only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
     m = b.value(node).numel() // qw2d.shape[0]  # the output's rows (an image's pixels)
-    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op, m)
+    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op, m, steps)
     if row is None:
         return None
     row = b.const(row, "row")

@@ -55,3 +55,16 @@ def test_the_probe_of_this_machine_s_onednn_matches_its_kind():
         assert set(found.values()) == {"vnni"}, found
     else:  # AVX2: its kernels multiply the scales first, where full-grid weights do not saturate its int16 pair sums
         assert "vnni" not in found.values(), found
+
+
+def test_the_convolution_probe_of_this_machine_s_onednn_matches_its_kind():
+    depthwise = ((1, 64, 14, 14), (64, 1, 3, 3), (1, 1), (1, 1), (1, 1), 64)
+    found = {post: onednn_steps.conv_steps(*depthwise, post, torch.get_num_threads()) for post in ("none", "hardswish")}
+    assert onednn_steps.conv_steps(*depthwise, "tanh", torch.get_num_threads()) is None  # a post-op it does not check
+    kind = detected_cpu_features()
+    if kind.amx:
+        assert None not in found.values(), found
+    elif kind.vnni:
+        assert set(found.values()) == {"vnni"}, found
+    else:
+        assert "vnni" not in found.values(), found

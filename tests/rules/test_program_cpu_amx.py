@@ -1,0 +1,62 @@
+"""lucid_fx/rules/program_cpu.py on an AMX CPU: a convolution runs on lucid_fx's VNNI kernels where oneDNN runs it
+on its own VNNI kernels there (lucid_fx/kernels/onednn_steps.py asks it), and stays on oneDNN where it runs AMX's.
+The answer is forced here so that every machine takes both routes; on an AMX CPU the real one is compared too."""
+
+import pytest
+import torch
+from torch import nn
+
+import lucid_fx
+from lucid_fx.kernels import cpu, force_cpu_features, onednn_steps
+from lucid_fx.kernels import linear_native as ln
+from lucid_fx.kernels.cpu_features import detected_cpu_features
+from lucid_fx.rules import program_cpu
+from _program import lowered
+
+pytestmark = pytest.mark.skipif(not cpu.onednn_available(), reason="this torch build has no oneDNN quantized ops")
+
+
+def _block():
+    """MobileNet's inverted residual without its shortcut: 1x1 expand, 3x3 depthwise, 1x1 project."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 64, 1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1, groups=64), nn.Hardswish(),
+                          nn.Conv2d(64, 24, 1)).eval()
+    x = torch.randn(1, 16, 10, 10)
+    with force_cpu_features("amx"):
+        prepared = lucid_fx.prepare(model, example_inputs=(x,))
+        lucid_fx.calibrate(prepared, [x, torch.randn_like(x)])
+        return lucid_fx.convert(prepared), x
+
+
+def _lucid_fx_convs(targets):
+    return sum(t in (program_cpu.conv_native.conv_codes, program_cpu.pointwise_rows) for t in targets)
+
+
+@pytest.mark.parametrize("steps", ["vnni", "amx", None])
+def test_on_an_amx_cpu_a_convolution_leaves_onednn_only_where_it_runs_vnni_kernels(steps, monkeypatch):
+    if not (detected_cpu_features().vnni and ln.full_grid()):
+        pytest.skip("lucid_fx's VNNI kernels need a CPU with VNNI and the native build")
+    qmodel, x = _block()
+    monkeypatch.setattr(program_cpu, "few_rows_engine_here", lambda: "int_mm")  # as on an AMX CPU
+    asked = []
+    monkeypatch.setattr(program_cpu, "conv_steps", lambda *args: asked.append(args[-2]) or steps)
+    with force_cpu_features("amx"):
+        portable, program, targets = lowered(qmodel, x)
+    assert sorted(set(asked)) == ["hardswish", "none", "relu"]  # each convolution's own post-op was asked about
+    assert _lucid_fx_convs(targets) == (3 if steps == "vnni" else 0)
+    # The VNNI kernels' values are oneDNN's where its VNNI kernels run: any VNNI CPU, forced or not
+    if steps != "vnni" or not detected_cpu_features().amx or onednn_steps.conv_steps(
+            (1, 64, 10, 10), (64, 1, 3, 3), (1, 1), (1, 1), (1, 1), 64, "hardswish", torch.get_num_threads()) == "vnni":
+        assert torch.equal(program(x), portable)
+
+
+def test_on_this_cpu_the_program_gives_the_portable_graph_s_values():
+    qmodel, x = _block()
+    portable, program, targets = lowered(qmodel, x)
+    assert torch.equal(program(x), portable)
+    if detected_cpu_features().amx and ln.full_grid():  # the real question, asked of this machine's oneDNN
+        vnni = [onednn_steps.conv_steps(shape, w, (1, 1), pad, (1, 1), g, post, torch.get_num_threads()) == "vnni"
+                for shape, w, pad, g, post in [((1, 16, 10, 10), (64, 16, 1, 1), (0, 0), 1, "relu"),
+                                               ((1, 64, 10, 10), (64, 1, 3, 3), (1, 1), 64, "hardswish"),
+                                               ((1, 64, 10, 10), (24, 64, 1, 1), (0, 0), 1, "none")]]
+        assert _lucid_fx_convs(targets) == sum(vnni)
