@@ -356,6 +356,8 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
         rows = sum(n.target is pr.pointwise_rows for n in calls)
         if engine is not None:
             assert not rows_left and rows >= se >= 2, kind  # every gate has a convolution without a fused SiLU
+        elif target.row_limit is not None and target.linear_row == lr.few_rows_engine_here():  # AMX: oneDNN asked
+            assert rows + len(rows_left) >= se and rows >= 1, kind  # (rules/program_cpu.py: _amx_conv_engine)
         elif onednn_exact(target):
             assert rows == 0 and len(rows_left) >= se, kind
         else:  # a VNNI kind forced on an AVX2 CPU: the exact fallback kernels, neither oneDNN nor a row engine
