@@ -241,9 +241,9 @@ def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequenc
 def row_engine(target: Target, rows: Optional[int] = None) -> Optional[str]:
     """``target.linear_row`` where its float steps are this machine's oneDNN's, bit for bit, else None:
     ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` its AVX2 ones (with the vectorized
-    GEMM), and on an AMX CPU ``"int_mm"`` for up to ``target.row_limit`` ``rows``, which its oneDNN runs on VNNI
-    kernels. Verified on real CPUs of each kind; a forced kind (or a lower ``ONEDNN_MAX_CPU_ISA``) on other
-    hardware keeps oneDNN, whose kernels there round otherwise."""
+    GEMM), and on an AMX CPU ``"int_mm"`` for up to ``target.row_limit`` ``rows``, with the steps its oneDNN takes
+    for the shape (:func:`row_linear`). Verified on real CPUs of each kind; a forced kind (or a lower
+    ``ONEDNN_MAX_CPU_ISA``) on other hardware keeps oneDNN, whose kernels there round otherwise."""
     if target.linear_row is not None and target.linear_row == engine_here():
         return target.linear_row
     few = rows is not None and target.row_limit is not None and rows <= target.row_limit
@@ -252,8 +252,8 @@ def row_engine(target: Target, rows: Optional[int] = None) -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def few_rows_engine_here() -> Optional[str]:
-    """The engine whose float steps are those of this machine's oneDNN linear on few rows (``Target.row_limit``):
-    ``"int_mm"`` on an AMX CPU, which runs them on its VNNI kernels, else None."""
+    """The engine that takes a few rows (``Target.row_limit``) with the float steps this machine's oneDNN takes for
+    their shape (:mod:`lucid_fx.kernels.onednn_steps`): ``"int_mm"`` on an AMX CPU, else None."""
     return "int_mm" if detected_cpu_features().amx and not os.environ.get("ONEDNN_MAX_CPU_ISA", "") else None
 
 

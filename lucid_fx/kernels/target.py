@@ -32,7 +32,7 @@ import torch
 from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
 
 __all__ = ["Target", "resolve_target", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID",
-           "AMX_VNNI_ROWS"]
+           "AMX_ROW_LIMIT"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
 BACKENDS = ("cpu", "cuda")
@@ -81,10 +81,10 @@ class Target:
     #: :mod:`lucid_fx.kernels.linear_native`: 32 against 79 us for 1x1024 by 1024, oneDNN's int8
     #: calls costing ~50 us there however small); with AMX, ``"int_mm"`` up to :attr:`row_limit` rows.
     linear_row: Optional[str]
-    #: The most rows (or output pixels) the row engine takes, whatever it measured faster, or None: 4 with AMX, where
-    #: oneDNN's int8 linear runs up to 4 rows on its VNNI kernels, whose float steps the engine's are, and more on its
-    #: AMX ones, which multiply the two scales first (its result then differs in the last float32 bit; measured, torch
-    #: 2.13, Xeon with AMX). So a row's result is oneDNN's wherever it runs.
+    #: The most rows a linear on the row engine may have, whatever it measured faster, or None: 4 with AMX, whose
+    #: oneDNN picks its VNNI or its AMX kernels by shape, and the two round the scales differently (the engine then
+    #: computes the steps oneDNN takes for that shape, asked of it: :mod:`lucid_fx.kernels.onednn_steps`), so a
+    #: row's result is oneDNN's wherever it runs. Its convolutions ask the same way (``rules/program_cpu.py``).
     row_limit: Optional[int] = None
 
     def layer_weight_range(self, weight_shape: Sequence[int], groups: int = 1) -> Tuple[int, int]:
@@ -95,8 +95,9 @@ class Target:
         return FULL_GRID if is_depthwise(weight_shape, groups) else self.weight_range
 
 
-#: The rows oneDNN's int8 linear runs on its VNNI kernels on an AMX CPU (Target.row_limit).
-AMX_VNNI_ROWS = 4
+#: Target.row_limit on an AMX CPU: a few rows, where lucid_fx's GEMM beats oneDNN's call by the most (one row of
+#: 1024 by 1024: 77 against 215 us for the batch-1 MLP's three, 2 threads).
+AMX_ROW_LIMIT = 4
 
 
 def check_backend(backend: str) -> str:
@@ -128,5 +129,5 @@ def _target(backend: str, device_type: str, cpu: CpuFeatures) -> Target:
         amx_zero_point_check=cpu.amx or detected_cpu_features().amx,  # a forced kind on an AMX CPU runs its oneDNN
         split_int_mm=not cpu.vnni,
         linear_row=None if not on_cpu else "int_mm" if cpu.vnni else "native",
-        row_limit=AMX_VNNI_ROWS if cpu.amx or detected_cpu_features().amx else None,  # as oneDNN's own kernels
+        row_limit=AMX_ROW_LIMIT if cpu.amx or detected_cpu_features().amx else None,  # as amx_zero_point_check
     )

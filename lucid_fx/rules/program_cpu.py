@@ -84,7 +84,7 @@ def _native_conv(b, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, 
 def _amx_conv_engine(x_shape, qw, stride, padding, dilation, groups, post_op, dtype, pixels, pointwise):
     """(engine, steps) of a convolution on an AMX CPU, where oneDNN runs it on its VNNI kernels (asked of oneDNN once
     per shape: onednn_steps.conv_steps), whose float steps the VNNI engine's kernels compute: the sizes and post-ops
-    the engine takes on an AVX512-VNNI CPU. (None, None) elsewhere. MobileNetV3-like 3.91 -> 2.4 ms, 2 threads."""
+    the engine takes on an AVX512-VNNI CPU. (None, None) elsewhere. MobileNetV3-like 3.91 -> 2.66 ms, 2 threads."""
     target = onednn._cpu_target()
     if (target.row_limit is None or target.linear_row != "int_mm" or few_rows_engine_here() != "int_mm"
             or not onednn._onednn_on() or dtype not in (torch.uint8, torch.float32)

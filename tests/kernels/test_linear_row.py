@@ -396,8 +396,9 @@ def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(mo
 
 
 @pytest.mark.parametrize("post_op", ["none", "relu"])
-def test_on_an_amx_cpu_the_row_engine_takes_oneDNN_s_vnni_rows_only(post_op, monkeypatch):
-    # oneDNN runs up to 4 rows on its VNNI kernels there (the engine's float steps), more on its AMX ones
+def test_on_an_amx_cpu_the_row_engine_takes_a_few_rows_only(post_op, monkeypatch):
+    # where its oneDNN picks VNNI or AMX kernels by shape, the engine takes up to 4 rows, relu or none, with the steps
+    # oneDNN takes for the shape (onednn_steps.py)
     monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
     with force_cpu_features("amx"):
         target = resolve_target("cpu")
@@ -409,7 +410,8 @@ def test_on_an_amx_cpu_the_row_engine_takes_oneDNN_s_vnni_rows_only(post_op, mon
 @pytest.mark.parametrize("out", [("uint8", 7), ("float32", 0)])
 def test_on_an_amx_cpu_few_rows_give_onednn_s_values_bit_for_bit(m, out, monkeypatch):
     # The first test of this file compares the engine with a batch of 2048 on oneDNN, which an AMX CPU runs on its AMX
-    # kernels; here the rows oneDNN runs on its VNNI kernels there, whose float steps the engine copies.
+    # kernels; here the few rows the engine takes there, with the steps oneDNN takes for each shape (256 outputs of
+    # 1024 inputs: VNNI's at one row, AMX's at two to four, measured).
     if lr.few_rows_engine_here() is None:
         pytest.skip(f"needs an AMX CPU running oneDNN's AMX kernels (this one: {detected_cpu_features().name})")
     dtype, out_zp = getattr(torch, out[0]), out[1]
