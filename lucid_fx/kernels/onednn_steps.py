@@ -44,7 +44,6 @@ def linear_steps(m: int, n: int, k: int, threads: int) -> Optional[str]:
     zeros = torch.zeros(n, dtype=torch.int64)
     left = {VNNI_STEPS, AMX_STEPS}
     x_scale = torch.tensor(0.0213, dtype=torch.float32)
-    inv_out = torch.tensor(f32_reciprocal(OUT_SCALE), dtype=torch.float32)
     for _ in range(PROBES):
         qx = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
         ws = torch.rand(n, generator=g) * 1e-3 + 2e-4
@@ -52,11 +51,7 @@ def linear_steps(m: int, n: int, k: int, threads: int) -> Optional[str]:
         y = _onednn_linear(qx, float(x_scale), packed, ws, zeros, bias, 1.0, 0, torch.float32)
         codes = _onednn_linear(qx, float(x_scale), packed, ws, zeros, bias, OUT_SCALE, 100, torch.uint8)
         acc = (qx.to(torch.float64) @ qw.to(torch.float64).t()).to(torch.float32)  # exact in float64, rounded as oneDNN rounds
-        candidates = {VNNI_STEPS: acc * x_scale * ws + bias, AMX_STEPS: acc * (x_scale * ws) + bias}
-        for name, want in candidates.items():
-            want_codes = want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8)  # linear_native.finish's
-            if not (torch.equal(want, y) and torch.equal(want_codes, codes)):
-                left.discard(name)
+        left &= _matching({VNNI_STEPS: acc * x_scale * ws + bias, AMX_STEPS: acc * (x_scale * ws) + bias}, y, codes)
         if len(left) < 2:
             break
     return left.pop() if len(left) == 1 else None
@@ -77,7 +72,6 @@ def conv_steps(x_shape: Tuple[int, ...], w_shape: Tuple[int, ...], stride: Tuple
     n = w_shape[0]
     left = {VNNI_STEPS, AMX_STEPS}
     x_scale = torch.tensor(0.0213, dtype=torch.float32)
-    inv_out = torch.tensor(f32_reciprocal(OUT_SCALE), dtype=torch.float32)
     ws = torch.rand(n, generator=g) * 1e-3 + 2e-4
     packed = torch.ops.onednn.qconv_prepack(qw, ws, 1.0, 0, list(stride), list(padding), list(dilation), groups,
                                             list(x_shape))
@@ -93,13 +87,19 @@ def conv_steps(x_shape: Tuple[int, ...], w_shape: Tuple[int, ...], stride: Tuple
         acc = F.conv2d(qx.to(torch.float64), qw.to(torch.float64), None, *args).to(torch.float32)
         ws4, bias4 = ws.view(1, -1, 1, 1), bias.view(1, -1, 1, 1)
         candidates = {VNNI_STEPS: post(acc * x_scale * ws4 + bias4), AMX_STEPS: post(acc * (x_scale * ws4) + bias4)}
-        for name, want in candidates.items():
-            want_codes = want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8)
-            if not (torch.equal(want, y) and torch.equal(want_codes, codes)):
-                left.discard(name)
+        left &= _matching(candidates, y, codes)
         if len(left) < 2:
             break
     return left.pop() if len(left) == 1 else None
+
+
+def _matching(candidates: dict, y: torch.Tensor, codes: torch.Tensor) -> set:
+    """The names of the float32 ``candidates`` that are oneDNN's float result ``y`` and, quantized as lucid_fx's kernels
+    quantize (``linear_native.finish``: times the scale's float32 reciprocal, plus 100, clamped, rounded), its uint8
+    result ``codes`` (scale OUT_SCALE, zero point 100)."""
+    inv_out = torch.tensor(f32_reciprocal(OUT_SCALE), dtype=torch.float32)
+    return {name for name, want in candidates.items() if torch.equal(want, y)
+            and torch.equal(want.mul(inv_out).add_(100).clamp_(0, 255).round_().to(torch.uint8), codes)}
 
 
 def _onednn_pack(qw: torch.Tensor) -> torch.Tensor:
