@@ -20,11 +20,10 @@ from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native,
                               native_squeeze_excite, program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
-from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row, engine_post_ops, few_rows_engine_here, small_gemm,
+from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row,
                                          row_bounds, row_linear, row_out_scale)
 from lucid_fx.kernels.pointwise_rows import pointwise_rows, pointwise_rows_plan, pointwise_rows_sum, pointwise_rows_sum_plan
 from lucid_fx.kernels.onednn_check import conv_agrees
-from lucid_fx.kernels.onednn_steps import CONV_POST_OPS, VNNI_STEPS, conv_steps
 from lucid_fx.kernels.reference import onednn_post_op
 from lucid_fx.rules.program_cpu_elementwise import PROGRAM_RULES_CPU_ELEMENTWISE
 from lucid_fx.rules.program_cpu_elementwise import step as _step
@@ -81,21 +80,6 @@ def _native_conv(b, qx, x_scale, x_zp, qw, ws, bias, stride, padding, dilation, 
                   out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
 
-def _amx_conv_engine(x_shape, qw, stride, padding, dilation, groups, post_op, dtype, pixels, pointwise):
-    """(engine, steps) of a convolution on an AMX CPU, where oneDNN runs it on its VNNI kernels (asked of oneDNN once
-    per shape: onednn_steps.conv_steps), whose float steps the VNNI engine's kernels compute: the sizes and post-ops
-    the engine takes on an AVX512-VNNI CPU. (None, None) elsewhere. MobileNetV3-like 3.91 -> 2.66 ms, 2 threads."""
-    target = onednn._cpu_target()
-    if (target.row_limit is None or target.linear_row != "int_mm" or few_rows_engine_here() != "int_mm"
-            or not onednn._onednn_on() or dtype not in (torch.uint8, torch.float32)
-            or post_op not in CONV_POST_OPS or post_op not in engine_post_ops("int_mm")
-            or not small_gemm(pixels, qw.shape[0], qw[0].numel(), "int_mm", pointwise)):
-        return None, None
-    steps = conv_steps(tuple(x_shape), tuple(qw.shape), tuple(stride), tuple(padding), tuple(dilation), groups, post_op,
-                       torch.get_num_threads())
-    return ("int_mm", steps) if steps == VNNI_STEPS else (None, None)
-
-
 def _conv_args(b, node, qx, qw_n, ws_n, bias_n, x_scale, x_zp, stride, padding, dilation, groups):
     x = b.value(qx)
     weights = _weights(b, node, qw_n, ws_n, bias_n, groups)
@@ -132,8 +116,8 @@ def _conv2d(b, node, post_op: str, dtype: torch.dtype):
         pointwise = tuple(qw.shape[2:]) == (1, 1) and groups == 1  # a GEMM over the pixels
         engine = _engine(post_op, dtype, pixels, qw.shape[0], qw[0].numel(), pointwise)
         if engine is None:  # an AMX CPU: where oneDNN runs this convolution on its VNNI kernels
-            engine, steps = _amx_conv_engine(x.shape, qw, stride, padding, dilation, groups, post_op, dtype, pixels,
-                                             pointwise)
+            engine, steps = conv_native.amx_conv_engine(onednn._cpu_target(), onednn._onednn_on(), x.shape, qw, stride,
+                                                        padding, dilation, groups, post_op, dtype, pixels, pointwise)
     out = None
     if engine is not None and conv_is_row(x.shape, qw.shape, padding, groups):  # squeeze-excite: a linear of one row
         out = _linear_row(b, node, qx, x_scale, x_zp, qw.flatten(1), b.attr(ws_n), b.attr(bias_n), out_scale, out_zp,

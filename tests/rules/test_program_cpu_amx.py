@@ -1,4 +1,4 @@
-"""lucid_fx/rules/program_cpu.py on an AMX CPU: a convolution runs on lucid_fx's VNNI kernels where oneDNN runs it
+"""lucid_fx/rules/program_cpu.py on an AMX CPU (lucid_fx/kernels/conv_native.py, amx_conv_engine): a convolution runs on lucid_fx's VNNI kernels where oneDNN runs it
 on its own VNNI kernels there (lucid_fx/kernels/onednn_steps.py asks it), and stays on oneDNN where it runs AMX's.
 The answer is forced here so that every machine takes both routes; on an AMX CPU the real one is compared too."""
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import lucid_fx
-from lucid_fx.kernels import cpu, force_cpu_features, onednn_steps
+from lucid_fx.kernels import conv_native, cpu, force_cpu_features, onednn_steps
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.rules import program_cpu
@@ -37,9 +37,9 @@ def test_on_an_amx_cpu_a_convolution_leaves_onednn_only_where_it_runs_vnni_kerne
     if not (detected_cpu_features().vnni and ln.full_grid()):
         pytest.skip("lucid_fx's VNNI kernels need a CPU with VNNI and the native build")
     qmodel, x = _block()
-    monkeypatch.setattr(program_cpu, "few_rows_engine_here", lambda: "int_mm")  # as on an AMX CPU
+    monkeypatch.setattr(conv_native, "few_rows_engine_here", lambda: "int_mm")  # as on an AMX CPU
     asked = []
-    monkeypatch.setattr(program_cpu, "conv_steps", lambda *args: asked.append(args[-2]) or steps)
+    monkeypatch.setattr(conv_native, "conv_steps", lambda *args: asked.append(args[-2]) or steps)
     with force_cpu_features("amx"):
         portable, program, targets = lowered(qmodel, x)
     assert sorted(set(asked)) == ["hardswish", "none", "relu"]  # each convolution's own post-op was asked about
@@ -60,3 +60,4 @@ def test_on_this_cpu_the_program_gives_the_portable_graph_s_values():
                                                ((1, 64, 10, 10), (64, 1, 3, 3), (1, 1), 64, "hardswish"),
                                                ((1, 64, 10, 10), (24, 64, 1, 1), (0, 0), 1, "none")]]
         assert _lucid_fx_convs(targets) == sum(vnni)
+
