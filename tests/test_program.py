@@ -326,9 +326,10 @@ def test_a_batch_one_linear_runs_off_onednn_where_that_was_measured_faster(shape
             program = next(p for key, p in programs_of(q).items() if key[0] == kind)
             calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
             row = lr.row_engine(resolve_target("cpu"), 1) is not None  # verified bit-identical to oneDNN here
-            # this CPU's own kind; on an AMX CPU any kind with VNNI's engine, oneDNN's few rows being VNNI's there
-            assert row == (kind == detected_cpu_features().name and lr.engine_here() is not None
-                           or lr.few_rows_engine_here() is not None and CPU_KINDS[kind].vnni), kind
+            # a kind whose engine (VNNI's or AVX2's) is this CPU's oneDNN's: with VNNI (AMX too: a row asks oneDNN's
+            # steps), the VNNI and AMX kinds; without, the AVX2 kind
+            here = lr.engine_here() is not None or lr.few_rows_engine_here() is not None
+            assert row == (here and CPU_KINDS[kind].vnni == detected_cpu_features().vnni), kind
             assert calls.count(lr.linear_row) + calls.count(lr.linear_rows) == (3 if row else 0), kind
             assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 

@@ -9,7 +9,9 @@ import lucid_fx
 from lucid_fx.kernels import cpu, onednn_check
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
+from _grid import onednn_exact
 from _program import lowered
+from lucid_fx.kernels import resolve_target
 
 ops = torch.ops.lucid_fx
 
@@ -21,7 +23,8 @@ def _conv_case(seed, channels, out, groups, kernel, length, padding=0):
     two_d = isinstance(kernel, tuple)
     shape = (2, channels, 6, length) if two_d else (2, channels, length)
     qx = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-    qw = torch.randint(-128, 128, (out, channels // groups, *(kernel if two_d else (kernel,))), dtype=torch.int8,
+    low, high = resolve_target("cpu").weight_range  # the grid this CPU's kernels take (AVX2's narrow one warns else)
+    qw = torch.randint(low, high + 1, (out, channels // groups, *(kernel if two_d else (kernel,))), dtype=torch.int8,
                        generator=g)
     ws, bias = torch.rand(out, generator=g) * 0.01 + 0.001, torch.randn(out, generator=g)
     dims = 2 if two_d else 1
@@ -88,11 +91,16 @@ def test_a_pack_that_fails_the_check_runs_on_the_exact_fallback(monkeypatch):
 
 
 def test_a_program_keeps_the_portable_call_where_the_pack_fails_the_check(monkeypatch):
+    if not onednn_exact(resolve_target("cpu")):
+        pytest.skip("a VNNI kind forced on an AVX2 CPU: its full-grid weights never reach oneDNN (the exact fallback)")
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 24, 3, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 16, 12, 12)
     prepared = lucid_fx.prepare(model, example_inputs=(x,))
     lucid_fx.calibrate(prepared, [x])
     qmodel = lucid_fx.convert(prepared)
+    from lucid_fx.rules import program_cpu
+    monkeypatch.setattr(program_cpu, "_engine", lambda *args: None)  # oneDNN's convolution, not lucid_fx's kernels
+    monkeypatch.setattr(program_cpu.conv_native, "amx_conv_engine", lambda *args: (None, None))
     _, _, right = lowered(qmodel, x)
     assert torch.ops.onednn.qconv2d_pointwise.default in right
     _off_by_one(monkeypatch)
