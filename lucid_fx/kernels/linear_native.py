@@ -34,7 +34,7 @@ import torch
 from lucid_fx.kernels.native import _function, bind
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
-           "finish", "available", "full_grid", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
+           "finish", "available", "full_grid", "amx", "use_amx", "amx_calls", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
            "kernel_post", "row_epilogue"]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
@@ -68,6 +68,26 @@ def full_grid() -> bool:
     """Whether this build's sums are exact for every int8 weight: its GEMM steps are VNNI's
     ``vpdpbusd`` (AVX512-VNNI or AVX-VNNI), which sum four products in int32 at once."""
     return bool(_function("gemm", "full_grid"))
+
+
+def amx() -> bool:
+    """Whether this build's GEMM runs products of more than 8 rows (and inputs a multiple of 64) on AMX tiles
+    (native_amx.c): built for a CPU with AMX-INT8, the tiles granted by Linux, not turned off (``LUCID_FX_AMX=0``
+    or :func:`use_amx`). Its values are the VNNI kernels', bit for bit."""
+    use = _function("amx", "use")
+    return bool(use is not None and use(-1))
+
+
+def use_amx(on: bool) -> bool:
+    """Turn the AMX GEMM on or off for this process (tests and benchmarks compare the two); whether it is on."""
+    use = _function("amx", "use")
+    return bool(use is not None and use(int(bool(on))))
+
+
+def amx_calls() -> int:
+    """How many products this process ran on AMX tiles (tests and benchmarks see which kernel ran)."""
+    calls = _function("amx", "calls")
+    return 0 if calls is None else int(calls())
 
 
 def threaded() -> bool:

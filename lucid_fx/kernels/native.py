@@ -43,7 +43,7 @@ __all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_p
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "amx", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
 # which round once where the torch kernels round twice; -fopenmp: the GEMM's threads (each set also without).
@@ -127,6 +127,11 @@ def _bind(lib: ctypes.CDLL) -> Dict[Tuple[str, Any], Any]:
         query = getattr(lib, f"lucid_{kernel}_{fact}")
         query.argtypes, query.restype = (), ctypes.c_int32
         functions[kernel, fact] = bool(query())
+    functions["amx", "use"] = amx = lib.lucid_amx_use  # linear_native.use_amx
+    amx.argtypes, amx.restype = (_I32,), _I32
+    amx(os.environ.get("LUCID_FX_AMX", "1") != "0")  # on where built for AMX and Linux grants the tiles
+    functions["amx", "calls"] = calls = lib.lucid_amx_calls
+    calls.argtypes, calls.restype = (), _I64
     functions["split", "threads"] = split = lib.lucid_split_threads  # split_threads
     split.argtypes, split.restype = (_I64, _I64, _I64), _I32
     return functions

@@ -198,6 +198,7 @@ static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) { return
 /* Each output element is one thread's, computed as with one thread: the result never depends on the count. */
 static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                  const gemm_finish_t *f) {
+    if (lucid_amx_gemm(x, packed, out, m, n, k, f)) return; /* the same values on AMX tiles (native_amx.c) */
     const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = (k + GEMM_KB - 1) / GEMM_KB, tile = gemm_tile(m, k);
     const int64_t pairs = (nb + 1) / 2;
     const size_t size = gemm_size(f->kind);

@@ -289,4 +289,8 @@ static inline void gemm_finish16(__m256i lo8, __m256i hi8, int64_t j0, int64_t n
 #else
 #define GEMM_VNNI 0
 #endif /* __AVX2__ */
+
+/* native_amx.c: the product on AMX tiles where this build has them and they are on (1), else 0 (nothing written). */
+int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
+                   const gemm_finish_t *f);
 #endif /* LUCID_NATIVE_GEMM_H */

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import lucid_fx
-from lucid_fx.kernels import cpu, force_cpu_features, zero_point
+from lucid_fx.kernels import cpu, force_cpu_features, linear_native, zero_point
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from _program import lowered
@@ -13,6 +13,16 @@ from _program import lowered
 ops = torch.ops.lucid_fx
 
 pytestmark = pytest.mark.skipif(not cpu.onednn_available(), reason="this torch build has no oneDNN quantized ops")
+
+
+@pytest.fixture(autouse=True)
+def _onednn_takes_the_rows():
+    """These tests are about oneDNN's call: lucid_fx's AMX GEMM, which takes such linears where it runs (its exact
+    int32 sums need no int8 codes), is off for them (tests/kernels/test_native_amx.py is its)."""
+    was = linear_native.amx()
+    linear_native.use_amx(False)
+    yield
+    linear_native.use_amx(was)
 
 
 def _wide_weight(n=8, k=1024, magnitude=100):

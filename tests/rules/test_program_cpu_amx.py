@@ -61,3 +61,28 @@ def test_on_this_cpu_the_program_gives_the_portable_graph_s_values():
                                                ((1, 64, 10, 10), (24, 64, 1, 1), (0, 0), 1, "none")]]
         assert _lucid_fx_convs(targets) == sum(vnni)
 
+
+
+def test_on_an_amx_cpu_a_batch_of_64_runs_lucid_fx_s_amx_gemm_with_onednn_s_values():
+    # row_sizes.amx_gemm: 64 rows of 256 and 512 inputs run on lucid_fx's AMX GEMM, with the float steps oneDNN's own
+    # call takes for each shape (onednn_steps.linear_steps); with the tiles off they are oneDNN's calls: the same values
+    if not (detected_cpu_features().amx and ln.use_amx(ln.amx())):
+        pytest.skip(f"needs an AMX CPU and lucid_fx's AMX GEMM on (this one: {detected_cpu_features().name})")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128)).eval()
+    x = torch.randn(64, 256)
+    prepared = lucid_fx.prepare(model, example_inputs=(x,))
+    lucid_fx.calibrate(prepared, [x, torch.randn_like(x)])
+    qmodel = lucid_fx.convert(prepared)
+    portable, program, targets = lowered(qmodel, x)
+    assert torch.ops.onednn.qlinear_pointwise.default not in targets
+    before = ln.amx_calls()
+    out = program(x)
+    assert ln.amx_calls() - before == 2 and torch.equal(out, portable)
+    ln.use_amx(False)
+    try:
+        onednn_portable, onednn_program, onednn_targets = lowered(qmodel, x)
+    finally:
+        ln.use_amx(True)
+    assert sum(t == torch.ops.onednn.qlinear_pointwise.default for t in onednn_targets) == 2
+    assert torch.equal(onednn_program(x), out) and torch.equal(onednn_portable, out)
