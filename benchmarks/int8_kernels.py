@@ -1,12 +1,14 @@
-"""Int8 kernel benchmark: lucid_fx::linear (oneDNN and the torch._int_mm fallback) against fp32.
+"""Int8 kernel benchmark: lucid_fx::linear (its route here, and the torch._int_mm fallback) against oneDNN's own
+qlinear_pointwise on the same weight and fp32.
 
     python benchmarks/int8_kernels.py [--rounds 5] [--threads 2]
 
 Shapes: linear with K = N = 1024 at M = 1024 and M = 64, a 3x3 convolution of 64 channels
 on 1x64x56x56 (ResNet-18's first stage), and the float-to-uint8 boundary (a program's quantize) of
 64x1024 and 8x64x56x56 floats against torch's quantize_per_tensor (values per second). Weights are int8 on ``weight_quant_range("cpu")``,
-activations uint8 with a zero point of 128, output uint8. Each number is the median of
-``--rounds`` timed calls after one warm-up call (which also packs the weight, so packing is
+activations uint8 with a zero point of 128, output uint8. The route lucid_fx's linear took is in its label: oneDNN,
+or lucid_fx's AMX GEMM (kernels/native_amx.c) where it ran. Each number is the median of
+``--rounds`` timed calls (21) after one warm-up call (which also packs the weight, so packing is
 not timed). GOPS counts 2 operations per multiply-accumulate.
 """
 
@@ -22,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import lucid_fx.kernels as K
+from int8_inference import cpu_line
+from lucid_fx.kernels import linear_native
 
 ops = torch.ops.lucid_fx
 
@@ -49,9 +53,16 @@ def linear_rows(m: int, k: int, n: int, rounds: int) -> List[Tuple[str, float]]:
         return ops.linear(qx, 0.02, 128, qw, ws, bias, 0.05, 128, "none", None)
 
     rows = []
-    for label, onednn in (("lucid_fx.linear (oneDNN)", True), ("lucid_fx.linear (_int_mm fallback)", False)):
+    for route, onednn in (("oneDNN", True), ("_int_mm fallback", False)):
         with K.use_onednn(onednn):
-            rows.append((label, median_seconds(int8, rounds)))
+            calls = linear_native.amx_calls()
+            int8()
+            route = "AMX GEMM" if linear_native.amx_calls() > calls else route
+            rows.append((f"lucid_fx.linear ({route})", median_seconds(int8, rounds)))
+    if K.onednn_available():  # the peer: oneDNN's own call on the weight prepacked, the same arguments
+        packed, zeros = torch.ops.onednn.qlinear_prepack(qw, [m, k]), torch.zeros(n, dtype=torch.long)
+        rows.append(("onednn.qlinear_pointwise", median_seconds(lambda: torch.ops.onednn.qlinear_pointwise(
+            qx, 0.02, 128, packed, ws, zeros, bias, 0.05, 128, None, "none", [], ""), rounds)))
     rows.append(("fp32 F.linear", median_seconds(lambda: F.linear(x, w, bias), rounds)))
     return rows
 
@@ -91,13 +102,13 @@ def quantize_rows(shape: Tuple[int, ...], rounds: int) -> List[Tuple[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    vnni = torch.cpu._is_vnni_supported()
-    print(f"torch {torch.__version__}, {args.threads} threads, VNNI: {vnni}, oneDNN: {K.onednn_available()}, "
+    print(cpu_line())
+    print(f"torch {torch.__version__}, {args.threads} threads, oneDNN: {K.onednn_available()}, "
           f"weight range {K.weight_quant_range('cpu')}, median of {args.rounds}")
     print(f"{'shape':<22} {'kernel':<36} {'ms':>9} {'GOPS':>8}")
     for m in (1024, 64):
