@@ -79,9 +79,12 @@ static void amx_step(const uint8_t *x, int64_t stride, int64_t k, const int8_t *
     _tile_stored(2, c + 16 * 32, 128); _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
-/* Rows [i0, end) with blocks b and b + 1 (b + 1 < nb, else b alone): steps of 32 rows, finished row by row. */
-static void amx_pair(const uint8_t *x, const uint8_t *padded, int64_t padded_from, const int8_t *packed, char *out,
-                     int64_t n, int64_t k, const gemm_finish_t *f, int64_t i0, int64_t end, int64_t b, int64_t nb) {
+/* Rows [i0, end) with blocks b and b + 1 (b + 1 < nb, else b alone): steps of 32 rows, finished row by row. The
+ * float steps cost as much as the tiles at many rows (1024 x 1024 x 256, 2 threads: 311 us, 106 without them);
+ * flattened (gemm_finish16 inlined, as native_gemm.c's gemm_pair) 240-287. */
+__attribute__((flatten)) static void amx_pair(const uint8_t *x, const uint8_t *padded, int64_t padded_from, const int8_t *packed, char *out,
+                     int64_t n, int64_t k, const gemm_finish_t *shared, int64_t i0, int64_t end, int64_t b, int64_t nb) {
+    const gemm_finish_t own_f = *shared, *f = &own_f; /* the writes to out cannot change it: read once */
     const size_t size = gemm_size(f->kind), row = n * size;
     const int64_t block = k / GEMM_KB * GEMM_NB * GEMM_KB;
     const int8_t *w0 = packed + b * block, *w1 = b + 1 < nb ? w0 + block : w0;
@@ -128,7 +131,7 @@ int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m,
         _tile_release();
     })
     free(padded);
-    amx_calls++; /* the caller's thread, after the split */
+    __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED); /* the caller's thread, after the split */
     return 1;
 #else
     (void)x, (void)packed, (void)out, (void)m, (void)n, (void)k, (void)f;
