@@ -8,7 +8,8 @@ on 1x64x56x56 (ResNet-18's first stage), and the float-to-uint8 boundary (a prog
 64x1024 and 8x64x56x56 floats against torch's quantize_per_tensor (values per second). Weights are int8 on ``weight_quant_range("cpu")``,
 activations uint8 with a zero point of 128, output uint8. The route lucid_fx's linear took is in its label: oneDNN,
 or lucid_fx's AMX GEMM (kernels/native_amx.c) where it ran. Each number is the median of
-``--rounds`` timed calls (21) after one warm-up call (which also packs the weight, so packing is
+``--rounds`` timed calls (21) after one warm-up call; the linears, medians of rounds of at least 0.2 s of
+calls each, every variant in turn within a round (a third as many rounds, at least 5) (which also packs the weight, so packing is
 not timed). GOPS counts 2 operations per multiply-accumulate.
 """
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import lucid_fx.kernels as K
-from int8_inference import cpu_line
+from int8_inference import cpu_line, timed
 from lucid_fx.kernels import linear_native
 
 ops = torch.ops.lucid_fx
@@ -52,19 +53,22 @@ def linear_rows(m: int, k: int, n: int, rounds: int) -> List[Tuple[str, float]]:
     def int8() -> torch.Tensor:
         return ops.linear(qx, 0.02, 128, qw, ws, bias, 0.05, 128, "none", None)
 
-    rows = []
-    for route, onednn in (("oneDNN", True), ("_int_mm fallback", False)):
-        with K.use_onednn(onednn):
-            calls = linear_native.amx_calls()
-            int8()
-            route = "AMX GEMM" if linear_native.amx_calls() > calls else route
-            rows.append((f"lucid_fx.linear ({route})", median_seconds(int8, rounds)))
+    def fallback() -> torch.Tensor:
+        with K.use_onednn(False):
+            return int8()
+
+    calls = linear_native.amx_calls()
+    int8()
+    route = "AMX GEMM" if linear_native.amx_calls() > calls else "oneDNN"
+    fns = {f"lucid_fx.linear ({route})": int8, "lucid_fx.linear (_int_mm fallback)": fallback}
     if K.onednn_available():  # the peer: oneDNN's own call on the weight prepacked, the same arguments
         packed, zeros = torch.ops.onednn.qlinear_prepack(qw, [m, k]), torch.zeros(n, dtype=torch.long)
-        rows.append(("onednn.qlinear_pointwise", median_seconds(lambda: torch.ops.onednn.qlinear_pointwise(
-            qx, 0.02, 128, packed, ws, zeros, bias, 0.05, 128, None, "none", [], ""), rounds)))
-    rows.append(("fp32 F.linear", median_seconds(lambda: F.linear(x, w, bias), rounds)))
-    return rows
+        fns["onednn.qlinear_pointwise"] = lambda: torch.ops.onednn.qlinear_pointwise(
+            qx, 0.02, 128, packed, ws, zeros, bias, 0.05, 128, None, "none", [], "")
+    fns["fp32 F.linear"] = lambda: F.linear(x, w, bias)
+    # in turns within every round (int8_inference.timed): a slow spell of this shared machine hits them all
+    seconds = timed({label: (lambda _, fn=fn: fn()) for label, fn in fns.items()}, torch.empty(0), max(rounds // 3, 5))
+    return list(seconds.items())
 
 
 def conv_rows(rounds: int) -> List[Tuple[str, float]]:

@@ -35,7 +35,8 @@ from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.conv_native import post_op_after_float
 from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels.int_mm import conv_float_out, int8_conv, int8_linear
-from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, linear_row, row_bounds, row_linear, row_out_scale, takes_row
+from lucid_fx.kernels.linear_row import conv_is_row, float_post_op, linear_row, row_bounds, row_out_scale, takes_row
+from lucid_fx.kernels.row_cache import kept_row_linear
 from lucid_fx.kernels.library import WeightCache, conv_output_shape, register_kernel
 from lucid_fx.kernels.onednn_check import conv_agrees
 from lucid_fx.kernels.target import NARROW_GRID, is_depthwise, resolve_target
@@ -145,10 +146,10 @@ def _linear_as_conv() -> bool:  # without VNNI (Target.linear_as_conv: Linear(10
 def _small_linear(rows, zp_u8: int, qw, w_scale, bias, x_scale: float, out_scale: float, out_zp: int, post_op: str,
                   dtype, conv: bool = False) -> Optional[torch.Tensor]:
     """The linear of uint8 ``rows`` (M, K) (a 1x1 convolution's pixels: ``conv``, as the program asks) on the engine
-    that takes it off oneDNN here, or None. Its constants come from this call's scale and bias (their parts are
-    cached, each stamped with what it was built from: a whole RowLinear cached by weight alone kept a replaced bias)."""
+    that takes it off oneDNN here, or None. Its constants are this call's scale and bias's (row_cache.py keeps them with
+    those very tensors: a whole RowLinear cached by weight alone kept a replaced bias)."""
     engine = takes_row(_cpu_target(), _onednn_on(), post_op, dtype, rows.shape[0], qw.shape[0], qw[0].numel(), conv)
-    row = engine and row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine, post_op, rows.shape[0])
+    row = engine and kept_row_linear(qw, w_scale, bias, x_scale, zp_u8, row_out_scale(out_scale, dtype), engine, post_op, rows.shape[0])
     return None if row is None else linear_row(rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
 
 
