@@ -43,7 +43,7 @@ __all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_p
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
-SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "amx", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
+SOURCES = (SOURCE, *(SOURCE.with_name(f"native_{n}.c") for n in ("gemm", "gemm_entry", "amx", "conv", "matmul", "softmax", "rotary", "norm", "pool", "rnn")))
 HEADERS = tuple(sorted(SOURCE.parent.glob("native*.h")))  # what the sources include: part of the library's name
 # -march=native: this CPU's vector width (a second set for compilers without it); -ffp-contract=off: no FMAs,
 # which round once where the torch kernels round twice; -fopenmp: the GEMM's threads (each set also without).

@@ -1,6 +1,6 @@
-/* lucid_fx's GEMM on AMX tiles (native_gemm.c's `gemm` hands it the products it takes): the same int32 sums
- * as the AVX-512 VNNI kernels, exactly (sums of integers in any order are the same integers), then the same
- * float steps (native_gemm.h's gemm_finish16), so a result never depends on which of the two ran.
+/* lucid_fx's GEMM on AMX tiles (the entry points of native_gemm_entry.c hand it the products it takes): the same
+ * int32 sums as the AVX-512 VNNI kernels, exactly (sums of integers in any order are the same integers), then the
+ * same float steps (native_gemm.h's gemm_finish16), so a result never depends on which of the two ran.
  *
  * The packed weight (native_gemm.c: [ceil(N/16)][ceil(K/4)][16][4]) is already AMX's B-tile layout: 16 groups of
  * 4 inputs by 16 outputs, one 64-byte row per group, so a tile of block b at inputs k0..k0+63 is 16 rows of 64

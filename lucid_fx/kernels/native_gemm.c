@@ -199,10 +199,10 @@ __attribute__((flatten)) static void gemm_pair(const uint8_t *x, const int8_t *p
 /* Threads of the caller's OpenMP pool for an m x n x k product (native_threads.h), at most one a pair of blocks. */
 static int gemm_threads(int64_t m, int64_t n, int64_t k, int64_t pairs) { return lucid_threads(m * n * k, GEMM_PARALLEL_MNK, pairs); }
 
-/* Each output element is one thread's, computed as with one thread: the result never depends on the count. */
-static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
-                 const gemm_finish_t *f) {
-    if (lucid_amx_gemm(x, packed, out, m, n, k, f)) return; /* the same values on AMX tiles (native_amx.c) */
+/* Each output element is one thread's, computed as with one thread: the result never depends on the count. The
+ * entry points (native_gemm_entry.c) run a product here where the AMX tiles (native_amx.c) do not take it. */
+void lucid_gemm_kernels(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
+                        const gemm_finish_t *f) {
     const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, kg = (k + GEMM_KB - 1) / GEMM_KB, tile = gemm_tile(m, k);
     const int64_t pairs = (nb + 1) / 2;
     const size_t size = gemm_size(f->kind);
@@ -213,26 +213,4 @@ static void gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, i
         LUCID_PARALLEL_FOR(threads)
         for (int64_t p = 0; p < pairs; p++) gemm_pair(x, packed, (char *)out, n, k, f, i0, end, 2 * p, nb, kg, size);
     }
-}
-
-#define GEMM_EXPORT(NAME, CODE, KIND)                                                                 \
-    void NAME(const uint8_t *x, const int8_t *packed, CODE *out, int64_t m, int64_t n, int64_t k,      \
-              const int32_t *offset, const float *w_scale, const float *bias, float x_scale,           \
-              float inv_out, int32_t zp, float low, float high, \
-              int32_t post) { \
-        const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, KIND, post}; \
-        gemm(x, packed, out, m, n, k, &f);                                                             \
-    }
-GEMM_EXPORT(lucid_gemm_uint8, uint8_t, GEMM_UINT8)
-GEMM_EXPORT(lucid_gemm_int8, int8_t, GEMM_INT8)
-GEMM_EXPORT(lucid_gemm_float32, float, GEMM_FLOAT32)
-
-/* The GEMM into uint8 codes with a residual's uint8 codes added before the output's requantization
- * (oneDNN's "sum" post-op, native_gemm.h): accum is read where out is written, element for element. */
-void lucid_gemm_sum_uint8(const uint8_t *x, const int8_t *packed, uint8_t *out, int64_t m, int64_t n, int64_t k,
-                          const int32_t *offset, const float *w_scale, const float *bias, float x_scale, float inv_out,
-                          int32_t zp, float low, float high, const uint8_t *accum, float sum_scale, int32_t sum_zp) {
-    const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, GEMM_UINT8, 0,
-                             accum, out, sum_scale, sum_zp};
-    gemm(x, packed, out, m, n, k, &f);
 }

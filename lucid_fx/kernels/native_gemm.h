@@ -290,6 +290,9 @@ static inline void gemm_finish16(__m256i lo8, __m256i hi8, int64_t j0, int64_t n
 #define GEMM_VNNI 0
 #endif /* __AVX2__ */
 
+/* native_gemm.c: the product on the VNNI / AVX2 kernels (or the plain loop). */
+void lucid_gemm_kernels(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
+                        const gemm_finish_t *f);
 /* native_amx.c: the product on AMX tiles where this build has them and they are on (1), else 0 (nothing written). */
 int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                    const gemm_finish_t *f);

@@ -395,14 +395,19 @@ def test_at_one_thread_the_vnni_engine_takes_64_rows_but_a_float_tail_only_16(mo
         torch.set_num_threads(before)
 
 
+def _amx_target(monkeypatch, tiles: bool):
+    """An AMX CPU's target, its oneDNN's steps known (row_engine), lucid_fx's AMX GEMM on or off (or not built)."""
+    monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
+    monkeypatch.setattr(lr.linear_native, "amx", lambda: tiles)
+    with force_cpu_features("amx"):
+        return resolve_target("cpu")
+
+
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 def test_on_an_amx_cpu_the_row_engine_takes_a_few_rows_only(post_op, monkeypatch):
     # where its oneDNN picks VNNI or AMX kernels by shape, the engine takes up to 4 rows, relu or none, with the steps
-    # oneDNN takes for the shape (onednn_steps.py); with lucid_fx's AMX GEMM off (or not built)
-    monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
-    monkeypatch.setattr(lr.linear_native, "amx", lambda: False)
-    with force_cpu_features("amx"):
-        target = resolve_target("cpu")
+    # oneDNN takes for the shape (onednn_steps.py); with lucid_fx's AMX GEMM off
+    target = _amx_target(monkeypatch, False)
     assert (target.linear_row, target.row_limit) == ("int_mm", 4)
     assert [lr.takes_row(target, True, post_op, torch.uint8, m, 64, 64) for m in (1, 4, 5, 64)] == ["int_mm"] * 2 + [None] * 2
 
@@ -410,10 +415,7 @@ def test_on_an_amx_cpu_the_row_engine_takes_a_few_rows_only(post_op, monkeypatch
 @pytest.mark.parametrize("post_op", ["none", "relu"])
 def test_with_the_amx_gemm_on_the_row_engine_takes_up_to_256_rows_of_inputs_a_multiple_of_64(post_op, monkeypatch):
     # row_sizes.amx_gemm: up to 8 rows of any inputs (its VNNI kernels), up to 256 of a multiple of 64 (its tiles)
-    monkeypatch.setattr(lr, "row_engine", lambda target, rows=None: "int_mm")
-    monkeypatch.setattr(lr.linear_native, "amx", lambda: True)
-    with force_cpu_features("amx"):
-        target = resolve_target("cpu")
+    target = _amx_target(monkeypatch, True)
     takes = [lr.takes_row(target, True, post_op, torch.uint8, m, 1024, k) for m, k in
              [(1, 1000), (8, 1000), (9, 1000), (9, 1024), (64, 1024), (256, 64), (257, 1024)]]
     assert takes == ["int_mm", "int_mm", None, "int_mm", "int_mm", "int_mm", None]
