@@ -46,7 +46,7 @@ NATIVE_GEMM_MNK = 1 << 26
 # up to AMX_VNNI_ROWS on the VNNI kernels, the inputs of the others a multiple of 64 (native_amx.c). Measured, AMX Xeon,
 # 2 threads, time / oneDNN's linear on the same codes: 0.43-0.90 from 16 to 128 rows at (N, K) of (1024, 1024),
 # (256, 256), (768, 768), (1024, 256) and (256, 1024); 0.55-1.00 at 256 rows; 0.84-1.37 at 1024 (1.03 at 1024^3).
-# At one thread 0.57-0.81 from 16 to 96 rows x 1024 x 1024 (89 against 156 us at 64 rows).
+# At one thread 0.57-0.90 from 16 to 96 rows x 1024 x 1024 (89 against 156 us at 64 rows).
 AMX_GEMM_ROWS = 256
 AMX_VNNI_ROWS = 8
 
