@@ -39,7 +39,7 @@ from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
 from lucid_fx.kernels.onednn_steps import AMX_STEPS, VNNI_STEPS, linear_steps
 from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
 from lucid_fx.kernels.row_sizes import (  # noqa: F401  (read as linear_row.* by tests)
-    AMX_GEMM_ROWS, NATIVE_GEMM_MNK, SMALL_GEMM_MNK, SMALL_GEMM_NK, VNNI_FLOAT_TAIL_ROWS, VNNI_GEMM_ROWS, VNNI_POINTWISE_ROWS,
+    NATIVE_GEMM_MNK, SMALL_GEMM_MNK, SMALL_GEMM_NK, VNNI_FLOAT_TAIL_ROWS, VNNI_GEMM_ROWS, VNNI_POINTWISE_ROWS,
     VNNI_THREADED_ROWS, amx_gemm, small_gemm)
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _folded_zero_point, _zero_point_exact_on_onednn, signed_zero_point_bias
@@ -241,13 +241,13 @@ def conv_is_row(x_shape: Sequence[int], w_shape: Sequence[int], padding: Sequenc
 def row_engine(target: Target, rows: Optional[int] = None) -> Optional[str]:
     """``target.linear_row`` where its float steps are this machine's oneDNN's, bit for bit, else None:
     ``"int_mm"`` where oneDNN runs its AVX512-VNNI kernels, ``"native"`` its AVX2 ones (with the vectorized
-    GEMM), and on an AMX CPU ``"int_mm"`` for up to ``target.row_limit`` ``rows`` (``AMX_GEMM_ROWS`` where
+    GEMM), and on an AMX CPU ``"int_mm"`` for up to ``target.row_limit`` ``rows`` (any number where
     lucid_fx's AMX GEMM is on), with the steps its oneDNN takes for the shape (:func:`row_linear`). Verified on real CPUs of each kind; a forced kind (or a lower
     ``ONEDNN_MAX_CPU_ISA``) on other hardware keeps oneDNN, whose kernels there round otherwise."""
     if target.linear_row is not None and target.linear_row == engine_here():
         return target.linear_row
-    limit = target.row_limit if target.row_limit is None or not linear_native.amx() else max(target.row_limit, AMX_GEMM_ROWS)
-    few = rows is not None and limit is not None and rows <= limit
+    tiles = target.row_limit is not None and linear_native.amx()  # any rows: takes_row says which (amx_gemm)
+    few = rows is not None and target.row_limit is not None and (tiles or rows <= target.row_limit)
     return target.linear_row if few and target.linear_row == few_rows_engine_here() else None
 
 

@@ -28,6 +28,8 @@
 /* Fewer rows take the VNNI kernels (faster at 8 rows: 30 against 44 us at 8 x 1024 x 1024, 2 threads; from 12 rows
  * slower: 66 against 48). lucid_fx.kernels.row_sizes.AMX_VNNI_ROWS is this less one. */
 #define AMX_MIN_ROWS 9
+/* The bytes of weights a thread's tiles of rows meet while they stay in its L2 (half of 2 MiB). */
+#define AMX_L2_WEIGHTS (1 << 20)
 
 static int amx_on = 0;
 static int64_t amx_calls = 0; /* products run on the tiles (lucid_amx_calls: tests see which kernel ran) */
@@ -65,34 +67,80 @@ static void amx_configure(void) {
     _tile_loadconfig(&c);
 }
 
-/* 32 rows of x (k codes each, `stride` apart) by blocks w0 and w1: the 32 x 32 sums into c. */
-static void amx_step(const uint8_t *x, int64_t stride, int64_t k, const int8_t *w0, const int8_t *w1, int32_t *c) {
+/* 32 rows of x (k codes each, `stride` apart) by blocks w0 and w1: the 32 x 32 sums into c. `stream`: the weight
+ * tiles loaded with the hint that they are not used again soon (tileloaddt1), where they do not stay in cache
+ * between steps anyway: the rows' tiles, used by every block, stay instead. */
+static void amx_step(const uint8_t *x, int64_t stride, int64_t k, const int8_t *w0, const int8_t *w1, int32_t *c,
+                     int stream) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k0 = 0; k0 < k; k0 += AMX_K) {
         _tile_loadd(4, x + k0, stride);
         _tile_loadd(5, x + 16 * stride + k0, stride);
-        _tile_loadd(6, w0 + k0 * GEMM_NB, 64);
-        _tile_loadd(7, w1 + k0 * GEMM_NB, 64);
+        if (stream) {
+            _tile_stream_loadd(6, w0 + k0 * GEMM_NB, 64);
+            _tile_stream_loadd(7, w1 + k0 * GEMM_NB, 64);
+        } else {
+            _tile_loadd(6, w0 + k0 * GEMM_NB, 64);
+            _tile_loadd(7, w1 + k0 * GEMM_NB, 64);
+        }
         _tile_dpbusd(0, 4, 6); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 5, 6); _tile_dpbusd(3, 5, 7);
     }
     _tile_stored(0, c, 128); _tile_stored(1, c + 16, 128);
     _tile_stored(2, c + 16 * 32, 128); _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
-/* Rows [i0, end) with blocks b and b + 1 (b + 1 < nb, else b alone): steps of 32 rows, finished row by row. The
- * float steps cost as much as the tiles at many rows (1024 x 1024 x 256, 2 threads: 311 us, 106 without them);
- * flattened (gemm_finish16 inlined, as native_gemm.c's gemm_pair) 240-287. */
+/* Whether amx_codes finishes a pair: codes out, no post-op before the clamp, no residual, both blocks whole. */
+static int amx_codes_take(const gemm_finish_t *f, int64_t b, int64_t n) {
+    return f->kind != GEMM_FLOAT32 && f->post == GEMM_POST_NONE && !f->accum && (b + 2) * GEMM_NB <= n;
+}
+
+/* gemm_finish16's steps for `rows` rows of a step's sums c by two whole blocks (outputs j..j+31), into codes at
+ * out, rows `row` bytes apart: the outputs' offsets, scales and bias loaded once for all the rows (gemm_finish16
+ * loads them for each row and tests every option each time: at 1024 x 1024 x 256 its float steps took longer
+ * than the tiles). The same operations in the same order; the clamp as max then min, equal to gemm_finish16's
+ * compare-and-select for codes (a NaN goes to low either way, and -0 and 0 give the same code). No bias adds 0. */
+static void amx_codes(const int32_t *c, int64_t rows, char *out, int64_t row, int64_t j, const gemm_finish_t *f) {
+    const __m512i off0 = _mm512_loadu_si512(f->offset + j), off1 = _mm512_loadu_si512(f->offset + j + 16);
+    const __m512 ws0 = _mm512_loadu_ps(f->w_scale + j), ws1 = _mm512_loadu_ps(f->w_scale + j + 16);
+    const __m512 b0 = f->bias ? _mm512_loadu_ps(f->bias + j) : _mm512_setzero_ps();
+    const __m512 b1 = f->bias ? _mm512_loadu_ps(f->bias + j + 16) : _mm512_setzero_ps();
+    const __m512 xs = _mm512_set1_ps(f->x_scale), inv = _mm512_set1_ps(f->inv_out), zp = _mm512_set1_ps(f->zp);
+    const __m512 lo = _mm512_set1_ps(f->low), hi = _mm512_set1_ps(f->high);
+#define AMX_CODES(sums, off, ws, b)                                                                          \
+    _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_mul_ps(           \
+        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sums, off)), xs), ws), b), \
+        inv), zp), lo), hi)))
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t *s = c + r * 32;
+        const __m128i q0 = AMX_CODES(_mm512_load_si512(s), off0, ws0, b0);
+        const __m128i q1 = AMX_CODES(_mm512_load_si512(s + 16), off1, ws1, b1);
+        _mm256_storeu_si256((__m256i *)(out + r * row + j), _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+    }
+#undef AMX_CODES
+}
+
+/* Rows [i0, end) with blocks b and b + 1 (b + 1 < nb, else b alone): steps of 32 rows, finished row by row, by
+ * amx_codes where it takes the pair (at 1024 x 1024 x 256, 2 threads: 164-173 us against 224 by gemm_finish16,
+ * whose float steps alone took 135 of it), else by gemm_finish16 (flattened: inlined, as native_gemm.c's
+ * gemm_pair; 240-287 against 311 us at that size). */
 __attribute__((flatten)) static void amx_pair(const uint8_t *x, const uint8_t *padded, int64_t padded_from, const int8_t *packed, char *out,
-                     int64_t n, int64_t k, const gemm_finish_t *shared, int64_t i0, int64_t end, int64_t b, int64_t nb) {
+                     int64_t n, int64_t k, const gemm_finish_t *shared, int64_t i0, int64_t end, int64_t b, int64_t nb,
+                     int stream) {
     const gemm_finish_t own_f = *shared, *f = &own_f; /* the writes to out cannot change it: read once */
     const size_t size = gemm_size(f->kind), row = n * size;
     const int64_t block = k / GEMM_KB * GEMM_NB * GEMM_KB;
     const int8_t *w0 = packed + b * block, *w1 = b + 1 < nb ? w0 + block : w0;
     int32_t c[AMX_ROWS * 32] __attribute__((aligned(64)));
+    const int codes = amx_codes_take(f, b, n);
     for (int64_t i = i0; i < end; i += AMX_ROWS) {
         const int own = i + AMX_ROWS <= padded_from;
-        amx_step(own ? x + i * k : padded + (i - padded_from) * k, k, k, w0, w1, c);
-        for (int64_t r = 0; r < AMX_ROWS && i + r < end; r++) {
+        amx_step(own ? x + i * k : padded + (i - padded_from) * k, k, k, w0, w1, c, stream);
+        const int64_t rows = end - i < AMX_ROWS ? end - i : AMX_ROWS;
+        if (codes) {
+            amx_codes(c, rows, out + i * row, row, b * GEMM_NB, f);
+            continue;
+        }
+        for (int64_t r = 0; r < rows; r++) {
             const int32_t *s = c + r * 32;
             char *o = out + (i + r) * row;
             gemm_finish16(_mm256_load_si256((const __m256i *)s), _mm256_load_si256((const __m256i *)(s + 8)),
@@ -118,15 +166,26 @@ int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m,
         if (!padded) return 0;
         memcpy(padded, x + full * k, (size_t)((m - full) * k));
     }
-    /* a tile of rows meets every block while it is in cache (native_gemm.h's gemm_tile, in steps of 32 rows) */
-    const int64_t fit = (65536 / k) / AMX_ROWS * AMX_ROWS, tile = m * k <= 262144 || fit < AMX_ROWS ? m : fit;
+    /* A tile of rows meets every pair of blocks while it is in cache (native_gemm.h's gemm_tile, in steps of 32
+     * rows). Where a pair's weights and a step's rows (32 x k codes each) do not stay in L1 together, but a tile
+     * of rows does (k from 512 to 1024), the weights stream past it (amx_step): at 1024^3 418 against 455 us, at
+     * 1024 x 1024 x 512 233 against 272 (2 threads, AMX Xeon); at k = 256 it cost (190 against 173). Past 1024 a
+     * tile is one step. The pairs go in groups whose weights stay in L2 while every tile meets them: at
+     * 1024 x 4096 x 1024 1780 against 2440 us; at 1024 x 1024 x 4096 1800 against 2350. */
+    const int stream = k >= 512 && k <= 1024;
+    const int64_t fit = ((stream ? 32768 : 65536) / k) / AMX_ROWS * AMX_ROWS;
+    const int64_t tile = !stream && m * k <= 262144 ? m : fit < AMX_ROWS ? AMX_ROWS : fit;
+    const int64_t group = AMX_L2_WEIGHTS / (2 * GEMM_NB * k) > 0 ? AMX_L2_WEIGHTS / (2 * GEMM_NB * k) : 1;
     const int threads = lucid_threads(m * n * k, GEMM_PARALLEL_MNK, pairs);
     LUCID_SPLIT(pairs, 1, threads, {
         amx_configure();
-        for (int64_t i0 = 0; i0 < m; i0 += tile) {
-            const int64_t end = i0 + tile < m ? i0 + tile : m;
-            for (int64_t p = from; p < to; p++)
-                amx_pair(x, padded, full, packed, (char *)out, n, k, f, i0, end, 2 * p, nb);
+        for (int64_t g = from; g < to; g += group) {
+            const int64_t last = g + group < to ? g + group : to;
+            for (int64_t i0 = 0; i0 < m; i0 += tile) {
+                const int64_t end = i0 + tile < m ? i0 + tile : m;
+                for (int64_t p = g; p < last; p++)
+                    amx_pair(x, padded, full, packed, (char *)out, n, k, f, i0, end, 2 * p, nb, stream);
+            }
         }
         _tile_release();
     })

@@ -11,7 +11,7 @@ import torch
 
 from lucid_fx.kernels import linear_native
 
-__all__ = ["small_gemm", "amx_gemm", "AMX_GEMM_ROWS", "AMX_VNNI_ROWS", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS",
+__all__ = ["small_gemm", "amx_gemm", "AMX_VNNI_ROWS", "SMALL_GEMM_MNK", "SMALL_GEMM_NK", "VNNI_GEMM_ROWS", "VNNI_FLOAT_TAIL_ROWS", "VNNI_THREADED_ROWS",
            "VNNI_POINTWISE_ROWS", "NATIVE_GEMM_MNK"]
 
 # Linears of several rows up to these sizes run faster here than in oneDNN's (1 thread, AVX512-VNNI EPYC,
@@ -42,18 +42,21 @@ VNNI_POINTWISE_ROWS = 1024
 # past it. It takes linears up to this many multiply-adds at one thread or on the GEMM's threads, a quarter of it
 # at more without them (oneDNN's threads; measured 2 threads against 1: 0.2 of the fixed cost or less).
 NATIVE_GEMM_MNK = 1 << 26
-# On an AMX CPU with lucid_fx's AMX GEMM on (linear_native.amx), linears of up to this many rows run on it, those of
-# up to AMX_VNNI_ROWS on the VNNI kernels, the inputs of the others a multiple of 64 (native_amx.c). Measured, AMX Xeon,
-# 2 threads, time / oneDNN's linear on the same codes: 0.43-0.90 from 16 to 128 rows at (N, K) of (1024, 1024),
-# (256, 256), (768, 768), (1024, 256) and (256, 1024); 0.55-1.00 at 256 rows; 0.84-1.37 at 1024 (1.03 at 1024^3).
-# At one thread 0.57-0.90 from 16 to 96 rows x 1024 x 1024 (89 against 156 us at 64 rows).
-AMX_GEMM_ROWS = 256
+# On an AMX CPU with lucid_fx's AMX GEMM on (linear_native.amx), linears of up to AMX_VNNI_ROWS rows run on its VNNI
+# kernels, those of more whose inputs are a multiple of 64 on its tiles (native_amx.c), at any number of rows. Measured,
+# AMX Xeon, 2 threads, time / oneDNN's linear on the same codes: 0.43-0.90 from 16 to 128 rows at (N, K) of
+# (1024, 1024), (256, 256), (768, 768), (1024, 256) and (256, 1024); since the tiles' float steps load each output's
+# constants once (native_amx.c's amx_codes) and stream the weights past the rows: 0.44 at 64 x 1024 x 1024, 0.73 at
+# 256 x 1024 x 1024, 0.85 at 1024^3, 0.56 at 1024 x 256 x 256, 0.77 at 1024 x 1024 x 256, 0.84 at 1024 x 256 x 1024,
+# 0.86 at 1024 x 1024 x 4096, 0.85 at 512 x 768 -> 3072 and 3072 -> 768, 0.91 at 4096 x 256 x 256. At one thread
+# 0.51-0.91 over the same shapes (1024^3: 817 against 901 us).
 AMX_VNNI_ROWS = 8
 
 
 def amx_gemm(m: int, n: int, k: int) -> bool:
-    """Whether lucid_fx's GEMM takes an (m, k) by (k, n) linear on an AMX CPU faster than oneDNN's (AMX_GEMM_ROWS)."""
-    return linear_native.amx() and m <= AMX_GEMM_ROWS and (m <= AMX_VNNI_ROWS or k % 64 == 0)
+    """Whether lucid_fx's GEMM takes an (m, k) by (k, n) linear on an AMX CPU faster than oneDNN's: its VNNI
+    kernels up to AMX_VNNI_ROWS rows, its tiles at more where ``k`` is a multiple of 64."""
+    return linear_native.amx() and (m <= AMX_VNNI_ROWS or k % 64 == 0)
 
 
 def small_gemm(m: int, n: int, k: int, engine: Optional[str] = "int_mm", pointwise: bool = False,

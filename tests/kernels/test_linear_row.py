@@ -413,12 +413,12 @@ def test_on_an_amx_cpu_the_row_engine_takes_a_few_rows_only(post_op, monkeypatch
 
 
 @pytest.mark.parametrize("post_op", ["none", "relu"])
-def test_with_the_amx_gemm_on_the_row_engine_takes_up_to_256_rows_of_inputs_a_multiple_of_64(post_op, monkeypatch):
-    # row_sizes.amx_gemm: up to 8 rows of any inputs (its VNNI kernels), up to 256 of a multiple of 64 (its tiles)
+def test_with_the_amx_gemm_on_the_row_engine_takes_any_rows_of_inputs_a_multiple_of_64(post_op, monkeypatch):
+    # row_sizes.amx_gemm: up to 8 rows of any inputs (its VNNI kernels), any number of a multiple of 64 (its tiles)
     target = _amx_target(monkeypatch, True)
     takes = [lr.takes_row(target, True, post_op, torch.uint8, m, 1024, k) for m, k in
-             [(1, 1000), (8, 1000), (9, 1000), (9, 1024), (64, 1024), (256, 64), (257, 1024)]]
-    assert takes == ["int_mm", "int_mm", None, "int_mm", "int_mm", "int_mm", None]
+             [(1, 1000), (8, 1000), (9, 1000), (9, 1024), (64, 1024), (256, 64), (257, 1024), (4096, 1024), (4096, 1000)]]
+    assert takes == ["int_mm", "int_mm", None, "int_mm", "int_mm", "int_mm", "int_mm", "int_mm", None]
     assert lr.takes_row(target, True, "hardswish", torch.uint8, 64, 1024, 1024) is None  # oneDNN's post-op
     assert lr.takes_row(target, True, post_op, torch.uint8, 64, 1024, 1024, pointwise=True) is None
 

@@ -34,7 +34,9 @@ def _case(m, k, n, seed=0):
 AMX_SHAPES = [(9, 64, 16), (31, 64, 24), (32, 128, 32), (33, 192, 40), (64, 1024, 1024), (100, 256, 48),
               (17, 64, 1000),  # 63 blocks: an odd last block, alone; 1000 % 16 = 8
               (300, 1024, 40),  # 307K codes: tiles of 64 rows (native_amx.c), the last 12 rows zero-padded
-              (40, 4096, 24)]  # rows of 4 KiB: one tile of every row
+              (40, 4096, 24),  # rows of 4 KiB: one tile of every row
+              (70, 768, 96),  # inputs from 512 to 1024: the weights streamed past tiles of 32 rows
+              (70, 4096, 600)]  # pairs in groups of 8 (their weights in L2: AMX_L2_WEIGHTS), the last pair half
 
 
 @pytest.mark.parametrize("m,k,n", AMX_SHAPES)
@@ -57,6 +59,20 @@ def test_the_amx_gemm_gives_the_exact_sums_and_float_steps(amx, m, k, n):
                                                                        128.0, 255.0, torch.uint8, post))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_codes_finish_gives_gemm_finish16_s_codes_at_both_bounds(amx, bias):
+    # native_amx.c's amx_codes (codes out, no post-op, whole pairs) clamps as max then min: sums far past both ends
+    # of the codes, and a relu's bound at the zero point, give the compare-and-select's codes
+    q, w, offset, w_scale, b = _case(96, 512, 64, seed=3)
+    b = b * 400 if bias else None
+    weight = ln.packed_weight(w)
+    for dtype, zp, low, high in [(torch.uint8, 3, 3.0, 255.0), (torch.int8, -2, -128.0, 127.0), (torch.uint8, 128, 0.0, 255.0)]:
+        got = ln.gemm_rows(q, weight, offset, 0.37, w_scale, b, 5.5, zp, low, high, dtype)
+        want = _steps(q, w, offset, 0.37, w_scale, b, 5.5, zp, low, high, dtype)
+        assert torch.equal(got, want), (dtype, (got.double() - want.double()).abs().max())
+        assert int((got == int(low)).sum()) > 100 and int((got == int(high)).sum()) > 100  # both bounds reached
 
 
 def test_a_residual_is_added_where_the_amx_gemm_writes(amx):
