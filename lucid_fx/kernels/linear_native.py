@@ -27,7 +27,7 @@ tensor([[ 3.0000, -1.5000]])
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -35,7 +35,12 @@ from lucid_fx.kernels.native import _function, bind
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
            "finish", "available", "full_grid", "amx", "use_amx", "amx_calls", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
-           "kernel_post", "row_epilogue"]
+           "kernel_post", "row_epilogue", "ADDEND", "Residual"]
+
+# A residual the GEMM adds: a uint8 one's (scale, zero point), added before the requantization (oneDNN's "sum"
+# post-op), or ADDEND: a float32 one of the result's layout, added to the float32 result (oneDNN's binary "add").
+ADDEND = "add"
+Residual = Union[Tuple[float, int], str]
 
 BLOCK, STEP = 16, 4  # outputs per packed block, inputs per step (native_gemm.c's GEMM_NB, GEMM_KB)
 # The largest weight magnitude whose int16 pair sums are exact: 2 * 255 * 64 <= 32767.
@@ -134,28 +139,33 @@ def gemm_rows(q: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_sca
 def gemm_into(q: torch.Tensor, out: torch.Tensor, weight: PackedWeight, offset: torch.Tensor, x_scale: float,
               w_scale: torch.Tensor, bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float,
               dtype: torch.dtype, post: str = "none", accum: Optional[torch.Tensor] = None, sum_scale: float = 0.0,
-              sum_zp: int = 0) -> bool:
+              sum_zp: int = 0, addend: Optional[torch.Tensor] = None) -> bool:
     """:func:`gemm_rows` of the rows ``q``'s storage holds (M rows of K codes, dense: a 2-d tensor, or
     a channels-last image's pixels) into ``out``'s dense storage (M x N values of ``dtype``), whatever
     their shapes; False (nothing written) without the native kernels. ``accum``: uint8 codes laid out
     as ``out`` (a residual), added before the requantization as oneDNN's "sum" post-op adds them,
-    ``fma(accum - sum_zp, sum_scale, y)`` (uint8 results only: :func:`sum_available`)."""
-    assert accum is None or post == "none", post
+    ``fma(accum - sum_zp, sum_scale, y)`` (uint8 results only: :func:`sum_available`). ``addend``: float32 values
+    laid out as ``out``, added to a float32 result after its clamp (oneDNN's binary "add": :data:`ADDEND`)."""
+    assert (accum is None and addend is None) or post == "none", post
+    residual = (sum_scale, sum_zp) if accum is not None else ADDEND if addend is not None else None
     gemm = gemm_call(q.numel() // weight.k, weight, offset, x_scale, w_scale, bias, inv_out, zp, low, high, dtype, post,
-                     None if accum is None else (sum_scale, sum_zp))
+                     residual)
     if gemm is None:
         return False
-    gemm(q.data_ptr(), out.data_ptr(), *(() if accum is None else (accum.data_ptr(),)))
+    other = accum if accum is not None else addend
+    gemm(q.data_ptr(), out.data_ptr(), *(() if other is None else (other.data_ptr(),)))
     return True
 
 
 def gemm_call(m: int, weight: PackedWeight, offset: torch.Tensor, x_scale: float, w_scale: torch.Tensor,
               bias: Optional[torch.Tensor], inv_out: float, zp: int, low: float, high: float, dtype: torch.dtype,
-              post: str = "none", residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+              post: str = "none", residual: Optional[Residual] = None) -> Optional[Callable]:
     """:func:`gemm_into`'s native call for ``m`` rows with every argument but the rows' and the result's storage
-    bound once (native.bind): ``gemm(q_ptr, out_ptr)``, or ``gemm(q_ptr, out_ptr, accum_ptr)`` with a
-    ``residual`` (its scale and zero point). None without the native kernels."""
-    kernel, tail = ("gemm", (POST[post],)) if residual is None else ("gemm_sum", residual)
+    bound once (native.bind): ``gemm(q_ptr, out_ptr)``, or ``gemm(q_ptr, out_ptr, residual_ptr)`` with a
+    ``residual`` (:data:`Residual`: uint8 codes' scale and zero point, or :data:`ADDEND` for a float32 result's
+    addend). None without the native kernels."""
+    kernel, tail = (("gemm", (POST[post],)) if residual is None else ("gemm_add", ()) if residual == ADDEND
+                    else ("gemm_sum", residual))
     call = bind(kernel, dtype, m, weight.n, weight.k, x_scale, inv_out, zp, low, high, *tail)
     if call is None:
         return None

@@ -155,7 +155,7 @@ def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float
 
 
 def row_gemm(row: RowLinear, codes: int, zp: int, low: float, high: float, dtype: torch.dtype,
-             residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+             residual: Optional[linear_native.Residual] = None) -> Optional[Callable]:
     """lucid_fx's GEMM of ``row`` on ``codes`` codes (``codes / K`` rows) with every argument but the storage bound
     (:func:`lucid_fx.kernels.linear_native.gemm_call`: ``gemm(q_ptr, out_ptr[, accum_ptr])``); None where ``row``
     has no native weight or the native kernels are not loaded."""
@@ -198,18 +198,20 @@ def linear_row_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: 
 
 
 def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype, shape: tuple,
-               layout: torch.memory_format, residual: Optional[Tuple[float, int]] = None) -> Optional[Callable]:
+               layout: torch.memory_format, residual: Optional[linear_native.Residual] = None) -> Optional[Callable]:
     """The GEMM of ``row`` on the rows dense uint8 ``q``'s storage holds into a new tensor of ``shape`` in
-    ``layout`` (plus a residual laid out as it: ``step(q, other)``), for codes of ``q``'s strides: ``step(q)``."""
+    ``layout`` (plus a residual laid out as it: ``step(q, other)``; uint8 codes, or float32 for ADDEND), for codes of
+    ``q``'s strides: ``step(q)``."""
     k = q.shape[1 if q.dim() == 4 else -1]  # (N, K, H, W) channels-last, or (..., K)
     gemm = row_gemm(row, q.numel(), zp, low, high, dtype, residual) if q.dtype == torch.uint8 and q.is_cpu else None
     if gemm is None or k != row.weight.k:
         return None
     strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()
+    other_dtype = torch.float32 if residual == linear_native.ADDEND else torch.uint8
 
     def gemm_step(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
         if q.stride() != q_strides or q.dtype != torch.uint8 or not all(
-                o.dtype == torch.uint8 and o.shape == shape and o.is_contiguous(memory_format=layout)
+                o.dtype == other_dtype and o.shape == shape and o.is_contiguous(memory_format=layout)
                 for o in other):  # the residual's layout is the result's (any strides of size-1 dims)
             return None
         out = torch.empty_strided(shape, strides, dtype=dtype)

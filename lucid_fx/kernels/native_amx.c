@@ -23,8 +23,6 @@
 #define AMX_BUILT 0
 #endif
 
-#define AMX_ROWS 32 /* rows a step takes: two x tiles */
-#define AMX_K 64    /* inputs a tile takes */
 /* Fewer rows take the VNNI kernels (faster at 8 rows: 30 against 44 us at 8 x 1024 x 1024, 2 threads; from 12 rows
  * slower: 66 against 48). lucid_fx.kernels.row_sizes.AMX_VNNI_ROWS is this less one. */
 #define AMX_MIN_ROWS 9
@@ -58,14 +56,16 @@ typedef struct {
     uint8_t rows[16];
 } amx_config_t;
 
-/* Tiles 0-3: the sums (rows 0-15 and 16-31 by blocks b and b + 1), 4-5 the x tiles, 6-7 the weight tiles. */
-static void amx_configure(void) {
-    amx_config_t c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
-    _tile_loadconfig(&c);
-}
+/* Tiles 0-3: the sums (rows 0-15 and 16-31 by blocks b and b + 1), 4-5 the x tiles, 6-7 the weight tiles: 16 rows of
+ * 64 bytes each. A constant in memory: built on the stack, GCC 12 dropped the stores it saw no read of (ldtilecfg's
+ * builtin does not say it reads them) and ldtilecfg faulted on the garbage left (in a function of its own). */
+static const amx_config_t AMX_CONFIG __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+static void amx_configure(void) { _tile_loadconfig(&AMX_CONFIG); }
 
 /* 32 rows of x (k codes each, `stride` apart) by blocks w0 and w1: the 32 x 32 sums into c. `stream`: the weight
  * tiles loaded with the hint that they are not used again soon (tileloaddt1), where they do not stay in cache
@@ -73,7 +73,7 @@ static void amx_configure(void) {
 static void amx_step(const uint8_t *x, int64_t stride, int64_t k, const int8_t *w0, const int8_t *w1, int32_t *c,
                      int stream) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t k0 = 0; k0 < k; k0 += AMX_K) {
+    for (int64_t k0 = 0; k0 < k; k0 += AMX_TILE_K) {
         _tile_loadd(4, x + k0, stride);
         _tile_loadd(5, x + 16 * stride + k0, stride);
         if (stream) {
@@ -89,38 +89,62 @@ static void amx_step(const uint8_t *x, int64_t stride, int64_t k, const int8_t *
     _tile_stored(2, c + 16 * 32, 128); _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
-/* Whether amx_codes finishes a pair: codes out, no post-op before the clamp, no residual, both blocks whole. */
-static int amx_codes_take(const gemm_finish_t *f, int64_t b, int64_t n) {
-    return f->kind != GEMM_FLOAT32 && f->post == GEMM_POST_NONE && !f->accum && (b + 2) * GEMM_NB <= n;
+/* Whether amx_rows finishes a pair: no post-op before the clamp, no residual codes, both blocks whole. */
+static int amx_rows_take(const gemm_finish_t *f, int64_t b, int64_t n) {
+    return f->post == GEMM_POST_NONE && !f->accum && (b + 2) * GEMM_NB <= n;
 }
 
-/* gemm_finish16's steps for `rows` rows of a step's sums c by two whole blocks (outputs j..j+31), into codes at
- * out, rows `row` bytes apart: the outputs' offsets, scales and bias loaded once for all the rows (gemm_finish16
- * loads them for each row and tests every option each time: at 1024 x 1024 x 256 its float steps took longer
- * than the tiles). The same operations in the same order; the clamp as max then min, equal to gemm_finish16's
- * compare-and-select for codes (a NaN goes to low either way, and -0 and 0 give the same code). No bias adds 0. */
-static void amx_codes(const int32_t *c, int64_t rows, char *out, int64_t row, int64_t j, const gemm_finish_t *f) {
+/* gemm_finish16's steps for `rows` rows of a step's sums c by two whole blocks (outputs j..j+31), into out, rows
+ * `row` bytes apart: the outputs' offsets, scales and bias loaded once for all the rows (gemm_finish16 loads them for
+ * each row and tests every option each time: at 1024 x 1024 x 256 its float steps took longer than the tiles). The
+ * same operations in the same order. Codes: the clamp as max then min, equal to gemm_finish16's compare-and-select
+ * for codes (a NaN goes to low either way, and -0 and 0 give the same code); float32: its compare-and-select, then
+ * the addend where there is one. Codes without a bias add 0 (-0 and 0 give the same code); float32 adds a bias only. */
+static void amx_rows(const int32_t *c, int64_t rows, char *out, int64_t row, int64_t j, const gemm_finish_t *f) {
     const __m512i off0 = _mm512_loadu_si512(f->offset + j), off1 = _mm512_loadu_si512(f->offset + j + 16);
     const __m512 ws0 = _mm512_loadu_ps(f->w_scale + j), ws1 = _mm512_loadu_ps(f->w_scale + j + 16);
     const __m512 b0 = f->bias ? _mm512_loadu_ps(f->bias + j) : _mm512_setzero_ps();
     const __m512 b1 = f->bias ? _mm512_loadu_ps(f->bias + j + 16) : _mm512_setzero_ps();
     const __m512 xs = _mm512_set1_ps(f->x_scale), inv = _mm512_set1_ps(f->inv_out), zp = _mm512_set1_ps(f->zp);
     const __m512 lo = _mm512_set1_ps(f->low), hi = _mm512_set1_ps(f->high);
-#define AMX_CODES(sums, off, ws, b)                                                                          \
-    _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_mul_ps(           \
-        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sums, off)), xs), ws), b), \
-        inv), zp), lo), hi)))
-    for (int64_t r = 0; r < rows; r++) {
-        const int32_t *s = c + r * 32;
-        const __m128i q0 = AMX_CODES(_mm512_load_si512(s), off0, ws0, b0);
-        const __m128i q1 = AMX_CODES(_mm512_load_si512(s + 16), off1, ws1, b1);
-        _mm256_storeu_si256((__m256i *)(out + r * row + j), _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+#define AMX_SCALED(sums, off, ws) _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sums, off)), xs), ws)
+#define AMX_Y(sums, off, ws, b) _mm512_add_ps(AMX_SCALED(sums, off, ws), b)
+#define AMX_CODES(y) \
+    _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_mul_ps(y, inv), zp), lo), hi)))
+#define AMX_CLAMP(v) \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ), lo, \
+                         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_LE_OQ), hi, v))
+    if (f->kind == GEMM_FLOAT32) {
+        for (int64_t r = 0; r < rows; r++) {
+            const int32_t *s = c + r * 32;
+            float *o = (float *)(out + r * row) + j;
+            __m512 v0 = AMX_SCALED(_mm512_load_si512(s), off0, ws0), v1 = AMX_SCALED(_mm512_load_si512(s + 16), off1, ws1);
+            if (f->bias) v0 = _mm512_add_ps(v0, b0), v1 = _mm512_add_ps(v1, b1);
+            v0 = AMX_CLAMP(v0), v1 = AMX_CLAMP(v1);
+            if (f->addend) {
+                const float *a = GEMM_ADDEND(f, o);
+                v0 = _mm512_add_ps(v0, _mm512_loadu_ps(a));
+                v1 = _mm512_add_ps(v1, _mm512_loadu_ps(a + 16));
+            }
+            _mm512_storeu_ps(o, v0);
+            _mm512_storeu_ps(o + 16, v1);
+        }
+    } else {
+        for (int64_t r = 0; r < rows; r++) {
+            const int32_t *s = c + r * 32;
+            const __m128i q0 = AMX_CODES(AMX_Y(_mm512_load_si512(s), off0, ws0, b0));
+            const __m128i q1 = AMX_CODES(AMX_Y(_mm512_load_si512(s + 16), off1, ws1, b1));
+            _mm256_storeu_si256((__m256i *)(out + r * row + j), _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+        }
     }
+#undef AMX_SCALED
+#undef AMX_Y
 #undef AMX_CODES
+#undef AMX_CLAMP
 }
 
 /* Rows [i0, end) with blocks b and b + 1 (b + 1 < nb, else b alone): steps of 32 rows, finished row by row, by
- * amx_codes where it takes the pair (at 1024 x 1024 x 256, 2 threads: 164-173 us against 224 by gemm_finish16,
+ * amx_rows where it takes the pair (at 1024 x 1024 x 256, 2 threads: 164-173 us against 224 by gemm_finish16,
  * whose float steps alone took 135 of it), else by gemm_finish16 (flattened: inlined, as native_gemm.c's
  * gemm_pair; 240-287 against 311 us at that size). */
 __attribute__((flatten)) static void amx_pair(const uint8_t *x, const uint8_t *padded, int64_t padded_from, const int8_t *packed, char *out,
@@ -130,14 +154,14 @@ __attribute__((flatten)) static void amx_pair(const uint8_t *x, const uint8_t *p
     const size_t size = gemm_size(f->kind), row = n * size;
     const int64_t block = k / GEMM_KB * GEMM_NB * GEMM_KB;
     const int8_t *w0 = packed + b * block, *w1 = b + 1 < nb ? w0 + block : w0;
-    int32_t c[AMX_ROWS * 32] __attribute__((aligned(64)));
-    const int codes = amx_codes_take(f, b, n);
-    for (int64_t i = i0; i < end; i += AMX_ROWS) {
-        const int own = i + AMX_ROWS <= padded_from;
+    int32_t c[AMX_TILE_ROWS * 32] __attribute__((aligned(64)));
+    const int fast = amx_rows_take(f, b, n);
+    for (int64_t i = i0; i < end; i += AMX_TILE_ROWS) {
+        const int own = i + AMX_TILE_ROWS <= padded_from;
         amx_step(own ? x + i * k : padded + (i - padded_from) * k, k, k, w0, w1, c, stream);
-        const int64_t rows = end - i < AMX_ROWS ? end - i : AMX_ROWS;
-        if (codes) {
-            amx_codes(c, rows, out + i * row, row, b * GEMM_NB, f);
+        const int64_t rows = end - i < AMX_TILE_ROWS ? end - i : AMX_TILE_ROWS;
+        if (fast) {
+            amx_rows(c, rows, out + i * row, row, b * GEMM_NB, f);
             continue;
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -158,11 +182,11 @@ __attribute__((flatten)) static void amx_pair(const uint8_t *x, const uint8_t *p
 int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                    const gemm_finish_t *f) {
 #if AMX_BUILT
-    if (!amx_on || k % AMX_K || m < AMX_MIN_ROWS) return 0;
-    const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, pairs = (nb + 1) / 2, full = m / AMX_ROWS * AMX_ROWS;
+    if (!amx_on || k % AMX_TILE_K || m < AMX_MIN_ROWS) return 0;
+    const int64_t nb = (n + GEMM_NB - 1) / GEMM_NB, pairs = (nb + 1) / 2, full = m / AMX_TILE_ROWS * AMX_TILE_ROWS;
     uint8_t *padded = NULL;
     if (full < m) { /* the last rows, zero-padded to a step */
-        padded = calloc(AMX_ROWS, (size_t)k);
+        padded = calloc(AMX_TILE_ROWS, (size_t)k);
         if (!padded) return 0;
         memcpy(padded, x + full * k, (size_t)((m - full) * k));
     }
@@ -173,8 +197,8 @@ int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m,
      * tile is one step. The pairs go in groups whose weights stay in L2 while every tile meets them: at
      * 1024 x 4096 x 1024 1780 against 2440 us; at 1024 x 1024 x 4096 1800 against 2350. */
     const int stream = k >= 512 && k <= 1024;
-    const int64_t fit = ((stream ? 32768 : 65536) / k) / AMX_ROWS * AMX_ROWS;
-    const int64_t tile = !stream && m * k <= 262144 ? m : fit < AMX_ROWS ? AMX_ROWS : fit;
+    const int64_t fit = ((stream ? 32768 : 65536) / k) / AMX_TILE_ROWS * AMX_TILE_ROWS;
+    const int64_t tile = !stream && m * k <= 262144 ? m : fit < AMX_TILE_ROWS ? AMX_TILE_ROWS : fit;
     const int64_t group = AMX_L2_WEIGHTS / (2 * GEMM_NB * k) > 0 ? AMX_L2_WEIGHTS / (2 * GEMM_NB * k) : 1;
     const int threads = lucid_threads(m * n * k, GEMM_PARALLEL_MNK, pairs);
     LUCID_SPLIT(pairs, 1, threads, {
@@ -197,3 +221,31 @@ int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m,
     return 0;
 #endif
 }
+
+/* The tiles for another kernel's products (native_matmul.c): whether they are on; a thread's configuration before
+ * its steps and its release after; the 32 x 32 int32 sums of 32 rows of x (k codes each, `stride` apart, k a
+ * multiple of 64) by two packed blocks of 16 columns (native_gemm.c's layout: [k / 4][16][4] each) into c (rows of
+ * 32); a product counted (lucid_amx_calls). Without tiles in this build: 0 and nothing. */
+int lucid_amx_ready(void) { return amx_on; }
+
+void lucid_amx_begin(void) {
+#if AMX_BUILT
+    amx_configure();
+#endif
+}
+
+void lucid_amx_end(void) {
+#if AMX_BUILT
+    _tile_release();
+#endif
+}
+
+void lucid_amx_sums(const uint8_t *x, int64_t stride, int64_t k, const int8_t *w0, const int8_t *w1, int32_t *c) {
+#if AMX_BUILT
+    amx_step(x, stride, k, w0, w1, c, 0);
+#else
+    (void)x, (void)stride, (void)k, (void)w0, (void)w1, (void)c;
+#endif
+}
+
+void lucid_amx_counted(void) { __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED); }

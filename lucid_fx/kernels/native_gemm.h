@@ -26,7 +26,13 @@ typedef struct {
     const uint8_t *accum, *out_base;
     float sum_scale;
     int32_t sum_zp;
+    /* A float32 result's addend (a residual connection, oneDNN's binary "add" post-op): out = y + addend[i] after the
+     * clamp, addend[i] read where out_base + 4 * i is written. NULL: none. */
+    const float *addend;
 } gemm_finish_t;
+
+/* Where f's addend is read for the float32 result written at out. */
+#define GEMM_ADDEND(f, out) ((f)->addend + ((const uint8_t *)(out) - (f)->out_base) / sizeof(float))
 
 #include <math.h> /* fmaf */
 
@@ -82,7 +88,8 @@ static inline void gemm_finish1(int32_t acc, int64_t j, const gemm_finish_t *f, 
         y = gemm_tanh1(y);
     }
     if (f->kind == GEMM_FLOAT32) {
-        *(float *)out = GEMM_CLAMP(y, f->low, f->high);
+        const float v = GEMM_CLAMP(y, f->low, f->high);
+        *(float *)out = f->addend ? v + *GEMM_ADDEND(f, out) : v;
         return;
     }
     const float v = y * f->inv_out + f->zp;
@@ -172,7 +179,8 @@ static inline void gemm_finish8(__m256i acc, int64_t j, const gemm_finish_t *f, 
     }
     const __m256 lo = _mm256_set1_ps(f->low), hi = _mm256_set1_ps(f->high);
     if (f->kind == GEMM_FLOAT32) {
-        _mm256_storeu_ps((float *)out, gemm_clamp8(y, lo, hi));
+        const __m256 v = gemm_clamp8(y, lo, hi);
+        _mm256_storeu_ps((float *)out, f->addend ? _mm256_add_ps(v, _mm256_loadu_ps(GEMM_ADDEND(f, out))) : v);
         return;
     }
     const __m256 v = _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(f->inv_out)), _mm256_set1_ps(f->zp));
@@ -225,7 +233,7 @@ static inline void gemm_finish16_avx512(__m256i lo8, __m256i hi8, int64_t j, con
     const __m512 upper = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, hi, _CMP_LE_OQ), hi, v);
     const __m512 clamped = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ), lo, upper);
     if (f->kind == GEMM_FLOAT32) {
-        _mm512_storeu_ps((float *)out, clamped);
+        _mm512_storeu_ps((float *)out, f->addend ? _mm512_add_ps(clamped, _mm512_loadu_ps(GEMM_ADDEND(f, out))) : clamped);
         return;
     }
     _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(clamped)));
@@ -296,4 +304,12 @@ void lucid_gemm_kernels(const uint8_t *x, const int8_t *packed, void *out, int64
 /* native_amx.c: the product on AMX tiles where this build has them and they are on (1), else 0 (nothing written). */
 int lucid_amx_gemm(const uint8_t *x, const int8_t *packed, void *out, int64_t m, int64_t n, int64_t k,
                    const gemm_finish_t *f);
+/* native_amx.c: its tiles for other kernels' products (native_matmul.c). */
+int lucid_amx_ready(void);
+void lucid_amx_begin(void);
+void lucid_amx_end(void);
+void lucid_amx_sums(const uint8_t *x, int64_t stride, int64_t k, const int8_t *w0, const int8_t *w1, int32_t *c);
+void lucid_amx_counted(void);
+#define AMX_TILE_ROWS 32 /* rows of x a step takes (lucid_amx_sums): two x tiles */
+#define AMX_TILE_K 64    /* inputs a tile takes: products of a multiple of it only */
 #endif /* LUCID_NATIVE_GEMM_H */

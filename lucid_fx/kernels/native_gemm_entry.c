@@ -28,3 +28,13 @@ void lucid_gemm_sum_uint8(const uint8_t *x, const int8_t *packed, uint8_t *out, 
                              accum, out, sum_scale, sum_zp};
     gemm(x, packed, out, m, n, k, &f);
 }
+
+/* The GEMM into float32 with an addend of the result's layout added after the float steps (a residual connection:
+ * oneDNN's binary "add" post-op, the same float32 sum as torch.add of the two): out = y + addend, element for element. */
+void lucid_gemm_add_float32(const uint8_t *x, const int8_t *packed, float *out, int64_t m, int64_t n, int64_t k,
+                            const int32_t *offset, const float *w_scale, const float *bias, float x_scale, float inv_out,
+                            int32_t zp, float low, float high, const float *addend) {
+    const gemm_finish_t f = {offset, w_scale, bias, x_scale, inv_out, (float)zp, low, high, GEMM_FLOAT32, 0,
+                             NULL, (const uint8_t *)out, 0.0f, 0, addend};
+    gemm(x, packed, out, m, n, k, &f);
+}

@@ -180,6 +180,39 @@ static inline int64_t mm_batch_offset(const int64_t *g, const int64_t *s, int64_
 MM_ROWS_VNNI(uint8_t)
 MM_ROWS_VNNI(int8_t)
 
+/* mm_rows_vnni's codes for all m rows (padded to 32, kp a multiple of 64) on AMX tiles (native_amx.c), 32 rows by
+ * two blocks a step: the same exact sums, so the same codes. Attention's 8 x 4 heads of 128 x 64 codes (AMX Xeon, 2
+ * threads), q @ k^T alone: 114 us a call; the encoder block's two products as profiled in the model 192 -> 160 us each
+ * (most of what is left is packing and requantizing: the tiles' sums are a fifth of it). */
+#define MM_ROWS_AMX(CODE)                                                                          \
+    static void mm_rows_amx_##CODE(const uint8_t *pa, int64_t kp, const uint8_t *pb, int64_t m, int64_t n,       \
+                                   const int32_t *cc, const int32_t *rc, CODE *out, float mult, const float *rm, \
+                                   float lo, float hi, int32_t zp) {                                \
+        const __m256 vmult = _mm256_set1_ps(mult), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi); \
+        const __m256i vzp = _mm256_set1_epi32(zp);                                                 \
+        const int64_t nb = (n + MM_COLS - 1) / MM_COLS;                                            \
+        int32_t c[AMX_TILE_ROWS * 2 * MM_COLS] __attribute__((aligned(64)));                       \
+        for (int64_t i = 0; i < m; i += AMX_TILE_ROWS)                                             \
+            for (int64_t b = 0; b < nb; b += 2) {                                                  \
+                const int8_t *w0 = (const int8_t *)pb + b * MM_COLS * kp, *w1 = b + 1 < nb ? w0 + MM_COLS * kp : w0; \
+                lucid_amx_sums(pa + i * kp, kp, kp, w0, w1, c);                                    \
+                for (int64_t r = 0; r < AMX_TILE_ROWS && i + r < m; r++) {                         \
+                    const __m256i rcv = _mm256_set1_epi32(rc[i + r]);                              \
+                    for (int64_t h = 0; h < 2 && b + h < nb; h++) {                                \
+                        const int64_t j = (b + h) * MM_COLS;                                       \
+                        const int32_t *sums = c + r * 2 * MM_COLS + h * MM_COLS;                   \
+                        const __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_load_si256((const __m256i *)sums), \
+                            _mm256_loadu_si256((const __m256i *)(cc + j))), rcv);                  \
+                        const __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_load_si256((const __m256i *)(sums + 8)), \
+                            _mm256_loadu_si256((const __m256i *)(cc + j + 8))), rcv);              \
+                        MATMUL_STORE(CODE, out + (i + r) * n + j, s0, s1, MM_VMULT(rm, i + r))     \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+    }
+MM_ROWS_AMX(uint8_t)
+MM_ROWS_AMX(int8_t)
+
 /* 16 columns of 4 rows as 16 groups of 4 bytes (a block's step), each flipped by f: a 4 x 16
  * byte transpose in unpacks (one byte at a time, it took a third of p @ v's time). */
 static inline void mm_interleave4(const uint8_t *y0, const uint8_t *y1, const uint8_t *y2, const uint8_t *y3,
@@ -216,7 +249,10 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
                         int32_t a_zp, int32_t b_zp, float mult, const float *restrict rmult, int32_t zp,    \
                         int32_t low, int32_t high) {                                               \
         const int64_t m = g[4], n = g[5], k = g[6], *sa = g + 7, *sb = g + 13;                     \
-        const int64_t kq = (k + 3) / 4, kp = 4 * kq, mp = (m + MM_ROWS - 1) / MM_ROWS * MM_ROWS;   \
+        /* on AMX tiles (more than 8 rows): the inputs zero-padded to a multiple of 64, the rows to 32 */ \
+        const int tiles = lucid_amx_ready() && m > 8, rows = tiles ? AMX_TILE_ROWS : MM_ROWS;       \
+        const int64_t kq = tiles ? (k + AMX_TILE_K - 1) / AMX_TILE_K * (AMX_TILE_K / 4) : (k + 3) / 4; \
+        const int64_t kp = 4 * kq, mp = (m + rows - 1) / rows * rows;                              \
         const int64_t np = (n + MM_COLS - 1) / MM_COLS * MM_COLS;                                  \
         const int is_signed = (CODE)-1 < 0;                                                        \
         const uint8_t fa = is_signed ? 0x80 : 0, fb = is_signed ? 0 : 0x80;                        \
@@ -229,6 +265,7 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
         LUCID_CHUNK_NEEDS(rc, failed)                                                              \
         int32_t *cc = rc + mp; /* the row terms -B0 * rowsum, the column terms k*A0*B0 - A0 * colsum */ \
         uint8_t *pa = (uint8_t *)(cc + np), *pb = pa + mp * kp;                                    \
+        if (tiles) lucid_amx_begin();                                                              \
         for (int64_t batch = from; batch < to; batch++) {                                          \
             const CODE *x = a + mm_batch_offset(g, sa, batch), *y = b + mm_batch_offset(g, sb, batch); \
             CODE *o = out + batch * m * n;                                                         \
@@ -278,12 +315,18 @@ static void mm_colsums_vnni(const uint8_t *restrict w, int64_t kq, int32_t *rest
             }                                                                                      \
             for (int64_t c = 0; c < np; c += MM_COLS) mm_colsums_vnni(pb + c * kp, kq, cc + c);     \
             for (int64_t c = 0; c < np; c++) cc[c] = (int32_t)k * a0 * b0 - a0 * cc[c];            \
+            if (tiles) {                                                                           \
+                mm_rows_amx_##CODE(pa, kp, pb, m, n, cc, rc, o, mult, rows_mult, lo, hi, zp);      \
+                continue;                                                                          \
+            }                                                                                      \
             for (int64_t i = 0; i < m; i += MM_ROWS)                                               \
                 mm_rows_vnni_##CODE(pa + i * kp, kp, pb, n, cc, rc + i, m - i, o + i * n, mult,         \
                                     rows_mult ? rows_mult + i : NULL, lo, hi, zp);                 \
         }                                                                                          \
+        if (tiles) lucid_amx_end();                                                                \
         free(rc);                                                                                  \
         })                                                                                         \
+        if (tiles) lucid_amx_counted();                                                            \
         return failed ? -1 : 0; /* every batch written where each thread had its buffers */       \
     }
 #endif

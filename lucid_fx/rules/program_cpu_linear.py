@@ -14,6 +14,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import native, program_ops
+from lucid_fx.kernels.linear_add import linear_rows_add
 from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, row_bounds,
                                          row_linear, row_out_scale, takes_row)
 from lucid_fx.kernels.native import post_op_codes
@@ -59,7 +60,8 @@ def _linear(b, node, post_op: str, dtype: torch.dtype):
     qw = b.attr(qw_n)
     engine = None if qw is None else _engine(post_op, dtype, x.numel() // qw.shape[1], *qw.shape)
     out = None if engine is None else _linear_row(b, node, qx, x_scale, x_zp, qw, b.attr(ws_n), b.attr(bias_n),
-                                                  out_scale, out_zp, post_op, engine, dtype=dtype)
+                                                  out_scale, out_zp, post_op, engine, dtype=dtype,
+                                                  residual=_residual_add(b, node, post_op, dtype))
     if out is not None:
         return out
     weights = _weights(b, node, qw_n, ws_n, bias_n)
@@ -144,10 +146,11 @@ def _engine(post_op: str, dtype: torch.dtype, m: int, n: int, k: int, pointwise:
 
 
 def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, post_op, engine, rows=None, dtype=None,
-                pointwise=False, steps=None):
+                pointwise=False, steps=None, residual=None):
     """One row (batch 1, or a 1x1 image) or a small linear (linear_row.small_gemm): linear_row on
     ``engine`` with oneDNN's float steps; None where the engine does not take the weight. ``pointwise``:
     a 1x1 convolution of stride 1 of channels-last ``qx``, its pixels the rows (pointwise_rows.pointwise_rows).
+    ``residual``: :func:`_residual_add`'s (add, r), r then added in the GEMM's float steps (linear_add.py).
     The program owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it
     only through ``recompile`` (which rebuilds the folded bias too)."""
     dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
@@ -160,6 +163,11 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
         return b.call(pointwise_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
         return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
+    if residual is not None:  # linear(x) + r: in the GEMM, the same float32 sum
+        add, other = residual
+        out = b.call(linear_rows_add, qx, other, row, *row_bounds(dtype, out_zp, post_op))
+        add.replace_all_uses_with(out)  # the add is left without users: dead code at the rewrite's end
+        return out
     # rows of any rank (a transformer's (batch, seq, K)) in one call, without a reshape and a view
     return b.call(linear_row if len(shape) == 2 else linear_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op),
                   dtype)

@@ -117,6 +117,27 @@ def test_a_residual_is_added_as_one_fused_multiply_add_on_every_build(native_bui
         assert torch.equal(out, want), int((out != want).sum())
 
 
+@pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 20, 24), (9, 260, 48), (70, 128, 100), (2000, 3, 37)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_float_addend_is_added_after_the_float_steps_on_every_build(native_build, build, m, k, n, bias):
+    # oneDNN's binary "add" (a residual connection): the float32 result, clamped, plus the addend: torch.add's sum
+    native_build(build)
+    g = torch.Generator().manual_seed(m + k + n)
+    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE, (n, k), dtype=torch.int8, generator=g)
+    weight = ln.packed_weight(w)
+    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
+    w_scale, b = torch.rand(n, generator=g) * 0.01 + 1e-4, (torch.randn(n, generator=g) if bias else None)
+    addend = torch.randn(m, n, generator=g)
+    for low in (-math.inf, 0.0):  # none, relu
+        want = _steps(q, w, offset, 0.37, w_scale, b, 0.0, 0, low, math.inf, torch.float32) + addend
+        out = torch.empty((m, n))
+        assert ln.gemm_into(q, out, weight, offset, 0.37, w_scale, b, 0.0, 0, low, math.inf, torch.float32,
+                            addend=addend)
+        assert torch.equal(out, want), (out - want).abs().max()
+
+
 def test_without_the_native_kernels_torch_computes_the_same_values(native_env):
     native_env()
     g = torch.Generator().manual_seed(1)

@@ -75,6 +75,22 @@ def test_the_codes_finish_gives_gemm_finish16_s_codes_at_both_bounds(amx, bias):
         assert int((got == int(low)).sum()) > 100 and int((got == int(high)).sum()) > 100  # both bounds reached
 
 
+@pytest.mark.parametrize("m,k,n", [(70, 128, 64), (33, 1024, 40)])  # whole pairs (amx_rows); a half pair (gemm_finish16)
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_float_addend_is_added_where_the_amx_gemm_writes(amx, m, k, n, bias):
+    q, w, offset, w_scale, b = _case(m, k, n, seed=7)
+    b = b if bias else None
+    weight = ln.packed_weight(w)
+    addend = torch.randn(m, n, generator=torch.Generator().manual_seed(2))
+    for low in (-math.inf, 0.0):
+        want = _steps(q, w, offset, 0.37, w_scale, b, 0.0, 0, low, math.inf, torch.float32) + addend
+        before = ln.amx_calls()
+        out = torch.empty((m, n))
+        assert ln.gemm_into(q, out, weight, offset, 0.37, w_scale, b, 0.0, 0, low, math.inf, torch.float32,
+                            addend=addend)
+        assert ln.amx_calls() == before + 1 and torch.equal(out, want), (out - want).abs().max()
+
+
 def test_a_residual_is_added_where_the_amx_gemm_writes(amx):
     q, w, offset, w_scale, bias = _case(70, 128, 40)
     weight = ln.packed_weight(w)
