@@ -70,7 +70,7 @@ def test_8_rows_stay_on_the_vnni_kernels(amx):
 def test_softmax_matmul_s_rows_multipliers_on_the_tiles(amx, dtype):
     e_zp, v_zp = int(torch.iinfo(dtype).min), (125 if dtype == torch.uint8 else -5)
     e = (random_codes((2, 4, 40, 72), torch.uint8, 0).int() + e_zp).to(dtype)
-    v = random_codes((2, 4, 72, 24), dtype, 1)
+    v = random_codes((2, 4, 72, 48), dtype, 1)  # a whole pair of blocks (16 lanes at a time), then one alone
     plan = sm.rows_plan(e, v, e_zp, v_zp)
     rmult = (60.0 / torch.matmul(e.double() - e_zp, v.double() - v_zp).abs().amax(-1).clamp_min(1)).float()
     rmult.view(-1)[0] = 0.0  # a row that kept nothing
