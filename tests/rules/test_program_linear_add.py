@@ -2,8 +2,6 @@
 residual add (a transformer's ``x + fc2(h)``) runs on the row engine with the add inside its GEMM's float steps, the
 same float32 sum as the portable graph's linear then add."""
 
-import math
-
 import pytest
 import torch
 from torch import nn
@@ -46,17 +44,3 @@ def test_the_residual_add_runs_in_the_gemm_where_the_row_engine_takes_the_linear
         mp.setattr(linear_add, "linear_rows", lambda *a: pytest.fail("linear_rows_add took its two steps"))
         out = program(x)
     assert torch.equal(out, portable)
-
-
-def test_linear_rows_add_takes_two_steps_for_an_addend_it_cannot_read_in_place():
-    g = torch.Generator().manual_seed(1)
-    qw = torch.randint(-128, 128, (48, 64), dtype=torch.int8, generator=g)
-    row = linear_row.row_linear(qw, torch.rand(48, generator=g) * 0.01 + 1e-3, torch.randn(48, generator=g), 0.02, 128,
-                                None, "int_mm", "none", 20)
-    q = torch.randint(0, 256, (20, 64), dtype=torch.uint8, generator=g)
-    other = torch.randn(48, 20, generator=g).t()  # the result's shape, transposed strides
-    got = linear_add.linear_rows_add(q, other, row, -math.inf, math.inf)
-    want = linear_row.linear_rows(q, row, 0, -math.inf, math.inf, torch.float32) + other
-    assert torch.equal(got, want)
-    fused = linear_add.linear_rows_add(q, other.contiguous(), row, -math.inf, math.inf)
-    assert torch.equal(fused, want)
