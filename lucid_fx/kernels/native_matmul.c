@@ -180,10 +180,6 @@ static inline int64_t mm_batch_offset(const int64_t *g, const int64_t *s, int64_
 MM_ROWS_VNNI(uint8_t)
 MM_ROWS_VNNI(int8_t)
 
-/* mm_rows_vnni's codes for all m rows (padded to 32, kp a multiple of 64) on AMX tiles (native_amx.c), 32 rows by
- * two blocks a step: the same exact sums, so the same codes. Attention's 8 x 4 heads of 128 x 64 codes (AMX Xeon, 2
- * threads), q @ k^T alone: 114 us a call; the encoder block's two products as profiled in the model 192 -> 160 us each
- * (most of what is left is packing and requantizing: the tiles' sums are a fifth of it). */
 /* The row's multiplier as a number (MM_VMULT's). */
 #define MM_MULT1(rm, r) ((rm) ? (rm)[r] : mult)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -208,6 +204,10 @@ static inline int mm_amx_row16(const int32_t *sums, const int32_t *cc, int32_t r
 #define MM_AMX_ROW16(CODE, sums, cc, rc, mult1, b, nb, n, o) 0
 #endif
 
+/* mm_rows_vnni's codes for all m rows (padded to 32, kp a multiple of 64) on AMX tiles (native_amx.c), 32 rows by
+ * two blocks a step: the same exact sums, so the same codes. Attention's 8 x 4 heads of 128 x 64 codes (AMX Xeon, 2
+ * threads): the encoder block's two products as profiled in the model 192 -> 160 us each, requantized 8 lanes at a
+ * time (most of what is left is packing and requantizing: perf put the tiles' sums at a fifth of it). */
 #define MM_ROWS_AMX(CODE)                                                                          \
     static void mm_rows_amx_##CODE(const uint8_t *pa, int64_t kp, const uint8_t *pb, int64_t m, int64_t n,       \
                                    const int32_t *cc, const int32_t *rc, CODE *out, float mult, const float *rm, \

@@ -46,6 +46,20 @@ def native_on(native_env):
     _require_native()
 
 
+@pytest.fixture
+def amx(native_on):
+    """lucid_fx's AMX tiles on for the test (linear_native.use_amx), as they were afterwards; skips where this build
+    has none."""
+    from lucid_fx.kernels import linear_native
+    from lucid_fx.kernels.cpu_features import detected_cpu_features
+
+    was = linear_native.amx()
+    if not linear_native.use_amx(True):
+        pytest.skip(f"needs a CPU with AMX-INT8 and the tiles granted by Linux (this one: {detected_cpu_features().name})")
+    yield
+    linear_native.use_amx(was)
+
+
 @pytest.fixture(params=["native", "torch"])
 def native_or_torch(request, native_env):
     """Run the test twice: with the native kernels, and with the torch kernels they replace."""

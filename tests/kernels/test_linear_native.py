@@ -92,6 +92,17 @@ def _gemm_case(build, m, k, n):
             assert torch.equal(got, want), (post, dtype, (got.double() - want.double()).abs().max())
 
 
+def _safe_case(m, k, n):
+    """(generator, codes, weight, its packed copy, offsets, scales, bias) of an m x k by k x n product whose int16 pair
+    sums are exact on every build (|w| <= PAIR_SAFE)."""
+    g = torch.Generator().manual_seed(m + k + n)
+    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE, (n, k), dtype=torch.int8, generator=g)
+    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
+    w_scale, bias = torch.rand(n, generator=g) * 0.01 + 1e-4, torch.randn(n, generator=g)
+    return g, q, w, ln.packed_weight(w), offset, w_scale, bias
+
+
 @pytest.mark.parametrize("build", ["this CPU", "no VNNI", "no AVX-512", "portable"])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 20, 24), (9, 260, 48), (20000, 1, 100), (200000, 1, 7)])
 def test_a_residual_is_added_as_one_fused_multiply_add_on_every_build(native_build, build, m, k, n):
@@ -100,12 +111,7 @@ def test_a_residual_is_added_as_one_fused_multiply_add_on_every_build(native_bui
     # The two big cases (2M and 1.4M outputs, vectors with a tail and a tail alone) are where a
     # product rounded before the sum gives another code somewhere.
     native_build(build)
-    g = torch.Generator().manual_seed(m + k + n)
-    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
-    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE, (n, k), dtype=torch.int8, generator=g)
-    weight = ln.packed_weight(w)
-    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
-    w_scale, bias = torch.rand(n, generator=g) * 0.01 + 1e-4, torch.randn(n, generator=g)
+    g, q, w, weight, offset, w_scale, bias = _safe_case(m, k, n)
     residual = torch.randint(0, 256, (m, n), dtype=torch.uint8, generator=g)
     y = _steps(q, w, offset, 0.37, w_scale, bias, 0.0, 0, -math.inf, math.inf, torch.float32)
     fused = ((residual.double() - 121) * float(f32(0.0411)) + y.double()).float()
@@ -123,12 +129,8 @@ def test_a_residual_is_added_as_one_fused_multiply_add_on_every_build(native_bui
 def test_a_float_addend_is_added_after_the_float_steps_on_every_build(native_build, build, m, k, n, bias):
     # oneDNN's binary "add" (a residual connection): the float32 result, clamped, plus the addend: torch.add's sum
     native_build(build)
-    g = torch.Generator().manual_seed(m + k + n)
-    q = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
-    w = torch.randint(-ln.PAIR_SAFE, ln.PAIR_SAFE, (n, k), dtype=torch.int8, generator=g)
-    weight = ln.packed_weight(w)
-    offset = torch.randint(-5000, 5000, (n,), dtype=torch.int32, generator=g)
-    w_scale, b = torch.rand(n, generator=g) * 0.01 + 1e-4, (torch.randn(n, generator=g) if bias else None)
+    g, q, w, weight, offset, w_scale, b = _safe_case(m, k, n)
+    b = b if bias else None
     addend = torch.randn(m, n, generator=g)
     for low in (-math.inf, 0.0):  # none, relu
         want = _steps(q, w, offset, 0.37, w_scale, b, 0.0, 0, low, math.inf, torch.float32) + addend

@@ -9,17 +9,7 @@ from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import matmul_native as mn
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels import softmax_matmul as sm
-from lucid_fx.kernels.cpu_features import detected_cpu_features
 from _grid import random_codes
-
-
-@pytest.fixture
-def amx(native_on):
-    was = ln.amx()
-    if not ln.use_amx(True):
-        pytest.skip(f"needs a CPU with AMX-INT8 and the tiles granted by Linux (this one: {detected_cpu_features().name})")
-    yield
-    ln.use_amx(was)
 
 
 def _on_tiles(fn):

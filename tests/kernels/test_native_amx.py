@@ -8,18 +8,7 @@ import pytest
 import torch
 
 from lucid_fx.kernels import linear_native as ln
-from lucid_fx.kernels.cpu_features import detected_cpu_features
 from test_linear_native import FINISHES, _steps
-
-
-@pytest.fixture
-def amx(native_on):
-    """The AMX GEMM on for the test, as it was afterwards; skips where this build has none."""
-    was = ln.amx()
-    if not ln.use_amx(True):
-        pytest.skip(f"needs a CPU with AMX-INT8 and the tiles granted by Linux (this one: {detected_cpu_features().name})")
-    yield
-    ln.use_amx(was)
 
 
 def _case(m, k, n, seed=0):
