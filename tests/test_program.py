@@ -19,6 +19,7 @@ from lucid_fx import program as program_module
 from lucid_fx.kernels import KernelInputError, force_cpu_features
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels import pointwise_rows as pr
+from lucid_fx.kernels import row_plan as rp
 from lucid_fx.kernels.cpu_features import CPU_KINDS, detected_cpu_features
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.program import MAX_SIGNATURES, programs_of
@@ -77,7 +78,7 @@ def test_program_computes_the_portable_graphs_values(name):
     assert torch.equal(got, portable), (got - portable).abs().max()
     calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
     if onednn_exact(resolve_target("cpu")):  # else (a VNNI kind forced on an AVX2 CPU) the exact fallback kernels
-        assert calls & (ONEDNN | {lr.linear_row, lr.linear_rows, pr.pointwise_rows}), \
+        assert calls & (ONEDNN | {lr.linear_row, rp.planned_rows, rp.planned_rows_add, pr.pointwise_rows}), \
             f"no oneDNN call (or row engine linear) in the program of {name}"
     assert not any(getattr(t, "_qualified_op_name", "").startswith("lucid_fx::") for t in calls), \
         "a program calls kernel functions, not the dispatcher's lucid_fx ops"
@@ -330,7 +331,7 @@ def test_a_batch_one_linear_runs_off_onednn_where_that_was_measured_faster(shape
             # steps), the VNNI and AMX kinds; without, the AVX2 kind
             here = lr.engine_here() is not None or lr.few_rows_engine_here() is not None
             assert row == (here and CPU_KINDS[kind].vnni == detected_cpu_features().vnni), kind
-            assert calls.count(lr.linear_row) + calls.count(lr.linear_rows) == (3 if row else 0), kind
+            assert calls.count(rp.planned_rows) == (3 if row else 0), kind  # planned with the program (row_plan.py)
             assert len(set(calls) & ONEDNN) == (0 if row else 1), kind
 
 

@@ -201,9 +201,9 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
                layout: torch.memory_format, residual: Optional[linear_native.Residual] = None) -> Optional[Callable]:
     """The GEMM of ``row`` on the rows dense uint8 ``q``'s storage holds into a new tensor of ``shape`` in
     ``layout`` (plus a residual laid out as it: ``step(q, other)``; uint8 codes, or float32 for ADDEND), for codes of
-    ``q``'s strides: ``step(q)``."""
+    ``q``'s strides: ``step(q)``. ``q`` may be a meta tensor (a program planned before it runs: row_plan.py)."""
     k = q.shape[1 if q.dim() == 4 else -1]  # (N, K, H, W) channels-last, or (..., K)
-    gemm = row_gemm(row, q.numel(), zp, low, high, dtype, residual) if q.dtype == torch.uint8 and q.is_cpu else None
+    gemm = row_gemm(row, q.numel(), zp, low, high, dtype, residual) if q.dtype == torch.uint8 and (q.is_cpu or q.is_meta) else None
     if gemm is None or k != row.weight.k:
         return None
     strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()

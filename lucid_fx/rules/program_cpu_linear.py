@@ -14,11 +14,12 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import native, program_ops
-from lucid_fx.kernels.linear_add import linear_rows_add
-from lucid_fx.kernels.linear_row import (float_post_op, linear_row, linear_rows, row_bounds,
-                                         row_linear, row_out_scale, takes_row)
+from lucid_fx.kernels.linear_native import ADDEND
+from lucid_fx.kernels.linear_row import (float_post_op, linear_row, row_bounds, row_linear, row_out_scale,
+                                         takes_row)
 from lucid_fx.kernels.native import post_op_codes
 from lucid_fx.kernels.pointwise_rows import pointwise_rows
+from lucid_fx.kernels.row_plan import planned_rows, planned_rows_add, planned_step
 from lucid_fx.kernels.reference import ONEDNN_CONV_POST_OPS, onednn_post_op
 from lucid_fx.kernels.zero_point import signed_zero_point_bias, to_signed
 
@@ -153,24 +154,27 @@ def _linear_row(b, node, qx, x_scale, x_zp, qw2d, ws, bias, out_scale, out_zp, p
     ``residual``: :func:`_residual_add`'s (add, r), r then added in the GEMM's float steps (linear_add.py).
     The program owns a copy of the weight, as it owns oneDNN's packed one: an edit in place reaches it
     only through ``recompile`` (which rebuilds the folded bias too)."""
-    dtype, shape = dtype or b.value(node).dtype, tuple(b.value(node).shape)
+    dtype = dtype or b.value(node).dtype
     m = b.value(node).numel() // qw2d.shape[0]  # the output's rows (an image's pixels)
-    row = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op, m, steps)
-    if row is None:
+    kept = row_linear(qw2d.clone(), ws, bias, x_scale, x_zp, row_out_scale(out_scale, dtype), engine, post_op, m, steps)
+    if kept is None:
         return None
-    row = b.const(row, "row")
+    row = b.const(kept, "row")
     if pointwise:
         return b.call(pointwise_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
     if rows is not None:  # rows the caller laid out (a patchify convolution's): (M, N) back to it
         return b.call(linear_row, rows, row, out_zp, *row_bounds(dtype, out_zp, post_op), dtype)
+    low, high = row_bounds(dtype, out_zp, post_op)
     if residual is not None:  # linear(x) + r: in the GEMM, the same float32 sum
         add, other = residual
-        out = b.call(linear_rows_add, qx, other, row, *row_bounds(dtype, out_zp, post_op))
+        step = planned_step(b.value(qx), kept, 0, low, high, dtype, ADDEND)
+        out = b.call(planned_rows_add, qx, other, row, None if step is None else b.const(step, "gemm"), low, high)
         add.replace_all_uses_with(out)  # the add is left without users: dead code at the rewrite's end
         return out
-    # rows of any rank (a transformer's (batch, seq, K)) in one call, without a reshape and a view
-    return b.call(linear_row if len(shape) == 2 else linear_rows, qx, row, out_zp, *row_bounds(dtype, out_zp, post_op),
-                  dtype)
+    # rows of any rank (a transformer's (batch, seq, K)) in one call, without a reshape and a view, the GEMM's call
+    # bound once (row_plan.py)
+    step = planned_step(b.value(qx), kept, out_zp, low, high, dtype)
+    return b.call(planned_rows, qx, row, None if step is None else b.const(step, "gemm"), out_zp, low, high, dtype)
 
 
 PROGRAM_RULES_CPU_LINEAR: Dict[str, Callable[..., Optional[fx.Node]]] = {

@@ -19,6 +19,7 @@ from lucid_fx.kernels.cpu_features import detected_cpu_features
 from lucid_fx.kernels import linear_native as ln
 from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels import pointwise_rows as pr
+from lucid_fx.kernels import row_plan
 from _program import lowered
 
 ops = torch.ops.lucid_fx
@@ -327,7 +328,7 @@ def test_a_program_s_small_linear_of_rank_3_is_one_call():
     target, on = resolve_target("cpu"), cpu._onednn_on()
     rows = [lr.takes_row(target, on, "relu", torch.uint8, 10, 24, 16), lr.takes_row(target, on, "none", torch.float32,
                                                                                        10, 8, 24)]
-    assert calls.count(lr.linear_rows) == sum(engine is not None for engine in rows)
+    assert calls.count(row_plan.planned_rows) == sum(engine is not None for engine in rows)
     if all(rows):
         assert "reshape" not in methods and "view" not in methods
 

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 import lucid_fx
-from lucid_fx.kernels.linear_row import linear_row
+from lucid_fx.kernels.row_plan import planned_rows
 from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from models import ResNetLike, _init_bn
@@ -44,9 +44,9 @@ def test_table_chains_and_the_float_boundary_become_one_lookup():
     assert portable == ["quantize_per_tensor", "linear", "lut", "dequantize_per_tensor"]
     lowered = _targets(program)
     # quantize, the linear (oneDNN's linear, a 1x1 convolution on CPUs without VNNI, or at this
-    # size linear_row where the Target's row engine takes it; the exact fallback kernel where oneDNN
+    # size the row engine's planned call where the Target's row engine takes it; the exact fallback kernel where oneDNN
     # is not exact on the grid: a VNNI kind forced on an AVX2 CPU), one float lookup
-    calls = (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default, linear_row)
+    calls = (ON.qlinear_pointwise.default, ON.qconv2d_pointwise.default, planned_rows)
     assert (lowered[1] in calls) == onednn_exact(resolve_target("cpu")) and len(lowered) == 3
     assert [n.name for n in program.graph.nodes if n.op == "call_function"][-1] == "dequantize_per_tensor"
     assert torch.equal(program(x), out)
