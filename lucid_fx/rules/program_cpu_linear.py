@@ -19,8 +19,8 @@ from lucid_fx.kernels.linear_row import (float_post_op, linear_row, row_bounds, 
                                          takes_row)
 from lucid_fx.kernels.native import post_op_codes
 from lucid_fx.kernels.pointwise_rows import pointwise_rows
-from lucid_fx.kernels.row_plan import planned_rows, planned_rows_add, planned_step
 from lucid_fx.kernels.reference import ONEDNN_CONV_POST_OPS, onednn_post_op
+from lucid_fx.kernels.row_plan import planned_rows, planned_rows_add, planned_step
 from lucid_fx.kernels.zero_point import signed_zero_point_bias, to_signed
 
 __all__ = ["PROGRAM_RULES_CPU_LINEAR"]
