@@ -43,13 +43,14 @@ VNNI_POINTWISE_ROWS = 1024
 # at more without them (oneDNN's threads; measured 2 threads against 1: 0.2 of the fixed cost or less).
 NATIVE_GEMM_MNK = 1 << 26
 # On an AMX CPU with lucid_fx's AMX GEMM on (linear_native.amx), linears of up to AMX_VNNI_ROWS rows run on its VNNI
-# kernels, those of more whose inputs are a multiple of 64 on its tiles (native_amx.c), at any number of rows. Measured,
-# AMX Xeon, 2 threads, time / oneDNN's linear on the same codes: 0.43-0.90 from 16 to 128 rows at (N, K) of
+# kernels, those of more whose inputs are a multiple of 64 on its tiles (native_amx.c), at any number of rows.
+# Measured, AMX Xeon, 2 threads, time / oneDNN's linear on the same codes: 0.43-0.90 from 16 to 128 rows at (N, K) of
 # (1024, 1024), (256, 256), (768, 768), (1024, 256) and (256, 1024); since the tiles' float steps load each output's
-# constants once (native_amx.c's amx_rows) and stream the weights past the rows: 0.43 at 64 x 1024 x 1024, 0.74 at
-# 256 x 1024 x 1024, 0.85 at 1024^3, 0.56 at 1024 x 256 x 256, 0.77 at 1024 x 1024 x 256, 0.84 at 1024 x 256 x 1024,
-# 0.86 at 1024 x 1024 x 4096, 0.85 at 512 x 768 -> 3072 and 0.80 at 3072 -> 768, 0.91 at 4096 x 256 x 256. At one thread
-# 0.51-0.91 over the same shapes (1024^3: 817 against 901 us).
+# constants once (native_amx.c's amx_rows) and stream the weights past the rows: 0.43 at 64 x 1024 x 1024, 0.74 at 256
+# x 1024 x 1024, 0.85 at 1024^3, 0.56 at 1024 x 256 x 256, 0.77 at 1024 x 1024 x 256, 0.84 at 1024 x 256 x 1024, 0.95
+# at 1024 x 1024 x 512, 0.93 at 1024 x 1024 x 2048, 0.86 at 1024 x 1024 x 4096, 0.85 at 512 x 768 -> 3072 and 0.80 at
+# 3072 -> 768, 0.91 at 4096 x 256 x 256. At one thread 0.51-0.91 on nine shapes of these sizes (1024^3: 817 against
+# 901 us).
 AMX_VNNI_ROWS = 8
 
 
