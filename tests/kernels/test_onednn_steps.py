@@ -46,6 +46,22 @@ def test_the_probe_names_the_steps_oneDNN_took(name, steps, m, n, k, monkeypatch
         onednn_steps.linear_steps.cache_clear()
 
 
+@pytest.mark.parametrize("tail", [0, 1, 16])
+def test_a_probe_of_many_rows_checks_its_last_rows_too(tail, monkeypatch):
+    # 200 rows, the first and last 16 checked (CHECKED_ROWS): a oneDNN whose last `tail` rows take the other steps
+    # (a tail kernel) is neither kind; with none, the AMX kind
+    def steps(acc, xs, ws):
+        y = acc * (xs * ws)
+        if tail:
+            y[-tail:] = acc[-tail:] * xs * ws
+        return y
+    _fake_onednn(monkeypatch, steps)
+    try:
+        assert onednn_steps.linear_steps(200, 64, 256, 2) == (None if tail else "amx")
+    finally:
+        onednn_steps.linear_steps.cache_clear()
+
+
 def test_the_probe_of_this_machine_s_onednn_matches_its_kind():
     found = {shape: onednn_steps.linear_steps(*shape, torch.get_num_threads()) for shape in [(1, 256, 1024), (4, 64, 64)]}
     kind = detected_cpu_features()
