@@ -11,8 +11,10 @@ and any extra variant a caller passes to :func:`main`), prints:
   tensors, ...), not an op implemented in Python (:data:`PYTHON_NAMESPACES`: ``lucid_fx::*``, whose
   self time is its Python body), and not a wrapper whose self time is under half its total (``aten::to``
   around its copy, ``aten::linear`` around ``addmm``: their own time is dispatch);
-- ``outside us``: wall minus kernel (the median of the per-round differences), the time a
-  zero-overhead program would not spend;
+- ``outside us``: time outside kernels per call, measured on the profiled calls themselves: their wall
+  time, less their kernel time, less what the profiler itself adds (:func:`profiler_costs`, measured each
+  round: about 0.4 us a recorded op, 0.5 a recorded native call). Wall and kernel time come from the same
+  calls, so a kernel's run-to-run spread (hundreds of us on ResNet-like) cancels out;
 - ``ops``: top-level op calls per forward (every dispatcher call the forward makes directly, the
   unit the issue's "overhead per op" counts), and ``kernels``, the ops counted as kernels;
 - ``outside/op``: outside time over top-level ops, the figure issue 13 bounds at 5 us.
@@ -24,6 +26,10 @@ time, so ``outside us`` is the overhead a lowering can remove without touching t
 
 Each figure is the median over ``--rounds`` rounds; in every round each variant is timed, then
 profiled, the variants taking turns (:func:`measure`).
+
+Until 2026-12-05 ``outside us`` was the unprofiled wall time less the profiled kernel time, two different runs
+of the kernels: it moved by 2-3 us an op run to run and read negative on the MLPs, whose native calls were then
+recorded by ``torch.profiler.record_function`` (3.5 us of Python inside each event, counted as kernel time).
 
 Measured here (AMD EPYC, AVX512-VNNI, 2 shared cores, torch 2.13.0, 1 thread, 9 rounds; outside us per
 top-level op for fp32 eager / torch.ao x86 / torch.ao onednn / lucid_fx): mlp_b1 3.4 / 11.7 / 11.9 / 24.2,
@@ -98,27 +104,68 @@ def _quiet_stderr():
 
 
 def profile_split(fn: Callable, x, calls: int) -> Dict[str, float]:
-    """Per call: ``kernel_us`` (self time of kernel ops), ``ops`` (top-level op calls) and ``kernels``.
-    lucid_fx's native C kernels are recorded as ``native::<kernel>`` events while profiling (a ctypes
-    call is no torch op), so their work counts as kernel time and each call as an op."""
+    """Per call: ``profiled_us`` (wall time of the profiled calls), ``kernel_us`` (self time of kernel ops),
+    ``ops`` (top-level op calls), ``kernels``, and ``events``/``native_events`` (what the profiler recorded).
+    lucid_fx's native C kernels are recorded as ``native::<kernel>`` events while profiling (a ctypes call is no
+    torch op), so their work counts as kernel time and each call as an op."""
     native.record_in_profiler(True)
     try:
         with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
             for _ in range(calls):
                 fn(x)
+            profiled_us = (time.perf_counter() - start) * 1e6
     finally:
         native.record_in_profiler(False)
-    events = [e for e in prof.events() if "::" in e.name]
+    every = prof.events()
+    events = [e for e in every if "::" in e.name]
     kernel_us = sum(e.self_cpu_time_total for e in events if _is_kernel(e))
     top = sum(1 for e in events if e.cpu_parent is None)
-    return {"kernel_us": kernel_us / calls, "ops": top / calls, "kernels": sum(map(_is_kernel, events)) / calls}
+    natives = sum(1 for e in events if e.name.startswith("native::"))
+    return {"profiled_us": profiled_us / calls, "kernel_us": kernel_us / calls, "ops": top / calls,
+            "kernels": sum(map(_is_kernel, events)) / calls, "events": (len(every) - natives) / calls,
+            "native_events": natives / calls}
+
+
+_PROBE = torch.ones(8)
+
+
+def _probe_op() -> None:
+    torch.ops.aten.neg.default(_PROBE)
+
+
+def _probe_native() -> None:
+    with native._event("native::probe"):
+        pass
+
+
+def profiler_costs(calls: int = 2000) -> Dict[str, float]:
+    """What the profiler adds to a profiled call's time outside kernels, in us: per recorded op (``op``: a cheap
+    op's profiled less its unprofiled wall time) and per recorded native call (``native``: the event's wall time
+    less its self time, which counts as kernel time; its unprofiled call has no event at all)."""
+    def wall(fn: Callable) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) * 1e6 / calls
+
+    plain = wall(_probe_op)
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        op, recorded = wall(_probe_op), wall(_probe_native)
+    inside = sum(e.self_cpu_time_total for e in prof.events() if e.name == "native::probe") / calls
+    return {"op": max(op - plain, 0.0), "native": max(recorded - inside, 0.0)}
+
+
+def outside_us(split: Dict[str, float], costs: Dict[str, float]) -> float:
+    """Microseconds a call spends outside kernels: profiled wall less kernel time less the profiler's own cost."""
+    return split["profiled_us"] - split["kernel_us"] - split["events"] * costs["op"] - split["native_events"] * costs["native"]
 
 
 def measure(variants: Dict[str, Callable], x, rounds: int, profiled_calls: int) -> Dict[str, Dict[str, float]]:
     """Median over rounds of wall us per call (unprofiled) and of the profiled split, per variant.
 
-    Every round times each variant and then profiles it, the variants taking turns, so a slow
-    spell of the shared machine lands on the wall and kernel figures of all variants alike."""
+    Every round measures the profiler's costs, then times each variant and profiles it, the variants taking
+    turns, so a slow spell of the shared machine lands on all variants alike."""
     with torch.no_grad():
         calls = {}
         for name, fn in variants.items():
@@ -130,13 +177,14 @@ def measure(variants: Dict[str, Callable], x, rounds: int, profiled_calls: int) 
             calls[name] = n
         samples = {name: [] for name in variants}
         for _ in range(rounds):
+            costs = profiler_costs()
             for name, fn in variants.items():
                 start = time.perf_counter()
                 for _ in range(calls[name]):
                     fn(x)
                 wall_us = (time.perf_counter() - start) / calls[name] * 1e6
                 split = profile_split(fn, x, min(profiled_calls, calls[name]))
-                samples[name].append({"wall_us": wall_us, **split, "outside_us": wall_us - split["kernel_us"]})
+                samples[name].append({"wall_us": wall_us, **split, "outside_us": outside_us(split, costs)})
     return {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]} for name, runs in samples.items()}
 
 
@@ -169,7 +217,9 @@ def main(argv=None, extra: Optional[Callable] = None) -> list:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(cpu_line())
-    print(f"torch {torch.__version__}, {args.threads} thread(s), medians of {args.rounds} interleaved rounds")
+    costs = profiler_costs()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), medians of {args.rounds} interleaved rounds; the "
+          f"profiler's own cost, taken off each round: {costs['op']:.2f} us a recorded op, {costs['native']:.2f} a native call")
     header = (f"{'model':<13} {'variant':<22} {'wall us':>9} {'kernel us':>9} {'outside us':>10} {'ops':>5} "
               f"{'kernels':>7} {'outside/op':>10}")
     print(header)

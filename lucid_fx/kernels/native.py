@@ -147,9 +147,19 @@ def _function(kernel: str, dtype: Any) -> Optional[Callable]:
     return _recorded(kernel, fn) if _recording and callable(fn) else fn
 
 
+def _event(name: str):
+    """A profiler event around a native call: torch's C++ fast record (0.6 us a call here, 0.14 of it inside the
+    event) where this torch has it, else ``record_function`` (5.9 us, 3.5 inside: the overhead benchmark would count
+    its Python as kernel time)."""
+    return _FAST_EVENT(name) if _FAST_EVENT is not None else torch.profiler.record_function(name)
+
+
+_FAST_EVENT = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+
+
 def _recorded(kernel: str, fn: Callable) -> Callable:
     def call(*args):
-        with torch.profiler.record_function(f"native::{kernel}"):
+        with _event(f"native::{kernel}"):
             return fn(*args)
     return call
 
@@ -168,7 +178,7 @@ def bind(kernel: str, dtype: Any, *scalars: Any) -> Optional[Callable]:
 
     def call(*pointers: int) -> Any:
         if _recording:
-            with torch.profiler.record_function(f"native::{kernel}"):
+            with _event(f"native::{kernel}"):
                 return fn(*pointers, address)
         return fn(*pointers, address)
 
@@ -178,7 +188,7 @@ def bind(kernel: str, dtype: Any, *scalars: Any) -> Optional[Callable]:
 
 def _call(kernel: str, fn: Callable, *args: Any) -> Any:
     if _recording:
-        with torch.profiler.record_function(f"native::{kernel}"):
+        with _event(f"native::{kernel}"):
             return fn(*args)
     return fn(*args)
 
