@@ -38,7 +38,7 @@ from torch import fx
 from lucid_fx._pytree_spec import export_call, restore_signature
 from lucid_fx.cuda_graph import capture, replayable
 from lucid_fx.kernels.library import op_name
-from lucid_fx.kernels.target import resolve_target
+from lucid_fx.kernels.target import cpu_kind
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
 __all__ = ["install_programs", "programs_of", "runs_int8_kernels", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
@@ -69,20 +69,29 @@ class _Programs(dict):
 
 def _signature(args: Tuple[Any, ...]) -> Optional[tuple]:
     """The program key of a call: the CPU kind (forced kinds get programs of their own), each
-    argument's shape, stride and dtype or value, and last, for CUDA tensors, their device."""
-    key: list = [resolve_target("cpu").cpu.name]
-    device = None
+    argument's shape, stride and dtype or value, and last, for CUDA tensors, their device. Every call
+    computes it, so it reads the kind, not the Target, and no ``tensor.device`` for CPU tensors (after a
+    large kernel, with the interpreter's caches cold, resolve_target's lookups took 10 us of a call)."""
+    key: list = [cpu_kind()]
+    cpu, device = False, None
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.requires_grad or a.device.type not in ("cpu", "cuda") or device not in (None, a.device):
+            if a.requires_grad:
                 return None
-            device = a.device
+            if a.is_cpu:
+                cpu = True
+            elif a.is_cuda and device in (None, a.device):
+                device = a.device
+            else:
+                return None
             key.append((a.shape, a.stride(), a.dtype))
         elif isinstance(a, (int, float, bool, str, type(None))):
             key.append(a)
         else:
             return None
-    if device is not None and device.type == "cuda":
+    if device is not None:
+        if cpu:
+            return None  # CPU and CUDA tensors in one call: the portable graph (and its message)
         key.append(device)
     return tuple(key)
 

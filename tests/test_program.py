@@ -507,3 +507,15 @@ def test_importing_lucid_fx_leaves_torch_dynamo_unimported():
     code = "import sys, lucid_fx; print('torch._dynamo' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr[-2000:]
+
+
+def test_a_calls_key_holds_the_cpu_kind_and_each_inputs_layout_and_refuses_what_no_program_runs():
+    x, flag = torch.randn(2, 3), 4
+    key = program_module._signature((x, flag, None))
+    assert key == (resolve_target("cpu").cpu.name, (x.shape, x.stride(), x.dtype), 4, None)
+    with force_cpu_features("avx2"):
+        assert program_module._signature((x,))[0] == "avx2"  # a forced kind: programs of its own
+    assert program_module._signature((x.t(),)) != program_module._signature((x,))  # strides are part of it
+    assert program_module._signature((torch.randn(2, 3, requires_grad=True),)) is None  # autograd: portable graph
+    assert program_module._signature((torch.empty(2, 3, device="meta"),)) is None  # neither CPU nor CUDA
+    assert program_module._signature((x, [1, 2])) is None  # a list: no program key

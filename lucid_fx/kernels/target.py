@@ -31,7 +31,7 @@ import torch
 
 from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
 
-__all__ = ["Target", "resolve_target", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID",
+__all__ = ["Target", "resolve_target", "cpu_kind", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID",
            "AMX_ROW_LIMIT"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
@@ -114,6 +114,12 @@ def resolve_target(backend: Optional[str] = None, device: Union[torch.device, st
     device_type = torch.device(device).type if device is not None else None
     backend = check_backend(backend or ("cuda" if device_type == "cuda" else "cpu"))
     return _target(backend, device_type or backend, cpu_features())
+
+
+def cpu_kind() -> str:
+    """The name of the CPU kind :func:`resolve_target` would build for now (``resolve_target().cpu.name``), without
+    building it: what a converted model's program key reads on every call (lucid_fx/program.py)."""
+    return cpu_features().name
 
 
 @functools.lru_cache(maxsize=None)  # kernels look theirs up per call: one object per combination
