@@ -210,12 +210,15 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
     other_dtype = torch.float32 if residual == linear_native.ADDEND else torch.uint8
 
     def gemm_step(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != q_strides or q.dtype != torch.uint8 or not all(
+        if q.stride() != q_strides or q.dtype != torch.uint8 or (other and not all(
                 o.dtype == other_dtype and o.shape == shape and o.is_contiguous(memory_format=layout)
-                for o in other):  # the residual's layout is the result's (any strides of size-1 dims)
+                for o in other)):  # the residual's layout is the result's (any strides of size-1 dims)
             return None
         out = torch.empty_strided(shape, strides, dtype=dtype)
-        gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
+        if other:
+            gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
+        else:  # no generators on a program's hot path (their frames cost most with the cache cold after a GEMM)
+            gemm(q.data_ptr(), out.data_ptr())
         return out
 
     return gemm_step

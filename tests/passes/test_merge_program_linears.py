@@ -59,6 +59,7 @@ def test_siblings_with_float_results_run_as_one_linear_split_into_views():
     calls = _calls(program)
     assert value not in calls and gate not in calls and out in calls, calls  # value and gate: one call
     assert sum("split" in target for target in calls.values()) == 1
+    assert [n.target for n in program.graph.nodes if "split" in str(n.target)] == [torch.split_with_sizes]  # no Python
     assert torch.equal(y, portable), "the codes of the portable graph"
     assert not [name for name in program.__dict__ if name.startswith(PREFIX)], "the stacked weights were packed, then dropped"
     engine = lr.row_engine(resolve_target("cpu"))
