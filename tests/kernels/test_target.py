@@ -7,8 +7,8 @@ import torch
 
 import lucid_fx
 from lucid_fx.kernels import force_cpu_features, weight_quant_range
-from lucid_fx.kernels.cpu_features import detected_cpu_features
-from lucid_fx.kernels.target import Target, resolve_target
+from lucid_fx.kernels.cpu_features import ENV_VAR, detected_cpu_features
+from lucid_fx.kernels.target import Target, cpu_kind, resolve_target
 
 
 @pytest.mark.parametrize("kind, grid, as_conv, amx", [
@@ -83,3 +83,15 @@ def test_only_the_target_asks_the_cpu_what_it_is():
                                                "lucid_fx/kernels/linear_row.py", "lucid_fx/kernels/cpu_features.py",
                                                "lucid_fx/kernels/target.py", "lucid_fx/kernels/onednn_check.py"}
     assert _calls("weight_quant_range") == set()  # kept for users; lucid_fx reads Target.weight_range
+
+
+def test_the_kind_set_in_the_environment_is_read_on_every_call(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert cpu_kind() == detected_cpu_features().name == resolve_target("cpu").cpu.name
+    monkeypatch.setenv(ENV_VAR, "avx2")  # set after import: os.environ's own store is read, not a copy
+    assert cpu_kind() == resolve_target("cpu").cpu.name == "avx2"
+    monkeypatch.setenv(ENV_VAR, "avx1024")
+    with pytest.raises(ValueError, match="unknown CPU kind 'avx1024'; valid: avx2, avx512_vnni, amx"):
+        cpu_kind()
+    monkeypatch.delenv(ENV_VAR)
+    assert cpu_kind() == detected_cpu_features().name
