@@ -31,12 +31,17 @@ Until 2026-12-05 ``outside us`` was the unprofiled wall time less the profiled k
 of the kernels: it moved by 2-3 us an op run to run and read negative on the MLPs, whose native calls were then
 recorded by ``torch.profiler.record_function`` (3.5 us of Python inside each event, counted as kernel time).
 
-Measured here (AMD EPYC, AVX512-VNNI, 2 shared cores, torch 2.13.0, 1 thread, 9 rounds; outside us per
-top-level op for fp32 eager / torch.ao x86 / torch.ao onednn / lucid_fx): mlp_b1 3.4 / 11.7 / 11.9 / 24.2,
-mlp_b64 1.3 / 10.9 / 16.5 / 29.2, resnet_1x 23 / 26 / 18.5 / 84, mobilenet_v3 14.5 / 25 / 19.5 / 87,
-efficientnet 19 / 13 / 23 / 53, gated_mlp - / 27.5 / 35.6 / 113, encoder 164 / 104 / 65 / 214 (the
-encoder's and gated MLP's fp32 rows are within the noise). lucid_fx spent 2.3 of 20.5 ms outside kernels
-on resnet_1x, 9.2 of 19.4 ms on mobilenet_v3 (slower than fp32's 15.9 ms).
+Where it goes: Python between two kernels runs with its caches cold, the previous kernel having filled them
+with its own data. On an AMX Xeon (2 MiB L2 a core) a program's key took 2.7 us timed alone and 7-10 us inside a
+call; a oneDNN convolution's call spent 14 us between the call and the op's start (its 17 arguments converted)
+and 5 after it (profiler timestamps around it) after a 512-channel 3x3 convolution, 3 and 1.3 after a small linear. So the same code costs 3-5 times
+its warm time in a model, and cuts come from running less of it between kernels.
+
+Measured here (AMX Xeon, 2 shared cores, torch 2.13.0, 1 thread, 7 rounds, 2026-12-05, this measure; outside us
+per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 18.0 / 19.6 / 5.8, mlp_b64 25.2 / 31.0 / 7.4,
+resnet_1x 37.3 / 19.0 / 16.6, encoder 38.7 / 26.0 / 15.7, gated_mlp 23.2 / 18.4 / 14.0, mobilenet_v3 13.1 / 10.4 /
+5.5, efficientnet 23.9 / 15.7 / 9.1. Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were
+taken by the former measure.
 
 Threads default to 1: on a shared 2-core machine, 2 OpenMP threads stall for tens of milliseconds
 whenever another process holds a core (measured: batch-1 MLP p90 36 ms at 2 threads, 0.34 ms at 1),

@@ -70,9 +70,12 @@ def reruns(request):
         if item.originalname == "test_suite_passes_as_on_another_cpu" and kind not in _RUNS:
             _RUNS[kind] = _start(kind)
     yield _RUNS
-    for process, *_ in _RUNS.values():
+    for process, *files in _RUNS.values():
         if process.poll() is None:
             process.kill()
+            process.wait()
+        for file in files:
+            file.close()  # (left open: a ResourceWarning at exit)
 
 
 @pytest.mark.parametrize("kind", OTHER_KINDS)
