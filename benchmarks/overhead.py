@@ -33,9 +33,10 @@ recorded by ``torch.profiler.record_function`` (3.5 us of Python inside each eve
 
 Where it goes: Python between two kernels runs with its caches cold, the previous kernel having filled them
 with its own data. On an AMX Xeon (2 MiB L2 a core) a program's key took 2.7 us timed alone and 7-10 us inside a
-call; a oneDNN convolution's call spent 14 us between the call and the op's start (its 17 arguments converted)
-and 5 after it (profiler timestamps around it) after a 512-channel 3x3 convolution, 3 and 1.3 after a small linear. So the same code costs 3-5 times
-its warm time in a model, and cuts come from running less of it between kernels.
+call (4.2 since it reads the kind alone); a oneDNN convolution's call spent 14 us between the call and the
+op's start (its 17 arguments converted) and 5 after it (profiler timestamps around it) after a 512-channel 3x3
+convolution, 3 and 1.3 after a small linear. So the same code costs 3-5 times its warm time in a model, and cuts
+come from running less of it between kernels.
 
 Measured here (AMX Xeon, 2 shared cores, torch 2.13.0, 1 thread, 7 rounds, 2026-12-05, this measure; outside us
 per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 18.0 / 19.6 / 5.8, mlp_b64 25.2 / 31.0 / 7.4,
@@ -163,7 +164,8 @@ def profiler_costs(calls: int = 2000) -> Dict[str, float]:
 
 def outside_us(split: Dict[str, float], costs: Dict[str, float]) -> float:
     """Microseconds a call spends outside kernels: profiled wall less kernel time less the profiler's own cost."""
-    return split["profiled_us"] - split["kernel_us"] - split["events"] * costs["op"] - split["native_events"] * costs["native"]
+    profiler = split["events"] * costs["op"] + split["native_events"] * costs["native"]
+    return split["profiled_us"] - split["kernel_us"] - profiler
 
 
 def measure(variants: Dict[str, Callable], x, rounds: int, profiled_calls: int) -> Dict[str, Dict[str, float]]:
@@ -224,7 +226,8 @@ def main(argv=None, extra: Optional[Callable] = None) -> list:
     print(cpu_line())
     costs = profiler_costs()
     print(f"torch {torch.__version__}, {args.threads} thread(s), medians of {args.rounds} interleaved rounds; the "
-          f"profiler's own cost, taken off each round: {costs['op']:.2f} us a recorded op, {costs['native']:.2f} a native call")
+          f"profiler's own cost, taken off each round: {costs['op']:.2f} us a recorded op, {costs['native']:.2f} a "
+          "native call")
     header = (f"{'model':<13} {'variant':<22} {'wall us':>9} {'kernel us':>9} {'outside us':>10} {'ops':>5} "
               f"{'kernels':>7} {'outside/op':>10}")
     print(header)

@@ -21,12 +21,13 @@ from torch import fx
 __all__ = ["merge_program_views", "VIEW_FUNCTIONS", "VIEW_METHODS"]
 
 #: Functions and methods that return views of their first argument (a tuple of views for the splits).
-VIEW_FUNCTIONS = frozenset({torch.split, torch.split_with_sizes, torch.tensor_split, torch.chunk, torch.unbind, torch.permute, torch.transpose,
-                            torch.unsqueeze, torch.squeeze, torch.narrow, torch.select, torch.t})
+VIEW_FUNCTIONS = frozenset({torch.split, torch.split_with_sizes, torch.tensor_split, torch.chunk, torch.unbind,
+                            torch.permute, torch.transpose, torch.unsqueeze, torch.squeeze, torch.narrow, torch.select,
+                            torch.t})
 VIEW_METHODS = frozenset({"view", "view_as", "expand", "expand_as", "split", "tensor_split", "chunk", "unbind",
                           "permute", "transpose", "unsqueeze", "squeeze", "narrow", "select", "t"})
-_TUPLES = frozenset({torch.split, torch.split_with_sizes, torch.tensor_split, torch.chunk, torch.unbind, "split", "tensor_split", "chunk",
-                     "unbind"})
+_TUPLES = frozenset({torch.split, torch.split_with_sizes, torch.tensor_split, torch.chunk, torch.unbind, "split",
+                     "tensor_split", "chunk", "unbind"})
 
 
 def _is_view(node: fx.Node) -> bool:

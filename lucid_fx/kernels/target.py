@@ -31,8 +31,8 @@ import torch
 
 from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
 
-__all__ = ["Target", "resolve_target", "cpu_kind", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID", "NARROW_GRID",
-           "AMX_ROW_LIMIT"]
+__all__ = ["Target", "resolve_target", "cpu_kind", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID",
+           "NARROW_GRID", "AMX_ROW_LIMIT"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
 BACKENDS = ("cpu", "cuda")
