@@ -147,14 +147,9 @@ def _function(kernel: str, dtype: Any) -> Optional[Callable]:
     return _recorded(kernel, fn) if _recording and callable(fn) else fn
 
 
-def _event(name: str):
-    """A profiler event around a native call: torch's C++ fast record (0.6 us a call here, 0.14 of it inside the
-    event) where this torch has it, else ``record_function`` (5.9 us, 3.5 inside: the overhead benchmark would count
-    its Python as kernel time)."""
-    return _FAST_EVENT(name) if _FAST_EVENT is not None else torch.profiler.record_function(name)
-
-
-_FAST_EVENT = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+# A native call's profiler event: torch's C++ fast record, 0.6 us a call and 0.14 of it inside the event, where this
+# torch has it (record_function: 5.9 us, 3.5 inside, which benchmarks/overhead.py would count as kernel time).
+_event = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None) or torch.profiler.record_function
 
 
 def _recorded(kernel: str, fn: Callable) -> Callable:
