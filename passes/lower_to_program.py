@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels.library import KERNELS, op_name
+from lucid_fx.passes.call_float_modules import call_float_modules
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
 from lucid_fx.passes.merge_program_linears import drop_unread_merged, merge_program_linears
 from lucid_fx.passes.merge_program_views import merge_program_views
@@ -178,6 +179,7 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     builder.rewrite(PROGRAM_RULES.get(device, {}))
     drop_unread_merged(program)
     merge_program_views(program)
+    call_float_modules(program)
     _flat_attributes(program)
     program.graph.lint()
     program.recompile()
