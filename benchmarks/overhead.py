@@ -40,9 +40,9 @@ come from running less of it between kernels.
 
 Measured here (AMX Xeon, 2 shared cores, torch 2.13.0, 1 thread, 7 rounds, 2026-12-05, this measure; outside us
 per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 18.0 / 19.6 / 5.8, mlp_b64 25.2 / 31.0 / 7.4,
-resnet_1x 37.3 / 19.0 / 16.6, encoder 38.7 / 26.0 / 15.7, gated_mlp 23.2 / 18.4 / 14.0, mobilenet_v3 13.1 / 10.4 /
-5.5, efficientnet 23.9 / 15.7 / 9.1. Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were
-taken by the former measure.
+resnet_1x 37.3 / 19.0 / 16.6, encoder 38.7 / 26.0 / 14.5 (float norms called directly), gated_mlp 23.2 / 18.4 /
+14.0, mobilenet_v3 13.1 / 10.4 / 5.5, efficientnet 23.9 / 15.7 / 9.1; an op's figure moves by up to 1.2 us between
+runs. Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were taken by the former measure.
 
 Threads default to 1: on a shared 2-core machine, 2 OpenMP threads stall for tens of milliseconds
 whenever another process holds a core (measured: batch-1 MLP p90 36 ms at 2 threads, 0.34 ms at 1),
