@@ -44,9 +44,9 @@ def test_python_between_kernels_is_outside_and_the_profilers_own_cost_is_not():
     assert 0 <= plain["outside_us"] <= 20 and plain["kernel_us"] <= plain["profiled_us"], figures
 
 
-def test_the_profilers_costs_are_small_and_positive():
+def test_the_profilers_costs_are_small_and_a_native_event_costs_something():
     costs = overhead.profiler_costs(calls=500)
-    assert 0 <= costs["op"] < 5 and 0 <= costs["native"] < 5, costs
+    assert costs["op"] < 5 and 0 < costs["native"] < 5, costs  # (the measured costs are clamped at 0 from below)
 
 
 def test_outside_takes_the_profilers_costs_off_per_event():

@@ -17,7 +17,8 @@ def _converted(norm: nn.Module):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), norm, nn.Linear(16, 8)).eval()
     with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
     batches = [torch.randn(4, 16) for _ in range(4)]
     qmodel = lucid_fx.quantize(model, (batches[0],), batches, progress=False)
     x = torch.randn(4, 16)
