@@ -27,7 +27,8 @@ from lucid_fx._meta import OBSERVERS, WEIGHT_OBSERVERS
 __all__ = ["check_data", "check_meta", "conforms", "LUCID_FX_ATTRIBUTES", "LUCID_FX_CHILDREN", "META_KEYS", "META_TYPES", "check_prepared_meta"]
 
 # Every node.meta key lucid_fx writes: those named in lucid_fx/_meta.py (less the GraphModule.meta one).
-META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str) and key not in _meta.NOT_NODE_KEYS)
+META_KEYS = tuple(value for key, value in vars(_meta).items() if key.isupper() and isinstance(value, str)
+                  and key not in _meta.NOT_NODE_KEYS + _meta.PROGRAM_KEYS)
 
 _SCALARS = (type(None), bool, int, float, str)
 _TORCH_DATA = (torch.dtype, torch.device, torch.memory_format, torch.layout)

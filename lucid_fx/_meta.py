@@ -52,6 +52,11 @@ PLACEMENT = "lucid_fx.placement"
 #: computes (a softmax inside softmax_matmul, the ops inside one table: rules/one_source.py), by name (lower_to_int8).
 ABSORBED = "lucid_fx.absorbed"
 
+# Written on a program's nodes (lower_to_program), never on the portable graph:
+#: BoundCall: the torch operator a bound call runs (``operator.call(self._program_bound_N, x)``) and its arguments,
+#: constants as values (bind_program_ops).
+BOUND_OP = "lucid_fx.bound_op"
+
 # Written by convert's fold on the prepared graph's nodes:
 #: str: name of the batch-norm node folded into this conv/linear, whose value the node now outputs (fold_batchnorm).
 FOLDED_BN = "lucid_fx.folded_bn"
@@ -77,3 +82,5 @@ WEIGHT_OBSERVERS = "lucid_fx_weight_observers"
 
 #: The names above that are not node.meta keys.
 NOT_NODE_KEYS = ("TRACE", "REMOVED", "FOLDED_FLOPS", "ATTRIBUTES", "OBSERVERS", "WEIGHT_OBSERVERS")
+#: The names above of node.meta keys on programs only: never saved, so a file holding one is refused at load.
+PROGRAM_KEYS = ("BOUND_OP",)

@@ -142,13 +142,26 @@ def _fits(programs: Any, model: fx.GraphModule, args: Tuple[Any, ...]) -> bool:
     return programs.parameters is None or _bind(programs.parameters, args, {}) is not None
 
 
+_is_compiling = torch.compiler.is_compiling  # (torch.compile knows the function, not the name it is called by)
+
+
 class ProgramRunner:
     """Mixed into a converted GraphModule's class: calls run the program for their input signature."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # torch.compile traced into the programs' ctypes calls, on fake tensors:
+        if _is_compiling():  # torch.compile traced into the programs' ctypes calls, on fake tensors:
             return _eager_call(self, *args, **kwargs)  # a segmentation fault. The model runs eagerly there instead
-        programs: Dict[tuple, Any] = self.__dict__.get(_PROGRAMS)
+        programs = self.__dict__.get(_PROGRAMS)
+        # The common call first, in as few Python steps as it takes (each costs 3-5x its warm time here, the
+        # interpreter's caches cold after the last call's kernels): positional CPU tensors of a signature seen.
+        if programs and not kwargs and not (self._forward_hooks or self._forward_pre_hooks):
+            key = _signature(args)
+            program = programs.get(key)
+            if program is not None and not isinstance(key[-1], torch.device):
+                return program.forward(*args)  # a program has no hooks: skip Module.__call__'s own checks
+        return self._call_otherwise(programs, args, kwargs)
+
+    def _call_otherwise(self, programs: Optional[Dict[tuple, Any]], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if programs is None:
             programs = self.__dict__[_PROGRAMS] = _Programs()
         if self._forward_hooks or self._forward_pre_hooks:
@@ -173,7 +186,7 @@ class ProgramRunner:
             warnings.warn(f"lucid_fx: this model has met more than {MAX_SIGNATURES} input signatures (shapes, strides, "
                           f"dtypes); it keeps a program for the first {MAX_SIGNATURES}, and the others run the portable "
                           "graph (correct, but measured 1.75x slower on the BERT-like model): pad or bucket inputs to a "
-                          "few shapes, or raise lucid_fx.program.MAX_SIGNATURES", RuntimeWarning, stacklevel=2)
+                          "few shapes, or raise lucid_fx.program.MAX_SIGNATURES", RuntimeWarning, stacklevel=3)
         if key is None or key in programs or len(programs) >= MAX_SIGNATURES:
             # The portable graph. Not super().__call__: fx's call wrapper looks itself up on the
             # instance's class, which would come back here.
@@ -226,7 +239,7 @@ def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphMo
             return lower_to_program(model, values, "cpu")
     except Exception as exc:  # noqa: BLE001 - the portable graph keeps serving; say why once
         warnings.warn(f"lucid_fx: no program for this input signature ({type(exc).__name__}: {exc}); the portable "
-                      "graph runs instead (correct, slower)", RuntimeWarning, stacklevel=3)
+                      "graph runs instead (correct, slower)", RuntimeWarning, stacklevel=4)
         return None
 
 

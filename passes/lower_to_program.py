@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from lucid_fx.kernels.library import KERNELS, op_name
+from lucid_fx.passes.bind_program_ops import bind_program_ops
 from lucid_fx.passes.call_float_modules import call_float_modules
 from lucid_fx.passes.fold_signature_constants import fold_signature_constants, kept_by_dead_code_elimination
 from lucid_fx.passes.merge_program_linears import drop_unread_merged, merge_program_linears
@@ -181,6 +182,7 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     merge_program_views(program)
     call_float_modules(program)
     _flat_attributes(program)
+    bind_program_ops(program)
     program.graph.lint()
     program.recompile()
     plan_program_calls(program, PROGRAM_PLANS.get(device, {}))

@@ -7,9 +7,9 @@ kind's kernels: on an AVX512-VNNI machine the AVX2 run meets oneDNN's saturating
 for real. A kind above this CPU (AMX on a VNNI machine) forces the choices only; kernels that the
 machine lacks are never called.
 
-The first of these runs (the poorest kind but this one) also turns the native kernels off
-(``LUCID_FX_NATIVE=0``), as on a machine without a C compiler, so the torch kernels they replace
-pass the whole suite too, on every machine.
+The first of these runs (the poorest kind but this one) also turns the native kernels and the bound
+operator calls off (``LUCID_FX_NATIVE=0``, ``LUCID_FX_BOUND_OPS=0``), as on a machine without a C or C++
+compiler, so the torch kernels and ``torch.ops`` calls they replace pass the whole suite too, on every machine.
 
 The runs go side by side, one torch thread each (the first test starts them all, each waits for
 its own): this process only waits meanwhile, so on CI's two cores the reruns take the time of one,
@@ -52,7 +52,7 @@ def _start(kind: str):
     if ORDER.index(kind) < ORDER.index(detected_cpu_features().name):
         env["ONEDNN_MAX_CPU_ISA"] = ONEDNN_CAP[kind]
     if kind == OTHER_KINDS[0]:
-        env["LUCID_FX_NATIVE"] = "0"
+        env["LUCID_FX_NATIVE"] = env["LUCID_FX_BOUND_OPS"] = "0"  # no C or C++ compiler: torch's kernels, torch.ops calls
     # One thread each: side by side, torch's default threads oversubscribe the cores (tests/kernels,
     # measured on 2 cores: two runs 100 s at default threads, 46 s at one each, against 44 s for one).
     env["OMP_NUM_THREADS"] = "1"

@@ -460,8 +460,10 @@ def test_the_value_classes_are_those_lucid_fx_writes():
 
 
 def test_every_meta_key_has_a_type_to_check():
-    keys = [v for k, v in vars(_meta).items() if k.isupper() and isinstance(v, str) and k not in _meta.NOT_NODE_KEYS]  # TRACE: gm.meta; containers
+    keys = [v for k, v in vars(_meta).items() if k.isupper() and isinstance(v, str)
+            and k not in _meta.NOT_NODE_KEYS + _meta.PROGRAM_KEYS]  # TRACE: gm.meta; containers; BOUND_OP: programs'
     assert sorted(META_KEYS) == sorted(keys) and set(keys) <= set(META_TYPES())
+    assert _meta.BOUND_OP not in META_KEYS  # a program's key is never in a file: one that holds it is refused
 
 
 class _MakesTensors(torch.nn.Module):

@@ -26,6 +26,7 @@ from lucid_fx.program import MAX_SIGNATURES, programs_of
 from lucid_fx.rules import program_cpu
 from models import MLP, EfficientNetLike, MobileNetV3Like, ResNetLike, SqueezeExcite, _init_bn
 from _grid import onednn_exact
+from _program import called, operands
 
 ON_CONV = torch.ops.onednn.qconv2d_pointwise.default
 ONEDNN = {torch.ops.onednn.qlinear_pointwise.default, torch.ops.onednn.qconv2d_pointwise.default,
@@ -76,7 +77,7 @@ def test_program_computes_the_portable_graphs_values(name):
     got = q(x)
     # Same codes: the rules take each decision the run-time kernels take, with the same helpers.
     assert torch.equal(got, portable), (got - portable).abs().max()
-    calls = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    calls = {called(n) for n in program.graph.nodes if n.op == "call_function"}
     if onednn_exact(resolve_target("cpu")):  # else (a VNNI kind forced on an AVX2 CPU) the exact fallback kernels
         assert calls & (ONEDNN | {lr.linear_row, rp.planned_rows, rp.planned_rows_add, pr.pointwise_rows}), \
             f"no oneDNN call (or row engine linear) in the program of {name}"
@@ -325,7 +326,7 @@ def test_a_batch_one_linear_runs_off_onednn_where_that_was_measured_faster(shape
             assert torch.equal(got, portable), kind  # the run-time kernel takes the same route
             assert sqnr_db(model(x), got) >= 30, kind
             program = next(p for key, p in programs_of(q).items() if key[0] == kind)
-            calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+            calls = [called(n) for n in program.graph.nodes if n.op == "call_function"]
             row = lr.row_engine(resolve_target("cpu"), 1) is not None  # verified bit-identical to oneDNN here
             # a kind whose engine (VNNI's or AVX2's) is this CPU's oneDNN's: with VNNI (AMX too: a row asks oneDNN's
             # steps), the VNNI and AMX kinds; without, the AVX2 kind
@@ -350,10 +351,11 @@ def test_squeeze_excite_convolutions_of_one_image_run_as_one_row_linears(name):
 
         calls = [n for n in program.graph.nodes if n.op == "call_function"]
         # oneDNN calls left: none that is a row (a 1x1 image, unpadded, ungrouped) with a post-op linear_row folds
-        rows_left = [n.name for n in calls if n.target == torch.ops.onednn.qconv2d_pointwise.default
-                     and "val" in n.args[0].meta  # not a linear's (1, K, 1, M) view (Target.linear_as_conv)
-                     and tuple(n.args[0].meta["val"].shape[2:]) == (1, 1) and n.args[0].meta["val"].shape[0] == 1
-                     and not any(n.args[8]) and n.args[10] == 1 and n.args[-3] in lr.ROW_POST_OPS]
+        conv_calls = [operands(n) for n in calls if called(n) == torch.ops.onednn.qconv2d_pointwise.default]
+        rows_left = [args for args in conv_calls
+                     if "val" in args[0].meta  # not a linear's (1, K, 1, M) view (Target.linear_as_conv)
+                     and tuple(args[0].meta["val"].shape[2:]) == (1, 1) and args[0].meta["val"].shape[0] == 1
+                     and not any(args[8]) and args[10] == 1 and args[-3] in lr.ROW_POST_OPS]
         se = sum(isinstance(m, SqueezeExcite) for m in model.modules())
         rows = sum(n.target is pr.pointwise_rows for n in calls)
         if engine is not None:
@@ -400,7 +402,7 @@ def test_a_patchify_convolution_runs_as_a_small_linear_of_its_patches_with_the_s
     q = _quantize(model, x)
     portable = q(x)
     assert torch.equal(q(x), portable)
-    calls = {n.target for n in _program(q).graph.nodes if n.op == "call_function"}
+    calls = {called(n) for n in _program(q).graph.nodes if n.op == "call_function"}
     takes_row = lr.takes_row(resolve_target("cpu"), True, "relu" if relu else "none", torch.uint8, 32, 16, 48) is not None
     assert (lr.linear_row in calls) == takes_row
     assert (ON_CONV in calls) == (not takes_row and onednn_exact(resolve_target("cpu")))  # else the exact fallback
@@ -412,7 +414,7 @@ def test_a_convolution_whose_kernel_does_not_tile_the_image_stays_on_onednn():
     q = _quantize(model, x)
     portable = q(x)
     assert torch.equal(q(x), portable)
-    calls = {n.target for n in _program(q).graph.nodes if n.op == "call_function"}
+    calls = {called(n) for n in _program(q).graph.nodes if n.op == "call_function"}
     assert (ON_CONV in calls) == onednn_exact(resolve_target("cpu")) and lr.linear_row not in calls
 
 
@@ -433,7 +435,7 @@ def test_attention_families_programs_compute_the_portable_values_through_the_nat
         portable, got = q(*args, **kwargs), q(*args, **kwargs)
     for a, b in zip(torch.utils._pytree.tree_leaves(portable), torch.utils._pytree.tree_leaves(got)):
         assert torch.equal(a, b)
-    calls = collections.Counter(n.target for n in _program(q).graph.nodes if n.op == "call_function")
+    calls = collections.Counter(called(n) for n in _program(q).graph.nodes if n.op == "call_function")
     # q @ k^T in each of two layers; softmax(s) @ v is one call (its softmax fused, masked or not)
     assert calls[matmul_native.matmul_codes] == (2 if native.available() else 0)
     assert calls[attention_rows.cpu_softmax_matmul] == 2

@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["CpuFeatures", "CPU_KINDS", "cpu_features", "detected_cpu_features", "force_cpu_features"]
+__all__ = ["CpuFeatures", "CPU_KINDS", "cpu_features", "cpu_kind_name", "detected_cpu_features", "force_cpu_features"]
 
 ENV_VAR = "LUCID_FX_CPU_ISA"
 
@@ -104,6 +104,14 @@ def cpu_features() -> CpuFeatures:
 # unset; os.environ.get catches a KeyError then, 0.66 of cpu_features' 0.8 us warm, and every program call asks.
 _ENVIRON = getattr(os.environ, "_data", None)
 _ENV_KEY = os.environ.encodekey(ENV_VAR) if _ENVIRON is not None else None
+
+
+def cpu_kind_name() -> str:
+    """``cpu_features().name`` in one Python call where nothing is forced (the program key reads it on every call of
+    a converted model, after a kernel, with the interpreter's caches cold: each call in the chain costs there)."""
+    if not _forced and (_ENVIRON.get(_ENV_KEY) if _ENVIRON is not None else os.environ.get(ENV_VAR)) is None:
+        return detected_cpu_features().name
+    return cpu_features().name
 
 
 def _environment_value() -> Optional[str]:

@@ -32,6 +32,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from lucid_fx.kernels.native import _function, bind
+from lucid_fx.kernels.native_step import BUFFER, IN
 
 __all__ = ["PackedWeight", "packed_weight", "gemm_rows", "gemm_into", "sum_available", "hardswish", "tanh_steps",
            "finish", "available", "full_grid", "amx", "use_amx", "amx_calls", "threaded", "takes_weight", "BLOCK", "STEP", "PAIR_SAFE", "POST",
@@ -176,6 +177,9 @@ def gemm_call(m: int, weight: PackedWeight, offset: torch.Tensor, x_scale: float
         call(q_ptr, packed, out_ptr, offset_p, scale_p, bias_p, *accum_ptr)
 
     gemm.operands = (weight, offset, w_scale, bias)  # kept alive with the pointers bound
+    # the same call as a native step's (native_step.py): the rows, the result and the residual by position
+    residual_p = ((IN, 1),) if residual is not None else ()
+    gemm.call, gemm.pointers = call, ((IN, 0), packed, (BUFFER, 0), offset_p, scale_p, bias_p, *residual_p)
     return gemm
 
 

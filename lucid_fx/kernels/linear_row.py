@@ -35,6 +35,7 @@ import torch
 from lucid_fx.kernels import linear_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
+from lucid_fx.kernels.native_step import native_step
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
 from lucid_fx.kernels.onednn_steps import AMX_STEPS, VNNI_STEPS, linear_steps
 from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
@@ -207,6 +208,8 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
     if gemm is None or k != row.weight.k:
         return None
     strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()
+    if residual is None:  # the call as data: C++ does the checks, the allocation and the call (native_step.py)
+        return native_step(gemm.call, [(q.shape, q_strides, torch.uint8)], [(shape, strides, dtype)], gemm.pointers, keep=gemm)
     other_dtype = torch.float32 if residual == linear_native.ADDEND else torch.uint8
 
     def gemm_step(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
@@ -215,10 +218,7 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
                 for o in other)):  # the residual's layout is the result's (any strides of size-1 dims)
             return None
         out = torch.empty_strided(shape, strides, dtype=dtype)
-        if other:
-            gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
-        else:  # no generators on a program's hot path (their frames cost most with the cache cold after a GEMM)
-            gemm(q.data_ptr(), out.data_ptr())
+        gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
         return out
 
     return gemm_step

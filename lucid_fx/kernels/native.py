@@ -1,19 +1,18 @@
 """Native CPU kernels: ``native.c`` compiled by the machine's C compiler on first use, called by ctypes.
 
-Programs (:mod:`lucid_fx.rules.program_cpu`) call these where torch 2.13 needs several ops for one
-step, each the torch kernels' values bit for bit. The float-to-int8 boundary is one pass: codes and
-the input's NaN/±inf count together, so the finite check (``docs/policies.md``) costs no second
-read (4.1 against 11.8 us for 1x1024 values, 25.8 against 78.0 us for 1x3x224x224, AVX512-VNNI
-EPYC, 1 thread). Squeeze-excite's gate multiply and global pool (:mod:`~lucid_fx.kernels.native_squeeze_excite`),
-table lookups (:mod:`~lucid_fx.kernels.native_lut`), a one-row linear's float steps (linear_native.row_epilogue)
-and requantizations are one pass each too; docs/benchmarks.md has each measurement (the EfficientNet-like
-model 14.0 against 16.3 ms with the first three, same process, same codes). :func:`bind` fixes a call's
-scalar arguments once (:mod:`~lucid_fx.kernels.native_bound`), what a program's planned steps call.
+Programs (:mod:`lucid_fx.rules.program_cpu`) call these where torch 2.13 needs several ops for one step, each the
+torch kernels' values bit for bit. The float-to-int8 boundary is one pass: codes and the input's NaN/±inf count
+together, so the finite check (``docs/policies.md``) costs no second read (4.1 against 11.8 us for 1x1024 values, 25.8
+against 78.0 us for 1x3x224x224, AVX512-VNNI EPYC, 1 thread). Squeeze-excite's gate multiply and global pool
+(:mod:`~lucid_fx.kernels.native_squeeze_excite`), table lookups (:mod:`~lucid_fx.kernels.native_lut`), a one-row
+linear's float steps (linear_native.row_epilogue) and requantizations are one pass each too; docs/benchmarks.md has
+each measurement. :func:`bind` fixes a call's scalar arguments once (:mod:`~lucid_fx.kernels.native_bound`), what a
+program's planned steps (:mod:`~lucid_fx.kernels.native_step`) call.
 
 Choices:
 
-- **Compiled once per machine** (:mod:`lucid_fx.kernels.native_build`: 7.4 s that every new process paid at its first
-  convert or load) into a private cache keyed by the sources, compiler, flags and CPU features (``LUCID_FX_NATIVE_CACHE=0``: per process).
+- **Compiled once per machine** (:mod:`lucid_fx.kernels.native_build`) into a private cache keyed by the sources,
+  compiler, flags and CPU features (``LUCID_FX_NATIVE_CACHE=0``: per process).
 - **Optional.** Without a compiler (or with ``LUCID_FX_NATIVE=0``) the torch path runs, with the
   same codes; :func:`status` says which and why. ``LUCID_FX_CC`` (else ``CC``, else ``cc``) names it.
 - **Float input on the CPU:** a dense float32 input is read in place and its codes keep its layout; other float
@@ -36,7 +35,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from lucid_fx.kernels import finite, native_bound, native_build, program_ops
+from lucid_fx.kernels import bound_ops, finite, native_bound, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
 __all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_plan", "post_op_codes", "post_op_plan",
@@ -144,19 +143,12 @@ _recording = []  # non-empty: each call is a torch profiler event (record_in_pro
 def _function(kernel: str, dtype: Any) -> Optional[Callable]:
     functions = _library()[0]
     fn = None if functions is None else functions.get((kernel, dtype))
-    return _recorded(kernel, fn) if _recording and callable(fn) else fn
+    return functools.partial(_call, kernel, fn) if _recording and callable(fn) else fn
 
 
 # A native call's profiler event: torch's C++ fast record, 0.6 us a call and 0.14 of it inside the event, where this
 # torch has it (record_function: 5.9 us, 3.5 inside, which benchmarks/overhead.py would count as kernel time).
 _event = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None) or torch.profiler.record_function
-
-
-def _recorded(kernel: str, fn: Callable) -> Callable:
-    def call(*args):
-        with _event(f"native::{kernel}"):
-            return fn(*args)
-    return call
 
 
 def bind(kernel: str, dtype: Any, *scalars: Any) -> Optional[Callable]:
@@ -166,19 +158,24 @@ def bind(kernel: str, dtype: Any, *scalars: Any) -> Optional[Callable]:
     functions = _library()[0]
     fn = None if functions is None else functions.get((kernel, dtype, "bound"))
     if fn is None:  # no native kernels, or a kernel of pointers only: its own function
-        fn = _function(kernel, dtype)
-        return None if fn is None else functools.partial(_call, kernel, fn)
-    fixed = native_bound.scalars(SIGNATURES[kernel][0], scalars)
-    address = ctypes.addressof(fixed)
-
-    def call(*pointers: int) -> Any:
-        if _recording:
-            with _event(f"native::{kernel}"):
-                return fn(*pointers, address)
-        return fn(*pointers, address)
-
-    call.scalars = fixed  # (kept alive with the function that reads it)
+        fn = None if functions is None else functions.get((kernel, dtype))
+        if fn is None:
+            return None
+        call, address = functools.partial(_call, kernel, fn), 0
+    else:
+        fixed = native_bound.scalars(SIGNATURES[kernel][0], scalars)
+        call, address = functools.partial(_call_bound, kernel, fn, ctypes.addressof(fixed)), ctypes.addressof(fixed)
+        call.scalars = fixed  # (kept alive with the function that reads it)
+    restype = SIGNATURES[kernel][1]  # what a native step calls (native_step.py): the function, its struct, status
+    call.native = (ctypes.cast(fn, _P).value, address, 0 if restype is None else ctypes.sizeof(restype), kernel)
     return call
+
+
+def _call_bound(kernel: str, fn: Callable, address: int, *pointers: int) -> Any:
+    if _recording:
+        with _event(f"native::{kernel}"):
+            return fn(*pointers, address)
+    return fn(*pointers, address)
 
 
 def _call(kernel: str, fn: Callable, *args: Any) -> Any:
@@ -192,6 +189,7 @@ def record_in_profiler(on: bool) -> None:
     """Make every native kernel call a ``native::<kernel>`` event of torch's profiler (a ctypes call is no
     torch op: a profile would count it outside kernels); benchmarks/overhead.py turns it on. Off: free."""
     _recording[:] = [True] if on else []
+    bound_ops.record_native(on)  # the native steps' calls too
 
 
 def split_threads(work: int, parts: int, least: int = 0) -> int:

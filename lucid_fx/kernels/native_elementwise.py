@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,9 +25,10 @@ from lucid_fx.kernels import finite, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step
 
 __all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "quantize_channels_last",
-           "dequantize_codes", "channel_lut", "channel_lut_cat", "MAX_DIMS"]
+           "dequantize_codes", "channel_lut", "channel_lut_cat", "quantize_step", "MAX_DIMS"]
 
 MAX_DIMS = 6
 
@@ -165,3 +166,17 @@ def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torc
     fn(ctypes.addressof(sources), ctypes.addressof(widths), len(parts), tables.data_ptr(), out.data_ptr(), n * h * w, c,
        128 if first.dtype == torch.int8 else 0)
     return out
+
+
+def quantize_step(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
+                  dtype: torch.dtype) -> Optional[Callable]:
+    """A program's plan of :func:`lucid_fx.kernels.native.quantize_codes` (its ``quantize_plan``'s call as a native
+    step): ``step(x)``, codes in ``x``'s layout, or None for float32 ``x`` of other strides and for a non-finite
+    value (the kernel's count), so that ``quantize_codes``' checked path raises, naming the node."""
+    strides = x.stride()
+    if dtype not in native._CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != strides:
+        return None
+    call = native.bind("quantize", dtype, x.numel(), inv_scale, zp, qmin, qmax, native.check_finite)
+    if call is None:
+        return None
+    return native_step(call, [(x.shape, strides, torch.float32)], [(x.shape, strides, dtype)], [(IN, 0), (BUFFER, 0)])

@@ -11,6 +11,7 @@ import torch
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.native import _CODES, _function, bind
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step
 
 __all__ = ["lut", "lut_plan", "lut_vectorized", "lut_mul_codes"]
 
@@ -44,16 +45,8 @@ def lut_plan(q: torch.Tensor, table: torch.Tensor) -> Optional[Callable]:
     call = bind("lut", dtype, q.numel(), _flip(q))
     if call is None:
         return None
-    shape, q_dtype = tuple(q.shape), q.dtype
-
-    def lut(q: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != strides or q.dtype != q_dtype or table.dtype != dtype or not table.is_contiguous():
-            return None
-        out = torch.empty_strided(shape, strides, dtype=dtype)
-        call(q.data_ptr(), table.data_ptr(), out.data_ptr())
-        return out
-
-    return lut
+    return native_step(call, [(q.shape, strides, q.dtype), (table.shape, table.stride(), dtype)], [(q.shape, strides, dtype)],
+                       [(IN, 0), (IN, 1), (BUFFER, 0)])
 
 
 def _flip(q: torch.Tensor) -> int:

@@ -11,6 +11,7 @@ import torch
 
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels.native import _CODES, bind
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step
 
 __all__ = ["is_gate", "gate_mul_codes", "gate_mul_plan", "global_avg_pool_codes", "global_avg_pool_plan"]
 
@@ -51,16 +52,8 @@ def gate_mul_plan(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, 
     call = bind("gate_mul", dtype, n, h * w, c, layout, a_zp, g_zp, mult, zp, low, high)
     if call is None:
         return None
-    shape, strides, g_strides = tuple(qa.shape), qa.stride(), qg.stride()
-
-    def gate_mul(qa: torch.Tensor, qg: torch.Tensor) -> Optional[torch.Tensor]:
-        if qa.stride() != strides or qg.stride() != g_strides or qa.dtype != dtype or qg.dtype != dtype:
-            return None
-        out = torch.empty_strided(shape, strides, dtype=dtype)
-        call(qa.data_ptr(), qg.data_ptr(), out.data_ptr())
-        return out
-
-    return gate_mul
+    return native_step(call, [(qa.shape, qa.stride(), dtype), (qg.shape, qg.stride(), dtype)], [(qa.shape, qa.stride(), dtype)],
+                       [(IN, 0), (IN, 1), (BUFFER, 0)])
 
 
 def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
@@ -87,13 +80,5 @@ def global_avg_pool_plan(q: torch.Tensor, scale: float, zp: int, out_scale: floa
     call = bind("global_avg_pool", dtype, n, h * w, c, layout, zp * h * w, scale / (out_scale * h * w), out_zp, low, high)
     if call is None:
         return None
-    strides = q.stride()
-
-    def global_avg_pool(q: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != strides or q.dtype != dtype:
-            return None
-        out, acc = torch.empty((n, c, 1, 1), dtype=dtype), torch.empty(c, dtype=torch.int32)
-        call(q.data_ptr(), out.data_ptr(), acc.data_ptr())
-        return out
-
-    return global_avg_pool
+    return native_step(call, [(q.shape, q.stride(), dtype)], [((n, c, 1, 1), (c, 1, 1, 1), dtype), ((c,), (1,), torch.int32)],
+                       [(IN, 0), (BUFFER, 0), (BUFFER, 1)])

@@ -26,8 +26,8 @@ def planned_step(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: flo
     if n is None or not q.is_contiguous():
         return None
     step = gemm_plan(q, row, zp, low, high, dtype, (*q.shape[:-1], n), torch.contiguous_format, residual)
-    if step is None:
-        return None
+    if step is None or residual is None:  # without a residual, a native step: it checks the rows' shape and device
+        return step
     shape = q.shape
 
     def planned(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:

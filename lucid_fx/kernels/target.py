@@ -29,7 +29,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, detected_cpu_features
+from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, cpu_kind_name, detected_cpu_features
 
 __all__ = ["Target", "resolve_target", "cpu_kind", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID",
            "NARROW_GRID", "AMX_ROW_LIMIT"]
@@ -116,10 +116,9 @@ def resolve_target(backend: Optional[str] = None, device: Union[torch.device, st
     return _target(backend, device_type or backend, cpu_features())
 
 
-def cpu_kind() -> str:
-    """The name of the CPU kind :func:`resolve_target` would build for now (``resolve_target().cpu.name``), without
-    building it: what a converted model's program key reads on every call (lucid_fx/program.py)."""
-    return cpu_features().name
+#: The name of the CPU kind :func:`resolve_target` would build for now (``resolve_target().cpu.name``), without
+#: building it: what a converted model's program key reads on every call (lucid_fx/program.py).
+cpu_kind = cpu_kind_name
 
 
 @functools.lru_cache(maxsize=None)  # kernels look theirs up per call: one object per combination

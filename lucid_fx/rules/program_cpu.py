@@ -18,7 +18,7 @@ from torch import fx
 
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.kernels import (conv_native, cpu_float, linear_native, linear_row, matmul_native, native,
-                              native_squeeze_excite, program_ops, softmax_native)
+                              native_elementwise, native_squeeze_excite, program_ops, softmax_native)
 from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels.linear_row import (ROW_POST_OPS, conv_is_row,
                                          row_bounds, row_linear, row_out_scale)
@@ -247,7 +247,7 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
 #: The program calls planned once, on the program's first call (passes/plan_program_calls.py): a kernel function ->
 #: its planner, which takes the same arguments and returns the call's step (scalars bound, shapes fixed) or None.
 PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
-    native.quantize_codes: native.quantize_plan,  # the float boundary
+    native.quantize_codes: native_elementwise.quantize_step,  # the float boundary
     native.post_op_codes: native.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM

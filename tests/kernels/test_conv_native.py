@@ -16,7 +16,7 @@ from lucid_fx.kernels import linear_row as lr
 from lucid_fx.kernels import native
 from lucid_fx.kernels import pointwise_rows as pr
 from lucid_fx.program import programs_of
-from _program import lowered
+from _program import called, lowered, operands
 
 # (n, c, h, w, cout, kernel, stride, padding, groups): dense with channel tails of 4 and output
 # tails of 16, depthwise in steps of 32 (AVX-512), 16 and 8 channels and tails of each, strides, 1x1, 5x5.
@@ -163,7 +163,7 @@ def test_a_program_runs_the_convolutions_natively_where_the_engine_is_here_with_
         q = lucid_fx.convert(prepared)
         portable, got = q(x), q(x)
         program = next(p for key, p in programs_of(q).items() if key[0] == "avx2")
-    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    calls = [called(n) for n in program.graph.nodes if n.op == "call_function"]
     native_here = lr.engine_here() == "native" and ln.available()
     assert calls.count(cn.conv_codes) == (2 if native_here else 0)  # the 3x3 and the depthwise; the 1x1 is a linear
     assert (pr.pointwise_rows in calls) == native_here
@@ -186,7 +186,7 @@ def test_with_vnni_a_program_runs_small_convolutions_on_the_vnni_kernels_with_th
     q = lucid_fx.convert(prepared)
     portable, got = q(x), q(x)
     program = next(p for key, p in programs_of(q).items() if key[0] == target.cpu.name)
-    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    calls = [called(n) for n in program.graph.nodes if n.op == "call_function"]
     # the 3x3 with relu and the depthwise one with hardswish (oneDNN's, in VNNI's order) natively
     assert calls.count(cn.conv_codes) == 2 and torch.ops.onednn.qconv2d_pointwise.default not in calls
     assert pr.pointwise_rows in calls
@@ -314,7 +314,7 @@ def test_a_silu_convolution_the_kernels_do_not_take_keeps_oneDNN_s_swish(native_
     model, x = DepthwiseSiLU().eval(), torch.randn(1, 96, 15, 15)
     q = lucid_fx.quantize(model, (x,), [torch.randn(1, 96, 15, 15) for _ in range(4)], progress=False)
     portable, program, calls = lowered(q, x)
-    swish = [n for n in program.graph.nodes if n.target is torch.ops.onednn.qconv2d_pointwise.default
-             and n.args[-3] == "swish"]
+    swish = [n for n in program.graph.nodes if called(n) is torch.ops.onednn.qconv2d_pointwise.default
+             and operands(n)[-3] == "swish"]
     assert len(swish) == 1 and cn.conv_codes not in calls
     assert torch.equal(program(x), portable)

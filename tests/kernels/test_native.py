@@ -14,6 +14,7 @@ from lucid_fx.kernels import softmax_matmul as attention_rows
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.checks import KernelInputError
 from lucid_fx.program import programs_of
+from _program import called
 
 
 def _values(scale: float, n: int = 200_000) -> torch.Tensor:
@@ -303,7 +304,7 @@ def test_a_gated_mlp_multiplies_its_two_lookups_in_one_native_pass(native_on, mo
     qmodel = lucid_fx.quantize(model, (data[0],), data)
     out = qmodel(data[1])
     (program,) = programs_of(qmodel).values()
-    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    targets = [called(n) for n in program.graph.nodes if n.op == "call_function"]
     assert native_lut.lut_mul_codes in targets and program_ops.mul_codes not in targets
     monkeypatch.setattr(native, "available", lambda: False)
     torch_model = lucid_fx.quantize(model, (data[0],), data)

@@ -76,7 +76,7 @@ def _calls(name):
 
 def test_only_the_target_asks_the_cpu_what_it_is():
     # Kernels may check the real CPU before a call that would be wrong there (detected_cpu_features).
-    assert _calls("cpu_features") == {"lucid_fx/kernels/target.py"}
+    assert _calls("cpu_features") == {"lucid_fx/kernels/target.py", "lucid_fx/kernels/cpu_features.py"}
     # linear_row.py: a row engine only where its values are this machine's oneDNN's; target.py and onednn_check.py:
     # the checks of oneDNN's AMX kernels, whatever kind is forced.
     assert _calls("detected_cpu_features") <= {"lucid_fx/kernels/cpu.py", "lucid_fx/kernels/int_mm.py",
@@ -90,6 +90,8 @@ def test_the_kind_set_in_the_environment_is_read_on_every_call(monkeypatch):
     assert cpu_kind() == detected_cpu_features().name == resolve_target("cpu").cpu.name
     monkeypatch.setenv(ENV_VAR, "avx2")  # set after import: os.environ's own store is read, not a copy
     assert cpu_kind() == resolve_target("cpu").cpu.name == "avx2"
+    with force_cpu_features("avx512_vnni"):  # a forced kind comes before the variable
+        assert cpu_kind() == resolve_target("cpu").cpu.name == "avx512_vnni"
     monkeypatch.setenv(ENV_VAR, "avx1024")
     with pytest.raises(ValueError, match="unknown CPU kind 'avx1024'; valid: avx2, avx512_vnni, amx"):
         cpu_kind()

@@ -9,6 +9,7 @@ from lucid_fx.kernels.target import resolve_target
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 from models import ResNetLike, _init_bn
 from _grid import onednn_exact
+from _program import called, operands
 
 ON = torch.ops.onednn
 
@@ -21,7 +22,7 @@ def _lowered(model, x):
 
 
 def _targets(gm):
-    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    return [called(n) for n in gm.graph.nodes if n.op == "call_function"]
 
 
 class SigmoidTanh(nn.Module):
@@ -56,13 +57,13 @@ def test_residual_sum_writes_into_the_residual_codes_only_when_nothing_reads_the
     torch.manual_seed(0)
     x = torch.randn(1, 3, 32, 32)
     q, out, program = _lowered(_init_bn(ResNetLike(num_classes=10, width=8)).eval(), x)
-    sums = [n for n in program.graph.nodes if n.target is ON.qconv2d_pointwise.binary]
+    sums = [n for n in program.graph.nodes if called(n) is ON.qconv2d_pointwise.binary]
     residuals = sum(1 for t in _targets(q) if "conv2d_add" in str(t))
     assert residuals > 0 and len(sums) == (residuals if onednn_exact(resolve_target("cpu")) else 0)  # else fallback
     order = {n: i for i, n in enumerate(program.graph.nodes)}
     clones = 0
     for node in sums:
-        accum = node.args[6]
+        accum = operands(node)[6]
         if accum.op == "call_method" and accum.target == "clone":
             clones += 1
             continue

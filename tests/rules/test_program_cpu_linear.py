@@ -11,7 +11,7 @@ from torch import nn
 import lucid_fx
 from lucid_fx.kernels import cpu as onednn
 from lucid_fx.rules import program_cpu_linear
-from _program import lowered
+from _program import called, lowered, operands
 
 ON = torch.ops.onednn
 
@@ -55,8 +55,8 @@ def test_a_residual_add_is_the_linear_s_post_op_with_the_portable_output(onednn_
     assert torch.equal(program(x), out)
     assert calls.count(ON.qlinear_pointwise.binary) == 1 and calls.count(ON.qlinear_pointwise.default) == 1
     assert torch.add not in calls and operator.add not in calls
-    (fused,) = [n for n in program.graph.nodes if n.target is ON.qlinear_pointwise.binary]
-    assert fused.args[13] == "add" and fused.args[10] is torch.float32  # the post-op, a float32 result
+    (fused,) = [operands(n) for n in program.graph.nodes if called(n) is ON.qlinear_pointwise.binary]
+    assert fused[13] == "add" and fused[10] is torch.float32  # the post-op, a float32 result
 
 
 @pytest.mark.parametrize("case", ["read twice", "broadcast residual"])

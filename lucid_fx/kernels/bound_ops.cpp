@@ -1,0 +1,202 @@
+// Bound operator calls: a torch operator's constant arguments converted once, its tensors passed per call.
+// Built and loaded by lucid_fx/kernels/bound_ops.py (see there why). Two classes:
+//   BoundOp("onednn::qconv2d_pointwise", "binary", values, slots)  converts `values` (one per schema argument) to
+//   IValues now; a call BoundOp(t0, t1, ...) puts tensor i at argument slots[i] and calls the operator through
+//   the dispatcher (the same boxed call torch.ops makes from Python, with the same profiler record), GIL released.
+//   NativeStep(name, fn, scalars, returns, inputs, buffers, pointers)  a planned call of one of lucid_fx's C kernels
+//   (lucid_fx/kernels/native_step.py): a call checks its tensors' dtypes, shapes and strides against `inputs` (else None:
+//   the caller's checked path serves them), allocates `buffers` (the first is the result), and calls the C
+//   function at address `fn` with `pointers` (tensors', buffers' and constant addresses) and the address of its
+//   scalars' struct; a nonzero status (`returns`: its width in bytes, 0 for a void kernel) gives None too.
+#include <torch/extension.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::atomic<bool> recording{false};  // native steps as profiler events (lucid_fx.kernels.native.record_in_profiler)
+
+class BoundOp {
+ public:
+  BoundOp(const std::string& name, const std::string& overload, const py::sequence& values, std::vector<int64_t> slots)
+      : op_(c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str())), slots_(std::move(slots)) {
+    const c10::FunctionSchema& schema = op_.schema();
+    const auto& arguments = schema.arguments();
+    TORCH_CHECK(values.size() == arguments.size(), schema.name(), " takes ", arguments.size(), " arguments, bound with ",
+                values.size());
+    TORCH_CHECK(schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::TensorType,
+                schema.name(), " does not return one tensor");
+    for (int64_t slot : slots_) {
+      TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(arguments.size()), "slot ", slot, " is not an argument of ",
+                  schema.name());
+      TORCH_CHECK(arguments[slot].type()->kind() == c10::TypeKind::TensorType, "argument ", slot, " of ",
+                  schema.name(), " is not a tensor");
+    }
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      bool slot = std::find(slots_.begin(), slots_.end(), static_cast<int64_t>(i)) != slots_.end();
+      values_.push_back(slot ? c10::IValue() : torch::jit::toIValue(values[i], arguments[i].type()));
+    }
+  }
+
+  at::Tensor call(const py::args& tensors) const {
+    if (tensors.size() != slots_.size()) {
+      throw py::type_error(name() + " bound call takes " + std::to_string(slots_.size()) + " tensors, got " +
+                           std::to_string(tensors.size()));
+    }
+    torch::jit::Stack stack(values_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      PyObject* object = tensors[i].ptr();
+      if (!THPVariable_Check(object)) {
+        throw py::type_error(name() + " bound call: argument " + std::to_string(i) + " is not a tensor");
+      }
+      stack[slots_[i]] = THPVariable_Unpack(object);
+    }
+    try {
+      py::gil_scoped_release released;
+      op_.callBoxed(stack);
+    } catch (const c10::Error& error) {
+      throw std::runtime_error(error.what_without_backtrace());  // torch's own message, as torch.ops raises it
+    }
+    return stack.back().toTensor();
+  }
+
+  std::string name() const {
+    const auto& schema = op_.schema();
+    return schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  }
+
+  std::vector<int64_t> slots() const { return slots_; }
+
+ private:
+  c10::OperatorHandle op_;
+  std::vector<int64_t> slots_;
+  std::vector<c10::IValue> values_;
+};
+
+at::ScalarType scalar_type(const std::string& name) {
+  if (name == "uint8") return at::kByte;
+  if (name == "int8") return at::kChar;
+  if (name == "int32") return at::kInt;
+  if (name == "float32") return at::kFloat;
+  TORCH_CHECK(false, "native step: no dtype ", name);
+}
+
+using P = void*;
+
+template <typename R>
+R invoke(uintptr_t fn, const std::vector<P>& a) {
+  switch (a.size()) {
+    case 1: return reinterpret_cast<R (*)(P)>(fn)(a[0]);
+    case 2: return reinterpret_cast<R (*)(P, P)>(fn)(a[0], a[1]);
+    case 3: return reinterpret_cast<R (*)(P, P, P)>(fn)(a[0], a[1], a[2]);
+    case 4: return reinterpret_cast<R (*)(P, P, P, P)>(fn)(a[0], a[1], a[2], a[3]);
+    case 5: return reinterpret_cast<R (*)(P, P, P, P, P)>(fn)(a[0], a[1], a[2], a[3], a[4]);
+    case 6: return reinterpret_cast<R (*)(P, P, P, P, P, P)>(fn)(a[0], a[1], a[2], a[3], a[4], a[5]);
+    case 7: return reinterpret_cast<R (*)(P, P, P, P, P, P, P)>(fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6]);
+    case 8: return reinterpret_cast<R (*)(P, P, P, P, P, P, P, P)>(fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    default: TORCH_CHECK(false, "native step: ", a.size(), " pointers");
+  }
+}
+
+class NativeStep {
+ public:
+  using Input = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
+  using Buffer = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
+  using Pointer = std::tuple<int64_t, uintptr_t>;  // (0: input, 1: buffer, 2: an address), its index or address
+  NativeStep(std::string name, uintptr_t fn, uintptr_t scalars, int64_t returns, std::vector<Input> inputs,
+             std::vector<Buffer> buffers, std::vector<Pointer> pointers)
+      : name_(std::move(name)), fn_(fn), scalars_(scalars), returns_(returns), pointers_(std::move(pointers)) {
+    TORCH_CHECK(fn_ != 0 && !buffers.empty() && (returns_ == 0 || returns_ == 4 || returns_ == 8), "native step ",
+                name_, ": no function, no result, or a status of ", returns_, " bytes");
+    TORCH_CHECK(pointers_.size() + (scalars_ != 0) <= 8, "native step ", name_, ": more than 8 pointers");
+    for (const auto& [shape, strides, dtype] : inputs) inputs_.emplace_back(shape, strides, scalar_type(dtype));
+    for (const auto& [shape, strides, dtype] : buffers) buffers_.emplace_back(shape, strides, scalar_type(dtype));
+    for (const auto& [kind, value] : pointers_) {
+      TORCH_CHECK(kind == 2 || (kind == 0 && value < inputs_.size()) || (kind == 1 && value < buffers_.size()),
+                  "native step ", name_, ": pointer (", kind, ", ", value, ") names no operand");
+    }
+  }
+
+  py::object call(const py::args& args) const {
+    if (args.size() != inputs_.size()) {
+      throw py::type_error(name_ + " step takes " + std::to_string(inputs_.size()) + " tensors, got " +
+                           std::to_string(args.size()));
+    }
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      PyObject* object = args[i].ptr();
+      if (!THPVariable_Check(object)) return py::none();
+      const at::Tensor& t = THPVariable_Unpack(object);
+      const auto& [shape, strides, dtype] = inputs_[i];
+      if (t.scalar_type() != dtype || !t.device().is_cpu() || t.sizes() != c10::IntArrayRef(shape) ||
+          t.strides() != c10::IntArrayRef(strides)) {
+        return py::none();  // not what the step was planned for: the checked path
+      }
+      tensors.push_back(t);
+    }
+    std::vector<at::Tensor> buffers;
+    buffers.reserve(buffers_.size());
+    for (const auto& [shape, strides, dtype] : buffers_) {
+      buffers.push_back(at::empty_strided(shape, strides, at::TensorOptions().dtype(dtype)));
+    }
+    std::vector<P> pointers;
+    pointers.reserve(pointers_.size() + 1);
+    for (const auto& [kind, value] : pointers_) {
+      pointers.push_back(kind == 0 ? tensors[value].data_ptr() : kind == 1 ? buffers[value].data_ptr()
+                                                                           : reinterpret_cast<P>(value));
+    }
+    if (scalars_ != 0) pointers.push_back(reinterpret_cast<P>(scalars_));
+    int64_t status = 0;
+    {
+      py::gil_scoped_release released;
+      std::optional<at::RecordFunction> event;  // a "native::<kernel>" event, as native.py records a ctypes call
+      if (recording.load(std::memory_order_relaxed)) {
+        event.emplace(at::RecordScope::USER_SCOPE);
+        if (event->isActive()) event->before(name_.c_str());
+      }
+      if (returns_ == 8) {
+        status = invoke<int64_t>(fn_, pointers);
+      } else if (returns_ == 4) {
+        status = invoke<int32_t>(fn_, pointers);
+      } else {
+        invoke<void>(fn_, pointers);
+      }
+    }
+    if (status != 0) return py::none();
+    return py::cast(buffers[0]);
+  }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  uintptr_t fn_, scalars_;
+  int64_t returns_;
+  std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> inputs_;
+  std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> buffers_;
+  std::vector<Pointer> pointers_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<BoundOp>(m, "BoundOp")
+      .def(py::init<const std::string&, const std::string&, const py::sequence&, std::vector<int64_t>>())
+      .def("__call__", &BoundOp::call)
+      .def_property_readonly("name", &BoundOp::name)
+      .def_property_readonly("slots", &BoundOp::slots)
+      .def("__repr__", [](const BoundOp& op) { return "<lucid_fx bound call of " + op.name() + ">"; });
+  m.def("set_recording", [](bool on) { recording.store(on); });
+  py::class_<NativeStep>(m, "NativeStep", py::dynamic_attr())
+      .def(py::init<std::string, uintptr_t, uintptr_t, int64_t, std::vector<NativeStep::Input>,
+                    std::vector<NativeStep::Buffer>, std::vector<NativeStep::Pointer>>())
+      .def("__call__", &NativeStep::call)
+      .def_property_readonly("name", &NativeStep::name)
+      .def("__repr__", [](const NativeStep& step) { return "<lucid_fx native step " + step.name() + ">"; });
+}
