@@ -38,7 +38,8 @@ from torch import fx
 from lucid_fx._pytree_spec import export_call, restore_signature
 from lucid_fx.cuda_graph import capture, replayable
 from lucid_fx.kernels.library import op_name
-from lucid_fx.kernels.target import cpu_kind
+from lucid_fx.kernels import bound_ops
+from lucid_fx.kernels.target import cpu_kind, kind_inputs
 from lucid_fx.passes.lower_to_program import lower_to_program, record_values
 
 __all__ = ["install_programs", "programs_of", "runs_int8_kernels", "MAX_SIGNATURES", "RUNTIME_ATTRIBUTES"]
@@ -202,7 +203,11 @@ class ProgramRunner:
         except Exception:  # noqa: BLE001 - the plain call raises the same error, without the recorder's notes
             return torch.nn.Module.__call__(self, *args, **kwargs)
         programs[key] = _build(self, values)
+        if programs[key] is not None:
+            _use_native_call()
         return out
+
+    _python_call = __call__  # what the call in C++ (_use_native_call) hands every other call to
 
     def __reduce__(self):
         # pickle / torch.save: the portable model's own reduction, with programs installed again on
@@ -231,6 +236,25 @@ class ProgramRunner:
             for name in {"__call__", "_wrapped_call"} - had:
                 delattr(cls, name)
         return code
+
+
+_NATIVE_CALL: list = []  # tried: the C++ call in place, or not built
+
+
+def _use_native_call() -> None:
+    """Once a program is built: converted models' calls in C++ where lucid_fx's bound calls are built
+    (``bound_ops.cpp``'s ``runner_method``: the common call of :meth:`ProgramRunner.__call__`, positional CPU tensors
+    of a signature with a program, with the same key; it hands every other call to the Python method). The Python
+    method took 10-24 us from a call to its program's forward, with the interpreter's caches cold after the
+    previous call's kernels (benchmarks/overhead.py's models, AMX Xeon)."""
+    if _NATIVE_CALL:
+        return
+    _NATIVE_CALL.append(True)
+    module = bound_ops.module()
+    if module is not None:
+        forced, variable, kind = kind_inputs()
+        ProgramRunner.__call__ = module.runner_method(ProgramRunner, ProgramRunner._python_call, forced, variable, kind,
+                                                      _PROGRAMS)
 
 
 def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphModule]:

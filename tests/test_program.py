@@ -521,3 +521,52 @@ def test_a_calls_key_holds_the_cpu_kind_and_each_inputs_layout_and_refuses_what_
     assert program_module._signature((torch.randn(2, 3, requires_grad=True),)) is None  # autograd: portable graph
     assert program_module._signature((torch.empty(2, 3, device="meta"),)) is None  # neither CPU nor CUDA
     assert program_module._signature((x, [1, 2])) is None  # a list: no program key
+
+
+def _native_call_on(bound_ops_on):
+    """The call in C++ (program._use_native_call), as after any first program build where bound_ops is built."""
+    program_module._NATIVE_CALL.clear()
+    program_module._use_native_call()
+    call = program_module.ProgramRunner.__dict__["__call__"]
+    assert type(call).__name__ == "instancemethod", "runner_method's C++ function, bound as a method"
+    return call
+
+
+def test_the_call_in_cpp_computes_what_the_python_call_computes_and_hands_it_the_rest(bound_ops_on, monkeypatch):
+    monkeypatch.setattr(program_module.ProgramRunner, "__call__", program_module.ProgramRunner._python_call)
+    model, x = _mlp()
+    q = _quantize(model, x)
+    portable = q(x)  # the Python call: records, builds the program, then puts the C++ call in place
+    _native_call_on(bound_ops_on)
+    python = program_module.ProgramRunner._python_call
+    with torch.no_grad():
+        assert torch.equal(q(x), portable) and torch.equal(q(x), python(q, x))
+        assert torch.equal(q(x=x), portable)  # keywords: the Python call binds them
+        wide = torch.randn(3, 64)
+        assert torch.equal(q(wide), python(q, wide)) and len(programs_of(q)) == 2  # a new signature: built in Python
+        other = "avx2" if program_module.cpu_kind() != "avx2" else "avx512_vnni"
+        with force_cpu_features(other):  # a forced kind: the Python call, a program of its own
+            assert torch.equal(q(x), python(q, x))
+        assert len(programs_of(q)) == 3
+    seen = []
+    handle = q.register_forward_hook(lambda m, args, out: seen.append(1))
+    try:
+        q(x)
+    finally:
+        handle.remove()
+    assert seen == [1], "a hook: the Python call runs the portable graph and its hooks"
+    assert torch.equal(q(x.clone().requires_grad_()), portable)  # autograd records: the portable graph
+    assert len(programs_of(q)) == 3
+    with pytest.raises(TypeError):
+        q(x, x)  # Python's own message for an extra input
+
+
+def test_without_bound_calls_the_call_stays_in_python(monkeypatch):
+    monkeypatch.setattr(program_module.ProgramRunner, "__call__", program_module.ProgramRunner._python_call)
+    monkeypatch.setattr(program_module, "_NATIVE_CALL", [])
+    monkeypatch.setattr(program_module.bound_ops, "module", lambda: None)
+    model, x = _mlp()
+    q = _quantize(model, x)
+    q(x)
+    assert program_module.ProgramRunner.__dict__["__call__"] is program_module.ProgramRunner._python_call
+    assert program_module._NATIVE_CALL == [True]  # tried once

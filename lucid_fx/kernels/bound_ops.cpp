@@ -8,8 +8,14 @@
 //   the caller's checked path serves them), allocates `buffers` (the first is the result), and calls the C
 //   function at address `fn` with `pointers` (tensors', buffers' and constant addresses) and the address of its
 //   scalars' struct; a nonzero status (`returns`: its width in bytes, 0 for a void kernel) gives None too.
+// And one function, runner_method: a converted model's call (lucid_fx/program.py, ProgramRunner.__call__) for its
+// common case, positional CPU tensors of a signature it has a program for, in C++; any other call goes to the
+// Python method, which decides as before.
 #include <torch/extension.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
@@ -183,6 +189,50 @@ class NativeStep {
   std::vector<Pointer> pointers_;
 };
 
+// What a converted model's call reads (lucid_fx/program.py): the forced CPU kinds' list (non-empty: a kind is
+// forced), the variable that sets one, the detected kind's name, the Python call, and the attribute names.
+struct Runner {
+  py::object forced, kind, python_call, programs, hooks, pre_hooks, forward;
+  std::string variable;
+};
+
+py::object runner_call(const Runner& r, py::handle self, const py::args& args, const py::kwargs& kwargs) {
+  auto python = [&]() { return r.python_call(self, *args, **kwargs); };
+  if (kwargs.size() != 0 || PyList_GET_SIZE(r.forced.ptr()) != 0 || std::getenv(r.variable.c_str()) != nullptr) {
+    return python();
+  }
+  py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(self.ptr(), nullptr));
+  if (!dict) throw py::error_already_set();
+  PyObject* programs = PyDict_GetItem(dict.ptr(), r.programs.ptr());  // borrowed; no error raised
+  if (programs == nullptr || !PyDict_Check(programs) || PyDict_GET_SIZE(programs) == 0) return python();
+  for (PyObject* name : {r.hooks.ptr(), r.pre_hooks.ptr()}) {
+    PyObject* hooks = PyDict_GetItem(dict.ptr(), name);
+    if (hooks == nullptr || !PyDict_Check(hooks) || PyDict_GET_SIZE(hooks) != 0) return python();
+  }
+  // The key program.py's _signature makes: (kind, (shape, strides, dtype) per tensor); a tuple equals a torch.Size.
+  py::tuple key(args.size() + 1);
+  key[0] = r.kind;
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* object = args[i].ptr();
+    if (!THPVariable_CheckExact(object)) return python();  // a subclass (a fake tensor while tracing), a scalar
+    const at::Tensor& t = THPVariable_Unpack(object);
+    if (t.requires_grad() || !t.device().is_cpu() || t.layout() != at::kStrided) return python();
+    py::tuple shape(t.dim()), strides(t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      shape[d] = py::int_(t.size(d));
+      strides[d] = py::int_(t.stride(d));
+    }
+    key[i + 1] = py::make_tuple(shape, strides, py::handle(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))));
+  }
+  PyObject* program = PyDict_GetItemWithError(programs, key.ptr());
+  if (program == nullptr) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return python();
+  }
+  if (program == Py_None) return python();
+  return py::getattr(program, r.forward)(*args);  // a program has no hooks: no Module.__call__
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -193,6 +243,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("slots", &BoundOp::slots)
       .def("__repr__", [](const BoundOp& op) { return "<lucid_fx bound call of " + op.name() + ">"; });
   m.def("set_recording", [](bool on) { recording.store(on); });
+  m.def("runner_method", [](py::object cls, py::object python_call, py::object forced, std::string variable, py::str kind,
+                            py::str programs) {
+    auto r = std::make_shared<Runner>(Runner{forced, kind, python_call, programs,
+                                             py::str("_forward_hooks"), py::str("_forward_pre_hooks"), py::str("forward"),
+                                             std::move(variable)});
+    return py::cpp_function(
+        [r](py::handle self, py::args args, py::kwargs kwargs) { return runner_call(*r, self, args, kwargs); },
+        py::is_method(cls), py::name("__call__"));
+  });
   py::class_<NativeStep>(m, "NativeStep", py::dynamic_attr())
       .def(py::init<std::string, uintptr_t, uintptr_t, int64_t, std::vector<NativeStep::Input>,
                     std::vector<NativeStep::Buffer>, std::vector<NativeStep::Pointer>>())

@@ -28,7 +28,7 @@ from lucid_fx.kernels.native import _function
 from lucid_fx.kernels.native_step import BUFFER, IN, native_step
 
 __all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "quantize_channels_last",
-           "dequantize_codes", "channel_lut", "channel_lut_cat", "quantize_step", "MAX_DIMS"]
+           "dequantize_codes", "channel_lut", "channel_lut_cat", "quantize_step", "quantize_channels_last_plan", "MAX_DIMS"]
 
 MAX_DIMS = 6
 
@@ -101,10 +101,14 @@ def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: in
 
 
 def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
-                           dtype: torch.dtype) -> torch.Tensor:
+                           dtype: torch.dtype, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`lucid_fx.kernels.native.quantize_codes` of a contiguous 4-d float32 ``x``, written
     channels-last in the same pass (what a convolution reads): its codes, bit for bit, without the
-    copy to channels-last after it. Other inputs take that quantize and the copy."""
+    copy to channels-last after it. Other inputs take that quantize and the copy. ``plan``:
+    :func:`quantize_channels_last_plan`'s."""
+    out = None if plan is None else plan(x)
+    if out is not None:
+        return out
     fn = _function("quantize_cl", dtype)
     if fn is None or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
         return native.quantize_codes(x, inv_scale, zp, qmin, qmax, dtype).contiguous(memory_format=torch.channels_last)
@@ -166,6 +170,20 @@ def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torc
     fn(ctypes.addressof(sources), ctypes.addressof(widths), len(parts), tables.data_ptr(), out.data_ptr(), n * h * w, c,
        128 if first.dtype == torch.int8 else 0)
     return out
+
+
+def quantize_channels_last_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
+                                dtype: torch.dtype) -> Optional[Callable]:
+    """:func:`quantize_channels_last`'s call as a native step for a contiguous 4-d float32 ``x`` of this shape, or None
+    for other inputs and a non-finite value (its checked path raises, naming the node)."""
+    if dtype not in native._CODES or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
+        return None
+    n, c, h, w = x.shape
+    call = native.bind("quantize_cl", dtype, n, c, h * w, inv_scale, zp, qmin, qmax, native.check_finite)
+    if call is None:
+        return None
+    out_strides = torch.empty(x.shape, dtype=dtype, device="meta", memory_format=torch.channels_last).stride()
+    return native_step(call, [(x.shape, x.stride(), torch.float32)], [(x.shape, out_strides, dtype)], [(IN, 0), (BUFFER, 0)])
 
 
 def quantize_step(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,

@@ -29,9 +29,10 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from lucid_fx.kernels import cpu_features as cpu_features_module
 from lucid_fx.kernels.cpu_features import CpuFeatures, cpu_features, cpu_kind_name, detected_cpu_features
 
-__all__ = ["Target", "resolve_target", "cpu_kind", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID",
+__all__ = ["Target", "resolve_target", "cpu_kind", "kind_inputs", "check_backend", "is_depthwise", "BACKENDS", "FULL_GRID",
            "NARROW_GRID", "AMX_ROW_LIMIT"]
 
 #: The backends lucid_fx lowers for: whose lowering table convert reads and which device runs it.
@@ -114,6 +115,12 @@ def resolve_target(backend: Optional[str] = None, device: Union[torch.device, st
     device_type = torch.device(device).type if device is not None else None
     backend = check_backend(backend or ("cuda" if device_type == "cuda" else "cpu"))
     return _target(backend, device_type or backend, cpu_features())
+
+
+def kind_inputs() -> Tuple[list, str, str]:
+    """What :data:`cpu_kind` reads, for a caller that reads it in C++ (lucid_fx/program.py's call): the list that is
+    non-empty while a kind is forced, the environment variable that sets one, and the detected kind's name."""
+    return cpu_features_module._forced, cpu_features_module.ENV_VAR, detected_cpu_features().name
 
 
 #: The name of the CPU kind :func:`resolve_target` would build for now (``resolve_target().cpu.name``), without

@@ -247,7 +247,8 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
 #: The program calls planned once, on the program's first call (passes/plan_program_calls.py): a kernel function ->
 #: its planner, which takes the same arguments and returns the call's step (scalars bound, shapes fixed) or None.
 PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
-    native.quantize_codes: native_elementwise.quantize_step,  # the float boundary
+    native.quantize_codes: native_elementwise.quantize_step,  # the float boundary,
+    native_elementwise.quantize_channels_last: native_elementwise.quantize_channels_last_plan,  # to channels-last
     native.post_op_codes: native.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM

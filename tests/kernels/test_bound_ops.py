@@ -75,6 +75,7 @@ def test_off_says_so_and_binds_nothing(monkeypatch):
 
 
 def test_without_a_compiler_programs_call_torch_ops(monkeypatch):
+    monkeypatch.delenv("LUCID_FX_BOUND_OPS", raising=False)
     monkeypatch.setenv("LUCID_FX_CXX", "no-such-compiler-here")
     bound_ops._module.cache_clear()
     try:

@@ -145,3 +145,19 @@ def test_a_nonfinite_image_is_refused_naming_the_count(native_on):
     got = ne.quantize_channels_last(planes, 10.0, 128, 0, 255, torch.uint8)
     assert got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(got, ref.quantize_per_tensor(planes, 0.1, 128, 0, 255, torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_a_planned_quantize_to_channels_last_gives_the_unplanned_codes(native_on, dtype):
+    x = torch.randn(2, 5, 7, 3) * 4
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    step = ne.quantize_channels_last_plan(x, 12.5, 3, lo, hi, dtype)
+    expected = ne.quantize_channels_last(x, 12.5, 3, lo, hi, dtype)
+    got = step(x)
+    assert torch.equal(got, expected) and got.stride() == expected.stride() == (105, 1, 15, 5)  # channels-last
+    assert step(x.contiguous(memory_format=torch.channels_last)) is None  # other strides: the checked path
+    assert step(torch.randn(1, 5, 7, 3)) is None
+    x[1, 2, 3, 1] = float("nan")
+    assert step(x) is None  # the kernel counted a non-finite value
+    with pytest.raises(Exception, match="NaN"):
+        ne.quantize_channels_last(x, 12.5, 3, lo, hi, dtype, plan=step)
