@@ -207,21 +207,12 @@ def gemm_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
     gemm = row_gemm(row, q.numel(), zp, low, high, dtype, residual) if q.dtype == torch.uint8 and (q.is_cpu or q.is_meta) else None
     if gemm is None or k != row.weight.k:
         return None
-    strides, q_strides = torch.empty(shape, memory_format=layout, device="meta").stride(), q.stride()
-    if residual is None:  # the call as data: C++ does the checks, the allocation and the call (native_step.py)
-        return native_step(gemm.call, [(q.shape, q_strides, torch.uint8)], [(shape, strides, dtype)], gemm.pointers, keep=gemm)
-    other_dtype = torch.float32 if residual == linear_native.ADDEND else torch.uint8
-
-    def gemm_step(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
-        if q.stride() != q_strides or q.dtype != torch.uint8 or (other and not all(
-                o.dtype == other_dtype and o.shape == shape and o.is_contiguous(memory_format=layout)
-                for o in other)):  # the residual's layout is the result's (any strides of size-1 dims)
-            return None
-        out = torch.empty_strided(shape, strides, dtype=dtype)
-        gemm(q.data_ptr(), out.data_ptr(), *(o.data_ptr() for o in other))
-        return out
-
-    return gemm_step
+    strides = torch.empty(shape, memory_format=layout, device="meta").stride()
+    inputs = [(q.shape, q.stride(), torch.uint8)]
+    if residual is not None:  # laid out as the result (other strides of it take the checked path)
+        inputs.append((shape, strides, torch.float32 if residual == linear_native.ADDEND else torch.uint8))
+    # the call as data: C++ does the checks, the allocation and the call (native_step.py)
+    return native_step(gemm.call, inputs, [(shape, strides, dtype)], gemm.pointers, keep=gemm)
 
 
 def row_bounds(dtype: torch.dtype, zp: int, post_op: str) -> Tuple[float, float]:

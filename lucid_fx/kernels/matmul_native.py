@@ -15,14 +15,15 @@ tensor([[[96]]], dtype=torch.uint8)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
 from lucid_fx.kernels import native
 from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step
 
-__all__ = ["MatmulPlan", "matmul_plan", "matmul_codes", "EXACT_SUM", "MAX_BATCH_DIMS"]
+__all__ = ["MatmulPlan", "matmul_plan", "matmul_codes", "matmul_step", "EXACT_SUM", "MAX_BATCH_DIMS"]
 
 EXACT_SUM = 2 ** 24  # the largest partial sum float32 holds exactly
 MAX_BATCH_DIMS = 4
@@ -72,14 +73,32 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int, limit: i
     return MatmulPlan(tuple(a.stride()), tuple(b.stride()), (*batch, m, n), torch.tensor(geometry, dtype=torch.int64))
 
 
-def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, plan: MatmulPlan):
+def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, matmul: MatmulPlan,
+                 plan: Optional[Callable] = None):
     """:func:`lucid_fx.kernels.program_ops.matmul_codes` in one call, for operands with the strides of
-    ``plan``: its codes bit for bit, contiguous as its are."""
+    ``matmul``: its codes bit for bit, contiguous as its are. ``plan``: :func:`matmul_step`'s."""
+    out = None if plan is None else plan(qa, qb)
+    if out is not None:
+        return out
     fn = _function("matmul", dtype)
-    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != plan.a_stride
-            or qb.stride() != plan.b_stride or not qa.is_cpu or not qb.is_cpu):
+    if (fn is None or qa.dtype != dtype or qb.dtype != dtype or qa.stride() != matmul.a_stride
+            or qb.stride() != matmul.b_stride or not qa.is_cpu or not qb.is_cpu):
         return native.matmul_codes(qa, a_zp, qb, b_zp, mult, zp, low, high, dtype)
-    out = torch.empty(plan.out_shape, dtype=dtype)
-    if fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), a_zp, b_zp, mult, None, zp, low, high):
+    out = torch.empty(matmul.out_shape, dtype=dtype)
+    if fn(qa.data_ptr(), qb.data_ptr(), out.data_ptr(), matmul.geometry.data_ptr(), a_zp, b_zp, mult, None, zp, low, high):
         raise MemoryError("lucid_fx: the native matmul could not allocate its int16 operands")
     return out
+
+
+def matmul_step(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype,
+                matmul: MatmulPlan) -> Optional[Callable]:
+    """A program's plan of :func:`matmul_codes`: its native call as a native step (native_step.py) for operands of
+    these shapes and ``matmul``'s strides, ``step(qa, qb)``; it returns None where the kernel could not allocate
+    (its status), so that ``matmul_codes`` raises."""
+    call = native.bind("matmul", dtype, a_zp, b_zp, mult, zp, low, high)
+    if call is None or qa.dtype != dtype or qb.dtype != dtype:
+        return None
+    out_strides = torch.empty(matmul.out_shape, device="meta").stride()
+    return native_step(call, [(qa.shape, matmul.a_stride, dtype), (qb.shape, matmul.b_stride, dtype)],
+                       [(matmul.out_shape, out_strides, dtype)],
+                       [(IN, 0), (IN, 1), (BUFFER, 0), matmul.geometry.data_ptr(), None], keep=matmul)

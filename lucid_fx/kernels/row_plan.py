@@ -25,15 +25,8 @@ def planned_step(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: flo
     n = getattr(row.weight, "n", None)
     if n is None or not q.is_contiguous():
         return None
-    step = gemm_plan(q, row, zp, low, high, dtype, (*q.shape[:-1], n), torch.contiguous_format, residual)
-    if step is None or residual is None:  # without a residual, a native step: it checks the rows' shape and device
-        return step
-    shape = q.shape
-
-    def planned(q: torch.Tensor, *other: torch.Tensor) -> Optional[torch.Tensor]:
-        return step(q, *other) if q.shape == shape and q.is_cpu else None
-
-    return planned
+    return gemm_plan(q, row, zp, low, high, dtype, (*q.shape[:-1], n), torch.contiguous_format, residual)  # a native
+    # step: it checks the rows' (and residual's) shape, strides and device
 
 
 def planned_rows(q: torch.Tensor, row: RowLinear, step: Optional[Callable], zp: int, low: float, high: float,

@@ -248,7 +248,8 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
 #: its planner, which takes the same arguments and returns the call's step (scalars bound, shapes fixed) or None.
 PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
     native.quantize_codes: native_elementwise.quantize_step,  # the float boundary,
-    native_elementwise.quantize_channels_last: native_elementwise.quantize_channels_last_plan,  # to channels-last
+    native_elementwise.quantize_channels_last: native_elementwise.quantize_channels_last_plan,  # to channels-last,
+    matmul_native.matmul_codes: matmul_native.matmul_step,  # attention's q @ k^T
     native.post_op_codes: native.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM

@@ -91,3 +91,14 @@ def test_operands_with_other_strides_than_planned_and_no_native_kernels_take_the
     assert torch.equal(mn.matmul_codes(a, 0, b.contiguous(), 128, 0.01, 120, 0, 255, torch.uint8, plan), expected)
     native_env(LUCID_FX_NATIVE="0")
     assert torch.equal(mn.matmul_codes(a, 0, b, 128, 0.01, 120, 0, 255, torch.uint8, plan), expected)
+
+
+def test_a_programs_matmul_step_gives_the_unplanned_codes_and_refuses_other_strides(native_on):
+    a, b = CASES["p @ v"](torch.uint8)
+    matmul = mn.matmul_plan(a, b, 0, 128)
+    step = mn.matmul_step(a, 0, b, 128, 0.01, 120, 0, 255, torch.uint8, matmul)
+    expected = program_ops.matmul_codes(a, 0, b, 128, 0.01, 120, 0, 255, torch.uint8)
+    assert torch.equal(step(a, b), expected) and step(a, b).is_contiguous()
+    assert not b.is_contiguous() and step(a, b.contiguous()) is None  # other strides: the checked route
+    assert torch.equal(mn.matmul_codes(a, 0, b, 128, 0.01, 120, 0, 255, torch.uint8, matmul, plan=step), expected)
+    assert mn.matmul_step(a.to(torch.int8), 0, b, 128, 0.01, 120, -128, 127, torch.int8, matmul) is None  # dtypes
