@@ -3,11 +3,12 @@
 //   BoundOp("onednn::qconv2d_pointwise", "binary", values, slots)  converts `values` (one per schema argument) to
 //   IValues now; a call BoundOp(t0, t1, ...) puts tensor i at argument slots[i] and calls the operator through
 //   the dispatcher (the same boxed call torch.ops makes from Python, with the same profiler record), GIL released.
-//   NativeStep(name, fn, scalars, returns, inputs, buffers, pointers)  a planned call of one of lucid_fx's C kernels
-//   (lucid_fx/kernels/native_step.py): a call checks its tensors' dtypes, shapes and strides against `inputs` (else None:
-//   the caller's checked path serves them), allocates `buffers` (the first is the result), and calls the C
-//   function at address `fn` with `pointers` (tensors', buffers' and constant addresses) and the address of its
-//   scalars' struct; a nonzero status (`returns`: its width in bytes, 0 for a void kernel) gives None too.
+//   NativeStep(name, calls, inputs, buffers, result)  planned calls of lucid_fx's C kernels, one after another
+//   (lucid_fx/kernels/native_step.py): a call checks its tensors' dtypes, shapes and strides against `inputs` (else
+//   None: the caller's checked path serves them), allocates `buffers`, and calls each C function (fn, scalars,
+//   returns, pointers) at address `fn` with `pointers` (tensors', buffers' and constant addresses) and the address of
+//   its scalars' struct; it returns buffer `result`. A nonzero status (`returns`: its width in bytes, 0 for a void
+//   kernel) gives None too.
 // And one function, runner_method: a converted model's call (lucid_fx/program.py, ProgramRunner.__call__) for its
 // common case, positional CPU tensors of a signature it has a program for, in C++; any other call goes to the
 // Python method, which decides as before.
@@ -114,17 +115,22 @@ class NativeStep {
   using Input = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
   using Buffer = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::string>;
   using Pointer = std::tuple<int64_t, uintptr_t>;  // (0: input, 1: buffer, 2: an address), its index or address
-  NativeStep(std::string name, uintptr_t fn, uintptr_t scalars, int64_t returns, std::vector<Input> inputs,
-             std::vector<Buffer> buffers, std::vector<Pointer> pointers)
-      : name_(std::move(name)), fn_(fn), scalars_(scalars), returns_(returns), pointers_(std::move(pointers)) {
-    TORCH_CHECK(fn_ != 0 && !buffers.empty() && (returns_ == 0 || returns_ == 4 || returns_ == 8), "native step ",
-                name_, ": no function, no result, or a status of ", returns_, " bytes");
-    TORCH_CHECK(pointers_.size() + (scalars_ != 0) <= 8, "native step ", name_, ": more than 8 pointers");
+  using Call = std::tuple<uintptr_t, uintptr_t, int64_t, std::vector<Pointer>>;  // fn, scalars, returns, pointers
+  NativeStep(std::string name, std::vector<Call> calls, std::vector<Input> inputs, std::vector<Buffer> buffers,
+             int64_t result)
+      : name_(std::move(name)), calls_(std::move(calls)), result_(result) {
     for (const auto& [shape, strides, dtype] : inputs) inputs_.emplace_back(shape, strides, scalar_type(dtype));
     for (const auto& [shape, strides, dtype] : buffers) buffers_.emplace_back(shape, strides, scalar_type(dtype));
-    for (const auto& [kind, value] : pointers_) {
-      TORCH_CHECK(kind == 2 || (kind == 0 && value < inputs_.size()) || (kind == 1 && value < buffers_.size()),
-                  "native step ", name_, ": pointer (", kind, ", ", value, ") names no operand");
+    TORCH_CHECK(!calls_.empty() && result_ >= 0 && result_ < static_cast<int64_t>(buffers_.size()), "native step ",
+                name_, ": no call, or no buffer ", result_);
+    for (const auto& [fn, scalars, returns, pointers] : calls_) {
+      TORCH_CHECK(fn != 0 && (returns == 0 || returns == 4 || returns == 8), "native step ", name_,
+                  ": no function, or a status of ", returns, " bytes");
+      TORCH_CHECK(pointers.size() + (scalars != 0) <= 8, "native step ", name_, ": more than 8 pointers");
+      for (const auto& [kind, value] : pointers) {
+        TORCH_CHECK(kind == 2 || (kind == 0 && value < inputs_.size()) || (kind == 1 && value < buffers_.size()),
+                    "native step ", name_, ": pointer (", kind, ", ", value, ") names no operand");
+      }
     }
   }
 
@@ -151,13 +157,6 @@ class NativeStep {
     for (const auto& [shape, strides, dtype] : buffers_) {
       buffers.push_back(at::empty_strided(shape, strides, at::TensorOptions().dtype(dtype)));
     }
-    std::vector<P> pointers;
-    pointers.reserve(pointers_.size() + 1);
-    for (const auto& [kind, value] : pointers_) {
-      pointers.push_back(kind == 0 ? tensors[value].data_ptr() : kind == 1 ? buffers[value].data_ptr()
-                                                                           : reinterpret_cast<P>(value));
-    }
-    if (scalars_ != 0) pointers.push_back(reinterpret_cast<P>(scalars_));
     int64_t status = 0;
     {
       py::gil_scoped_release released;
@@ -166,27 +165,36 @@ class NativeStep {
         event.emplace(at::RecordScope::USER_SCOPE);
         if (event->isActive()) event->before(name_.c_str());
       }
-      if (returns_ == 8) {
-        status = invoke<int64_t>(fn_, pointers);
-      } else if (returns_ == 4) {
-        status = invoke<int32_t>(fn_, pointers);
-      } else {
-        invoke<void>(fn_, pointers);
+      std::vector<P> pointers;
+      for (const auto& [fn, scalars, returns, planned] : calls_) {
+        pointers.clear();
+        for (const auto& [kind, value] : planned) {
+          pointers.push_back(kind == 0 ? tensors[value].data_ptr() : kind == 1 ? buffers[value].data_ptr()
+                                                                               : reinterpret_cast<P>(value));
+        }
+        if (scalars != 0) pointers.push_back(reinterpret_cast<P>(scalars));
+        if (returns == 8) {
+          status = invoke<int64_t>(fn, pointers);
+        } else if (returns == 4) {
+          status = invoke<int32_t>(fn, pointers);
+        } else {
+          invoke<void>(fn, pointers);
+        }
+        if (status != 0) break;
       }
     }
     if (status != 0) return py::none();
-    return py::cast(buffers[0]);
+    return py::cast(buffers[result_]);
   }
 
   const std::string& name() const { return name_; }
 
  private:
   std::string name_;
-  uintptr_t fn_, scalars_;
-  int64_t returns_;
+  std::vector<Call> calls_;
+  int64_t result_;
   std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> inputs_;
   std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> buffers_;
-  std::vector<Pointer> pointers_;
 };
 
 // What a converted model's call reads (lucid_fx/program.py): the forced CPU kinds' list (non-empty: a kind is
@@ -253,8 +261,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::is_method(cls), py::name("__call__"));
   });
   py::class_<NativeStep>(m, "NativeStep", py::dynamic_attr())
-      .def(py::init<std::string, uintptr_t, uintptr_t, int64_t, std::vector<NativeStep::Input>,
-                    std::vector<NativeStep::Buffer>, std::vector<NativeStep::Pointer>>())
+      .def(py::init<std::string, std::vector<NativeStep::Call>, std::vector<NativeStep::Input>,
+                    std::vector<NativeStep::Buffer>, int64_t>())
       .def("__call__", &NativeStep::call)
       .def_property_readonly("name", &NativeStep::name)
       .def("__repr__", [](const NativeStep& step) { return "<lucid_fx native step " + step.name() + ">"; });

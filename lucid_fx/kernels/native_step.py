@@ -21,7 +21,7 @@ import torch
 
 from lucid_fx.kernels import bound_ops
 
-__all__ = ["native_step", "IN", "BUFFER"]
+__all__ = ["native_step", "native_chain", "IN", "BUFFER"]
 
 _DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.int32: "int32", torch.float32: "float32"}
 IN, BUFFER = "in", "buffer"
@@ -37,28 +37,36 @@ def native_step(call: Callable, inputs: Sequence[Tuple[Sequence[int], Sequence[i
     ``inputs``' (shape, strides, dtype); ``buffers`` (shape, strides, dtype) are allocated per call, the first returned.
     ``keep``: what the constant addresses point into, held by the step. None where a dtype is not one a native
     kernel takes."""
+    return native_chain([(call, pointers)], inputs, buffers, 0, keep)
+
+
+def native_chain(calls: Sequence[Tuple[Callable, Sequence[Pointer]]], inputs, buffers, result: int = 0,
+                 keep: Any = None) -> Optional[Callable]:
+    """:func:`native_step` of several calls, one after another, in one step: ``calls`` (bound call, its pointers),
+    where a buffer one call writes is another's operand; the step returns buffer ``result``. No Python runs between
+    the calls (in C++; the Python closure where the bound calls are not built)."""
     if any(i[2] not in _DTYPES for i in inputs) or any(b[2] not in _DTYPES for b in buffers):
         return None
     inputs = [(tuple(shape), tuple(strides), dtype) for shape, strides, dtype in inputs]
     buffers = [(tuple(shape), tuple(strides), dtype) for shape, strides, dtype in buffers]
     module = bound_ops.module()
-    native = getattr(call, "native", None)
-    if module is not None and native is not None and len(pointers) + bool(native[1]) <= 8:
-        fn, scalars, returns, kernel = native
-        coded = [(0 if p[0] == IN else 1, p[1]) if isinstance(p, tuple) else (2, p or 0) for p in pointers]
-        step = module.NativeStep(f"native::{kernel}", fn, scalars, returns,
+    natives = [getattr(call, "native", None) for call, _ in calls]
+    if module is not None and all(n is not None and len(p) + bool(n[1]) <= 8 for n, (_, p) in zip(natives, calls)):
+        coded = [(fn, scalars, returns, [(0 if p[0] == IN else 1, p[1]) if isinstance(p, tuple) else (2, p or 0)
+                                         for p in pointers])
+                 for (fn, scalars, returns, _), (_, pointers) in zip(natives, calls)]
+        step = module.NativeStep("native::" + "+".join(n[3] for n in natives), coded,
                                  [(list(shape), list(s), _DTYPES[d]) for shape, s, d in inputs],
-                                 [(list(shape), list(s), _DTYPES[d]) for shape, s, d in buffers], coded)
-        step.call, step.keep = call, keep  # the scalars' struct and the constants the step reads: alive with it
-        return step
-    step = _python_step(call, inputs, buffers, pointers)
-    step.keep = keep
+                                 [(list(shape), list(s), _DTYPES[d]) for shape, s, d in buffers], result)
+    else:
+        step = _python_step(calls, inputs, buffers, result)
+    step.calls, step.keep = [call for call, _ in calls], keep  # the scalars' structs and constants it reads: alive
     return step
 
 
-def _python_step(call: Callable, inputs, buffers, pointers) -> Callable:
+def _python_step(calls, inputs, buffers, result: int) -> Callable:
     count = len(inputs)
-    order = [p if isinstance(p, tuple) else (None, p) for p in pointers]
+    orders = [(call, [p if isinstance(p, tuple) else (None, p) for p in pointers]) for call, pointers in calls]
 
     def step(*tensors: torch.Tensor) -> Optional[torch.Tensor]:
         if len(tensors) != count:
@@ -67,8 +75,10 @@ def _python_step(call: Callable, inputs, buffers, pointers) -> Callable:
             if t.dtype != dtype or t.shape != shape or t.stride() != strides or not t.is_cpu:
                 return None
         made = [torch.empty_strided(shape, strides, dtype=dtype) for shape, strides, dtype in buffers]
-        status = call(*(tensors[i].data_ptr() if kind == IN else made[i].data_ptr() if kind == BUFFER else i
-                        for kind, i in order))
-        return None if status else made[0]
+        for call, order in orders:
+            if call(*(tensors[i].data_ptr() if kind == IN else made[i].data_ptr() if kind == BUFFER else i
+                      for kind, i in order)):
+                return None
+        return made[result]
 
     return step

@@ -41,13 +41,15 @@ import torch
 from lucid_fx.kernels.attention import apply_mask, as_bias, check_mask
 from lucid_fx.kernels.codes import finish
 from lucid_fx.kernels.matmul_native import matmul_plan
+from lucid_fx.kernels import native
 from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native_step import BUFFER, IN, native_chain
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes
 from lucid_fx.kernels.reference import dequant
 from lucid_fx.kernels.softmax_native import table_keep
 
 __all__ = ["softmax_matmul", "fake_softmax_matmul", "probabilities_qdq", "fake_probabilities_qdq", "EXP_LEVELS",
-           "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "exp_codes_bias", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul",
+           "exp_table", "exp_codes", "torch_exp_codes", "exp_codes_float", "exp_codes_bias", "torch_exp_codes_float", "matmul_rows", "torch_matmul_rows", "rows_plan", "cpu_softmax_matmul", "softmax_matmul_step",
            "INT32_SUM", "TABLE_MIN", "BIAS_TABLE_MIN"]
 
 #: The largest sum the native product's int32 holds.
@@ -235,12 +237,15 @@ TABLE_MIN = 2 ** 12
 BIAS_TABLE_MIN = 2 ** 17
 
 
-def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, plan=None):
-    """The CPU kernel (and the program's call, with ``table`` and ``plan`` made once): ``e`` from the
-    table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
+def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, rows=None, plan=None):
+    """The CPU kernel (and the program's call, with ``table`` and ``rows`` (:func:`rows_plan`) made once): ``e``
+    from the table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as
     ``masked_softmax``), from the codes and a mask that is a bias (or a bool mask filling -inf) in one
     pass (:func:`exp_codes_bias`; :data:`BIAS_TABLE_MIN` says which), else in float32 (scores of another
-    dtype than ``v``'s), then the product with one multiplier a row."""
+    dtype than ``v``'s), then the product with one multiplier a row. ``plan``: :func:`softmax_matmul_step`'s."""
+    out = None if plan is None else plan(q, v)
+    if out is not None:
+        return out
     dtype = v.dtype
     e_zp, mult = torch.iinfo(dtype).min, v_scale / out_scale  # e's codes: 0..255 above the dtype's least
     keep = biased = None
@@ -257,4 +262,26 @@ def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, ou
     else:
         y = centered(q, zp).mul_(scale)
         e, rmult = exp_codes_float(y if mask is None else apply_mask(y, mask, fill), mult, e_zp, dtype)
-    return matmul_rows(e, e_zp, v, v_zp, rmult, out_zp, *code_bounds(dtype, out_zp, "none"), dtype, plan)
+    return matmul_rows(e, e_zp, v, v_zp, rmult, out_zp, *code_bounds(dtype, out_zp, "none"), dtype, rows)
+
+
+def softmax_matmul_step(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, rows=None):
+    """A program's plan of :func:`cpu_softmax_matmul` without a mask: its two native calls (``softmax_exp``'s codes
+    and multipliers, then the product with a multiplier a row) as one native step, ``step(q, v)``, no Python between
+    them (native_step.native_chain); None for other calls (the kernel's own route)."""
+    dtype = v.dtype
+    if (mask is not None or table is None or rows is None or q.dtype != dtype or not q.is_contiguous() or not q.numel()
+            or tuple(rows.a_stride) != tuple(q.stride()) or not table.is_contiguous()):
+        return None
+    e_zp, n = torch.iinfo(dtype).min, q.shape[-1]
+    exp = native.bind("softmax_exp", dtype, q.numel() // n, n, v_scale / out_scale, e_zp)
+    product = native.bind("matmul", dtype, e_zp, v_zp, 0.0, out_zp, *code_bounds(dtype, out_zp, "none"))
+    if exp is None or product is None:
+        return None
+    rmult = torch.empty(q.shape[:-1], device="meta").stride()
+    out = torch.empty(rows.out_shape, device="meta").stride()
+    return native_chain([(exp, [(IN, 0), None, table.data_ptr(), (BUFFER, 0), (BUFFER, 1)]),
+                         (product, [(BUFFER, 0), (IN, 1), (BUFFER, 2), rows.geometry.data_ptr(), (BUFFER, 1)])],
+                        [(q.shape, q.stride(), dtype), (v.shape, rows.b_stride, dtype)],
+                        [(q.shape, q.stride(), dtype), (q.shape[:-1], rmult, torch.float32), (rows.out_shape, out, dtype)],
+                        result=2, keep=(table, rows))

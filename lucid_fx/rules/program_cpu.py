@@ -229,7 +229,7 @@ def softmax_matmul(b, node):  # lucid_fx.softmax_matmul on the CPU -> its CPU ke
     e = torch.empty(rows, dtype=dtype, device="meta")  # e's codes: dense, of the scores' (and mask's) shape
     plan = attention_rows.rows_plan(e, b.value(v), torch.iinfo(dtype).min, v_zp) if native.available() else None
     return b.call(attention_rows.cpu_softmax_matmul, q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp,
-                  b.const(attention_rows.exp_table(scale), "exp"), None if plan is None else b.const(plan, "plan"))
+                  b.const(attention_rows.exp_table(scale), "exp"), None if plan is None else b.const(plan, "rows"))
 
 
 PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
@@ -249,7 +249,8 @@ PROGRAM_RULES_CPU: Dict[str, Callable[..., Optional[fx.Node]]] = {
 PROGRAM_PLANS_CPU: Dict[Callable, Callable[..., Optional[Callable]]] = {
     native.quantize_codes: native_elementwise.quantize_step,  # the float boundary,
     native_elementwise.quantize_channels_last: native_elementwise.quantize_channels_last_plan,  # to channels-last,
-    matmul_native.matmul_codes: matmul_native.matmul_step,  # attention's q @ k^T
+    matmul_native.matmul_codes: matmul_native.matmul_step,  # attention's q @ k^T,
+    attention_rows.cpu_softmax_matmul: attention_rows.softmax_matmul_step,  # softmax(s) @ v
     native.post_op_codes: native.post_op_plan,  # a post-op after a float result (SiLU), its quantize
     conv_native.conv_codes: conv_native.conv_plan,  # lucid_fx's convolutions
     linear_row.linear_row: linear_row.linear_row_plan,  # linears on lucid_fx's GEMM

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lucid_fx.kernels import bound_ops, native, native_elementwise, native_lut, native_squeeze_excite
-from lucid_fx.kernels.native_step import BUFFER, IN, native_step
+from lucid_fx.kernels.native_step import BUFFER, IN, native_chain, native_step
 
 
 @pytest.fixture(params=["c++", "python"])
@@ -89,3 +89,15 @@ def test_steps_are_profiler_events_while_recorded(engine):
 def test_a_dtype_no_kernel_takes_gets_no_step(native_on):
     call = native.bind("lut", torch.float32, 4, 0)
     assert native_step(call, [((4,), (1,), torch.float64)], [((4,), (1,), torch.float32)], [(IN, 0), (BUFFER, 0)]) is None
+
+
+def test_a_chain_runs_its_calls_in_order_on_the_buffers_they_share(engine):
+    q, codes, floats = _codes((3, 40)), _codes((256,), seed=1), torch.randn(256)
+    first = native.bind("lut", torch.uint8, q.numel(), 0)  # q -> codes[q]
+    second = native.bind("lut", torch.float32, q.numel(), 0)  # -> floats[codes[q]]
+    step = native_chain([(first, [(IN, 0), codes.data_ptr(), (BUFFER, 0)]),
+                         (second, [(BUFFER, 0), floats.data_ptr(), (BUFFER, 1)])],
+                        [(q.shape, q.stride(), torch.uint8)],
+                        [(q.shape, q.stride(), torch.uint8), (q.shape, q.stride(), torch.float32)], result=1,
+                        keep=(codes, floats))
+    assert torch.equal(step(q), floats[codes[q.long()].long()])

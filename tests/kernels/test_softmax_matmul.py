@@ -295,3 +295,20 @@ def test_a_masked_softmax_matmul_takes_the_table_route_from_its_own_threshold(mo
     other = sm.cpu_softmax_matmul(*args)
     assert taken[-1] == ("exp_codes" if route == "float" else "exp_codes_float")
     assert int((got.int() - other.int()).abs().max()) <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_a_programs_unmasked_softmax_matmul_is_one_native_step_with_the_kernels_codes(native_on, dtype):
+    q, v = random_codes((2, 3, 24, 300), dtype, 0), random_codes((2, 3, 40, 300), dtype, 1).transpose(-2, -1)
+    zp = 5 if dtype == torch.uint8 else -3
+    e = torch.empty(q.shape, dtype=dtype, device="meta")
+    rows, table = sm.rows_plan(e, v, torch.iinfo(dtype).min, zp + 7), sm.exp_table(0.03)
+    args = (q, 0.03, zp, None, None, v, 0.02, zp + 7, 0.01, zp, table, rows)
+    step = sm.softmax_matmul_step(*args)
+    expected = sm.cpu_softmax_matmul(*args)  # the kernel's route: exp_codes, then matmul_rows
+    got = step(q, v)
+    assert torch.equal(got, expected) and got.is_contiguous()
+    assert torch.equal(sm.cpu_softmax_matmul(*args, plan=step), expected)
+    assert step(q, v.contiguous()) is None  # v of other strides: the kernel's route
+    mask = torch.zeros(1, 1, 1, 300, dtype=torch.bool)
+    assert sm.softmax_matmul_step(q, 0.03, zp, mask, NEG_INF, *args[5:]) is None  # masks keep the kernel's route
