@@ -139,11 +139,13 @@ def cpu_line() -> str:
             name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     except OSError:
         pass
-    from lucid_fx.kernels import native
+    from lucid_fx.kernels import bound_ops, native
 
     flags = cpu_features()
+    bound = "on" if bound_ops.available() else bound_ops.status()
     return (f"{name}: int8 kind {flags.name} (VNNI {flags.vnni}, AMX {flags.amx}), "
-            f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; native kernels: {native.status()}")
+            f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; native kernels: {native.status()}; "
+            f"bound calls (kernels/bound_ops.cpp): {bound}")
 
 
 def _peers(model, example, batches, pt2e: bool) -> dict:

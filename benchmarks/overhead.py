@@ -39,10 +39,11 @@ op's start (the dispatcher's boxed call, cold: converting its 17 arguments took 
 code costs 3-5 times its warm time in a model, and cuts come from running less of it between kernels.
 
 Measured here (AMX Xeon, 2 shared cores, torch 2.13.0, 1 thread, 7 rounds, 2026-12-05, this measure; outside us
-per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 18.0 / 19.6 / 5.8, mlp_b64 25.2 / 31.0 / 7.4,
-resnet_1x 37.3 / 19.0 / 16.6, encoder 38.7 / 26.0 / 14.5 (float norms called directly), gated_mlp 23.2 / 18.4 /
-14.0, mobilenet_v3 13.1 / 10.4 / 5.5, efficientnet 23.9 / 15.7 / 9.1; an op's figure moves by up to 1.2 us between
-runs. Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were taken by the former measure.
+per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 16.9 / 19.7 / 3.1, mlp_b64 23.7 / 30.7 / 4.2,
+resnet_1x 34.9 / 18.6 / 8.2, encoder 33.4 / 24.5 / 9.6, gated_mlp 26.2 / 20.5 / 10.3, mobilenet_v3 13.4 / 10.4 /
+3.1, efficientnet 20.3 / 14.6 / 4.5 (the thirty-third session's bound calls, native steps and C++ call; the session
+before, lucid_fx read 5.8, 7.4, 16.6, 14.5, 14.0, 5.5 and 9.1); an op's figure moves by up to 1.2 us between runs,
+the gated MLP's by up to 2.5 (7.8-10.3). Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were taken by the former measure.
 
 Threads default to 1: on a shared 2-core machine, 2 OpenMP threads stall for tens of milliseconds
 whenever another process holds a core (measured: batch-1 MLP p90 36 ms at 2 threads, 0.34 ms at 1),

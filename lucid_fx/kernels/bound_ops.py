@@ -1,4 +1,9 @@
-"""Bound operator calls: a torch operator's constant arguments converted once, its tensors passed per call.
+"""lucid_fx's C++ extension (``bound_ops.cpp``): what a program runs between its kernels, so no Python runs there.
+
+- ``BoundOp`` (:func:`bind`): a torch operator's constant arguments converted once, its tensors passed per call.
+- ``NativeStep`` (:mod:`lucid_fx.kernels.native_step`): planned calls of lucid_fx's C kernels, checked, allocated
+  and called in C++.
+- ``runner_method`` (:mod:`lucid_fx.program`): a converted model's common call in C++.
 
 A program calls oneDNN's int8 convolutions and linears as ``torch.ops.onednn.qconv2d_pointwise.default(x, 17
 arguments)``. From Python that is the dispatcher's boxed call: ``OpOverload.__call__``, then each argument converted
@@ -13,7 +18,8 @@ Built like the native kernels (:mod:`lucid_fx.kernels.native_build`): once per m
 machine's C++ compiler (``LUCID_FX_CXX``, else ``CXX``, else ``c++``), against the torch being imported (its
 version, build and header paths are part of the library's name), kept in the private cache. About 25 s the first
 time on a 2-core machine. ``LUCID_FX_BOUND_OPS=0`` turns it off; without it (or without a compiler) programs call
-``torch.ops`` as before, the same values. :func:`status` says which and why.
+``torch.ops``, native steps run as Python closures and calls stay in Python, with the same values. :func:`status`
+says which and why.
 """
 
 from __future__ import annotations
