@@ -242,19 +242,14 @@ _NATIVE_CALL: list = []  # tried: the C++ call in place, or not built
 
 
 def _use_native_call() -> None:
-    """Once a program is built: converted models' calls in C++ where lucid_fx's bound calls are built
-    (``bound_ops.cpp``'s ``runner_method``: the common call of :meth:`ProgramRunner.__call__`, positional CPU tensors
-    of a signature with a program, with the same key; it hands every other call to the Python method). The Python
-    method took 10-24 us from a call to its program's forward, with the interpreter's caches cold after the
-    previous call's kernels (benchmarks/overhead.py's models, AMX Xeon)."""
-    if _NATIVE_CALL:
-        return
-    _NATIVE_CALL.append(True)
-    module = bound_ops.module()
+    """Once a program is built: converted models' calls in C++ where bound_ops is built (``runner_method``: the
+    common call of :meth:`ProgramRunner.__call__`, positional CPU tensors of a signature with a program, the same key;
+    every other call goes to the Python method, which took 10-24 us from a call to its program's forward, the
+    interpreter's caches cold after the previous call's kernels: benchmarks/overhead.py's models, AMX Xeon)."""
+    module = None if _NATIVE_CALL else bound_ops.module()
+    _NATIVE_CALL[:] = [True]
     if module is not None:
-        forced, variable, kind = kind_inputs()
-        ProgramRunner.__call__ = module.runner_method(ProgramRunner, ProgramRunner._python_call, forced, variable, kind,
-                                                      _PROGRAMS)
+        ProgramRunner.__call__ = module.runner_method(ProgramRunner, ProgramRunner._python_call, *kind_inputs(), _PROGRAMS)
 
 
 def _build(model: fx.GraphModule, values: Dict[str, Any]) -> Optional[fx.GraphModule]:
