@@ -523,42 +523,55 @@ def test_a_calls_key_holds_the_cpu_kind_and_each_inputs_layout_and_refuses_what_
     assert program_module._signature((x, [1, 2])) is None  # a list: no program key
 
 
-def _native_call_on(bound_ops_on):
-    """The call in C++ (program._use_native_call), as after any first program build where bound_ops is built."""
-    program_module._NATIVE_CALL.clear()
-    program_module._use_native_call()
-    call = program_module.ProgramRunner.__dict__["__call__"]
-    assert type(call).__name__ == "instancemethod", "runner_method's C++ function, bound as a method"
-    return call
+def test_the_call_in_cpp_runs_a_known_signature_itself_and_hands_the_python_call_the_rest(bound_ops_on, monkeypatch):
+    monkeypatch.delenv("LUCID_FX_CPU_ISA", raising=False)  # a kind set in the environment: every call is handed over
+    monkeypatch.setattr(program_module, "_NATIVE_CALL", [True])  # the call below stays in place
+    runner, python, handed = program_module.ProgramRunner, program_module.ProgramRunner._python_call, []
 
+    def spy(self, *args, **kwargs):  # the Python call, counted
+        handed.append(sorted(kwargs) or len(args))
+        return python(self, *args, **kwargs)
 
-def test_the_call_in_cpp_computes_what_the_python_call_computes_and_hands_it_the_rest(bound_ops_on, monkeypatch):
-    monkeypatch.setattr(program_module.ProgramRunner, "__call__", program_module.ProgramRunner._python_call)
+    forced, variable, kind = program_module.kind_inputs()
+    monkeypatch.setattr(runner, "__call__", bound_ops_on.module().runner_method(runner, spy, forced, variable, kind,
+                                                                                program_module._PROGRAMS))
     model, x = _mlp()
     q = _quantize(model, x)
-    portable = q(x)  # the Python call: records, builds the program, then puts the C++ call in place
-    _native_call_on(bound_ops_on)
-    python = program_module.ProgramRunner._python_call
     with torch.no_grad():
-        assert torch.equal(q(x), portable) and torch.equal(q(x), python(q, x))
-        assert torch.equal(q(x=x), portable)  # keywords: the Python call binds them
+        portable = q(x)  # no program yet: the Python call records and builds it
+        assert handed == [1]
+        first, again = q(x), q(x)  # the program (planning its calls, then planned), run from C++
+        assert handed == [1] and torch.equal(first, portable) and torch.equal(again, portable)
+        assert torch.equal(q(x=x), portable) and handed[-1] == ["x"]  # keywords: bound by the Python call
         wide = torch.randn(3, 64)
-        assert torch.equal(q(wide), python(q, wide)) and len(programs_of(q)) == 2  # a new signature: built in Python
+        assert torch.equal(q(wide), python(q, wide)) and len(programs_of(q)) == 2 and len(handed) == 3
+        q(wide)
+        assert len(handed) == 3  # its program now: from C++
         other = "avx2" if program_module.cpu_kind() != "avx2" else "avx512_vnni"
         with force_cpu_features(other):  # a forced kind: the Python call, a program of its own
-            assert torch.equal(q(x), python(q, x))
+            assert torch.equal(q(x), python(q, x)) and len(handed) == 4
         assert len(programs_of(q)) == 3
+        assert torch.equal(q(x.clone().requires_grad_()), portable) and len(handed) == 5  # autograd: portable graph
     seen = []
     handle = q.register_forward_hook(lambda m, args, out: seen.append(1))
     try:
         q(x)
     finally:
         handle.remove()
-    assert seen == [1], "a hook: the Python call runs the portable graph and its hooks"
-    assert torch.equal(q(x.clone().requires_grad_()), portable)  # autograd records: the portable graph
-    assert len(programs_of(q)) == 3
+    assert seen == [1] and len(handed) == 6, "a hook: the Python call runs the portable graph and its hooks"
     with pytest.raises(TypeError):
-        q(x, x)  # Python's own message for an extra input
+        q(x, x)  # Python's own message for an extra input (no program for two inputs: handed over)
+    assert len(handed) == 7
+
+
+def test_a_built_program_puts_the_call_in_cpp(bound_ops_on, monkeypatch):
+    monkeypatch.setattr(program_module.ProgramRunner, "__call__", program_module.ProgramRunner._python_call)
+    monkeypatch.setattr(program_module, "_NATIVE_CALL", [])
+    model, x = _mlp()
+    q = _quantize(model, x)
+    q(x)
+    assert type(program_module.ProgramRunner.__dict__["__call__"]).__name__ == "instancemethod"  # runner_method's
+    assert program_module._NATIVE_CALL == [True]
 
 
 def test_without_bound_calls_the_call_stays_in_python(monkeypatch):

@@ -27,8 +27,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import shlex
-import shutil
 import sysconfig
 from pathlib import Path
 from typing import Any, Optional, Sequence, Tuple
@@ -44,9 +42,7 @@ _NAME = "lucid_fx_bound_ops"  # the extension module's name: PyInit_<name> in th
 
 
 def _compiler() -> Optional[str]:
-    name = os.environ.get("LUCID_FX_CXX") or os.environ.get("CXX") or "c++"
-    words = shlex.split(name)
-    return name if words and shutil.which(words[0]) else None
+    return native_build.compiler(("LUCID_FX_CXX", "CXX"), "c++")
 
 
 def _flags() -> Tuple[str, ...]:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import shlex
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -38,7 +36,7 @@ import torch
 from lucid_fx.kernels import bound_ops, finite, native_bound, native_build, program_ops
 from lucid_fx.kernels import reference as ref
 
-__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_plan", "post_op_codes", "post_op_plan",
+__all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_call", "quantize_plan", "post_op_codes", "post_op_plan",
            "requantize_scaled", "matmul_codes", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -86,9 +84,7 @@ GENERATED = ((native_bound.NAME, native_bound.source(SIGNATURES, CODE_DTYPES)),)
 
 
 def _compiler() -> Optional[str]:
-    name = os.environ.get("LUCID_FX_CC") or os.environ.get("CC") or "cc"
-    words = shlex.split(name)
-    return name if words and shutil.which(words[0]) else None
+    return native_build.compiler(("LUCID_FX_CC", "CC"), "cc")
 
 
 @functools.lru_cache(maxsize=1)
@@ -235,15 +231,20 @@ def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: 
     return torch.empty_like(x, dtype=dtype).copy_(codes)  # the layout the op's fake promises
 
 
+def quantize_call(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> Optional[Callable]:
+    """The bound native quantize (``call(x_ptr, out_ptr)``: its count of non-finite values) of float32 ``x`` whose codes
+    keep its dense layout, or None: what :func:`quantize_plan` and a program's native step call."""
+    if dtype not in _CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != x.stride():
+        return None
+    return bind("quantize", dtype, x.numel(), inv_scale, zp, qmin, qmax, check_finite)
+
+
 def quantize_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype) -> Optional[Callable]:
     """:func:`quantize_codes`' native call for float32 tensors laid out as ``x``, its checks made once:
     ``step(x)``, codes in ``x``'s layout, or None for a tensor of other strides (``step(x32, x)``: ``x``
     converted, the non-finite check on ``x`` itself). None where the native kernels or their dense layout do
     not take ``x``."""
-    shape, strides = tuple(x.shape), x.stride()
-    if dtype not in _CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != strides:
-        return None
-    call = bind("quantize", dtype, x.numel(), inv_scale, zp, qmin, qmax, check_finite)
+    shape, strides, call = tuple(x.shape), x.stride(), quantize_call(x, inv_scale, zp, qmin, qmax, dtype)
     if call is None:
         return None
 

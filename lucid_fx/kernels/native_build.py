@@ -33,7 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["cache_dir", "is_private", "library_key", "built", "capped", "with_fallbacks", "AVX2_CAP", "KEEP"]
+__all__ = ["cache_dir", "is_private", "library_key", "built", "capped", "with_fallbacks", "compiler", "AVX2_CAP", "KEEP"]
+
+
+def compiler(variables: Sequence[str], default: str) -> Optional[str]:
+    """The compiler the first set of ``variables`` names (else ``default``), where its program is on the PATH."""
+    name = next((os.environ[v] for v in variables if os.environ.get(v)), default)
+    words = shlex.split(name)
+    return name if words and shutil.which(words[0]) else None
 
 
 def is_private(path: Path) -> bool:

@@ -110,7 +110,7 @@ def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int
     if out is not None:
         return out
     fn = _function("quantize_cl", dtype)
-    if fn is None or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
+    if fn is None or not _takes_channels_last(x):
         return native.quantize_codes(x, inv_scale, zp, qmin, qmax, dtype).contiguous(memory_format=torch.channels_last)
     n, c, h, w = x.shape
     out = torch.empty((n, c, h, w), dtype=dtype, memory_format=torch.channels_last)
@@ -172,11 +172,15 @@ def channel_lut_cat(parts: Sequence[torch.Tensor], tables: torch.Tensor) -> torc
     return out
 
 
+def _takes_channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu
+
+
 def quantize_channels_last_plan(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
                                 dtype: torch.dtype) -> Optional[Callable]:
     """:func:`quantize_channels_last`'s call as a native step for a contiguous 4-d float32 ``x`` of this shape, or None
     for other inputs and a non-finite value (its checked path raises, naming the node)."""
-    if dtype not in native._CODES or x.dim() != 4 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
+    if dtype not in native._CODES or not _takes_channels_last(x):
         return None
     n, c, h, w = x.shape
     call = native.bind("quantize_cl", dtype, n, c, h * w, inv_scale, zp, qmin, qmax, native.check_finite)
@@ -191,10 +195,7 @@ def quantize_step(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: i
     """A program's plan of :func:`lucid_fx.kernels.native.quantize_codes` (its ``quantize_plan``'s call as a native
     step): ``step(x)``, codes in ``x``'s layout, or None for float32 ``x`` of other strides and for a non-finite
     value (the kernel's count), so that ``quantize_codes``' checked path raises, naming the node."""
-    strides = x.stride()
-    if dtype not in native._CODES or x.dtype != torch.float32 or torch.empty_like(x, dtype=dtype).stride() != strides:
-        return None
-    call = native.bind("quantize", dtype, x.numel(), inv_scale, zp, qmin, qmax, native.check_finite)
+    call = native.quantize_call(x, inv_scale, zp, qmin, qmax, dtype)
     if call is None:
         return None
-    return native_step(call, [(x.shape, strides, torch.float32)], [(x.shape, strides, dtype)], [(IN, 0), (BUFFER, 0)])
+    return native_step(call, [(x.shape, x.stride(), torch.float32)], [(x.shape, x.stride(), dtype)], [(IN, 0), (BUFFER, 0)])

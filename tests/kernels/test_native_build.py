@@ -188,3 +188,14 @@ def test_each_flag_set_is_tried_again_without_openmp_after_all_of_them():
     sets = (("-march=native", "-O3", "-fopenmp"), ("-O3", "-fopenmp"))
     assert native_build.with_fallbacks(sets) == (*sets, ("-march=native", "-O3"), ("-O3",))
     assert native_build.with_fallbacks((("-O3",),)) == (("-O3",),)
+
+
+def test_the_compiler_is_the_first_variable_set_and_must_be_on_the_path(monkeypatch):
+    monkeypatch.delenv("LUCID_FX_CC", raising=False)
+    monkeypatch.setenv("CC", "sh -c")  # a program on every PATH, with its arguments
+    assert native_build.compiler(("LUCID_FX_CC", "CC"), "cc") == "sh -c"
+    monkeypatch.setenv("LUCID_FX_CC", "no-such-compiler-here")
+    assert native_build.compiler(("LUCID_FX_CC", "CC"), "cc") is None  # named, not found: no fallback to CC
+    monkeypatch.delenv("LUCID_FX_CC")
+    monkeypatch.delenv("CC")
+    assert native_build.compiler(("LUCID_FX_CC", "CC"), "sh") == "sh"
