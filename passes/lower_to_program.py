@@ -30,6 +30,7 @@ from lucid_fx.passes.fold_signature_constants import fold_signature_constants, k
 from lucid_fx.passes.merge_program_linears import drop_unread_merged, merge_program_linears
 from lucid_fx.passes.merge_program_views import merge_program_views
 from lucid_fx.passes.plan_program_calls import plan_program_calls
+from lucid_fx.passes.run_program_natively import run_program_natively
 from lucid_fx.rules.program_cpu import PROGRAM_PLANS_CPU, PROGRAM_RULES_CPU
 
 __all__ = ["lower_to_program", "record_values", "ProgramBuilder", "PROGRAM_RULES", "PROGRAM_PLANS"]
@@ -165,7 +166,8 @@ def _flat_attributes(program: fx.GraphModule) -> None:
 def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: str = "cpu") -> fx.GraphModule:
     """The program of ``portable`` on ``device`` for the input signature ``values`` were recorded on
     (:func:`record_values`); its native calls are planned on its first call
-    (:func:`~lucid_fx.passes.plan_program_calls.plan_program_calls`)."""
+    (:func:`~lucid_fx.passes.plan_program_calls.plan_program_calls`), and then it runs from C++
+    (:func:`~lucid_fx.passes.run_program_natively.run_program_natively`)."""
     graph = fx.Graph()
     out = graph.graph_copy(portable.graph, {})
     graph.output(out)
@@ -185,5 +187,5 @@ def lower_to_program(portable: fx.GraphModule, values: Dict[str, Any], device: s
     bind_program_ops(program)
     program.graph.lint()
     program.recompile()
-    plan_program_calls(program, PROGRAM_PLANS.get(device, {}))
+    plan_program_calls(program, PROGRAM_PLANS.get(device, {}), then=run_program_natively)
     return program

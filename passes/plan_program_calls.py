@@ -48,11 +48,13 @@ class _Planner(fx.Interpreter):
         return super().run_node(n)
 
 
-def plan_program_calls(program: fx.GraphModule, planners: Dict[Callable, Callable]) -> bool:
-    """Make ``program``'s next call plan its calls (in place) as it runs, then recompile it; whether it has a call
-    to plan. Planning runs the program on a real call's inputs, never on an extra run: a program that writes a
-    buffer in place (a counter) must write it once a call."""
+def plan_program_calls(program: fx.GraphModule, planners: Dict[Callable, Callable],
+                       then: Callable[[fx.GraphModule], Any] = lambda program: None) -> bool:
+    """Make ``program``'s next call plan its calls (in place) as it runs, then recompile it and call ``then(program)``
+    (at once where it has no call to plan); whether it has a call to plan. Planning runs the program on a real call's
+    inputs, never on an extra run: a program that writes a buffer in place (a counter) must write it once a call."""
     if not any(n.op == "call_function" and n.target in planners for n in program.graph.nodes):
+        then(program)
         return False
     lock = threading.Lock()
 
@@ -70,6 +72,7 @@ def plan_program_calls(program: fx.GraphModule, planners: Dict[Callable, Callabl
                     program.graph.lint()
                     program.recompile()
             del program.__dict__["forward"]
+            then(program)
             return out
 
     program.__dict__["forward"] = forward

@@ -26,6 +26,8 @@
 
 namespace {
 
+PyObject* const* items(const py::tuple& tuple) { return reinterpret_cast<PyTupleObject*>(tuple.ptr())->ob_item; }
+
 std::atomic<bool> recording{false};  // native steps as profiler events (lucid_fx.kernels.native.record_in_profiler)
 
 class BoundOp {
@@ -50,18 +52,19 @@ class BoundOp {
     }
   }
 
-  at::Tensor call(const py::args& tensors) const {
-    if (tensors.size() != slots_.size()) {
+  at::Tensor call(const py::args& tensors) const { return run(items(tensors), tensors.size()); }
+
+  at::Tensor run(PyObject* const* tensors, size_t count) const {
+    if (count != slots_.size()) {
       throw py::type_error(name() + " bound call takes " + std::to_string(slots_.size()) + " tensors, got " +
-                           std::to_string(tensors.size()));
+                           std::to_string(count));
     }
     torch::jit::Stack stack(values_);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      PyObject* object = tensors[i].ptr();
-      if (!THPVariable_Check(object)) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!THPVariable_Check(tensors[i])) {
         throw py::type_error(name() + " bound call: argument " + std::to_string(i) + " is not a tensor");
       }
-      stack[slots_[i]] = THPVariable_Unpack(object);
+      stack[slots_[i]] = THPVariable_Unpack(tensors[i]);
     }
     try {
       py::gil_scoped_release released;
@@ -135,20 +138,26 @@ class NativeStep {
   }
 
   py::object call(const py::args& args) const {
-    if (args.size() != inputs_.size()) {
+    std::optional<at::Tensor> out = run(items(args), args.size());
+    return out ? py::cast(*out) : py::none();
+  }
+
+  // The step on `count` objects: its result, or nothing where they are not the tensors it was planned for or a
+  // kernel reports a status.
+  std::optional<at::Tensor> run(PyObject* const* objects, size_t count) const {
+    if (count != inputs_.size()) {
       throw py::type_error(name_ + " step takes " + std::to_string(inputs_.size()) + " tensors, got " +
-                           std::to_string(args.size()));
+                           std::to_string(count));
     }
     std::vector<at::Tensor> tensors;
-    tensors.reserve(args.size());
-    for (size_t i = 0; i < args.size(); ++i) {
-      PyObject* object = args[i].ptr();
-      if (!THPVariable_Check(object)) return py::none();
-      const at::Tensor& t = THPVariable_Unpack(object);
+    tensors.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (!THPVariable_Check(objects[i])) return std::nullopt;
+      const at::Tensor& t = THPVariable_Unpack(objects[i]);
       const auto& [shape, strides, dtype] = inputs_[i];
       if (t.scalar_type() != dtype || !t.device().is_cpu() || t.sizes() != c10::IntArrayRef(shape) ||
           t.strides() != c10::IntArrayRef(strides)) {
-        return py::none();  // not what the step was planned for: the checked path
+        return std::nullopt;  // not what the step was planned for: the checked path
       }
       tensors.push_back(t);
     }
@@ -183,9 +192,11 @@ class NativeStep {
         if (status != 0) break;
       }
     }
-    if (status != 0) return py::none();
-    return py::cast(buffers[result_]);
+    if (status != 0) return std::nullopt;
+    return buffers[result_];
   }
+
+  size_t arity() const { return inputs_.size(); }
 
   const std::string& name() const { return name_; }
 
@@ -195,6 +206,162 @@ class NativeStep {
   int64_t result_;
   std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> inputs_;
   std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, at::ScalarType>> buffers_;
+};
+
+// A program's calls run one after another from C++ (lucid_fx/passes/run_program_natively.py): no generated Python
+// forward between its kernels. Registers hold the values: the inputs first, then one per call; an argument is a
+// register or a constant. A call's kind says how it runs:
+//   CALL    a Python callable (a torch function, a kernel's Python function, a module), vectorcall;
+//   METHOD  a method of its first argument by name (`x.reshape(...)`), as fx's call_method;
+//   BOUND   a BoundOp on its tensors, no Python;
+//   STEP    a planned call: its NativeStep on the first tensors of its arguments (as the kernel's Python function
+//           passes them to `plan`), else, where the step refuses them, the Python function as CALL;
+//   TUPLE, LIST  its arguments packed (a list of values an op takes, the output's structure).
+// After each call the registers nothing reads later are dropped, as the generated forward's `x = None`.
+class NativeProgram {
+ public:
+  enum Kind : int64_t { CALL = 0, METHOD = 1, BOUND = 2, STEP = 3, TUPLE = 4, LIST = 5 };
+  using Arg = std::pair<int64_t, int64_t>;  // (0: a register, 1: a constant), its index
+  // kind, target, arguments (positional, then keyword values), keyword names, the register written, registers dropped
+  using Instruction = std::tuple<int64_t, py::object, std::vector<Arg>, py::tuple, int64_t, std::vector<int64_t>>;
+
+  NativeProgram(std::vector<std::string> names, py::list defaults, std::vector<bool> has_default, int64_t registers,
+                py::list constants, std::vector<Instruction> code, Arg output)
+      : names_(std::move(names)), has_default_(std::move(has_default)), registers_(registers), output_(output) {
+    TORCH_CHECK(has_default_.size() == names_.size() && defaults.size() == names_.size() &&
+                    registers_ >= static_cast<int64_t>(names_.size()), "native program: inputs do not match");
+    for (const auto& value : defaults) defaults_.push_back(py::reinterpret_borrow<py::object>(value));
+    for (const auto& value : constants) constants_.push_back(py::reinterpret_borrow<py::object>(value));
+    for (auto& [kind, target, args, kwnames, out, drop] : code) {
+      Step step{kind, target, args, kwnames, out, drop, nullptr, nullptr, py::object()};
+      TORCH_CHECK(kind >= CALL && kind <= LIST && out >= 0 && out < registers_, "native program: instruction");
+      for (const auto& [source, index] : args) {
+        TORCH_CHECK(source == 0 ? index < registers_ : index < static_cast<int64_t>(constants_.size()),
+                    "native program: no argument ", source, ":", index);
+      }
+      if (kind == BOUND) step.bound = target.cast<const BoundOp*>();
+      if (kind == STEP) {
+        auto pair = target.cast<py::tuple>();
+        step.step = pair[0].cast<const NativeStep*>();
+        step.fallback = pair[1];
+      }
+      code_.push_back(std::move(step));
+    }
+    TORCH_CHECK(output_.first == 0 ? output_.second < registers_ : output_.second < static_cast<int64_t>(constants_.size()),
+                "native program: no output");
+  }
+
+  py::object call(const py::args& args, const py::kwargs& kwargs) const {
+    std::vector<py::object> regs(registers_);
+    size_t inputs = names_.size();
+    if (args.size() > inputs) {
+      throw py::type_error("forward() takes " + std::to_string(inputs) + " arguments, got " + std::to_string(args.size()));
+    }
+    for (size_t i = 0; i < args.size(); ++i) regs[i] = args[i];
+    for (const auto& [key, value] : kwargs) {
+      std::string name = py::str(key);
+      auto at = std::find(names_.begin(), names_.end(), name);
+      if (at == names_.end() || regs[at - names_.begin()]) {
+        throw py::type_error("forward() got an unexpected or repeated argument '" + name + "'");
+      }
+      regs[at - names_.begin()] = py::reinterpret_borrow<py::object>(value);
+    }
+    for (size_t i = 0; i < inputs; ++i) {
+      if (regs[i]) continue;
+      if (!has_default_[i]) throw py::type_error("forward() missing argument '" + names_[i] + "'");
+      regs[i] = defaults_[i];
+    }
+    constexpr size_t kLocal = 24;
+    PyObject* local[kLocal];
+    std::vector<PyObject*> spill;
+    for (const Step& s : code_) {
+      PyObject** argv = local;
+      if (s.args.size() > kLocal) {
+        spill.resize(s.args.size());
+        argv = spill.data();
+      }
+      for (size_t i = 0; i < s.args.size(); ++i) argv[i] = get(regs, s.args[i]);
+      regs[s.out] = run(s, argv, s.args.size());
+      for (int64_t dropped : s.drop) regs[dropped] = py::object();
+    }
+    return py::reinterpret_borrow<py::object>(get(regs, output_));
+  }
+
+  std::string describe() const {
+    int64_t counts[6] = {0, 0, 0, 0, 0, 0};
+    for (const Step& s : code_) ++counts[s.kind];
+    return "<lucid_fx native program: " + std::to_string(code_.size()) + " calls (" + std::to_string(counts[BOUND]) +
+           " bound, " + std::to_string(counts[STEP]) + " planned, " + std::to_string(counts[CALL] + counts[METHOD]) +
+           " Python)>";
+  }
+
+ private:
+  struct Step {
+    int64_t kind;
+    py::object target;
+    std::vector<Arg> args;
+    py::tuple kwnames;
+    int64_t out;
+    std::vector<int64_t> drop;
+    const BoundOp* bound;
+    const NativeStep* step;
+    py::object fallback;
+  };
+
+  PyObject* get(const std::vector<py::object>& regs, const Arg& arg) const {
+    PyObject* value = arg.first == 0 ? regs[arg.second].ptr() : constants_[arg.second].ptr();
+    if (value == nullptr) throw std::logic_error("native program: a register read before it was written");
+    return value;
+  }
+
+  static py::object vectorcall(PyObject* callable, PyObject* const* argv, size_t count, const py::tuple& kwnames) {
+    size_t keywords = kwnames.size();
+    PyObject* out = PyObject_Vectorcall(callable, argv, count - keywords, keywords ? kwnames.ptr() : nullptr);
+    if (out == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(out);
+  }
+
+  py::object run(const Step& s, PyObject* const* argv, size_t count) const {
+    switch (s.kind) {
+      case CALL:
+        return vectorcall(s.target.ptr(), argv, count, s.kwnames);
+      case METHOD: {
+        size_t keywords = s.kwnames.size();
+        PyObject* out = PyObject_VectorcallMethod(s.target.ptr(), argv, count - keywords,
+                                                  keywords ? s.kwnames.ptr() : nullptr);
+        if (out == nullptr) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(out);
+      }
+      case BOUND:
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(s.bound->run(argv, count)));
+      case STEP: {
+        PyObject* tensors[8];
+        size_t found = 0, wanted = s.step->arity();
+        for (size_t i = 0; i < count && found < wanted && found < 8; ++i) {
+          if (THPVariable_Check(argv[i])) tensors[found++] = argv[i];
+        }
+        if (found == wanted) {
+          std::optional<at::Tensor> out = s.step->run(tensors, found);
+          if (out) return py::reinterpret_steal<py::object>(THPVariable_Wrap(*out));
+        }
+        return vectorcall(s.fallback.ptr(), argv, count, s.kwnames);  // the checked path, as the function takes it
+      }
+      default: {
+        py::tuple packed(count);
+        for (size_t i = 0; i < count; ++i) packed[i] = py::reinterpret_borrow<py::object>(argv[i]);
+        if (s.kind == TUPLE) return std::move(packed);
+        return py::list(packed);
+      }
+    }
+  }
+
+  std::vector<std::string> names_;
+  std::vector<py::object> defaults_;
+  std::vector<bool> has_default_;
+  int64_t registers_;
+  std::vector<py::object> constants_;
+  std::vector<Step> code_;
+  Arg output_;
 };
 
 // What a converted model's call reads (lucid_fx/program.py): the forced CPU kinds' list (non-empty: a kind is
@@ -266,4 +433,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__call__", &NativeStep::call)
       .def_property_readonly("name", &NativeStep::name)
       .def("__repr__", [](const NativeStep& step) { return "<lucid_fx native step " + step.name() + ">"; });
+  py::class_<NativeProgram>(m, "NativeProgram")
+      .def(py::init<std::vector<std::string>, py::list, std::vector<bool>, int64_t, py::list,
+                    std::vector<NativeProgram::Instruction>, NativeProgram::Arg>())
+      .def("__call__", &NativeProgram::call)
+      .def("__repr__", &NativeProgram::describe);
 }

@@ -1,0 +1,175 @@
+"""run_program_natively: a program's calls run one after another from C++, not from its generated Python forward.
+
+A program's forward is fx's generated Python: per call a line that reads the program's attributes, calls, and
+drops what nothing reads later. Between two kernels, with the interpreter's caches cold (the last kernel filled
+them with its data), each such line cost 3-8 us on an AMX Xeon, where the 5 us a call budget of issue 13 leaves no
+room. This pass translates the program's graph into a ``NativeProgram`` of :mod:`lucid_fx.kernels.bound_ops` (C++)
+and installs it as the program's ``forward``: the same calls, in the same order, on the same values, with the
+registers nothing reads later dropped after each call, as the generated code drops them.
+
+How each node runs (``NativeProgram``'s kinds):
+
+- a bound oneDNN call (:mod:`lucid_fx.passes.bind_program_ops`): its ``BoundOp`` directly, no Python;
+- a call given a planned native step (a ``NativeStep`` among its arguments, :mod:`lucid_fx.passes.plan_program_calls`):
+  the step on the first tensors among the call's arguments, which is how every planned kernel function passes its
+  operands to ``plan`` (:data:`lucid_fx.rules.program_cpu.PROGRAM_PLANS_CPU`); where the step refuses them, the
+  function itself, whose checked path serves them (and raises, naming the node);
+- any other call: the Python callable by vectorcall (torch functions, the kernels' Python functions, modules),
+  a method by name on its first argument;
+- a list or tuple of values an op takes, and the output's: packed.
+
+The program's graph and code stay as they were: ``program.code`` shows what runs, and ``program.graph`` is what
+the passes and tests read. Not installed (the generated forward runs) where the bound calls are not built
+(``LUCID_FX_BOUND_OPS=0``, no C++ compiler), or the graph holds what the translation does not take: a forward with
+the model's call structure (a torch.export graph's pytree), a dict or slice of values, an output other than one
+value or a flat tuple or list of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from torch import fx
+
+from torch.fx.immutable_collections import immutable_list
+
+from lucid_fx.kernels import bound_ops
+from lucid_fx.passes.bind_program_ops import _CALL
+
+__all__ = ["run_program_natively", "native_forward"]
+
+CALL, METHOD, BOUND, STEP, TUPLE, LIST = range(6)  # bound_ops.cpp's NativeProgram::Kind
+
+
+class _Untranslatable(Exception):
+    """The graph holds what NativeProgram does not run: the generated forward stays."""
+
+
+class _Translation:
+    def __init__(self, program: fx.GraphModule, module: Any) -> None:
+        self.program, self.module = program, module
+        self.registers: Dict[Any, int] = {}
+        self.count = 0
+        self.constants: List[Any] = []
+        self.code: List[list] = []
+
+    def register(self, node: Any = None) -> int:
+        self.count += 1
+        if node is not None:
+            self.registers[node] = self.count - 1
+        return self.count - 1
+
+    def constant(self, value: Any) -> Tuple[int, int]:
+        self.constants.append(value)
+        return (1, len(self.constants) - 1)
+
+    def arg(self, value: Any) -> Tuple[int, int]:
+        """``value`` (a node, a literal, or a list or tuple holding nodes, packed first) as an argument."""
+        if isinstance(value, fx.Node):
+            if value.op == "get_attr":
+                return self.constant(self.attribute(value.target))
+            if value not in self.registers:
+                raise _Untranslatable(f"{value.name} is read before it is computed")
+            return (0, self.registers[value])
+        nested: List[fx.Node] = []
+        fx.node.map_arg(value, nested.append)
+        if not nested:
+            return self.constant(_plain(value))
+        if type(value) not in (list, tuple, immutable_list):
+            raise _Untranslatable(f"a {type(value).__name__} of values")  # a dict, a slice, a named tuple
+        items = [self.arg(v) for v in value]
+        out = self.register()
+        self.code.append([LIST if isinstance(value, list) else TUPLE, None, items, (), out, []])
+        return (0, out)
+
+    def attribute(self, target: str) -> Any:
+        value = self.program
+        for part in target.split("."):
+            value = getattr(value, part)
+        return value
+
+    def call(self, node: fx.Node) -> None:
+        args = [self.arg(a) for a in node.args]
+        kwargs = [self.arg(v) for v in node.kwargs.values()]
+        kwnames = tuple(node.kwargs)
+        if node.op == "call_method":
+            kind, target = METHOD, node.target
+        elif node.op == "call_module":
+            kind, target = CALL, self.attribute(node.target)
+        elif node.target is _CALL and isinstance(self.value(node.args[0]), self.module.BoundOp) and not kwnames:
+            kind, target, args = BOUND, self.value(node.args[0]), args[1:]
+        else:
+            kind, target = CALL, node.target
+            steps = [v for v in (*node.args, *node.kwargs.values()) if isinstance(self.value(v), self.module.NativeStep)]
+            if len(steps) == 1:
+                kind, target = STEP, (self.value(steps[0]), node.target)
+        self.code.append([kind, target, args + kwargs, kwnames, self.register(node), []])
+
+    def value(self, arg: Any) -> Any:
+        return self.attribute(arg.target) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
+
+
+def _translate(program: fx.GraphModule, module: Any) -> Any:
+    graph = program.graph
+    if type(graph._codegen) is not fx.graph.CodeGen:
+        raise _Untranslatable("a forward with the model's call structure")
+    t = _Translation(program, module)
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    names, defaults, has_default = [], [], []
+    for node in placeholders:
+        t.register(node)
+        if node.target.startswith("*"):
+            raise _Untranslatable("a forward taking *args")
+        names.append(node.target)
+        has_default.append(bool(node.args))
+        defaults.append(node.args[0] if node.args else None)
+    output = None
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method", "call_module"):
+            t.call(node)
+        elif node.op == "output":
+            output = t.arg(node.args[0])
+    _drop_after_last_read(t.code, output)
+    return module.NativeProgram(names, defaults, has_default, t.count, t.constants, t.code, output)
+
+
+def _drop_after_last_read(code: List[list], output: Tuple[int, int]) -> None:
+    """Each instruction drops the registers of the values it is the last to read, and its own where nothing reads
+    it; never the output's."""
+    last: Dict[int, int] = {}  # register -> the last instruction reading (or else writing) it
+    for index, (_, _, args, _, out, _) in enumerate(code):
+        last.setdefault(out, index)
+        for source, register in args:
+            if source == 0:
+                last[register] = index
+    for register, index in last.items():
+        if output != (0, register):
+            code[index][5].append(register)
+
+
+def _plain(value: Any) -> Any:
+    """fx's immutable lists in a node's arguments as the plain lists the generated code builds."""
+    if type(value) in (immutable_list, list, tuple):
+        return type(value)(_plain(v) for v in value) if type(value) is tuple else [_plain(v) for v in value]
+    return value
+
+
+def native_forward(program: fx.GraphModule) -> Optional[Any]:
+    """The ``NativeProgram`` running ``program``'s graph, or None where the bound calls are not built or the graph
+    holds what it does not run."""
+    module = bound_ops.module()
+    if module is None:
+        return None
+    try:
+        return _translate(program, module)
+    except _Untranslatable:
+        return None
+
+
+def run_program_natively(program: fx.GraphModule) -> bool:
+    """Install ``program``'s ``NativeProgram`` as its forward (in place); whether it was."""
+    forward = native_forward(program)
+    if forward is None:
+        return False
+    program.__dict__["forward"] = forward
+    return True

@@ -1,0 +1,193 @@
+"""run_program_natively: a program's graph runs from C++ (bound_ops.cpp's NativeProgram) with its generated forward's
+values, calls a planned step's Python function only where the step refuses, drops values after their last read,
+and leaves the generated forward where it cannot take the graph."""
+
+import operator
+import sys
+import weakref
+
+import pytest
+import torch
+from torch import fx
+
+import lucid_fx
+from lucid_fx.kernels import bound_ops, native_lut
+from lucid_fx.passes.bind_program_ops import _CALL
+from lucid_fx.passes.run_program_natively import native_forward, run_program_natively
+from lucid_fx.program import programs_of
+from models import EfficientNetLike, _init_bn
+
+
+def _module(build, **attributes) -> fx.GraphModule:
+    root = torch.nn.Module()
+    for name, value in attributes.items():
+        root.__dict__[name] = value  # plain attributes, as a program's constants
+    graph = fx.Graph()
+    build(graph)
+    return fx.GraphModule(root, graph)
+
+
+def _every_kind(graph):
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    weight = graph.get_attr("weight")
+    parts = graph.call_function(torch.split_with_sizes, (x, [2, 2], -1))
+    first = graph.call_function(operator.getitem, (parts, 0))
+    second = graph.call_function(operator.getitem, (parts, 1))
+    summed = graph.call_function(torch.add, (first, second), {"alpha": 2})  # a keyword
+    scaled = graph.call_function(torch.mul, (summed, weight))  # a constant tensor
+    flat = graph.call_method("reshape", (scaled, (-1,)))  # a method
+    joined = graph.call_function(torch.cat, ([flat, y],), {"dim": 0})  # a list of values
+    graph.output((joined, first))  # a tuple of values
+
+
+def test_a_graph_runs_with_its_generated_forwards_values(bound_ops_on):
+    gm = _module(_every_kind, weight=torch.randn(3, 2))
+    program = native_forward(gm)
+    assert type(program).__name__ == "NativeProgram"
+    x, y = torch.randn(3, 4), torch.randn(5)
+    got, want = program(x, y), gm.forward(x, y)
+    assert type(got) is tuple and len(got) == 2
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0][:6], ((x[:, :2] + 2 * x[:, 2:]) * gm.weight).reshape(-1))
+    assert repr(program) == "<lucid_fx native program: 9 calls (0 bound, 0 planned, 7 Python)>"  # and 2 packs
+
+
+def test_keywords_and_defaults_bind_as_in_the_generated_forward(bound_ops_on):
+    def build(graph):
+        x = graph.placeholder("x")
+        shift = graph.placeholder("shift", default_value=3.0)
+        graph.output(graph.call_function(torch.add, (x, shift)))
+
+    gm = _module(build)
+    program, x = native_forward(gm), torch.randn(4)
+    assert torch.equal(program(x), x + 3.0) and torch.equal(program(x, 1.0), x + 1.0)
+    assert torch.equal(program(shift=2.0, x=x), x + 2.0)
+    with pytest.raises(TypeError, match="missing argument 'x'"):
+        program()
+    with pytest.raises(TypeError, match="unexpected or repeated argument 'scale'"):
+        program(x, scale=1.0)
+    with pytest.raises(TypeError, match="unexpected or repeated argument 'x'"):
+        program(x, x=x)
+    with pytest.raises(TypeError, match="takes 2 arguments, got 3"):
+        program(x, 1.0, 2.0)
+
+
+def _held(seen):
+    def make(x):
+        out = x * 2
+        seen.append(weakref.ref(out))
+        return out
+
+    def alive(x):
+        return torch.tensor([seen[0]() is not None])
+
+    return make, alive
+
+
+def test_a_value_is_dropped_after_its_last_read(bound_ops_on):
+    seen = []
+    make, alive = _held(seen)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        made = graph.call_function(make, (x,))
+        used = graph.call_function(torch.neg, (made,))  # made's last read
+        graph.output(graph.call_function(torch.cat, ([used, graph.call_function(alive, (x,))],)))
+
+    out = native_forward(_module(build))(torch.ones(1))
+    assert out.tolist() == [-2.0, 0.0]  # made was gone when alive() looked
+    seen.clear()
+
+    def kept(graph):  # read again later: still there
+        x = graph.placeholder("x")
+        made = graph.call_function(make, (x,))
+        flag = graph.call_function(alive, (x,))
+        graph.output(graph.call_function(torch.cat, ([made, flag],)))
+
+    assert native_forward(_module(kept))(torch.ones(1)).tolist() == [2.0, 1.0]
+
+
+def test_an_error_inside_a_call_is_raised_as_it_was(bound_ops_on):
+    def fails(x):
+        raise ValueError(f"no codes for a {tuple(x.shape)} input")
+
+    def build(graph):
+        graph.output(graph.call_function(fails, (graph.placeholder("x"),)))
+
+    with pytest.raises(ValueError, match=r"no codes for a \(2,\) input"):
+        native_forward(_module(build))(torch.ones(2))
+
+
+def test_a_bound_call_runs_its_operator(bound_ops_on):
+    bound = bound_ops.bind(torch.ops.aten.sub.Tensor, [None, torch.tensor(1.5), 2], [0])
+
+    def build(graph):
+        graph.output(graph.call_function(_CALL, (graph.get_attr("bound"), graph.placeholder("x"))))
+
+    program = native_forward(_module(build, bound=bound))
+    x = torch.randn(6)
+    assert torch.equal(program(x), x - 3.0)
+    assert repr(program) == "<lucid_fx native program: 1 calls (1 bound, 0 planned, 0 Python)>"
+
+
+def test_a_planned_call_runs_its_step_and_its_function_only_where_the_step_refuses(bound_ops_on, native_here):
+    calls = []
+
+    def lookup(q, table, plan):  # a planned kernel function's contract: the step on its first tensors
+        calls.append(tuple(q.shape))
+        out = plan(q, table)
+        return out if out is not None else table[q.long()]
+
+    q, table = torch.randint(0, 256, (3, 5), dtype=torch.uint8), torch.randn(256)
+    step = native_lut.lut_plan(q, table)
+
+    def build(graph):
+        graph.output(graph.call_function(lookup, (graph.placeholder("q"), graph.get_attr("table"), graph.get_attr("step"))))
+
+    program = native_forward(_module(build, table=table, step=step))
+    assert repr(program) == "<lucid_fx native program: 1 calls (0 bound, 1 planned, 0 Python)>"
+    assert torch.equal(program(q), table[q.long()]) and calls == []  # the step ran, not the function
+    other = torch.randint(0, 256, (4, 5), dtype=torch.uint8)
+    assert torch.equal(program(other), table[other.long()]) and calls == [(4, 5)]  # refused: the function ran
+
+
+def test_what_it_does_not_take_keeps_the_generated_forward(bound_ops_on, monkeypatch):
+    def a_dict_argument(graph):
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(torch.add, ({"a": x}, 1)))
+
+    assert native_forward(_module(a_dict_argument)) is None
+    gm = _module(_every_kind, weight=torch.randn(3, 2))
+    gm.graph.set_codegen(fx.graph._PyTreeCodeGen(fx.graph._PyTreeInfo(["x", "y"], None, None)))
+    assert native_forward(gm) is None  # a forward with the model's call structure
+    monkeypatch.setattr(bound_ops, "module", lambda: None)
+    plain = _module(_every_kind, weight=torch.randn(3, 2))
+    assert native_forward(plain) is None and not run_program_natively(plain) and "forward" not in plain.__dict__
+
+
+def _efficientnet():
+    torch.manual_seed(0)
+    model = _init_bn(EfficientNetLike(num_classes=10)).eval()
+    data = [torch.randn(1, 3, 32, 32) for _ in range(3)]
+    return lucid_fx.quantize(model, (data[0],), data), data[0]
+
+
+def test_a_converted_models_program_runs_natively_and_no_planned_function_runs(bound_ops_on, native_here):
+    q, x = _efficientnet()
+    portable = q(x)
+    q(x)  # the program's first call plans it, then installs its native forward
+    (program,) = programs_of(q).values()
+    native = program.__dict__["forward"]
+    assert type(native).__name__ == "NativeProgram"
+    step = bound_ops.module().NativeStep
+    planned = {n.target.__code__ for n in program.graph.nodes  # calls planned as native steps (not Python closures)
+               if "plan" in n.kwargs and isinstance(getattr(program, n.kwargs["plan"].target), step)}
+    assert len(planned) >= 3 and "planned" in repr(native)
+    ran = set()
+    sys.setprofile(lambda frame, event, arg: ran.add(frame.f_code) if event == "call" else None)
+    try:
+        out = q(x)
+    finally:
+        sys.setprofile(None)
+    assert torch.equal(out, portable) and torch.equal(out, type(program).forward(program, x))
+    assert not planned & ran, sorted(c.co_name for c in planned & ran)  # each step took its operands
