@@ -10,10 +10,10 @@ registers nothing reads later dropped after each call, as the generated code dro
 How each node runs (``NativeProgram``'s kinds):
 
 - a bound oneDNN call (:mod:`lucid_fx.passes.bind_program_ops`): its ``BoundOp`` directly, no Python;
-- a call given a planned native step (a ``NativeStep`` among its arguments, :mod:`lucid_fx.passes.plan_program_calls`):
-  the step on the first tensors among the call's arguments, which is how every planned kernel function passes its
-  operands to ``plan`` (:data:`lucid_fx.rules.program_cpu.PROGRAM_PLANS_CPU`); where the step refuses them, the
-  function itself, whose checked path serves them (and raises, naming the node);
+- a call of a function marked :func:`~lucid_fx.kernels.native_step.returns_step` (the planned kernel functions of
+  :data:`lucid_fx.rules.program_cpu.PROGRAM_PLANS_CPU`: their result is their step's on the operands they name)
+  and given a planned ``NativeStep`` (:mod:`lucid_fx.passes.plan_program_calls`): the step on those operands;
+  where it refuses them, the function itself, whose checked path serves them (and raises, naming the node);
 - any other call: the Python callable by vectorcall (torch functions, the kernels' Python functions, modules),
   a method by name on its first argument;
 - a list or tuple of values an op takes, and the output's: packed.
@@ -27,6 +27,8 @@ value or a flat tuple or list of them.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from torch import fx
@@ -100,10 +102,25 @@ class _Translation:
             kind, target, args = BOUND, self.value(node.args[0]), args[1:]
         else:
             kind, target = CALL, node.target
-            steps = [v for v in (*node.args, *node.kwargs.values()) if isinstance(self.value(v), self.module.NativeStep)]
-            if len(steps) == 1:
-                kind, target = STEP, (self.value(steps[0]), node.target)
+            step = self.planned(node)
+            if step is not None:
+                kind, target = STEP, (step[0], node.target, step[1])
         self.code.append([kind, target, args + kwargs, kwnames, self.register(node), []])
+
+    def planned(self, node: fx.Node) -> Optional[Tuple[Any, List[int]]]:
+        """For a call of a :func:`~lucid_fx.kernels.native_step.returns_step` function given a ``NativeStep``: the step,
+        and where its operands are among the call's arguments (positional, then keyword values)."""
+        step_name, operands = getattr(node.target, "returns_step", (None, ()))
+        if step_name is None:
+            return None
+        names = list(inspect.signature(node.target).parameters)
+        where = {name: i for i, name in enumerate(names[:len(node.args)])}
+        where.update((name, len(node.args) + i) for i, name in enumerate(node.kwargs))
+        given = (*node.args, *node.kwargs.values())
+        step = self.value(given[where[step_name]]) if step_name in where else None
+        if not isinstance(step, self.module.NativeStep) or not all(name in where for name in operands):
+            return None
+        return step, [where[name] for name in operands]
 
     def value(self, arg: Any) -> Any:
         return self.attribute(arg.target) if isinstance(arg, fx.Node) and arg.op == "get_attr" else None
@@ -163,6 +180,10 @@ def native_forward(program: fx.GraphModule) -> Optional[Any]:
     try:
         return _translate(program, module)
     except _Untranslatable:
+        return None
+    except (RuntimeError, TypeError) as error:  # NativeProgram's own checks: a marked function whose step disagrees
+        warnings.warn(f"lucid_fx: this program runs its generated forward, not from C++ ({error})", RuntimeWarning,
+                      stacklevel=2)
         return None
 
 

@@ -214,8 +214,8 @@ class NativeStep {
 //   CALL    a Python callable (a torch function, a kernel's Python function, a module), vectorcall;
 //   METHOD  a method of its first argument by name (`x.reshape(...)`), as fx's call_method;
 //   BOUND   a BoundOp on its tensors, no Python;
-//   STEP    a planned call: its NativeStep on the first tensors of its arguments (as the kernel's Python function
-//           passes them to `plan`), else, where the step refuses them, the Python function as CALL;
+//   STEP    a planned call: its NativeStep on the operands the kernel's Python function passes it (their indices among
+//           the arguments), else, where the step refuses them, the Python function as CALL;
 //   TUPLE, LIST  its arguments packed (a list of values an op takes, the output's structure).
 // After each call the registers nothing reads later are dropped, as the generated forward's `x = None`.
 class NativeProgram {
@@ -233,7 +233,7 @@ class NativeProgram {
     for (const auto& value : defaults) defaults_.push_back(py::reinterpret_borrow<py::object>(value));
     for (const auto& value : constants) constants_.push_back(py::reinterpret_borrow<py::object>(value));
     for (auto& [kind, target, args, kwnames, out, drop] : code) {
-      Step step{kind, target, args, kwnames, out, drop, nullptr, nullptr, py::object()};
+      Step step{kind, target, args, kwnames, out, drop, nullptr, nullptr, py::object(), {}};
       TORCH_CHECK(kind >= CALL && kind <= LIST && out >= 0 && out < registers_, "native program: instruction");
       for (const auto& [source, index] : args) {
         TORCH_CHECK(source == 0 ? index < registers_ : index < static_cast<int64_t>(constants_.size()),
@@ -241,9 +241,13 @@ class NativeProgram {
       }
       if (kind == BOUND) step.bound = target.cast<const BoundOp*>();
       if (kind == STEP) {
-        auto pair = target.cast<py::tuple>();
-        step.step = pair[0].cast<const NativeStep*>();
-        step.fallback = pair[1];
+        auto planned = target.cast<py::tuple>();  // (the NativeStep, the function, its operands' indices)
+        step.step = planned[0].cast<const NativeStep*>();
+        step.fallback = planned[1];
+        step.operands = planned[2].cast<std::vector<size_t>>();
+        TORCH_CHECK(step.operands.size() == step.step->arity() && step.operands.size() <= 8, "native program: step ",
+                    step.step->name(), " takes ", step.step->arity(), " operands");
+        for (size_t operand : step.operands) TORCH_CHECK(operand < args.size(), "native program: no operand ", operand);
       }
       code_.push_back(std::move(step));
     }
@@ -306,6 +310,7 @@ class NativeProgram {
     const BoundOp* bound;
     const NativeStep* step;
     py::object fallback;
+    std::vector<size_t> operands;
   };
 
   PyObject* get(const std::vector<py::object>& regs, const Arg& arg) const {
@@ -335,15 +340,10 @@ class NativeProgram {
       case BOUND:
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(s.bound->run(argv, count)));
       case STEP: {
-        PyObject* tensors[8];
-        size_t found = 0, wanted = s.step->arity();
-        for (size_t i = 0; i < count && found < wanted && found < 8; ++i) {
-          if (THPVariable_Check(argv[i])) tensors[found++] = argv[i];
-        }
-        if (found == wanted) {
-          std::optional<at::Tensor> out = s.step->run(tensors, found);
-          if (out) return py::reinterpret_steal<py::object>(THPVariable_Wrap(*out));
-        }
+        PyObject* operands[8];
+        for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];
+        std::optional<at::Tensor> out = s.step->run(operands, s.operands.size());
+        if (out) return py::reinterpret_steal<py::object>(THPVariable_Wrap(*out));
         return vectorcall(s.fallback.ptr(), argv, count, s.kwnames);  // the checked path, as the function takes it
       }
       default: {

@@ -39,6 +39,7 @@ from lucid_fx.kernels.native import bind
 from lucid_fx.kernels.onednn_steps import CONV_POST_OPS, VNNI_STEPS, conv_steps
 from lucid_fx.kernels.target import Target
 from lucid_fx.kernels.zero_point import _unpadded_zero_point
+from lucid_fx.kernels.native_step import returns_step
 
 __all__ = ["NativeConv", "native_conv", "conv_codes", "takes_conv", "native_engine", "silu_after_float", "amx_conv_engine",
            "post_op_after_float", "out_size", "DEPTHWISE_MACS", "DENSE_MACS", "VNNI_PIXELS", "VNNI_DEPTHWISE_PIXELS"]
@@ -194,6 +195,7 @@ def out_size(h, w, kernel, stride, padding, dilation) -> Tuple[int, int]:
                  for size, k, s, p, d in zip((h, w), kernel, stride, padding, dilation))
 
 
+@returns_step("x")
 def conv_codes(x: torch.Tensor, conv: NativeConv, stride: Sequence[int], padding: Sequence[int],
                dilation: Sequence[int], x_zp: int, zp: int, low: float, high: float, dtype: torch.dtype,
                plan: Optional[Callable] = None) -> torch.Tensor:

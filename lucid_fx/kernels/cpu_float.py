@@ -17,6 +17,7 @@ from lucid_fx.kernels import attention, native_elementwise, native_lut, norms, s
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.library import WeightCache, register_kernel
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes, softmax_table
+from lucid_fx.kernels.native_step import returns_step
 
 __all__ = ["PAIR_TABLES"]
 
@@ -91,6 +92,7 @@ def _pair_table(table: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
 PAIR_LOOKUP_MIN = 65536
 
 
+@returns_step("q", "table")
 def lut(q: torch.Tensor, table: torch.Tensor, plan: Optional[Callable] = None) -> torch.Tensor:
     """``table[code]``, reading the codes two at a time as one 16-bit index into a 65536-entry table
     of pairs (128 KiB, built once per table). Half the indices and no int64 copy: a million codes

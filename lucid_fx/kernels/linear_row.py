@@ -35,7 +35,7 @@ import torch
 from lucid_fx.kernels import linear_native
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.cpu_features import detected_cpu_features
-from lucid_fx.kernels.native_step import native_step
+from lucid_fx.kernels.native_step import native_step, returns_step
 from lucid_fx.kernels.int_mm import PREPARED, _gemm_weight, _GemmWeight, _int_mm
 from lucid_fx.kernels.onednn_steps import AMX_STEPS, VNNI_STEPS, linear_steps
 from lucid_fx.kernels.program_ops import MAGIC, code_bounds, operand
@@ -129,6 +129,7 @@ def row_linear(qw: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Ten
     return RowLinear(weight, (128 - zp_left) * weight.row_sums, x_scale, w_scale, bias, inv_out)
 
 
+@returns_step("q")
 def linear_row(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float, dtype: torch.dtype,
                plan: Optional[Callable] = None) -> torch.Tensor:
     """The linear of uint8 codes ``q`` (rows, K), as oneDNN's linear computes it: the int32 sums, then

@@ -21,7 +21,7 @@ import torch
 
 from lucid_fx.kernels import native
 from lucid_fx.kernels.native import _function
-from lucid_fx.kernels.native_step import BUFFER, IN, native_step
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step, returns_step
 
 __all__ = ["MatmulPlan", "matmul_plan", "matmul_codes", "matmul_step", "EXACT_SUM", "MAX_BATCH_DIMS"]
 
@@ -73,6 +73,7 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, a_zp: int, b_zp: int, limit: i
     return MatmulPlan(tuple(a.stride()), tuple(b.stride()), (*batch, m, n), torch.tensor(geometry, dtype=torch.int64))
 
 
+@returns_step("qa", "qb")
 def matmul_codes(qa, a_zp: int, qb, b_zp: int, mult: float, zp: int, low: int, high: int, dtype, matmul: MatmulPlan,
                  plan: Optional[Callable] = None):
     """:func:`lucid_fx.kernels.program_ops.matmul_codes` in one call, for operands with the strides of

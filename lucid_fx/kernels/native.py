@@ -35,6 +35,7 @@ import torch
 
 from lucid_fx.kernels import bound_ops, finite, native_bound, native_build, program_ops
 from lucid_fx.kernels import reference as ref
+from lucid_fx.kernels.native_step import returns_step
 
 __all__ = ["available", "status", "bind", "split_threads", "takes", "record_in_profiler", "quantize_codes", "quantize_call", "quantize_plan", "post_op_codes", "post_op_plan",
            "requantize_scaled", "matmul_codes", "SOURCE"]
@@ -211,6 +212,7 @@ def takes(x: torch.Tensor, dtype: torch.dtype) -> bool:
     return dtype in _CODES and x.is_cpu and x.is_floating_point()
 
 
+@returns_step("x")
 def quantize_codes(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int, dtype: torch.dtype,
                    plan: Optional[Callable] = None) -> torch.Tensor:
     """``clamp(round(x * inv_scale) + zp, qmin, qmax)`` as ``dtype`` in one pass; NaN and ±inf are

@@ -25,7 +25,7 @@ from lucid_fx.kernels import finite, native, program_ops
 from lucid_fx.kernels import reference as ref
 from lucid_fx.kernels.codes import f32
 from lucid_fx.kernels.native import _function
-from lucid_fx.kernels.native_step import BUFFER, IN, native_step
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step, returns_step
 
 __all__ = ["Broadcast", "broadcast_plan", "mul_codes", "add_codes", "fused_add", "quantize_channels_last",
            "dequantize_codes", "channel_lut", "channel_lut_cat", "quantize_step", "quantize_channels_last_plan", "MAX_DIMS"]
@@ -100,6 +100,7 @@ def add_codes(qa, a_zp: int, a_mult: float, qb, b_zp: int, b_mult: float, zp: in
                     lambda: program_ops.add_codes(qa, a_zp, a_mult, qb, b_zp, b_mult, zp, low, high, dtype))
 
 
+@returns_step("x")
 def quantize_channels_last(x: torch.Tensor, inv_scale: float, zp: int, qmin: int, qmax: int,
                            dtype: torch.dtype, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`lucid_fx.kernels.native.quantize_codes` of a contiguous 4-d float32 ``x``, written

@@ -11,7 +11,7 @@ import torch
 
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels.native import _CODES, bind
-from lucid_fx.kernels.native_step import BUFFER, IN, native_step
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step, returns_step
 
 __all__ = ["is_gate", "gate_mul_codes", "gate_mul_plan", "global_avg_pool_codes", "global_avg_pool_plan"]
 
@@ -30,6 +30,7 @@ def is_gate(qa: torch.Tensor, qg: torch.Tensor) -> bool:
     return qa.dim() == 4 and qg.dim() == 4 and tuple(qg.shape) == (qa.shape[0], qa.shape[1], 1, 1)
 
 
+@returns_step("qa", "qg")
 def gate_mul_codes(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, high: int, dtype,
                    plan: Optional[Callable] = None):
     """:func:`lucid_fx.kernels.program_ops.mul_codes` of 4-d codes ``qa`` (channels-last or
@@ -56,6 +57,7 @@ def gate_mul_plan(qa, a_zp: int, qg, g_zp: int, mult: float, zp: int, low: int, 
                        [(IN, 0), (IN, 1), (BUFFER, 0)])
 
 
+@returns_step("q")
 def global_avg_pool_codes(q: torch.Tensor, scale: float, zp: int, out_scale: float, out_zp: int,
                           plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`lucid_fx.kernels.program_ops.global_avg_pool_codes` of 4-d codes in one pass (an int32

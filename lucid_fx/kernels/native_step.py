@@ -21,13 +21,25 @@ import torch
 
 from lucid_fx.kernels import bound_ops
 
-__all__ = ["native_step", "native_chain", "IN", "BUFFER"]
+__all__ = ["native_step", "native_chain", "returns_step", "IN", "BUFFER"]
 
 _DTYPES = {torch.uint8: "uint8", torch.int8: "int8", torch.int32: "int32", torch.float32: "float32"}
 IN, BUFFER = "in", "buffer"
 # A pointer argument: (IN, i) the i-th tensor's data, (BUFFER, j) the j-th buffer's, or an address (a constant's
 # data_ptr, held alive by whoever planned the step; None for NULL).
 Pointer = Union[Tuple[str, int], int, None]
+
+
+def returns_step(*operands: str, step: str = "plan") -> Callable[[Callable], Callable]:
+    """Mark a planned kernel function whose result is its ``step`` parameter called on its ``operands`` parameters,
+    ``step(*operands)``, wherever that gives a tensor, and the same values its own way where it gives None. A program
+    running from C++ (:mod:`lucid_fx.passes.run_program_natively`) then calls the step itself, and the function only
+    where the step refuses. Sets ``fn.returns_step = (step, operands)``."""
+    def mark(fn: Callable) -> Callable:
+        fn.returns_step = (step, operands)
+        return fn
+
+    return mark
 
 
 def native_step(call: Callable, inputs: Sequence[Tuple[Sequence[int], Sequence[int], torch.dtype]],

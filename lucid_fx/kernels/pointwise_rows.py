@@ -10,10 +10,12 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from lucid_fx.kernels.linear_row import RowLinear, gemm_plan, linear_row
+from lucid_fx.kernels.native_step import returns_step
 
 __all__ = ["pointwise_rows", "pointwise_rows_plan", "pointwise_rows_sum", "pointwise_rows_sum_plan"]
 
 
+@returns_step("q")
 def pointwise_rows(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: float,
                    dtype: torch.dtype, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`linear_row` of each pixel of 4-d channels-last codes ``q`` (a 1x1 convolution of stride 1,
@@ -43,6 +45,7 @@ def pointwise_rows_plan(q: torch.Tensor, row: RowLinear, zp: int, low: float, hi
     return gemm_plan(q, row, zp, low, high, dtype, (n, row.weight.n, h, w), layout, residual)
 
 
+@returns_step("q", "other")
 def pointwise_rows_sum(q: torch.Tensor, row: RowLinear, other: torch.Tensor, other_scale: float, other_zp: int, zp: int,
                        low: float, high: float, plan: Optional[Callable] = None) -> torch.Tensor:
     """:func:`pointwise_rows` into uint8 codes plus a residual ``other`` (uint8 codes of the result's

@@ -13,6 +13,7 @@ import torch
 from lucid_fx.kernels.linear_add import linear_rows_add
 from lucid_fx.kernels.linear_native import Residual
 from lucid_fx.kernels.linear_row import RowLinear, gemm_plan, linear_rows
+from lucid_fx.kernels.native_step import returns_step
 
 __all__ = ["planned_step", "planned_rows", "planned_rows_add"]
 
@@ -29,6 +30,7 @@ def planned_step(q: torch.Tensor, row: RowLinear, zp: int, low: float, high: flo
     # step: it checks the rows' (and residual's) shape, strides and device
 
 
+@returns_step("q", step="step")
 def planned_rows(q: torch.Tensor, row: RowLinear, step: Optional[Callable], zp: int, low: float, high: float,
                  dtype: torch.dtype) -> torch.Tensor:
     """``linear_rows(q, row, zp, low, high, dtype)`` by ``step`` (:func:`planned_step`'s) where it takes ``q``."""
@@ -36,6 +38,7 @@ def planned_rows(q: torch.Tensor, row: RowLinear, step: Optional[Callable], zp: 
     return out if out is not None else linear_rows(q, row, zp, low, high, dtype)
 
 
+@returns_step("q", "other", step="step")
 def planned_rows_add(q: torch.Tensor, other: torch.Tensor, row: RowLinear, step: Optional[Callable], low: float,
                      high: float) -> torch.Tensor:
     """``linear_rows_add(q, other, row, low, high)`` by ``step`` (planned with ADDEND) where it takes them."""

@@ -43,7 +43,7 @@ from lucid_fx.kernels.codes import finish
 from lucid_fx.kernels.matmul_native import matmul_plan
 from lucid_fx.kernels import native
 from lucid_fx.kernels.native import _function
-from lucid_fx.kernels.native_step import BUFFER, IN, native_chain
+from lucid_fx.kernels.native_step import BUFFER, IN, native_chain, returns_step
 from lucid_fx.kernels.program_ops import centered, code_bounds, requantize_codes
 from lucid_fx.kernels.reference import dequant
 from lucid_fx.kernels.softmax_native import table_keep
@@ -237,6 +237,7 @@ TABLE_MIN = 2 ** 12
 BIAS_TABLE_MIN = 2 ** 17
 
 
+@returns_step("q", "v")
 def cpu_softmax_matmul(q, scale, zp, mask, fill, v, v_scale, v_zp, out_scale, out_zp, table=None, rows=None, plan=None):
     """The CPU kernel (and the program's call, with ``table`` and ``rows`` (:func:`rows_plan`) made once): ``e``
     from the table, over what a padding or causal mask leaves (``softmax_native.table_keep``, as

@@ -2,6 +2,7 @@
 values, calls a planned step's Python function only where the step refuses, drops values after their last read,
 and leaves the generated forward where it cannot take the graph."""
 
+import inspect
 import operator
 import sys
 import weakref
@@ -11,10 +12,12 @@ import torch
 from torch import fx
 
 import lucid_fx
-from lucid_fx.kernels import bound_ops, native_lut
+from lucid_fx.kernels import bound_ops, native, native_lut, row_plan
+from lucid_fx.kernels.native_step import returns_step
 from lucid_fx.passes.bind_program_ops import _CALL
 from lucid_fx.passes.run_program_natively import native_forward, run_program_natively
 from lucid_fx.program import programs_of
+from lucid_fx.rules.program_cpu import PROGRAM_PLANS_CPU
 from models import EfficientNetLike, _init_bn
 
 
@@ -130,25 +133,47 @@ def test_a_bound_call_runs_its_operator(bound_ops_on):
     assert repr(program) == "<lucid_fx native program: 1 calls (1 bound, 0 planned, 0 Python)>"
 
 
-def test_a_planned_call_runs_its_step_and_its_function_only_where_the_step_refuses(bound_ops_on, native_here):
-    calls = []
-
-    def lookup(q, table, plan):  # a planned kernel function's contract: the step on its first tensors
-        calls.append(tuple(q.shape))
-        out = plan(q, table)
-        return out if out is not None else table[q.long()]
-
+def _lookup_program(lookup):
     q, table = torch.randint(0, 256, (3, 5), dtype=torch.uint8), torch.randn(256)
     step = native_lut.lut_plan(q, table)
 
     def build(graph):
-        graph.output(graph.call_function(lookup, (graph.placeholder("q"), graph.get_attr("table"), graph.get_attr("step"))))
+        graph.output(graph.call_function(lookup, (graph.placeholder("q"), graph.get_attr("table")),
+                                         {"plan": graph.get_attr("step")}))
 
-    program = native_forward(_module(build, table=table, step=step))
+    return native_forward(_module(build, table=table, step=step)), q, table
+
+
+def test_a_planned_call_runs_its_step_and_its_function_only_where_the_step_refuses(bound_ops_on, native_here):
+    calls = []
+
+    @returns_step("q", "table")
+    def lookup(q, table, plan):
+        calls.append(tuple(q.shape))
+        out = plan(q, table)
+        return out if out is not None else table[q.long()]
+
+    program, q, table = _lookup_program(lookup)
     assert repr(program) == "<lucid_fx native program: 1 calls (0 bound, 1 planned, 0 Python)>"
     assert torch.equal(program(q), table[q.long()]) and calls == []  # the step ran, not the function
     other = torch.randint(0, 256, (4, 5), dtype=torch.uint8)
     assert torch.equal(program(other), table[other.long()]) and calls == [(4, 5)]  # refused: the function ran
+
+
+def test_a_function_given_a_step_runs_itself_unless_marked(bound_ops_on, native_here):
+    def lookup_then_negate(q, table, plan):  # more than its step: not marked returns_step
+        return -plan(q, table)
+
+    program, q, table = _lookup_program(lookup_then_negate)
+    assert repr(program) == "<lucid_fx native program: 1 calls (0 bound, 0 planned, 1 Python)>"
+    assert torch.equal(program(q), -table[q.long()])
+
+    @returns_step("q", step="plan")  # marked, but the step takes two operands: the generated forward, and why
+    def wrongly_marked(q, table, plan):
+        return plan(q, table)
+
+    with pytest.warns(RuntimeWarning, match="takes 2 operands"):
+        assert _lookup_program(wrongly_marked)[0] is None
 
 
 def test_what_it_does_not_take_keeps_the_generated_forward(bound_ops_on, monkeypatch):
@@ -191,3 +216,11 @@ def test_a_converted_models_program_runs_natively_and_no_planned_function_runs(b
         sys.setprofile(None)
     assert torch.equal(out, portable) and torch.equal(out, type(program).forward(program, x))
     assert not planned & ran, sorted(c.co_name for c in planned & ran)  # each step took its operands
+
+
+def test_the_planned_kernel_functions_are_marked_with_parameters_they_have():
+    unmarked = {fn for fn in PROGRAM_PLANS_CPU if not hasattr(fn, "returns_step")}
+    assert unmarked == {native.post_op_codes}  # its result is its post-op's, then its step's: it runs itself
+    for fn in [*PROGRAM_PLANS_CPU, row_plan.planned_rows, row_plan.planned_rows_add]:
+        step, operands = getattr(fn, "returns_step", ("plan", ()))
+        assert {step, *operands} <= set(inspect.signature(fn).parameters), fn.__name__
