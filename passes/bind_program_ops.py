@@ -27,7 +27,7 @@ from torch import fx
 from lucid_fx._meta import BOUND_OP
 from lucid_fx.kernels import bound_ops
 
-__all__ = ["bind_program_ops", "BoundCall", "BOUND_NAMESPACES"]
+__all__ = ["bind_program_ops", "bound_call", "BoundCall", "BOUND_NAMESPACES"]
 
 #: Operator namespaces whose program calls are bound.
 BOUND_NAMESPACES = frozenset({"onednn"})
@@ -48,11 +48,13 @@ def _call(fn: Callable, *args: Any) -> Any:
 _CALL = getattr(operator, "call", _call)  # Python 3.11's operator.call: no Python frame of its own
 
 
-def _bound(program: fx.GraphModule, node: fx.Node) -> Any:
-    """The bound call of ``node``'s operator with its constants, and the nodes it takes per call; None to keep it."""
+def bound_call(program: fx.GraphModule, op: torch._ops.OpOverload, args: Tuple[Any, ...]) -> Any:
+    """The bound call of ``op`` on ``args`` (one per argument of its schema: constants, program attributes, values of
+    the graph), the nodes it takes per call, and its arguments as :class:`BoundCall` keeps them; None to keep ``op``'s
+    own call."""
     values: list = []
     slots, live = [], []
-    for index, arg in enumerate(node.args):
+    for index, arg in enumerate(args):
         if isinstance(arg, fx.Node) and arg.op == "get_attr":
             values.append(getattr(program, arg.target))  # a constant: converted now
         elif isinstance(arg, fx.Node):  # a value of the graph: passed per call (the schema's argument a tensor)
@@ -65,10 +67,10 @@ def _bound(program: fx.GraphModule, node: fx.Node) -> Any:
             if nested:  # a list of graph values (a Tensor[] argument): kept
                 return None
             values.append(arg)
-    bound = bound_ops.bind(node.target, values, slots)
+    bound = bound_ops.bind(op, values, slots)
     if bound is None:
         return None
-    return bound, live, tuple(a if i in slots else v for i, (a, v) in enumerate(zip(node.args, values)))
+    return bound, live, tuple(a if i in slots else v for i, (a, v) in enumerate(zip(args, values)))
 
 
 def bind_program_ops(program: fx.GraphModule) -> int:
@@ -78,7 +80,7 @@ def bind_program_ops(program: fx.GraphModule) -> int:
         op = node.target
         if not isinstance(op, torch._ops.OpOverload) or op.namespace not in BOUND_NAMESPACES or node.kwargs:
             continue
-        found = _bound(program, node)
+        found = bound_call(program, op, node.args)
         if found is None:
             continue
         bound, live, args = found

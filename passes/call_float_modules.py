@@ -28,6 +28,11 @@ def layer_norm(x: torch.Tensor, module: nn.LayerNorm, shape: Tuple[int, ...], we
     return torch.layer_norm(x, shape, weight, bias, eps)
 
 
+# A native program (passes/run_program_natively.py) calls the operator on these parameters itself, unless the module
+# has hooks: (the module's parameter, the operator torch.layer_norm calls, its arguments' parameters).
+layer_norm.unless_hooked = ("module", torch.ops.aten.layer_norm.default, ("x", "shape", "weight", "bias", "eps"))
+
+
 #: A float module's type -> (the function a program calls instead, the module attributes it takes after the module).
 FLOAT_MODULE_CALLS: Dict[type, Tuple[Callable, Tuple[str, ...]]] = {
     nn.LayerNorm: (layer_norm, ("normalized_shape", "weight", "bias", "eps")),

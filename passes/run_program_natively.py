@@ -28,19 +28,36 @@ value or a flat tuple or list of them.
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from torch import fx
 
 from torch.fx.immutable_collections import immutable_list
 
 from lucid_fx.kernels import bound_ops
-from lucid_fx.passes.bind_program_ops import _CALL
+from lucid_fx.passes.bind_program_ops import _CALL, bound_call
 
-__all__ = ["run_program_natively", "native_forward"]
+__all__ = ["run_program_natively", "native_forward", "ATEN_CALLS"]
 
-CALL, METHOD, BOUND, STEP, TUPLE, LIST = range(6)  # bound_ops.cpp's NativeProgram::Kind
+CALL, METHOD, BOUND, STEP, TUPLE, LIST, GUARDED = range(7)  # bound_ops.cpp's NativeProgram::Kind
+
+_ATEN = torch.ops.aten
+#: Calls a native program makes as bound aten operators (:func:`~lucid_fx.passes.bind_program_ops.bound_call`), where
+#: their arguments but the tensors are constants: through torch's Python binding each parsed its arguments on every
+#: call, 4-8 us between kernels with the interpreter's caches cold. A Tensor method by name, or a function -> the
+#: operator its Python binding calls (``operator.getitem`` of a tensor and an int: ``select``).
+ATEN_CALLS: Dict[Any, torch._ops.OpOverload] = {
+    "reshape": _ATEN.reshape.default, "view": _ATEN.view.default, "permute": _ATEN.permute.default,
+    "transpose": _ATEN.transpose.int, "contiguous": _ATEN.contiguous.default, "flatten": _ATEN.flatten.using_ints,
+    "clone": _ATEN.clone.default, "unsqueeze": _ATEN.unsqueeze.default,
+    torch.reshape: _ATEN.reshape.default, torch.permute: _ATEN.permute.default, torch.transpose: _ATEN.transpose.int,
+    torch.flatten: _ATEN.flatten.using_ints, torch.split_with_sizes: _ATEN.split_with_sizes.default,
+    torch.addcmul: _ATEN.addcmul.default, torch.layer_norm: _ATEN.layer_norm.default, operator.getitem: _ATEN.select.int,
+}
+_SIZES = frozenset({"reshape", "view", "permute"})  # methods taking sizes as arguments too: x.view(2, 3) is x.view((2, 3))
 
 
 class _Untranslatable(Exception):
@@ -94,7 +111,14 @@ class _Translation:
         args = [self.arg(a) for a in node.args]
         kwargs = [self.arg(v) for v in node.kwargs.values()]
         kwnames = tuple(node.kwargs)
-        if node.op == "call_method":
+        aten = self.aten(node)
+        guarded = self.guarded(node) if aten is None else None
+        if aten is not None:
+            kind, target, args, kwnames = BOUND, aten[0], [self.arg(n) for n in aten[1]], ()
+            kwargs = []
+        elif guarded is not None:
+            kind, target = GUARDED, guarded
+        elif node.op == "call_method":
             kind, target = METHOD, node.target
         elif node.op == "call_module":
             kind, target = CALL, self.attribute(node.target)
@@ -107,16 +131,45 @@ class _Translation:
                 kind, target = STEP, (step[0], node.target, step[1])
         self.code.append([kind, target, args + kwargs, kwnames, self.register(node), []])
 
+    def aten(self, node: fx.Node) -> Optional[Tuple[Any, List[fx.Node]]]:
+        """A call of :data:`ATEN_CALLS` as its bound operator, and the values it takes per call; None to keep it."""
+        op = ATEN_CALLS.get(node.target) if node.op in ("call_method", "call_function") else None
+        args = None if op is None else _aten_args(node, op)
+        found = None if args is None else bound_call(self.program, op, args)
+        return None if found is None else found[:2]
+
+    def guarded(self, node: fx.Node) -> Optional[tuple]:
+        """For a call of a float module's function (``fn.unless_hooked = (module parameter, operator, its parameters)``,
+        :mod:`lucid_fx.passes.call_float_modules`): (the bound operator, the function, where its operands are among the
+        call's arguments, the module)."""
+        module_name, op, names = getattr(node.target, "unless_hooked", (None, None, ()))
+        if module_name is None:
+            return None
+        where, given = self.where(node)
+        if module_name not in where or not all(name in where for name in names):
+            return None
+        module, args = self.value(given[where[module_name]]), [given[where[name]] for name in names]
+        found = None if module is None else bound_call(self.program, op, _with_defaults(op, args, {}))
+        if found is None:
+            return None
+        live = [name for name in names if isinstance(given[where[name]], fx.Node) and given[where[name]].op != "get_attr"]
+        return found[0], node.target, [where[name] for name in live], module
+
+    def where(self, node: fx.Node) -> Tuple[Dict[str, int], tuple]:
+        """Each of the called function's parameters given by the call -> its index among the call's arguments
+        (positional, then keyword values); and those arguments."""
+        names = list(inspect.signature(node.target).parameters)
+        where = {name: i for i, name in enumerate(names[:len(node.args)])}
+        where.update((name, len(node.args) + i) for i, name in enumerate(node.kwargs))
+        return where, (*node.args, *node.kwargs.values())
+
     def planned(self, node: fx.Node) -> Optional[Tuple[Any, List[int]]]:
         """For a call of a :func:`~lucid_fx.kernels.native_step.returns_step` function given a ``NativeStep``: the step,
         and where its operands are among the call's arguments (positional, then keyword values)."""
         step_name, operands = getattr(node.target, "returns_step", (None, ()))
         if step_name is None:
             return None
-        names = list(inspect.signature(node.target).parameters)
-        where = {name: i for i, name in enumerate(names[:len(node.args)])}
-        where.update((name, len(node.args) + i) for i, name in enumerate(node.kwargs))
-        given = (*node.args, *node.kwargs.values())
+        where, given = self.where(node)
         step = self.value(given[where[step_name]]) if step_name in where else None
         if not isinstance(step, self.module.NativeStep) or not all(name in where for name in operands):
             return None
@@ -162,6 +215,35 @@ def _drop_after_last_read(code: List[list], output: Tuple[int, int]) -> None:
     for register, index in last.items():
         if output != (0, register):
             code[index][5].append(register)
+
+
+def _aten_args(node: fx.Node, op: torch._ops.OpOverload) -> Optional[tuple]:
+    """``node``'s arguments as ``op``'s schema takes them (one per argument, defaults filled in); None where they are
+    not ``op``'s (a tensor's ``view(dtype)`` fails later, in binding)."""
+    args = list(node.args)
+    if op is _ATEN.select.int:  # x[i]: of a tensor (a list's item stays operator.getitem) and an int only
+        value = args[0].meta.get("val") if isinstance(args[0], fx.Node) else None
+        return (args[0], 0, args[1]) if isinstance(value, torch.Tensor) and type(args[1]) is int else None
+    if node.op == "call_method" and node.target in _SIZES and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
+        args = [args[0], list(args[1:])]
+    return _with_defaults(op, args, node.kwargs)
+
+
+def _with_defaults(op: torch._ops.OpOverload, args: List[Any], kwargs: Dict[str, Any]) -> Optional[tuple]:
+    schema = op._schema.arguments
+    if len(args) > sum(not a.kwarg_only for a in schema) or set(kwargs) - {a.name for a in schema}:
+        return None
+    values = []
+    for index, argument in enumerate(schema):
+        if index < len(args):
+            values.append(args[index])
+        elif argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            values.append(argument.default_value)
+        else:
+            return None
+    return tuple(values)
 
 
 def _plain(value: Any) -> Any:

@@ -38,8 +38,12 @@ class BoundOp {
     const auto& arguments = schema.arguments();
     TORCH_CHECK(values.size() == arguments.size(), schema.name(), " takes ", arguments.size(), " arguments, bound with ",
                 values.size());
-    TORCH_CHECK(schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::TensorType,
-                schema.name(), " does not return one tensor");
+    TORCH_CHECK(schema.returns().size() == 1, schema.name(), " does not return one value");
+    const c10::TypePtr& returned = schema.returns()[0].type();
+    list_ = returned->kind() == c10::TypeKind::ListType &&
+            returned->containedType(0)->kind() == c10::TypeKind::TensorType;
+    TORCH_CHECK(list_ || returned->kind() == c10::TypeKind::TensorType, schema.name(),
+                " returns neither a tensor nor a list of tensors");
     for (int64_t slot : slots_) {
       TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(arguments.size()), "slot ", slot, " is not an argument of ",
                   schema.name());
@@ -52,9 +56,10 @@ class BoundOp {
     }
   }
 
-  at::Tensor call(const py::args& tensors) const { return run(items(tensors), tensors.size()); }
+  py::object call(const py::args& tensors) const { return run(items(tensors), tensors.size()); }
 
-  at::Tensor run(PyObject* const* tensors, size_t count) const {
+  // The operator on `count` tensors: its tensor, or a tuple of its tensors (split_with_sizes).
+  py::object run(PyObject* const* tensors, size_t count) const {
     if (count != slots_.size()) {
       throw py::type_error(name() + " bound call takes " + std::to_string(slots_.size()) + " tensors, got " +
                            std::to_string(count));
@@ -72,7 +77,11 @@ class BoundOp {
     } catch (const c10::Error& error) {
       throw std::runtime_error(error.what_without_backtrace());  // torch's own message, as torch.ops raises it
     }
-    return stack.back().toTensor();
+    if (!list_) return py::reinterpret_steal<py::object>(THPVariable_Wrap(stack.back().toTensor()));
+    std::vector<at::Tensor> results = stack.back().toTensorVector();
+    py::tuple out(results.size());  // a tuple, as torch's Python functions return a list of tensors (split)
+    for (size_t i = 0; i < results.size(); ++i) out[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(results[i]));
+    return std::move(out);
   }
 
   std::string name() const {
@@ -84,6 +93,7 @@ class BoundOp {
 
  private:
   c10::OperatorHandle op_;
+  bool list_ = false;
   std::vector<int64_t> slots_;
   std::vector<c10::IValue> values_;
 };
@@ -216,11 +226,13 @@ class NativeStep {
 //   BOUND   a BoundOp on its tensors, no Python;
 //   STEP    a planned call: its NativeStep on the operands the kernel's Python function passes it (their indices among
 //           the arguments), else, where the step refuses them, the Python function as CALL;
-//   TUPLE, LIST  its arguments packed (a list of values an op takes, the output's structure).
+//   TUPLE, LIST  its arguments packed (a list of values an op takes, the output's structure);
+//   GUARDED a float module's call as its operator, a BoundOp on the operands among its arguments, unless the module
+//           has hooks: then the Python function (which calls the module).
 // After each call the registers nothing reads later are dropped, as the generated forward's `x = None`.
 class NativeProgram {
  public:
-  enum Kind : int64_t { CALL = 0, METHOD = 1, BOUND = 2, STEP = 3, TUPLE = 4, LIST = 5 };
+  enum Kind : int64_t { CALL = 0, METHOD = 1, BOUND = 2, STEP = 3, TUPLE = 4, LIST = 5, GUARDED = 6 };
   using Arg = std::pair<int64_t, int64_t>;  // (0: a register, 1: a constant), its index
   // kind, target, arguments (positional, then keyword values), keyword names, the register written, registers dropped
   using Instruction = std::tuple<int64_t, py::object, std::vector<Arg>, py::tuple, int64_t, std::vector<int64_t>>;
@@ -233,13 +245,23 @@ class NativeProgram {
     for (const auto& value : defaults) defaults_.push_back(py::reinterpret_borrow<py::object>(value));
     for (const auto& value : constants) constants_.push_back(py::reinterpret_borrow<py::object>(value));
     for (auto& [kind, target, args, kwnames, out, drop] : code) {
-      Step step{kind, target, args, kwnames, out, drop, nullptr, nullptr, py::object(), {}};
-      TORCH_CHECK(kind >= CALL && kind <= LIST && out >= 0 && out < registers_, "native program: instruction");
+      Step step{kind, target, args, kwnames, out, drop, nullptr, nullptr, py::object(), {}, py::object()};
+      TORCH_CHECK(kind >= CALL && kind <= GUARDED && out >= 0 && out < registers_, "native program: instruction");
       for (const auto& [source, index] : args) {
         TORCH_CHECK(source == 0 ? index < registers_ : index < static_cast<int64_t>(constants_.size()),
                     "native program: no argument ", source, ":", index);
       }
       if (kind == BOUND) step.bound = target.cast<const BoundOp*>();
+      if (kind == GUARDED) {
+        auto guarded = target.cast<py::tuple>();  // (the BoundOp, the function, its operands' indices, the module)
+        step.bound = guarded[0].cast<const BoundOp*>();
+        step.fallback = guarded[1];
+        step.operands = guarded[2].cast<std::vector<size_t>>();
+        step.guard = guarded[3];
+        TORCH_CHECK(step.operands.size() == step.bound->slots().size() && step.operands.size() <= 8,
+                    "native program: ", step.bound->name(), " takes ", step.bound->slots().size(), " operands");
+        for (size_t operand : step.operands) TORCH_CHECK(operand < args.size(), "native program: no operand ", operand);
+      }
       if (kind == STEP) {
         auto planned = target.cast<py::tuple>();  // (the NativeStep, the function, its operands' indices)
         step.step = planned[0].cast<const NativeStep*>();
@@ -292,9 +314,10 @@ class NativeProgram {
   }
 
   std::string describe() const {
-    int64_t counts[6] = {0, 0, 0, 0, 0, 0};
+    int64_t counts[7] = {0, 0, 0, 0, 0, 0, 0};
     for (const Step& s : code_) ++counts[s.kind];
-    return "<lucid_fx native program: " + std::to_string(code_.size()) + " calls (" + std::to_string(counts[BOUND]) +
+    return "<lucid_fx native program: " + std::to_string(code_.size()) + " calls (" +
+           std::to_string(counts[BOUND] + counts[GUARDED]) +
            " bound, " + std::to_string(counts[STEP]) + " planned, " + std::to_string(counts[CALL] + counts[METHOD]) +
            " Python)>";
   }
@@ -311,7 +334,19 @@ class NativeProgram {
     const NativeStep* step;
     py::object fallback;
     std::vector<size_t> operands;
+    py::object guard;
   };
+
+  // Whether a module has forward hooks or pre-hooks (what call_float_modules' functions check).
+  static bool hooked(const py::object& module) {
+    py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(module.ptr(), nullptr));
+    if (!dict) throw py::error_already_set();
+    for (const char* name : {"_forward_hooks", "_forward_pre_hooks"}) {
+      PyObject* hooks = PyDict_GetItemString(dict.ptr(), name);
+      if (hooks == nullptr || !PyDict_Check(hooks) || PyDict_GET_SIZE(hooks) != 0) return true;
+    }
+    return false;
+  }
 
   PyObject* get(const std::vector<py::object>& regs, const Arg& arg) const {
     PyObject* value = arg.first == 0 ? regs[arg.second].ptr() : constants_[arg.second].ptr();
@@ -338,7 +373,15 @@ class NativeProgram {
         return py::reinterpret_steal<py::object>(out);
       }
       case BOUND:
-        return py::reinterpret_steal<py::object>(THPVariable_Wrap(s.bound->run(argv, count)));
+        return s.bound->run(argv, count);
+      case GUARDED: {
+        if (!hooked(s.guard)) {
+          PyObject* operands[8];
+          for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];
+          return s.bound->run(operands, s.operands.size());
+        }
+        return vectorcall(s.fallback.ptr(), argv, count, s.kwnames);  // the function: the module's call, its hooks
+      }
       case STEP: {
         PyObject* operands[8];
         for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];

@@ -14,6 +14,7 @@ from torch import fx
 import lucid_fx
 from lucid_fx.kernels import bound_ops, native, native_lut, row_plan
 from lucid_fx.kernels.native_step import returns_step
+from lucid_fx.passes import call_float_modules
 from lucid_fx.passes.bind_program_ops import _CALL
 from lucid_fx.passes.run_program_natively import native_forward, run_program_natively
 from lucid_fx.program import programs_of
@@ -52,7 +53,7 @@ def test_a_graph_runs_with_its_generated_forwards_values(bound_ops_on):
     assert type(got) is tuple and len(got) == 2
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got[0][:6], ((x[:, :2] + 2 * x[:, 2:]) * gm.weight).reshape(-1))
-    assert repr(program) == "<lucid_fx native program: 9 calls (0 bound, 0 planned, 7 Python)>"  # and 2 packs
+    assert repr(program) == "<lucid_fx native program: 9 calls (2 bound, 0 planned, 5 Python)>"  # and 2 packs
 
 
 def test_keywords_and_defaults_bind_as_in_the_generated_forward(bound_ops_on):
@@ -224,3 +225,72 @@ def test_the_planned_kernel_functions_are_marked_with_parameters_they_have():
     for fn in [*PROGRAM_PLANS_CPU, row_plan.planned_rows, row_plan.planned_rows_add]:
         step, operands = getattr(fn, "returns_step", ("plan", ()))
         assert {step, *operands} <= set(inspect.signature(fn).parameters), fn.__name__
+
+
+_X = torch.randn(2, 3, 4, 5)
+ATEN_CASES = [  # (method name or function, arguments after the tensor, keywords)
+    ("reshape", (6, 20), {}), ("reshape", ((-1, 5),), {}), ("view", (2, 60), {}), ("permute", (3, 0, 2, 1), {}),
+    ("transpose", (1, -1), {}), ("contiguous", (), {"memory_format": torch.channels_last}), ("contiguous", (), {}),
+    ("flatten", (1,), {}), ("clone", (), {"memory_format": torch.contiguous_format}), ("unsqueeze", (0,), {}),
+    (torch.reshape, ((4, 30),), {}), (torch.permute, ((1, 0, 2, 3),), {}), (torch.transpose, (0, 2), {}),
+    (torch.flatten, (1,), {}), (torch.split_with_sizes, ([1, 2], 1), {}), (torch.addcmul, (_X, _X), {"value": 0.5}),
+    (torch.layer_norm, ((5,), torch.randn(5), torch.randn(5), 1e-5), {}), (operator.getitem, (1,), {}),
+]
+
+
+@pytest.mark.parametrize("call, args, kwargs", ATEN_CASES, ids=[f"{c if isinstance(c, str) else c.__name__}-{i}"
+                                                                  for i, (c, _, _) in enumerate(ATEN_CASES)])
+def test_a_view_or_float_op_runs_as_its_bound_aten_operator(bound_ops_on, call, args, kwargs):
+    constants = {f"c{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}  # tensors: program attributes
+
+    def build(graph):
+        x = graph.placeholder("x")
+        x.meta["val"] = _X  # (what a program's values carry: getitem binds on a tensor only)
+        given = tuple(graph.get_attr(f"c{i}") if f"c{i}" in constants else a for i, a in enumerate(args))
+        if isinstance(call, str):
+            graph.output(graph.call_method(call, (x, *given), kwargs))
+        else:
+            graph.output(graph.call_function(call, (x, *given), kwargs))
+
+    gm = _module(build, **constants)
+    program = native_forward(gm)
+    assert repr(program) == "<lucid_fx native program: 1 calls (1 bound, 0 planned, 0 Python)>"
+    got, want = program(_X), gm.forward(_X)
+    for g, w in zip(got, want) if isinstance(want, tuple) else [(got, want)]:
+        assert torch.equal(g, w) and g.shape == w.shape and g.stride() == w.stride()
+        assert (g.data_ptr() == _X.data_ptr()) == (w.data_ptr() == _X.data_ptr())  # a view where Python's is one
+    assert type(got) is type(want)
+
+
+def test_a_list_item_stays_a_python_call_and_a_dtype_view_its_method(bound_ops_on):
+    def build(graph):
+        x = graph.placeholder("x")
+        parts = graph.call_function(torch.split_with_sizes, (x, [1, 1]))
+        first = graph.call_function(operator.getitem, (parts, 0))  # a list's item
+        graph.output(graph.call_method("view", (first, torch.int32)))  # view(dtype): not aten::view
+
+    gm, x = _module(build), torch.randn(2, 3)
+    program = native_forward(gm)
+    assert repr(program) == "<lucid_fx native program: 3 calls (1 bound, 0 planned, 2 Python)>"
+    assert torch.equal(program(x), x[:1].view(torch.int32))
+
+
+def test_a_float_layer_norm_runs_its_operator_unless_the_module_has_hooks(bound_ops_on):
+    norm = torch.nn.LayerNorm(8).eval()
+    torch.nn.init.normal_(norm.weight)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(call_float_modules.layer_norm, (x, graph.get_attr("norm"), (8,),
+                                                                          graph.get_attr("weight"), norm.bias, 1e-5)))
+
+    program = native_forward(_module(build, norm=norm, weight=norm.weight))
+    assert repr(program) == "<lucid_fx native program: 1 calls (1 bound, 0 planned, 0 Python)>"
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(program(x), norm(x))
+        seen = []
+        handle = norm.register_forward_hook(lambda module, inputs, out: seen.append(out) or out * 2)
+        assert torch.equal(program(x), 2 * seen[0]) and len(seen) == 1  # the module's call, its hook
+        handle.remove()
+        assert torch.equal(program(x), norm(x)) and len(seen) == 1
