@@ -76,7 +76,7 @@ SIGNATURES = {
     "conv": ((_P, _P, _P, _P, _I32, _I32, _P, _P, _P, _F, _F, _I32, _F, _F, _I32), None, (*_CODES, torch.float32)),  # native_conv.c
     "norm": ((_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32), None, _CODES),  # native_norm.c
     "group_norm": ((_P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F, _P, _P, _F, _I32, _I32, _I32, _P), _I32, (*_CODES, torch.float32)),
-    "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; 0: no scratch
+    "pool": ((_P, _P, _P, _F), _I32, _CODES),  # native_pool.c: q, out, geometry, ratio; nonzero: no scratch
     "rnn": ((_P,) * 11 + (_F, _F) + (_P,) * 4, None, (torch.float32,)),  # native_rnn.c: a layer, a cell, a dynamic linear
     "cell": ((_P,) * 13, _I32, (torch.float32,)), "linear_dynamic": ((_P,) * 8, _I32, (torch.float32,)),
 }

@@ -43,7 +43,7 @@ static void pool_ranges(range_t *restrict r, int64_t outs, int64_t in, int64_t k
         range_t *ry = malloc(oh * sizeof *ry), *rx = malloc(ow * sizeof *rx);                      \
         if (!ry || !rx) {                                                                          \
             free(ry), free(rx);                                                                    \
-            return 0;                                                                              \
+            return 1;                                                                              \
         }                                                                                          \
         pool_ranges(ry, oh, h, g[7], g[9], g[11]);                                                 \
         pool_ranges(rx, ow, w, g[8], g[10], g[12]);                                                \
@@ -98,7 +98,7 @@ static void pool_ranges(range_t *restrict r, int64_t outs, int64_t in, int64_t k
         free(most), free(acc), free(tmp);                                                          \
         })                                                                                         \
         free(ry), free(rx);                                                                        \
-        return done; /* 0: a thread had no scratch (its rows unwritten) */                        \
+        return !done; /* 0: pooled; 1: a thread had no scratch (its rows unwritten) */             \
     }
 
 POOL(lucid_pool_uint8, uint8_t)

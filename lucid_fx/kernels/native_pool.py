@@ -18,15 +18,16 @@ Measured on DenseNet-like's pools (AVX512-VNNI EPYC, 1 thread): docs/benchmarks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from lucid_fx.kernels import program_ops
 from lucid_fx.kernels import reference as ref
-from lucid_fx.kernels.native import _function
+from lucid_fx.kernels.native import _function, bind
+from lucid_fx.kernels.native_step import BUFFER, IN, native_step, returns_step
 
-__all__ = ["Pool", "pool_plan", "pool_codes", "MAX_TAPS"]
+__all__ = ["Pool", "pool_plan", "pool_codes", "pool_step", "MAX_TAPS"]
 
 MAX_TAPS = 4096  # windows up to this many taps: their int32 sums and zp * taps stay exact in float32
 _MODES = {"max": 0, "avg_with_pad": 1, "avg": 2}
@@ -71,15 +72,30 @@ def pool_plan(q, out, kind: str, kernel: List[int], stride: List[int], padding: 
                 torch.tensor(geometry, dtype=torch.int64), float(scale) / float(out_scale), kind, torch_args)
 
 
-def pool_codes(q: torch.Tensor, plan: Pool) -> torch.Tensor:
-    """The pool ``plan`` of ``q``'s codes in the recorded output strides: native_pool.c where it is
-    loaded and ``q`` has the recorded shape and strides, else the torch path (the same codes for max,
-    the reference's for average)."""
+@returns_step("q", step="step")
+def pool_codes(q: torch.Tensor, pool: Pool, step: Optional[Callable] = None) -> torch.Tensor:
+    """The pool ``pool`` of ``q``'s codes in the recorded output strides: ``step`` (:func:`pool_step`'s) where it takes
+    ``q``, else native_pool.c where it is loaded and ``q`` has the recorded shape and strides, else the torch path (the
+    same codes for max, the reference's for average)."""
+    out = None if step is None else step(q)
+    if out is not None:
+        return out
     fn = _function("pool", q.dtype)
-    if fn is not None and tuple(q.shape) == plan.in_shape and q.stride() == plan.in_stride and q.is_cpu:
-        out = torch.empty_strided(plan.out_shape, plan.out_stride, dtype=q.dtype)
-        if fn(q.data_ptr(), out.data_ptr(), plan.geometry.data_ptr(), plan.ratio):
+    if fn is not None and tuple(q.shape) == pool.in_shape and q.stride() == pool.in_stride and q.is_cpu:
+        out = torch.empty_strided(pool.out_shape, pool.out_stride, dtype=q.dtype)
+        if fn(q.data_ptr(), out.data_ptr(), pool.geometry.data_ptr(), pool.ratio) == 0:
             return out
-    if plan.kind == "max":
-        return program_ops.max_pool_taps(q, *plan.torch_args)
-    return ref.avg_pool2d(q, *plan.torch_args)
+    if pool.kind == "max":
+        return program_ops.max_pool_taps(q, *pool.torch_args)
+    return ref.avg_pool2d(q, *pool.torch_args)
+
+
+def pool_step(pool: Pool, dtype: torch.dtype) -> Optional[Callable]:
+    """A program's planned :func:`pool_codes` of ``dtype`` codes (a native step: checked, allocated and called in C++):
+    ``step(q)``, or None for codes of other strides and where a thread had no scratch. None without the native
+    kernels."""
+    call = bind("pool", dtype, pool.ratio)
+    if call is None:
+        return None
+    return native_step(call, [(pool.in_shape, pool.in_stride, dtype)], [(pool.out_shape, pool.out_stride, dtype)],
+                       [(IN, 0), (BUFFER, 0), pool.geometry.data_ptr()], keep=pool)

@@ -27,7 +27,7 @@ def max_pool2d(b, node):  # max_pool2d of codes -> native_pool.c, or the maximum
     plan = native_pool.pool_plan(b.value(q), b.value(node), "max", kernel, stride, list(padding)) if native.available() else None
     if plan is None:
         return b.call(program_ops.max_pool_taps, q, kernel, stride, list(padding))
-    return b.call(native_pool.pool_codes, q, b.const(plan, "pool"))
+    return _pool(b, q, plan)
 
 
 def avg_pool2d(b, node):  # avg_pool2d of codes -> native_pool.c: int32 sums, one requantization
@@ -38,7 +38,12 @@ def avg_pool2d(b, node):  # avg_pool2d of codes -> native_pool.c: int32 sums, on
         return None
     kind = "avg_with_pad" if include_pad else "avg"
     plan = native_pool.pool_plan(b.value(q), b.value(node), kind, kernel, stride, list(padding), (scale, zp, out_scale, out_zp))
-    return None if plan is None else b.call(native_pool.pool_codes, q, b.const(plan, "pool"))
+    return None if plan is None else _pool(b, q, plan)
+
+
+def _pool(b, q, plan):  # the native pool, planned as a native step
+    step = native_pool.pool_step(plan, b.value(q).dtype)
+    return b.call(native_pool.pool_codes, q, b.const(plan, "pool"), *(() if step is None else (b.const(step, "step"),)))
 
 
 def adaptive_avg_pool2d(b, node):  # global average pool of codes -> an int32 sum and one requantization

@@ -80,3 +80,19 @@ def test_codes_of_other_strides_take_the_torch_path():
     assert torch.equal(npl.pool_codes(planes, plan), program_ops.max_pool_taps(planes, [3, 3], [2, 2], [1, 1]))
     avg = npl.pool_plan(q, out, "avg", [3, 3], [2, 2], [1, 1], (0.1, 4, 0.2, 9))
     assert torch.equal(npl.pool_codes(planes, avg), ref.avg_pool2d(planes, 0.1, 4, [3, 3], [2, 2], [1, 1], False, False, 0.2, 9))
+
+
+@pytest.mark.parametrize("engine", ["c++", "python"])
+def test_a_planned_pool_step_gives_the_pools_codes_and_refuses_other_strides(native_on, bound_ops_on, monkeypatch, engine):
+    if engine == "python":  # the step as the Python closure that serves where the bound calls are not built
+        monkeypatch.setattr(bound_ops_on, "module", lambda: None)
+    q = _codes((1, 24, 15, 15), torch.uint8, 3)
+    expected = ref.max_pool2d(q, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    pool = npl.pool_plan(q, expected, "max", [3, 3], [2, 2], [1, 1])
+    step = npl.pool_step(pool, torch.uint8)
+    assert type(step).__name__ == ("NativeStep" if engine == "c++" else "function")
+    got = step(q)
+    assert got.stride() == expected.stride() and torch.equal(got, expected)  # native_pool.c's status 0: pooled
+    assert step(q.contiguous()) is None  # planes, not channels-last: refused
+    assert torch.equal(npl.pool_codes(q.contiguous(), pool, step), expected)  # ... and the torch path serves them
+    assert npl.pool_codes.returns_step == ("step", ("q",))
