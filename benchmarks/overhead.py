@@ -39,11 +39,12 @@ op's start (the dispatcher's boxed call, cold: converting its 17 arguments took 
 code costs 3-5 times its warm time in a model, and cuts come from running less of it between kernels.
 
 Measured here (AMX Xeon, 2 shared cores, torch 2.13.0, 1 thread, 7 rounds, 2026-12-05, this measure; outside us
-per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 16.9 / 19.7 / 3.1, mlp_b64 23.7 / 30.7 / 4.2,
-resnet_1x 34.9 / 18.6 / 8.2, encoder 33.4 / 24.5 / 9.6, gated_mlp 26.2 / 20.5 / 10.3, mobilenet_v3 13.4 / 10.4 /
-3.1, efficientnet 20.3 / 14.6 / 4.5 (the thirty-third session's bound calls, native steps and C++ call; the session
-before, lucid_fx read 5.8, 7.4, 16.6, 14.5, 14.0, 5.5 and 9.1); an op's figure moves by up to 1.2 us between runs,
-the gated MLP's by up to 2.5 (7.8-10.3). Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were taken by the former measure.
+per top-level op for fp32 eager / torch.ao x86 / lucid_fx): mlp_b1 9.7 / 14.9 / 1.7, mlp_b64 17.9 / 20.7 / 2.5,
+resnet_1x 21.1 / 13.9 / 3.1, encoder 19.5 / 15.0 / 4.5, gated_mlp 16.1 / 12.1 / 4.0, mobilenet_v3 8.3 / 8.1 / 1.2,
+efficientnet 12.9 / 11.1 / 1.5 (the thirty-fourth session: programs run from C++, passes/run_program_natively.py;
+the session before, lucid_fx read 3.1-3.7, 4.2-4.6, 8.2-8.8, 8.7-9.6, 7.8-10.3, 3.0-3.1 and 4.2-4.5, and the one
+before that 5.8, 7.4, 16.6, 14.5, 14.0, 5.5 and 9.1); an op's figure moves by up to 1.2 us between runs, the gated
+MLP's by up to 2.5. Earlier figures (AMD EPYC, before programs: lucid_fx 24-214 us an op) were taken by the former measure.
 
 Threads default to 1: on a shared 2-core machine, 2 OpenMP threads stall for tens of milliseconds
 whenever another process holds a core (measured: batch-1 MLP p90 36 ms at 2 threads, 0.34 ms at 1),

@@ -1,5 +1,5 @@
 // Bound operator calls: a torch operator's constant arguments converted once, its tensors passed per call.
-// Built and loaded by lucid_fx/kernels/bound_ops.py (see there why). Two classes:
+// Built and loaded by lucid_fx/kernels/bound_ops.py (see there why). Three classes:
 //   BoundOp("onednn::qconv2d_pointwise", "binary", values, slots)  converts `values` (one per schema argument) to
 //   IValues now; a call BoundOp(t0, t1, ...) puts tensor i at argument slots[i] and calls the operator through
 //   the dispatcher (the same boxed call torch.ops makes from Python, with the same profiler record), GIL released.
@@ -9,6 +9,8 @@
 //   returns, pointers) at address `fn` with `pointers` (tensors', buffers' and constant addresses) and the address of
 //   its scalars' struct; it returns buffer `result`. A nonzero status (`returns`: its width in bytes, 0 for a void
 //   kernel) gives None too.
+//   NativeProgram(names, defaults, has_default, registers, constants, code, output)  a program's graph run from C++
+//   (lucid_fx/passes/run_program_natively.py), below.
 // And one function, runner_method: a converted model's call (lucid_fx/program.py, ProgramRunner.__call__) for its
 // common case, positional CPU tensors of a signature it has a program for, in C++; any other call goes to the
 // Python method, which decides as before.

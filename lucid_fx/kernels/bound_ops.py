@@ -4,6 +4,8 @@
 - ``NativeStep`` (:mod:`lucid_fx.kernels.native_step`): planned calls of lucid_fx's C kernels, checked, allocated
   and called in C++.
 - ``runner_method`` (:mod:`lucid_fx.program`): a converted model's common call in C++.
+- ``NativeProgram`` (:mod:`lucid_fx.passes.run_program_natively`): a program's whole graph run from C++, in place
+  of its generated Python forward.
 
 A program calls oneDNN's int8 convolutions and linears as ``torch.ops.onednn.qconv2d_pointwise.default(x, 17
 arguments)``. From Python that is the dispatcher's boxed call: ``OpOverload.__call__``, then each argument converted
@@ -91,7 +93,8 @@ def record_native(on: bool) -> None:
 
 
 def module() -> Any:
-    """The extension module (``BoundOp``, ``NativeStep``), or None where it is not built."""
+    """The extension module (``BoundOp``, ``NativeStep``, ``NativeProgram``, ``runner_method``), or None where it is
+    not built."""
     return _module()[0]
 
 
