@@ -14,6 +14,10 @@ How each node runs (``NativeProgram``'s kinds):
   :data:`lucid_fx.rules.program_cpu.PROGRAM_PLANS_CPU`: their result is their step's on the operands they name)
   and given a planned ``NativeStep`` (:mod:`lucid_fx.passes.plan_program_calls`): the step on those operands;
   where it refuses them, the function itself, whose checked path serves them (and raises, naming the node);
+- a view op (``x.reshape(...)``, ``x.permute(...)``, ``x[0]``, ...), ``split_with_sizes``, ``addcmul`` or
+  ``torch.layer_norm`` whose other arguments are constants (:data:`ATEN_CALLS`): its aten operator, bound;
+- a float layer norm's function (:mod:`lucid_fx.passes.call_float_modules`, ``fn.unless_hooked``): its operator,
+  bound, unless the module has hooks when it runs (then the function, which calls the module);
 - any other call: the Python callable by vectorcall (torch functions, the kernels' Python functions, modules),
   a method by name on its first argument;
 - a list or tuple of values an op takes, and the output's: packed.
@@ -34,7 +38,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import fx
-
 from torch.fx.immutable_collections import immutable_list
 
 from lucid_fx.kernels import bound_ops
