@@ -42,6 +42,7 @@ from torch.fx.immutable_collections import immutable_list
 
 from lucid_fx.kernels import bound_ops
 from lucid_fx.passes.bind_program_ops import _CALL, bound_call
+from lucid_fx.rules.aten_ops import bind_schema
 
 __all__ = ["run_program_natively", "native_forward", "ATEN_CALLS"]
 
@@ -50,8 +51,9 @@ CALL, METHOD, BOUND, STEP, TUPLE, LIST, GUARDED = range(7)  # bound_ops.cpp's Na
 _ATEN = torch.ops.aten
 #: Calls a native program makes as bound aten operators (:func:`~lucid_fx.passes.bind_program_ops.bound_call`), where
 #: their arguments but the tensors are constants: through torch's Python binding each parsed its arguments on every
-#: call, 4-8 us between kernels with the interpreter's caches cold. A Tensor method by name, or a function -> the
-#: operator its Python binding calls (``operator.getitem`` of a tensor and an int: ``select``).
+#: call, 2-8 us between kernels with the interpreter's caches cold (the encoder's view ops, AMX Xeon, profiler gaps).
+#: A Tensor method by name, or a function -> the operator its Python binding calls (``operator.getitem`` of a tensor
+#: and an int: ``select``).
 ATEN_CALLS: Dict[Any, torch._ops.OpOverload] = {
     "reshape": _ATEN.reshape.default, "view": _ATEN.view.default, "permute": _ATEN.permute.default,
     "transpose": _ATEN.transpose.int, "contiguous": _ATEN.contiguous.default, "flatten": _ATEN.flatten.using_ints,
@@ -111,15 +113,14 @@ class _Translation:
         return value
 
     def call(self, node: fx.Node) -> None:
-        args = [self.arg(a) for a in node.args]
-        kwargs = [self.arg(v) for v in node.kwargs.values()]
-        kwnames = tuple(node.kwargs)
         aten = self.aten(node)
-        guarded = self.guarded(node) if aten is None else None
-        if aten is not None:
-            kind, target, args, kwnames = BOUND, aten[0], [self.arg(n) for n in aten[1]], ()
-            kwargs = []
-        elif guarded is not None:
+        if aten is not None:  # a bound aten operator: only the values it takes per call are arguments
+            self.code.append([BOUND, aten[0], [self.arg(n) for n in aten[1]], (), self.register(node), []])
+            return
+        args = [self.arg(a) for a in (*node.args, *node.kwargs.values())]
+        kwnames = tuple(node.kwargs)
+        guarded = self.guarded(node)
+        if guarded is not None:
             kind, target = GUARDED, guarded
         elif node.op == "call_method":
             kind, target = METHOD, node.target
@@ -132,7 +133,7 @@ class _Translation:
             step = self.planned(node)
             if step is not None:
                 kind, target = STEP, (step[0], node.target, step[1])
-        self.code.append([kind, target, args + kwargs, kwnames, self.register(node), []])
+        self.code.append([kind, target, args, kwnames, self.register(node), []])
 
     def aten(self, node: fx.Node) -> Optional[Tuple[Any, List[fx.Node]]]:
         """A call of :data:`ATEN_CALLS` as its bound operator, and the values it takes per call; None to keep it."""
@@ -233,20 +234,13 @@ def _aten_args(node: fx.Node, op: torch._ops.OpOverload) -> Optional[tuple]:
 
 
 def _with_defaults(op: torch._ops.OpOverload, args: List[Any], kwargs: Dict[str, Any]) -> Optional[tuple]:
+    """``args`` and ``kwargs`` as one value per argument of ``op``'s schema (:func:`~lucid_fx.rules.aten_ops.bind_schema`,
+    defaults filled in); None where they do not bind."""
     schema = op._schema.arguments
     if len(args) > sum(not a.kwarg_only for a in schema) or set(kwargs) - {a.name for a in schema}:
         return None
-    values = []
-    for index, argument in enumerate(schema):
-        if index < len(args):
-            values.append(args[index])
-        elif argument.name in kwargs:
-            values.append(kwargs[argument.name])
-        elif argument.has_default_value():
-            values.append(argument.default_value)
-        else:
-            return None
-    return tuple(values)
+    bound = bind_schema(op, tuple(args), kwargs)
+    return tuple(bound[a.name] for a in schema) if len(bound) == len(schema) else None
 
 
 def _plain(value: Any) -> Any:

@@ -254,23 +254,18 @@ class NativeProgram {
                     "native program: no argument ", source, ":", index);
       }
       if (kind == BOUND) step.bound = target.cast<const BoundOp*>();
-      if (kind == GUARDED) {
-        auto guarded = target.cast<py::tuple>();  // (the BoundOp, the function, its operands' indices, the module)
-        step.bound = guarded[0].cast<const BoundOp*>();
-        step.fallback = guarded[1];
-        step.operands = guarded[2].cast<std::vector<size_t>>();
-        step.guard = guarded[3];
-        TORCH_CHECK(step.operands.size() == step.bound->slots().size() && step.operands.size() <= 8,
-                    "native program: ", step.bound->name(), " takes ", step.bound->slots().size(), " operands");
-        for (size_t operand : step.operands) TORCH_CHECK(operand < args.size(), "native program: no operand ", operand);
-      }
-      if (kind == STEP) {
-        auto planned = target.cast<py::tuple>();  // (the NativeStep, the function, its operands' indices)
-        step.step = planned[0].cast<const NativeStep*>();
+      if (kind == GUARDED || kind == STEP) {
+        // STEP: (the NativeStep, the function, its operands' indices); GUARDED: (the BoundOp, the function, its
+        // operands' indices, the module)
+        auto planned = target.cast<py::tuple>();
+        if (kind == STEP) step.step = planned[0].cast<const NativeStep*>();
+        if (kind == GUARDED) step.bound = planned[0].cast<const BoundOp*>(), step.guard = planned[3];
         step.fallback = planned[1];
         step.operands = planned[2].cast<std::vector<size_t>>();
-        TORCH_CHECK(step.operands.size() == step.step->arity() && step.operands.size() <= 8, "native program: step ",
-                    step.step->name(), " takes ", step.step->arity(), " operands");
+        size_t takes = kind == STEP ? step.step->arity() : step.bound->slots().size();
+        std::string name = kind == STEP ? step.step->name() : step.bound->name();
+        TORCH_CHECK(step.operands.size() == takes && takes <= 8, "native program: step ", name, " takes ", takes,
+                    " operands");
         for (size_t operand : step.operands) TORCH_CHECK(operand < args.size(), "native program: no operand ", operand);
       }
       code_.push_back(std::move(step));
@@ -356,6 +351,12 @@ class NativeProgram {
     return value;
   }
 
+  // A STEP's or GUARDED call's operands, picked from its arguments into `operands` (at most 8); how many.
+  static size_t gather(const Step& s, PyObject* const* argv, PyObject** operands) {
+    for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];
+    return s.operands.size();
+  }
+
   static py::object vectorcall(PyObject* callable, PyObject* const* argv, size_t count, const py::tuple& kwnames) {
     size_t keywords = kwnames.size();
     PyObject* out = PyObject_Vectorcall(callable, argv, count - keywords, keywords ? kwnames.ptr() : nullptr);
@@ -379,15 +380,13 @@ class NativeProgram {
       case GUARDED: {
         if (!hooked(s.guard)) {
           PyObject* operands[8];
-          for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];
-          return s.bound->run(operands, s.operands.size());
+          return s.bound->run(operands, gather(s, argv, operands));
         }
         return vectorcall(s.fallback.ptr(), argv, count, s.kwnames);  // the function: the module's call, its hooks
       }
       case STEP: {
         PyObject* operands[8];
-        for (size_t i = 0; i < s.operands.size(); ++i) operands[i] = argv[s.operands[i]];
-        std::optional<at::Tensor> out = s.step->run(operands, s.operands.size());
+        std::optional<at::Tensor> out = s.step->run(operands, gather(s, argv, operands));
         if (out) return py::reinterpret_steal<py::object>(THPVariable_Wrap(*out));
         return vectorcall(s.fallback.ptr(), argv, count, s.kwnames);  // the checked path, as the function takes it
       }

@@ -141,8 +141,14 @@ def _compile(cc: str, flags: Sequence[str], sources: Sequence[Path], into: Path)
         done.append(_run([*words, *flags, "-shared", "-o", str(so), *map(str, objects)]))
     failed = next((d for d in done if d.returncode != 0), None)
     if failed is not None:
-        return None, (failed.stderr.strip().splitlines()[-1:] or [f"exit {failed.returncode}"])[0]
+        return None, _first_error(failed.stderr) or f"exit {failed.returncode}"
     return so, ""
+
+
+def _first_error(stderr: str) -> str:
+    """The compiler's first ``error:`` line (a C++ compiler's last line is a caret under the code), else its last."""
+    lines = stderr.strip().splitlines()
+    return next((line.strip() for line in lines if "error:" in line), lines[-1] if lines else "")
 
 
 def _drop_abandoned(cache: Path, older_than_s: float = 3600.0) -> None:

@@ -135,6 +135,7 @@ def test_a_compiler_error_falls_back_to_the_next_flags_and_then_says_why(setup):
         assert "-DANSWER=7" in how  # ANSWER undefined under the first flags
     with native_build.built(cc, [["-O1"]], [source]) as (so, how):
         assert so is None and how.startswith(f"{cc} failed (") and how.endswith("the torch kernels run")
+        assert "error:" in how and "ANSWER" in how  # the compiler's first error, not the caret line under it
 
 
 def test_a_library_kept_for_later_flags_is_loaded_without_compiling_the_earlier_flags_again(setup):
